@@ -1,0 +1,22 @@
+//! # reconq
+//!
+//! A synchronous controller engine: a deduplicating, delaying, rate-limiting
+//! work queue (client-go's `workqueue` semantics, minus its known bugs) feeding
+//! a fixed pool of OS threads that run your reconcile function. No async
+//! runtime: idle threads block on a condvar and use no CPU.
+//!
+//! The public contract is the project's `API.md`; the crate root exports every
+//! name in it.
+
+mod clock;
+mod error;
+mod queue;
+mod rate_limit;
+mod sync;
+
+pub use clock::{Clock, FakeClock, SystemClock, Wake};
+pub use error::InvalidArgument;
+pub use queue::{GetError, WorkQueue, WorkQueueBuilder};
+pub use rate_limit::{
+    ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
+};

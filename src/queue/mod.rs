@@ -1,0 +1,456 @@
+//! The rate-limiting work queue (spec §1, §3).
+//!
+//! One mutex guards a [`QueueState`] (ready FIFO, per-key slots, delay heap);
+//! getters block on a condvar. Two things make it fast and idle-free:
+//!
+//! * **Waking is counted.** The queue knows how many getters are parked and
+//!   not yet claimed by a notify (`sleepers`), so an `add` with nobody asleep
+//!   makes no syscall, and one ready key wakes at most one getter. Waking a
+//!   parked thread costs far more than a queue operation on a VM (a futex
+//!   round trip), so avoiding needless wake-ups is most of the performance.
+//! * **No timer thread.** At most one parked getter, the *timekeeper*, sleeps
+//!   with a timeout: until the earliest due time. Everyone else sleeps
+//!   untimed. When the timekeeper leaves with a key, it hands the duty on by
+//!   waking one sleeper; a new earlier due time wakes one sleeper to take it.
+//!   An idle queue therefore has no thread waking up at all (G8), and a
+//!   delayed key is handed out within a wake-up latency of its due time.
+
+mod delay_heap;
+mod state;
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock, deadline_after};
+use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::sync::{Condvar, Mutex, MutexGuard};
+use state::{Added, Finished, QueueState};
+
+/// Why [`WorkQueue::get_timeout`] returned without a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetError {
+    /// Nothing became ready before the timeout.
+    Timeout,
+    /// The queue is shut down and nothing is ready.
+    ShutDown,
+}
+
+impl fmt::Display for GetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GetError::Timeout => "timed out waiting for a key",
+            GetError::ShutDown => "the queue is shut down",
+        })
+    }
+}
+
+impl std::error::Error for GetError {}
+
+/// A deduplicating, delaying, rate-limiting work queue, shared by cloning.
+///
+/// Guarantees (spec §1): a key waiting to be handed out is handed out once
+/// however often it is added (G1); a key is never handed to two getters at
+/// once, and one added while it is processed is handed out again after
+/// [`done`](Self::done) (G2, G3); ready keys come out first-in first-out
+/// (G4); delays only ever advance a key, and a plain add cancels its delay
+/// (G5).
+///
+/// ```
+/// use reconq::WorkQueue;
+///
+/// let q = WorkQueue::new();
+/// q.add("a");
+/// q.add("a");
+/// assert_eq!(q.len(), 1);
+/// let key = q.get().unwrap();
+/// // ... reconcile `key` ...
+/// q.done(&key);
+/// q.shut_down();
+/// assert_eq!(q.get(), None);
+/// ```
+pub struct WorkQueue<K> {
+    shared: Arc<Shared<K>>,
+}
+
+struct Shared<K> {
+    locked: Mutex<Locked<K>>,
+    /// Getters wait here for a ready key (or a due time, or shutdown).
+    ready: Condvar,
+    /// `shut_down_with_drain` waits here for processing keys to finish.
+    drained: Condvar,
+    limiter: Box<dyn RateLimiter<K>>,
+    clock: Arc<dyn Clock>,
+    /// Keeps a fake clock's wake-up callback alive (see `build`).
+    _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+struct Locked<K> {
+    q: QueueState<K>,
+    /// Getters parked on `ready` that no notify has claimed yet.
+    sleepers: usize,
+    /// The due time the timekeeper sleeps until, if a getter has that duty.
+    timekeeper: Option<Instant>,
+    /// Bumped whenever the duty changes hands, so a getter can tell on waking
+    /// whether it still holds it.
+    timekeeper_term: u64,
+}
+
+type Guard<'a, K> = MutexGuard<'a, Locked<K>>;
+
+impl<K> Clone for WorkQueue<K> {
+    fn clone(&self) -> Self {
+        Self { shared: Arc::clone(&self.shared) }
+    }
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds a [`WorkQueue`] with a non-default limiter or clock.
+pub struct WorkQueueBuilder<K> {
+    limiter: Option<Box<dyn RateLimiter<K>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
+    /// The limiter behind [`WorkQueue::add_rate_limited`]; the default is
+    /// [`default_rate_limiter`].
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
+        self.limiter = Some(Box::new(limiter));
+        self
+    }
+
+    /// The clock delays are measured on; the default is [`SystemClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    pub fn build(self) -> WorkQueue<K> {
+        let shared = Arc::new_cyclic(|weak: &Weak<Shared<K>>| {
+            // A fake clock's time jumps: wake every getter to re-check due
+            // times. The callback holds the queue weakly and the queue holds
+            // the callback, so it lives exactly as long as the queue.
+            let clock_subscription = (!self.clock.is_real_time()).then(|| {
+                let weak = weak.clone();
+                let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                    if let Some(shared) = weak.upgrade() {
+                        let mut g = shared.locked.lock();
+                        shared.wake_all(&mut g);
+                    }
+                });
+                self.clock.subscribe(Arc::downgrade(&wake));
+                wake
+            });
+            Shared {
+                locked: Mutex::new(Locked {
+                    q: QueueState::new(),
+                    sleepers: 0,
+                    timekeeper: None,
+                    timekeeper_term: 0,
+                }),
+                ready: Condvar::new(),
+                drained: Condvar::new(),
+                limiter: self.limiter.unwrap_or_else(|| Box::new(default_rate_limiter())),
+                clock: self.clock,
+                _clock_subscription: clock_subscription,
+            }
+        });
+        WorkQueue { shared }
+    }
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
+    /// A queue with [`default_rate_limiter`] on the system clock.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A queue whose [`add_rate_limited`](Self::add_rate_limited) asks
+    /// `limiter`.
+    pub fn with_rate_limiter(limiter: impl RateLimiter<K> + 'static) -> Self {
+        Self::builder().rate_limiter(limiter).build()
+    }
+
+    pub fn builder() -> WorkQueueBuilder<K> {
+        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock) }
+    }
+
+    /// Marks `key` as needing processing now. Ignored once shut down.
+    pub fn add(&self, key: K) {
+        let mut g = self.shared.locked.lock();
+        let promoted = self.shared.promote_due(&mut g);
+        let added = g.q.add(key);
+        self.shared.wake_for(&mut g, promoted + usize::from(added == Added::Ready));
+    }
+
+    /// Marks `key` as needing processing `delay` from now (G5). A zero delay
+    /// is [`add`](Self::add).
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            return self.add(key);
+        }
+        let now = self.shared.clock.now();
+        self.add_at_instant(key, deadline_after(now, delay), now);
+    }
+
+    /// Marks `key` as needing processing at `due` on the queue's clock.
+    pub fn add_at(&self, key: K, due: Instant) {
+        self.add_at_instant(key, due, self.shared.clock.now());
+    }
+
+    fn add_at_instant(&self, key: K, due: Instant, now: Instant) {
+        let mut g = self.shared.locked.lock();
+        let promoted = if g.q.has_timers() { g.q.promote_due(now) } else { 0 };
+        match g.q.add_at(key, due, now) {
+            Added::Ready => self.shared.wake_for(&mut g, promoted + 1),
+            Added::Scheduled(due) => {
+                self.shared.wake_for(&mut g, promoted);
+                self.shared.on_scheduled(&mut g, due);
+            }
+            Added::Unchanged => self.shared.wake_for(&mut g, promoted),
+        }
+    }
+
+    /// Re-adds `key` after the wait its rate limiter gives (G6).
+    pub fn add_rate_limited(&self, key: K) {
+        let delay = self.shared.limiter.when(&key);
+        self.add_after(key, delay);
+    }
+
+    /// Clears the rate limiter's memory of `key`. Does not mark it done.
+    pub fn forget(&self, key: &K) {
+        self.shared.limiter.forget(key);
+    }
+
+    /// How many times `key` was rate-limited since it was last forgotten.
+    pub fn num_requeues(&self, key: &K) -> u32 {
+        self.shared.limiter.num_requeues(key)
+    }
+
+    /// Blocks until a key is ready and hands it out; `None` once the queue is
+    /// shut down and nothing is ready (G7). Pair every key with
+    /// [`done`](Self::done).
+    pub fn get(&self) -> Option<K> {
+        let mut g = self.shared.locked.lock();
+        self.shared.next(&mut g, None).ok()
+    }
+
+    /// Like [`get`](Self::get), waiting at most `timeout` (on the queue's
+    /// clock).
+    pub fn get_timeout(&self, timeout: Duration) -> Result<K, GetError> {
+        let deadline = deadline_after(self.shared.clock.now(), timeout);
+        let mut g = self.shared.locked.lock();
+        self.shared.next(&mut g, Some(deadline))
+    }
+
+    /// Hands out a key if one is ready now, without blocking.
+    pub fn try_get(&self) -> Option<K> {
+        let mut g = self.shared.locked.lock();
+        self.shared.take(&mut g)
+    }
+
+    /// Marks the processing of `key` finished. If `key` was added meanwhile,
+    /// it becomes ready again. A key not being processed is left alone.
+    pub fn done(&self, key: &K) {
+        let mut g = self.shared.locked.lock();
+        self.shared.finish(&mut g, key);
+    }
+
+    /// [`done`](Self::done) for `key`, then [`get`](Self::get), under one
+    /// lock acquisition: the worker loop's fast path.
+    pub fn done_and_get(&self, key: &K) -> Option<K> {
+        let mut g = self.shared.locked.lock();
+        self.shared.finish(&mut g, key);
+        self.shared.next(&mut g, None).ok()
+    }
+
+    /// Number of ready keys (not counting processing or delayed ones).
+    pub fn len(&self) -> usize {
+        let mut g = self.shared.locked.lock();
+        let promoted = self.shared.promote_due(&mut g);
+        self.shared.wake_for(&mut g, promoted);
+        g.q.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of keys handed out and not yet done.
+    pub fn processing_len(&self) -> usize {
+        self.shared.locked.lock().q.processing_len()
+    }
+
+    /// Number of keys waiting for a due time.
+    pub fn delayed_len(&self) -> usize {
+        let mut g = self.shared.locked.lock();
+        let promoted = self.shared.promote_due(&mut g);
+        self.shared.wake_for(&mut g, promoted);
+        g.q.delayed_len()
+    }
+
+    /// Stops accepting keys and drops delayed ones; getters still receive the
+    /// keys already ready, then `None` (G7). Ends a pending drain.
+    pub fn shut_down(&self) {
+        let mut g = self.shared.locked.lock();
+        g.q.shut_down(false);
+        self.shared.wake_all(&mut g);
+        self.shared.drained.notify_all();
+    }
+
+    /// [`shut_down`](Self::shut_down), then blocks until every key handed out
+    /// is done, including keys that were added again while processing (they
+    /// are handed out once more first).
+    pub fn shut_down_with_drain(&self) {
+        self.drain_until(None);
+    }
+
+    /// [`shut_down_with_drain`](Self::shut_down_with_drain) waiting at most
+    /// `timeout` of real time; returns whether the drain finished.
+    pub fn shut_down_with_drain_timeout(&self, timeout: Duration) -> bool {
+        self.drain_until(Some(deadline_after(Instant::now(), timeout)))
+    }
+
+    fn drain_until(&self, deadline: Option<Instant>) -> bool {
+        let mut g = self.shared.locked.lock();
+        if !g.q.is_shutting_down() {
+            g.q.shut_down(true);
+            self.shared.wake_all(&mut g);
+        }
+        while g.q.is_draining() && !g.q.drained() {
+            match deadline {
+                Some(deadline) => {
+                    if self.shared.drained.wait_until(&mut g, deadline) {
+                        return g.q.drained();
+                    }
+                }
+                None => self.shared.drained.wait(&mut g),
+            }
+        }
+        g.q.drained()
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.locked.lock().q.is_shutting_down()
+    }
+
+    /// The clock this queue measures delays on.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.shared.clock
+    }
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
+    /// Moves due keys to the ready FIFO; returns how many became ready.
+    fn promote_due(&self, g: &mut Guard<'_, K>) -> usize {
+        if g.q.has_timers() { g.q.promote_due(self.clock.now()) } else { 0 }
+    }
+
+    /// Hands out a ready key, if any, and keeps the waking chain going.
+    fn take(&self, g: &mut Guard<'_, K>) -> Option<K> {
+        let promoted = self.promote_due(g);
+        let key = g.q.take();
+        self.wake_for(g, promoted.saturating_sub(usize::from(key.is_some())));
+        if key.is_some() && g.timekeeper.is_none() && g.q.has_timers() {
+            // Due times remain and nobody is timing them: pass the duty on.
+            self.wake_one(g);
+        }
+        key
+    }
+
+    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>) -> Result<K, GetError> {
+        loop {
+            if let Some(key) = self.take(g) {
+                return Ok(key);
+            }
+            if g.q.is_shutting_down() {
+                return Err(GetError::ShutDown);
+            }
+            if deadline.is_some_and(|d| self.clock.now() >= d) {
+                return Err(GetError::Timeout);
+            }
+            self.park(g, deadline);
+        }
+    }
+
+    /// Parks a getter until woken, until `deadline`, or (as the timekeeper)
+    /// until the earliest due time.
+    fn park(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>) {
+        let mut wake_at = deadline;
+        let mut term = None;
+        if let Some(due) = g.q.next_due()
+            && g.timekeeper.is_none_or(|kept| due < kept)
+        {
+            g.timekeeper = Some(due);
+            g.timekeeper_term += 1;
+            term = Some(g.timekeeper_term);
+            wake_at = Some(wake_at.map_or(due, |d| d.min(due)));
+        }
+        g.sleepers += 1;
+        let timed_out = match wake_at {
+            Some(at) if self.clock.is_real_time() => self.ready.wait_until(g, at),
+            _ => {
+                self.ready.wait(g);
+                false
+            }
+        };
+        if timed_out {
+            // No notify claimed this sleeper; it un-counts itself.
+            g.sleepers -= 1;
+        }
+        if term == Some(g.timekeeper_term) {
+            g.timekeeper = None;
+        }
+    }
+
+    /// Ends processing of `key` and wakes whoever its new state concerns.
+    fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
+        match g.q.done(key, || self.clock.now()) {
+            Finished::Requeued => self.wake_one(g),
+            Finished::Waiting(due) => self.on_scheduled(g, due),
+            Finished::Removed | Finished::NotProcessing => {}
+        }
+        if g.q.is_draining() && g.q.drained() {
+            self.drained.notify_all();
+        }
+    }
+
+    /// A key got due time `due`: if it is earlier than what the timekeeper
+    /// sleeps until, wake a sleeper to take the duty with the new time.
+    fn on_scheduled(&self, g: &mut Guard<'_, K>, due: Instant) {
+        if g.timekeeper.is_none_or(|kept| due < kept) {
+            g.timekeeper = None;
+            self.wake_one(g);
+        }
+    }
+
+    /// Wakes up to `n` sleepers for `n` newly ready keys.
+    fn wake_for(&self, g: &mut Guard<'_, K>, n: usize) {
+        for _ in 0..n.min(g.sleepers) {
+            self.wake_one(g);
+        }
+    }
+
+    fn wake_one(&self, g: &mut Guard<'_, K>) {
+        if g.sleepers > 0 && self.ready.notify_one() {
+            g.sleepers -= 1;
+        }
+    }
+
+    fn wake_all(&self, g: &mut Guard<'_, K>) {
+        let woken = self.ready.notify_all();
+        g.sleepers -= woken;
+    }
+}
+
+impl<K> fmt::Debug for WorkQueue<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkQueue").finish_non_exhaustive()
+    }
+}
