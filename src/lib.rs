@@ -16,7 +16,7 @@ mod sync;
 
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use error::InvalidArgument;
-pub use queue::{GetError, WorkQueue, WorkQueueBuilder};
+pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };

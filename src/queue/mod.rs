@@ -28,6 +28,19 @@ use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use state::{Added, Finished, QueueState};
 
+pub use state::KeyState;
+
+/// The queue's sizes, read together under one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueCounts {
+    /// Keys ready to be handed out.
+    pub ready: usize,
+    /// Keys handed out and not yet done.
+    pub processing: usize,
+    /// Keys waiting for a due time.
+    pub delayed: usize,
+}
+
 /// Why [`WorkQueue::get_timeout`] returned without a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GetError {
@@ -80,6 +93,8 @@ struct Shared<K> {
     ready: Condvar,
     /// `shut_down_with_drain` waits here for processing keys to finish.
     drained: Condvar,
+    /// `wait_idle` waits here for the queue to empty out.
+    idle: Condvar,
     limiter: Box<dyn RateLimiter<K>>,
     clock: Arc<dyn Clock>,
     /// Keeps a fake clock's wake-up callback alive (see `build`).
@@ -95,6 +110,8 @@ struct Locked<K> {
     /// Bumped whenever the duty changes hands, so a getter can tell on waking
     /// whether it still holds it.
     timekeeper_term: u64,
+    /// Threads blocked in `wait_idle` (so `done` notifies only when needed).
+    idle_waiters: usize,
 }
 
 type Guard<'a, K> = MutexGuard<'a, Locked<K>>;
@@ -153,9 +170,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                     sleepers: 0,
                     timekeeper: None,
                     timekeeper_term: 0,
+                    idle_waiters: 0,
                 }),
                 ready: Condvar::new(),
                 drained: Condvar::new(),
+                idle: Condvar::new(),
                 limiter: self.limiter.unwrap_or_else(|| Box::new(default_rate_limiter())),
                 clock: self.clock,
                 _clock_subscription: clock_subscription,
@@ -295,6 +314,46 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         g.q.delayed_len()
     }
 
+    /// The ready, processing and delayed counts at one instant.
+    pub fn counts(&self) -> QueueCounts {
+        let mut g = self.shared.locked.lock();
+        let promoted = self.shared.promote_due(&mut g);
+        self.shared.wake_for(&mut g, promoted);
+        QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() }
+    }
+
+    /// Where `key` stands: absent, ready, waiting for a due time, or
+    /// processing.
+    pub fn key_state(&self, key: &K) -> KeyState {
+        self.shared.locked.lock().q.key_state(key)
+    }
+
+    /// Blocks until nothing is ready, processing or delayed, for at most
+    /// `timeout` of real time. Returns whether the queue became idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = deadline_after(Instant::now(), timeout);
+        let mut g = self.shared.locked.lock();
+        loop {
+            let promoted = self.shared.promote_due(&mut g);
+            self.shared.wake_for(&mut g, promoted);
+            if g.q.is_idle() {
+                return true;
+            }
+            // With a real clock, wake at the next due time too: promoting
+            // it is what lets a getter take it.
+            let wake_at = match g.q.next_due() {
+                Some(due) if self.shared.clock.is_real_time() => deadline.min(due),
+                _ => deadline,
+            };
+            if Instant::now() >= deadline {
+                return false;
+            }
+            g.idle_waiters += 1;
+            self.shared.idle.wait_until(&mut g, wake_at);
+            g.idle_waiters -= 1;
+        }
+    }
+
     /// Stops accepting keys and drops delayed ones; getters still receive the
     /// keys already ready, then `None` (G7). Ends a pending drain.
     pub fn shut_down(&self) {
@@ -302,6 +361,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         g.q.shut_down(false);
         self.shared.wake_all(&mut g);
         self.shared.drained.notify_all();
+        self.shared.notify_if_idle(&mut g);
     }
 
     /// [`shut_down`](Self::shut_down), then blocks until every key handed out
@@ -322,6 +382,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         if !g.q.is_shutting_down() {
             g.q.shut_down(true);
             self.shared.wake_all(&mut g);
+            self.shared.notify_if_idle(&mut g);
         }
         while g.q.is_draining() && !g.q.drained() {
             match deadline {
@@ -418,6 +479,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
         if g.q.is_draining() && g.q.drained() {
             self.drained.notify_all();
+        }
+        self.notify_if_idle(g);
+    }
+
+    fn notify_if_idle(&self, g: &mut Guard<'_, K>) {
+        if g.idle_waiters > 0 && g.q.is_idle() {
+            self.idle.notify_all();
         }
     }
 

@@ -68,6 +68,21 @@ pub(crate) enum Finished {
     NotProcessing,
 }
 
+/// Where a key stands in the queue, for introspection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// The queue does not know the key.
+    Absent,
+    /// Waiting in the ready FIFO.
+    Ready,
+    /// Waiting for its due time.
+    Waiting { due: Instant },
+    /// Handed out and not yet done. `again` tells what happens at `done`:
+    /// `Some(None)` ready again, `Some(Some(due))` wait for `due`, `None`
+    /// nothing.
+    Processing { again: Option<Option<Instant>> },
+}
+
 pub(crate) struct QueueState<K> {
     slots: HashMap<K, Slot, Hasher>,
     ready: VecDeque<K>,
@@ -284,6 +299,26 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     pub(crate) fn is_draining(&self) -> bool {
         self.draining
+    }
+
+    pub(crate) fn key_state(&self, key: &K) -> KeyState {
+        match self.slots.get(key) {
+            None => KeyState::Absent,
+            Some(Slot::Ready { .. }) => KeyState::Ready,
+            Some(Slot::Delayed(timer)) => KeyState::Waiting { due: timer.due },
+            Some(Slot::Processing(then)) => KeyState::Processing {
+                again: match then {
+                    Then::Finish => None,
+                    Then::Requeue => Some(None),
+                    Then::Wait(timer) => Some(Some(timer.due)),
+                },
+            },
+        }
+    }
+
+    /// Nothing ready, processing or waiting for a due time.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.ready.is_empty() && self.processing == 0 && self.timers == 0
     }
 
     /// Whether any key waits for a due time (a cheap check before asking the
