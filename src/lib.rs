@@ -13,9 +13,11 @@ mod error;
 mod queue;
 mod rate_limit;
 mod sync;
+mod thread;
 
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use error::InvalidArgument;
+pub use thread::ThreadWrapper;
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,

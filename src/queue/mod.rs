@@ -364,6 +364,18 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.notify_if_idle(&mut g);
     }
 
+    /// Shuts down and drops the ready keys too, so getters return `None` at
+    /// once; keys being processed are finished by `done` without being
+    /// handed out again. The controller's immediate `stop` uses this.
+    pub fn shut_down_now(&self) {
+        let mut g = self.shared.locked.lock();
+        g.q.shut_down(false);
+        g.q.discard_ready();
+        self.shared.wake_all(&mut g);
+        self.shared.drained.notify_all();
+        self.shared.notify_if_idle(&mut g);
+    }
+
     /// [`shut_down`](Self::shut_down), then blocks until every key handed out
     /// is done, including keys that were added again while processing (they
     /// are handed out once more first).

@@ -287,6 +287,21 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.delayed = 0;
     }
 
+    /// Drops every ready key as well (an immediate stop). Keys being processed
+    /// are untouched; `done` will finish them without re-queueing.
+    pub(crate) fn discard_ready(&mut self) {
+        for key in self.ready.drain(..) {
+            self.slots.remove(&key);
+        }
+        for slot in self.slots.values_mut() {
+            if let Slot::Processing(then) = slot {
+                *then = Then::Finish;
+            }
+        }
+        self.owed = 0;
+        self.ready.shrink_to_fit();
+    }
+
     /// Whether a drain has nothing left to wait for: no key is being
     /// processed, and no key re-queued during the drain is still pending.
     pub(crate) fn drained(&self) -> bool {
