@@ -1,1 +1,344 @@
-fn main() {}
+//! Work-queue benchmarks: workloads W1–W5 of the spec (§6).
+//!
+//! W1, W2 and W5 are criterion groups (throughput / wall time). W1 moves the
+//! same keys through a bare `crossbeam-channel` in the same group: the
+//! physical baseline with no deduplication, so the queue's rate can be read
+//! as a ratio on a noisy machine. W3 (lateness of delayed keys) and W4 (CPU
+//! used while idle) are distributions and CPU counts rather than times; they
+//! are printed as a report after the criterion groups.
+//!
+//! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
+//! group name) narrows it, and `--quick` shortens the criterion groups.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use reconq::{ExponentialBackoff, WorkQueue};
+
+const W1_KEYS: u64 = 1_000_000;
+const W1_WORKERS: [usize; 4] = [1, 2, 4, 8];
+const W2_ADDS: u64 = 1_000_000;
+const W2_HOT_KEYS: u64 = 1000;
+const W3_KEYS: u64 = 100_000;
+const W3_MAX_DELAY: Duration = Duration::from_millis(200);
+const W4_IDLE: Duration = Duration::from_secs(5);
+const W5_KEYS: u64 = 10_000;
+const W5_FAILURES: u32 = 3;
+
+/// How a W1 worker drives the queue.
+#[derive(Clone, Copy)]
+enum WorkerLoop {
+    /// `get` then `done`: two lock round trips per key (client-go's loop).
+    GetDone,
+    /// `done_and_get`: one lock round trip per key.
+    DoneAndGet,
+}
+
+/// Runs `worker` on `workers` threads until the queue is shut down and empty.
+fn drain_with(q: &WorkQueue<u64>, style: WorkerLoop, mut on_key: impl FnMut(u64)) {
+    match style {
+        WorkerLoop::GetDone => {
+            while let Some(key) = q.get() {
+                on_key(key);
+                q.done(&key);
+            }
+        }
+        WorkerLoop::DoneAndGet => {
+            let mut next = q.get();
+            while let Some(key) = next {
+                on_key(key);
+                next = q.done_and_get(&key);
+            }
+        }
+    }
+}
+
+/// W1 through the queue: time from the first add until every key is done.
+fn w1_queue(workers: usize, style: WorkerLoop) -> Duration {
+    let q = WorkQueue::<u64>::new();
+    let mut started = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                drain_with(&q, style, |key| {
+                    black_box(key);
+                })
+            });
+        }
+        started = Instant::now();
+        for key in 0..W1_KEYS {
+            q.add(key);
+        }
+        q.shut_down();
+    });
+    started.elapsed()
+}
+
+/// W1 through a bare unbounded crossbeam channel (no dedup, no sets).
+fn w1_channel(workers: usize) -> Duration {
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    let mut started = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..workers {
+            let rx = rx.clone();
+            s.spawn(move || {
+                for key in rx {
+                    black_box(key);
+                }
+            });
+        }
+        started = Instant::now();
+        for key in 0..W1_KEYS {
+            tx.send(key).unwrap();
+        }
+        drop(tx);
+    });
+    started.elapsed()
+}
+
+fn w1_throughput(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W1_throughput");
+    group
+        .throughput(Throughput::Elements(W1_KEYS))
+        .sample_size(10);
+    for workers in W1_WORKERS {
+        let id = |name| BenchmarkId::new(name, workers);
+        group.bench_function(id("crossbeam_channel"), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| w1_channel(workers)).sum())
+        });
+        group.bench_function(id("reconq_get_done"), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| w1_queue(workers, WorkerLoop::GetDone))
+                    .sum()
+            })
+        });
+        group.bench_function(id("reconq_done_and_get"), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| w1_queue(workers, WorkerLoop::DoneAndGet))
+                    .sum()
+            })
+        });
+    }
+    group.finish();
+}
+
+/// W2: a million adds over a thousand hot keys, four workers. Returns the
+/// time until the producer finished and the queue drained, and how many
+/// reconciles ran (dedup collapses most adds).
+fn w2_hot_keys_once() -> (Duration, u64) {
+    let q = WorkQueue::<u64>::new();
+    let reconciles = AtomicU64::new(0);
+    let started = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                drain_with(&q, WorkerLoop::DoneAndGet, |_| {
+                    reconciles.fetch_add(1, Ordering::Relaxed);
+                })
+            });
+        }
+        for i in 0..W2_ADDS {
+            q.add(i % W2_HOT_KEYS);
+        }
+        q.shut_down();
+    });
+    (started.elapsed(), reconciles.into_inner())
+}
+
+fn w2_hot_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W2_hot_keys");
+    group
+        .throughput(Throughput::Elements(W2_ADDS))
+        .sample_size(10);
+    let mut last_reconciles = 0;
+    group.bench_function("reconq", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let (elapsed, reconciles) = w2_hot_keys_once();
+                    last_reconciles = reconciles;
+                    elapsed
+                })
+                .sum()
+        })
+    });
+    group.finish();
+    println!(
+        "W2: {W2_ADDS} adds over {W2_HOT_KEYS} keys ran {last_reconciles} reconciles (last run)"
+    );
+}
+
+/// W5: every key fails three times (rate-limited retries with 1–100 ms
+/// exponential backoff) and then succeeds. Returns wall time and calls.
+fn w5_retries_once() -> (Duration, u64) {
+    let q = WorkQueue::with_rate_limiter(ExponentialBackoff::new(
+        Duration::from_millis(1),
+        Duration::from_millis(100),
+    ));
+    let calls = AtomicU64::new(0);
+    let succeeded = AtomicU64::new(0);
+    let started = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                drain_with(&q, WorkerLoop::DoneAndGet, |key| {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    if q.num_requeues(&key) < W5_FAILURES {
+                        q.add_rate_limited(key);
+                    } else {
+                        q.forget(&key);
+                        if succeeded.fetch_add(1, Ordering::Relaxed) + 1 == W5_KEYS {
+                            q.shut_down();
+                        }
+                    }
+                })
+            });
+        }
+        for key in 0..W5_KEYS {
+            q.add(key);
+        }
+    });
+    (started.elapsed(), calls.into_inner())
+}
+
+fn w5_retries(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W5_retries");
+    group.sample_size(10);
+    let mut last_calls = 0;
+    group.bench_function("reconq", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let (elapsed, calls) = w5_retries_once();
+                    last_calls = calls;
+                    elapsed
+                })
+                .sum()
+        })
+    });
+    group.finish();
+    println!(
+        "W5: {W5_KEYS} keys x {} tries made {last_calls} calls (last run)",
+        W5_FAILURES + 1
+    );
+}
+
+/// CPU time (user + system) this process has used so far.
+fn process_cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is valid.
+    let usage = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// A small deterministic generator (splitmix64) for W3's delays.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// W3: 100,000 keys added with delays uniform in [0, 200 ms); two workers
+/// record how late each key is handed out. Prints p50/p99/max lateness and
+/// the CPU time the run used.
+fn w3_delaying_report() {
+    let q = WorkQueue::<u64>::new();
+    let base = Instant::now();
+    let due_nanos: Vec<AtomicU64> = (0..W3_KEYS).map(|_| AtomicU64::new(0)).collect();
+    let lateness: Vec<AtomicU64> = (0..W3_KEYS).map(|_| AtomicU64::new(0)).collect();
+    let handed_out = AtomicUsize::new(0);
+    let cpu_before = process_cpu_time();
+    thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                drain_with(&q, WorkerLoop::DoneAndGet, |key| {
+                    let now = base.elapsed().as_nanos() as u64;
+                    let late = now.saturating_sub(due_nanos[key as usize].load(Ordering::Acquire));
+                    lateness[key as usize].store(late, Ordering::Relaxed);
+                    if handed_out.fetch_add(1, Ordering::Relaxed) + 1 == W3_KEYS as usize {
+                        q.shut_down();
+                    }
+                })
+            });
+        }
+        let mut seed = 0x5EED;
+        for key in 0..W3_KEYS {
+            let delay =
+                Duration::from_nanos(splitmix64(&mut seed) % W3_MAX_DELAY.as_nanos() as u64);
+            let due = base.elapsed() + delay;
+            due_nanos[key as usize].store(due.as_nanos() as u64, Ordering::Release);
+            q.add_after(key, delay);
+        }
+    });
+    let cpu = process_cpu_time() - cpu_before;
+    let mut late: Vec<u64> = lateness.into_iter().map(AtomicU64::into_inner).collect();
+    late.sort_unstable();
+    let pct = |p: f64| Duration::from_nanos(late[((late.len() - 1) as f64 * p) as usize]);
+    println!(
+        "W3 delaying: {W3_KEYS} keys, delays in [0, {W3_MAX_DELAY:?}), 2 workers: lateness p50 {:?} p99 {:?} max {:?}; CPU time {cpu:?}",
+        pct(0.50),
+        pct(0.99),
+        pct(1.0),
+    );
+}
+
+/// W4: four workers blocked on an empty queue (and on one key due in an
+/// hour) for five seconds. Prints the CPU time used meanwhile.
+fn w4_idle_report() {
+    for delayed in [false, true] {
+        let q = WorkQueue::<u64>::new();
+        if delayed {
+            q.add_after(0, Duration::from_secs(3600));
+        }
+        let cpu_before = process_cpu_time();
+        thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| drain_with(&q, WorkerLoop::GetDone, |_| {}));
+            }
+            thread::sleep(W4_IDLE);
+            q.shut_down();
+        });
+        let cpu = process_cpu_time() - cpu_before;
+        let what = if delayed {
+            "empty but for one key due in an hour"
+        } else {
+            "empty"
+        };
+        println!(
+            "W4 idle: 4 workers blocked on an {what} queue for {W4_IDLE:?}: CPU time {cpu:?} (incl. spawn/join)"
+        );
+    }
+}
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let mut c = Criterion::default().configure_from_args();
+    if wanted("W1_throughput") {
+        w1_throughput(&mut c);
+    }
+    if wanted("W2_hot_keys") {
+        w2_hot_keys(&mut c);
+    }
+    if wanted("W5_retries") {
+        w5_retries(&mut c);
+    }
+    c.final_summary();
+    if wanted("W3_delaying") {
+        w3_delaying_report();
+    }
+    if wanted("W4_idle") {
+        w4_idle_report();
+    }
+}

@@ -5,13 +5,15 @@
 //! feature they become shuttle's instrumented versions, so the model-checking
 //! tests in `tests/model.rs` can explore thread interleavings of the very same
 //! queue code. The API is parking_lot's shape: `lock()` returns a guard and
-//! condvar waits borrow the guard mutably.
+//! condvar waits borrow the guard mutably. The spin counter's atomic is
+//! swapped the same way.
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     use std::time::Instant;
 
     pub(crate) use parking_lot::{Mutex, MutexGuard};
+    pub(crate) use std::sync::atomic::AtomicUsize;
 
     #[derive(Debug, Default)]
     pub(crate) struct Condvar(parking_lot::Condvar);
@@ -44,8 +46,11 @@ mod imp {
 
 #[cfg(feature = "shuttle")]
 mod imp {
+    use std::collections::VecDeque;
     use std::ops::{Deref, DerefMut};
     use std::time::Instant;
+
+    pub(crate) use shuttle::sync::atomic::AtomicUsize;
 
     /// shuttle's mutex behind parking_lot's API (no poisoning to handle).
     #[derive(Debug, Default)]
@@ -61,6 +66,8 @@ mod imp {
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard(Some(self.0.lock().unwrap_or_else(|e| e.into_inner())))
         }
+
+
     }
 
     impl<T> Deref for MutexGuard<'_, T> {
@@ -119,4 +126,4 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{Condvar, Mutex, MutexGuard};
+pub(crate) use imp::{AtomicUsize, Condvar, Mutex, MutexGuard};

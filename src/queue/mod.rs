@@ -1,13 +1,22 @@
 //! The rate-limiting work queue (spec §1, §3).
 //!
 //! One mutex guards a [`QueueState`] (ready FIFO, per-key slots, delay heap);
-//! getters block on a condvar. Two things make it fast and idle-free:
+//! getters block on a condvar. What makes it fast is avoiding what costs far
+//! more than the queue operations themselves on a VM: waking a parked thread
+//! (a futex round trip, 10–20 µs).
+//!
+//! (A lock-free inbox for adds was tried and measured: it lets a producer
+//! run far ahead, so the backlog lands in the key map, which then misses the
+//! cache on every operation; taking the lock on every add keeps producer and
+//! consumers in step and was faster at every worker count.)
 //!
 //! * **Waking is counted.** The queue knows how many getters are parked and
-//!   not yet claimed by a notify (`sleepers`), so an `add` with nobody asleep
-//!   makes no syscall, and one ready key wakes at most one getter. Waking a
-//!   parked thread costs far more than a queue operation on a VM (a futex
-//!   round trip), so avoiding needless wake-ups is most of the performance.
+//!   not yet claimed by a notify, so one ready key wakes at most one getter.
+//! * **A short spin before parking.** A getter that finds nothing spins
+//!   briefly (one spinner at a time per two cores), lock released, watching
+//!   the ready count before it parks, so a steady producer keeps its
+//!   consumers awake without syscalls; adds leave the spinner its key
+//!   instead of waking a sleeper.
 //! * **No timer thread.** At most one parked getter, the *timekeeper*, sleeps
 //!   with a timeout: until the earliest due time. Everyone else sleeps
 //!   untimed. When the timekeeper leaves with a key, it hands the duty on by
@@ -25,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, deadline_after};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
-use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use state::{Added, Finished, QueueState};
 
 pub use state::KeyState;
@@ -89,6 +99,10 @@ pub struct WorkQueue<K> {
 
 struct Shared<K> {
     locked: Mutex<Locked<K>>,
+    /// Getters spinning, lock released, before they park.
+    spinners: AtomicUsize,
+    /// The ready FIFO's length, published under the lock for spinners.
+    ready_hint: AtomicUsize,
     /// Getters wait here for a ready key (or a due time, or shutdown).
     ready: Condvar,
     /// `shut_down_with_drain` waits here for processing keys to finish.
@@ -172,6 +186,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                     timekeeper_term: 0,
                     idle_waiters: 0,
                 }),
+                spinners: AtomicUsize::new(0),
+                ready_hint: AtomicUsize::new(0),
                 ready: Condvar::new(),
                 drained: Condvar::new(),
                 idle: Condvar::new(),
@@ -203,9 +219,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Marks `key` as needing processing now. Ignored once shut down.
     pub fn add(&self, key: K) {
         let mut g = self.shared.locked.lock();
-        let promoted = self.shared.promote_due(&mut g);
-        let added = g.q.add(key);
-        self.shared.wake_for(&mut g, promoted + usize::from(added == Added::Ready));
+        let mut ready = self.shared.sync(&mut g);
+        ready += usize::from(g.q.add(key) == Added::Ready);
+        self.shared.ready_hint.store(g.q.len(), Relaxed);
+        self.shared.wake_for(&mut g, ready);
     }
 
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
@@ -225,15 +242,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     fn add_at_instant(&self, key: K, due: Instant, now: Instant) {
         let mut g = self.shared.locked.lock();
-        let promoted = if g.q.has_timers() { g.q.promote_due(now) } else { 0 };
+        let mut ready = self.shared.sync(&mut g);
         match g.q.add_at(key, due, now) {
-            Added::Ready => self.shared.wake_for(&mut g, promoted + 1),
-            Added::Scheduled(due) => {
-                self.shared.wake_for(&mut g, promoted);
-                self.shared.on_scheduled(&mut g, due);
-            }
-            Added::Unchanged => self.shared.wake_for(&mut g, promoted),
+            Added::Ready => ready += 1,
+            Added::Scheduled(due) => self.shared.on_scheduled(&mut g, due),
+            Added::Unchanged => {}
         }
+        self.shared.wake_for(&mut g, ready);
     }
 
     /// Re-adds `key` after the wait its rate limiter gives (G6).
@@ -291,10 +306,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// Number of ready keys (not counting processing or delayed ones).
     pub fn len(&self) -> usize {
-        let mut g = self.shared.locked.lock();
-        let promoted = self.shared.promote_due(&mut g);
-        self.shared.wake_for(&mut g, promoted);
-        g.q.len()
+        self.shared.lock_synced().q.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -303,29 +315,24 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// Number of keys handed out and not yet done.
     pub fn processing_len(&self) -> usize {
-        self.shared.locked.lock().q.processing_len()
+        self.shared.lock_synced().q.processing_len()
     }
 
     /// Number of keys waiting for a due time.
     pub fn delayed_len(&self) -> usize {
-        let mut g = self.shared.locked.lock();
-        let promoted = self.shared.promote_due(&mut g);
-        self.shared.wake_for(&mut g, promoted);
-        g.q.delayed_len()
+        self.shared.lock_synced().q.delayed_len()
     }
 
     /// The ready, processing and delayed counts at one instant.
     pub fn counts(&self) -> QueueCounts {
-        let mut g = self.shared.locked.lock();
-        let promoted = self.shared.promote_due(&mut g);
-        self.shared.wake_for(&mut g, promoted);
+        let g = self.shared.lock_synced();
         QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() }
     }
 
     /// Where `key` stands: absent, ready, waiting for a due time, or
     /// processing.
     pub fn key_state(&self, key: &K) -> KeyState {
-        self.shared.locked.lock().q.key_state(key)
+        self.shared.lock_synced().q.key_state(key)
     }
 
     /// Blocks until nothing is ready, processing or delayed, for at most
@@ -334,8 +341,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         let mut g = self.shared.locked.lock();
         loop {
-            let promoted = self.shared.promote_due(&mut g);
-            self.shared.wake_for(&mut g, promoted);
+            let ready = self.shared.sync(&mut g);
+            self.shared.wake_for(&mut g, ready);
             if g.q.is_idle() {
                 return true;
             }
@@ -357,23 +364,16 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Stops accepting keys and drops delayed ones; getters still receive the
     /// keys already ready, then `None` (G7). Ends a pending drain.
     pub fn shut_down(&self) {
-        let mut g = self.shared.locked.lock();
-        g.q.shut_down(false);
-        self.shared.wake_all(&mut g);
-        self.shared.drained.notify_all();
-        self.shared.notify_if_idle(&mut g);
+        let mut g = self.shared.lock_synced();
+        self.shared.close(&mut g, Shutdown::Stop);
     }
 
     /// Shuts down and drops the ready keys too, so getters return `None` at
     /// once; keys being processed are finished by `done` without being
     /// handed out again. The controller's immediate `stop` uses this.
     pub fn shut_down_now(&self) {
-        let mut g = self.shared.locked.lock();
-        g.q.shut_down(false);
-        g.q.discard_ready();
-        self.shared.wake_all(&mut g);
-        self.shared.drained.notify_all();
-        self.shared.notify_if_idle(&mut g);
+        let mut g = self.shared.lock_synced();
+        self.shared.close(&mut g, Shutdown::Discard);
     }
 
     /// [`shut_down`](Self::shut_down), then blocks until every key handed out
@@ -390,11 +390,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     fn drain_until(&self, deadline: Option<Instant>) -> bool {
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock_synced();
         if !g.q.is_shutting_down() {
-            g.q.shut_down(true);
-            self.shared.wake_all(&mut g);
-            self.shared.notify_if_idle(&mut g);
+            self.shared.close(&mut g, Shutdown::Drain);
         }
         while g.q.is_draining() && !g.q.drained() {
             match deadline {
@@ -419,17 +417,51 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 }
 
+/// How a shutdown treats the keys still ready.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shutdown {
+    /// Hand them out (G7).
+    Stop,
+    /// Hand them out, and let `shut_down_with_drain` wait for processing.
+    Drain,
+    /// Drop them.
+    Discard,
+}
+
+/// Getters allowed to spin at once: one per two cores, so spinning never
+/// starves the threads doing real work.
+#[cfg(not(feature = "shuttle"))]
+fn max_spinners() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
+}
+
 impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
-    /// Moves due keys to the ready FIFO; returns how many became ready.
-    fn promote_due(&self, g: &mut Guard<'_, K>) -> usize {
-        if g.q.has_timers() { g.q.promote_due(self.clock.now()) } else { 0 }
+    /// Promotes keys whose due time has come. Returns how many became ready;
+    /// the caller decides whom to wake for them.
+    fn sync(&self, g: &mut Guard<'_, K>) -> usize {
+        if !g.q.has_timers() {
+            return 0;
+        }
+        let ready = g.q.promote_due(self.clock.now());
+        self.ready_hint.store(g.q.len(), Relaxed);
+        ready
+    }
+
+    /// Locks, syncs and wakes getters for the keys that became ready.
+    fn lock_synced(&self) -> Guard<'_, K> {
+        let mut g = self.locked.lock();
+        let ready = self.sync(&mut g);
+        self.wake_for(&mut g, ready);
+        g
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
     fn take(&self, g: &mut Guard<'_, K>) -> Option<K> {
-        let promoted = self.promote_due(g);
+        let ready = self.sync(g);
         let key = g.q.take();
-        self.wake_for(g, promoted.saturating_sub(usize::from(key.is_some())));
+        self.ready_hint.store(g.q.len(), Relaxed);
+        self.wake_for(g, ready.saturating_sub(usize::from(key.is_some())));
         if key.is_some() && g.timekeeper.is_none() && g.q.has_timers() {
             // Due times remain and nobody is timing them: pass the duty on.
             self.wake_one(g);
@@ -438,6 +470,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     }
 
     fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>) -> Result<K, GetError> {
+        let mut spun = false;
         loop {
             if let Some(key) = self.take(g) {
                 return Ok(key);
@@ -448,8 +481,44 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
             if deadline.is_some_and(|d| self.clock.now() >= d) {
                 return Err(GetError::Timeout);
             }
+            if !spun {
+                spun = true;
+                if self.spin(g) {
+                    continue;
+                }
+            }
             self.park(g, deadline);
         }
+    }
+
+    /// Spins briefly with the lock released, watching for work. Returns
+    /// whether any showed up (the caller re-checks under the lock either way).
+    #[cfg(not(feature = "shuttle"))]
+    fn spin(&self, g: &mut Guard<'_, K>) -> bool {
+        if self.spinners.fetch_add(1, SeqCst) >= max_spinners() {
+            self.spinners.fetch_sub(1, SeqCst);
+            return false;
+        }
+        let found = MutexGuard::unlocked(g, || {
+            let backoff = crossbeam_utils::Backoff::new();
+            loop {
+                if self.ready_hint.load(Relaxed) > 0 {
+                    break true;
+                }
+                if backoff.is_completed() {
+                    break false;
+                }
+                backoff.snooze();
+            }
+        });
+        self.spinners.fetch_sub(1, SeqCst);
+        found
+    }
+
+    /// Under shuttle, getters park at once: spinning changes only timing.
+    #[cfg(feature = "shuttle")]
+    fn spin(&self, _g: &mut Guard<'_, K>) -> bool {
+        false
     }
 
     /// Parks a getter until woken, until `deadline`, or (as the timekeeper)
@@ -484,14 +553,30 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// Ends processing of `key` and wakes whoever its new state concerns.
     fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
+        let ready = self.sync(g);
+        self.wake_for(g, ready);
         match g.q.done(key, || self.clock.now()) {
-            Finished::Requeued => self.wake_one(g),
+            Finished::Requeued => {
+                self.ready_hint.store(g.q.len(), Relaxed);
+                self.wake_one(g);
+            }
             Finished::Waiting(due) => self.on_scheduled(g, due),
             Finished::Removed | Finished::NotProcessing => {}
         }
         if g.q.is_draining() && g.q.drained() {
             self.drained.notify_all();
         }
+        self.notify_if_idle(g);
+    }
+
+    fn close(&self, g: &mut Guard<'_, K>, how: Shutdown) {
+        g.q.shut_down(how == Shutdown::Drain);
+        if how == Shutdown::Discard {
+            g.q.discard_ready();
+            self.ready_hint.store(0, Relaxed);
+        }
+        self.wake_all(g);
+        self.drained.notify_all();
         self.notify_if_idle(g);
     }
 
@@ -510,9 +595,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
     }
 
-    /// Wakes up to `n` sleepers for `n` newly ready keys.
+    /// Wakes sleepers for `n` newly ready keys, leaving one key to each
+    /// spinning getter.
     fn wake_for(&self, g: &mut Guard<'_, K>, n: usize) {
-        for _ in 0..n.min(g.sleepers) {
+        let needed = n.saturating_sub(self.spinners.load(Relaxed));
+        for _ in 0..needed.min(g.sleepers) {
             self.wake_one(g);
         }
     }
@@ -524,8 +611,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     }
 
     fn wake_all(&self, g: &mut Guard<'_, K>) {
-        let woken = self.ready.notify_all();
-        g.sleepers -= woken;
+        g.sleepers -= self.ready.notify_all();
     }
 }
 

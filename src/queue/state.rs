@@ -14,6 +14,7 @@
 //! * a `Processing` key is never in the FIFO (G2), and what happens to it at
 //!   `done` (nothing, ready again, or wait for a due time) is in its slot (G3).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::time::Instant;
@@ -123,27 +124,30 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if self.shutting_down {
             return Added::Unchanged;
         }
-        match self.slots.get_mut(&key) {
-            None => {
-                self.slots.insert(key.clone(), Slot::Ready { owed: false });
-                self.ready.push_back(key);
+        // One hash lookup whatever the key's state.
+        match self.slots.entry(key) {
+            Entry::Vacant(vacant) => {
+                self.ready.push_back(vacant.key().clone());
+                vacant.insert(Slot::Ready { owed: false });
                 Added::Ready
             }
-            Some(slot @ Slot::Delayed(_)) => {
-                *slot = Slot::Ready { owed: false };
-                self.timers -= 1;
-                self.delayed -= 1;
-                self.ready.push_back(key);
-                Added::Ready
-            }
-            Some(Slot::Processing(then)) => {
-                if let Then::Wait(_) = then {
+            Entry::Occupied(mut occupied) => match *occupied.get() {
+                Slot::Delayed(_) => {
+                    occupied.insert(Slot::Ready { owed: false });
                     self.timers -= 1;
+                    self.delayed -= 1;
+                    self.ready.push_back(occupied.key().clone());
+                    Added::Ready
                 }
-                *then = Then::Requeue;
-                Added::Unchanged
-            }
-            Some(Slot::Ready { .. }) => Added::Unchanged,
+                Slot::Processing(then) => {
+                    if let Then::Wait(_) = then {
+                        self.timers -= 1;
+                    }
+                    occupied.insert(Slot::Processing(Then::Requeue));
+                    Added::Unchanged
+                }
+                Slot::Ready { .. } => Added::Unchanged,
+            },
         }
     }
 
@@ -236,20 +240,25 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// Ends the processing of `key`. `now` is asked only when the key waits
     /// for a due time, to tell whether that time has already come.
     pub(crate) fn done(&mut self, key: &K, now: impl FnOnce() -> Instant) -> Finished {
-        let Some(Slot::Processing(then)) = self.slots.get(key).copied() else {
+        // Remove first: the common case (nothing more to do) then costs one
+        // hash lookup; the rarer cases put the key back.
+        let Some((key, slot)) = self.slots.remove_entry(key) else {
+            return Finished::NotProcessing;
+        };
+        let Slot::Processing(then) = slot else {
+            self.slots.insert(key, slot);
             return Finished::NotProcessing;
         };
         self.processing -= 1;
         match then {
             Then::Finish => {
-                self.slots.remove(key);
                 if self.slots.capacity() > SHRINK_ABOVE && self.slots.len() * 8 < self.slots.capacity() {
                     self.slots.shrink_to(self.slots.len() * 2);
                 }
                 Finished::Removed
             }
             Then::Wait(timer) if timer.due > now() => {
-                self.slots.insert(key.clone(), Slot::Delayed(timer));
+                self.slots.insert(key, Slot::Delayed(timer));
                 self.delayed += 1;
                 Finished::Waiting(timer.due)
             }
@@ -259,8 +268,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 }
                 let owed = self.draining;
                 self.owed += usize::from(owed);
-                self.slots.insert(key.clone(), Slot::Ready { owed });
                 self.ready.push_back(key.clone());
+                self.slots.insert(key, Slot::Ready { owed });
                 Finished::Requeued
             }
         }
