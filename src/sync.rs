@@ -46,7 +46,6 @@ mod imp {
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    use std::collections::VecDeque;
     use std::ops::{Deref, DerefMut};
     use std::time::Instant;
 

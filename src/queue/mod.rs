@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock, deadline_after};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use state::{Added, Finished, QueueState};
 
 pub use state::KeyState;
@@ -495,8 +495,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     /// whether any showed up (the caller re-checks under the lock either way).
     #[cfg(not(feature = "shuttle"))]
     fn spin(&self, g: &mut Guard<'_, K>) -> bool {
-        if self.spinners.fetch_add(1, SeqCst) >= max_spinners() {
-            self.spinners.fetch_sub(1, SeqCst);
+        if self.spinners.fetch_add(1, Relaxed) >= max_spinners() {
+            self.spinners.fetch_sub(1, Relaxed);
             return false;
         }
         let found = MutexGuard::unlocked(g, || {
@@ -511,7 +511,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
                 backoff.snooze();
             }
         });
-        self.spinners.fetch_sub(1, SeqCst);
+        self.spinners.fetch_sub(1, Relaxed);
         found
     }
 
