@@ -595,11 +595,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
     }
 
-    /// Wakes sleepers for `n` newly ready keys, leaving one key to each
-    /// spinning getter.
+    /// Wakes sleepers for `n` newly ready keys. Each spinning getter will
+    /// take one ready key itself, so only ready keys beyond the spinners need
+    /// a sleeper (never skip more: a key must not wait for a busy worker
+    /// while another sleeps).
     fn wake_for(&self, g: &mut Guard<'_, K>, n: usize) {
-        let needed = n.saturating_sub(self.spinners.load(Relaxed));
-        for _ in 0..needed.min(g.sleepers) {
+        let unclaimed = g.q.len().saturating_sub(self.spinners.load(Relaxed));
+        for _ in 0..n.min(unclaimed).min(g.sleepers) {
             self.wake_one(g);
         }
     }
