@@ -35,11 +35,19 @@ where
     L: RateLimiter<K> + 'static,
 {
     let clock = FakeClock::new();
-    (WorkQueue::builder().clock(clock.clone()).rate_limiter(limiter).build(), clock)
+    (
+        WorkQueue::builder()
+            .clock(clock.clone())
+            .rate_limiter(limiter)
+            .build(),
+        clock,
+    )
 }
 
 /// Runs `f` on a new thread; its result arrives on the returned channel.
-pub fn spawn_with_result<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
+pub fn spawn_with_result<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> mpsc::Receiver<T> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let _ = tx.send(f());
@@ -49,7 +57,8 @@ pub fn spawn_with_result<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stat
 
 /// The value `rx` delivers within [`PATIENCE`], or a panic naming `what`.
 pub fn expect_within<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
-    rx.recv_timeout(PATIENCE).unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
+    rx.recv_timeout(PATIENCE)
+        .unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
 }
 
 /// Polls `cond` until it holds, panicking after [`PATIENCE`].
