@@ -325,7 +325,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Where `key` stands: absent, ready, waiting for a due time, or
     /// processing.
     pub fn key_state(&self, key: &K) -> KeyState {
-        self.shared.locked.lock().q.key_state(key)
+        let mut g = self.shared.locked.lock();
+        let promoted = self.shared.promote_due(&mut g);
+        self.shared.wake_for(&mut g, promoted);
+        g.q.key_state(key)
     }
 
     /// Blocks until nothing is ready, processing or delayed, for at most
