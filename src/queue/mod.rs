@@ -361,6 +361,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// keys already ready, then `None` (G7). Ends a pending drain.
     pub fn shut_down(&self) {
         let mut g = self.shared.locked.lock();
+        // Keys already due are ready, not delayed: they are still handed out.
+        self.shared.promote_due(&mut g);
         g.q.shut_down(false);
         self.shared.wake_all(&mut g);
         self.shared.drained.notify_all();
@@ -395,6 +397,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     fn drain_until(&self, deadline: Option<Instant>) -> bool {
         let mut g = self.shared.locked.lock();
         if !g.q.is_shutting_down() {
+            self.shared.promote_due(&mut g);
             g.q.shut_down(true);
             self.shared.wake_all(&mut g);
             self.shared.notify_if_idle(&mut g);
@@ -487,6 +490,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// Ends processing of `key` and wakes whoever its new state concerns.
     fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
+        // Keys already due became ready before this one is re-queued (G4).
+        let promoted = self.promote_due(g);
+        self.wake_for(g, promoted);
         match g.q.done(key, || self.clock.now()) {
             Finished::Requeued => self.wake_one(g),
             Finished::Waiting(due) => self.on_scheduled(g, due),
