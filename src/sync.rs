@@ -55,7 +55,10 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(shuttle::sync::Mutex<T>);
 
-    pub(crate) struct MutexGuard<'a, T>(Option<shuttle::sync::MutexGuard<'a, T>>);
+    pub(crate) struct MutexGuard<'a, T> {
+        mutex: &'a Mutex<T>,
+        inner: Option<shuttle::sync::MutexGuard<'a, T>>,
+    }
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
@@ -63,22 +66,34 @@ mod imp {
         }
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            MutexGuard(Some(self.0.lock().unwrap_or_else(|e| e.into_inner())))
+            MutexGuard { mutex: self, inner: Some(self.raw_lock()) }
         }
 
+        fn raw_lock(&self) -> shuttle::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
 
+    impl<T> MutexGuard<'_, T> {
+        /// Runs `f` with the lock released, as parking_lot's does.
+        pub(crate) fn unlocked<U>(guard: &mut Self, f: impl FnOnce() -> U) -> U {
+            guard.inner = None;
+            let result = f();
+            guard.inner = Some(guard.mutex.raw_lock());
+            result
+        }
     }
 
     impl<T> Deref for MutexGuard<'_, T> {
         type Target = T;
         fn deref(&self) -> &T {
-            self.0.as_ref().expect("guard present outside a wait")
+            self.inner.as_ref().expect("guard present outside a wait")
         }
     }
 
     impl<T> DerefMut for MutexGuard<'_, T> {
         fn deref_mut(&mut self) -> &mut T {
-            self.0.as_mut().expect("guard present outside a wait")
+            self.inner.as_mut().expect("guard present outside a wait")
         }
     }
 
@@ -100,8 +115,8 @@ mod imp {
         pub(crate) fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
             use std::sync::atomic::Ordering::Relaxed;
             self.waiting.fetch_add(1, Relaxed);
-            let inner = guard.0.take().expect("guard present outside a wait");
-            guard.0 = Some(self.inner.wait(inner).unwrap_or_else(|e| e.into_inner()));
+            let inner = guard.inner.take().expect("guard present outside a wait");
+            guard.inner = Some(self.inner.wait(inner).unwrap_or_else(|e| e.into_inner()));
         }
 
         /// shuttle never times a wait out, so the models use no deadlines.

@@ -430,7 +430,6 @@ enum Shutdown {
 
 /// Getters allowed to spin at once: one per two cores, so spinning never
 /// starves the threads doing real work.
-#[cfg(not(feature = "shuttle"))]
 fn max_spinners() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
@@ -482,43 +481,28 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
                 return Err(GetError::Timeout);
             }
             if !spun {
+                // Whatever the spin saw, re-check everything under the lock:
+                // a key or a shutdown may have come while it was released.
                 spun = true;
-                if self.spin(g) {
-                    continue;
-                }
+                self.spin(g);
+                continue;
             }
             self.park(g, deadline);
         }
     }
 
-    /// Spins briefly with the lock released, watching for work. Returns
-    /// whether any showed up (the caller re-checks under the lock either way).
-    #[cfg(not(feature = "shuttle"))]
-    fn spin(&self, g: &mut Guard<'_, K>) -> bool {
-        if self.spinners.fetch_add(1, Relaxed) >= max_spinners() {
-            self.spinners.fetch_sub(1, Relaxed);
-            return false;
+    /// Spins briefly with the lock released, until a key looks ready or the
+    /// spin budget runs out. The caller re-checks under the lock either way.
+    fn spin(&self, g: &mut Guard<'_, K>) {
+        if self.spinners.fetch_add(1, Relaxed) < max_spinners() {
+            MutexGuard::unlocked(g, || {
+                let backoff = crossbeam_utils::Backoff::new();
+                while self.ready_hint.load(Relaxed) == 0 && !backoff.is_completed() {
+                    backoff.snooze();
+                }
+            });
         }
-        let found = MutexGuard::unlocked(g, || {
-            let backoff = crossbeam_utils::Backoff::new();
-            loop {
-                if self.ready_hint.load(Relaxed) > 0 {
-                    break true;
-                }
-                if backoff.is_completed() {
-                    break false;
-                }
-                backoff.snooze();
-            }
-        });
         self.spinners.fetch_sub(1, Relaxed);
-        found
-    }
-
-    /// Under shuttle, getters park at once: spinning changes only timing.
-    #[cfg(feature = "shuttle")]
-    fn spin(&self, _g: &mut Guard<'_, K>) -> bool {
-        false
     }
 
     /// Parks a getter until woken, until `deadline`, or (as the timekeeper)

@@ -1,0 +1,71 @@
+//! G8: an idle queue uses no CPU. This binary holds a single test because it
+//! measures the CPU time of the whole process (`getrusage(RUSAGE_SELF)`), and
+//! tests in one binary run in parallel threads of one process.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{ms, secs};
+use reconq::WorkQueue;
+
+/// User + system CPU time of this process so far.
+fn process_cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct we pass.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time the process uses during `window` while 4 threads are blocked in
+/// `get()` on `q`. The threads are released by shutting the queue down.
+fn cpu_while_idle(q: &WorkQueue<u32>, window: Duration) -> Duration {
+    let start = Arc::new(Barrier::new(5));
+    let getters: Vec<_> = (0..4)
+        .map(|_| {
+            let (q, start) = (q.clone(), Arc::clone(&start));
+            thread::spawn(move || {
+                start.wait();
+                q.get()
+            })
+        })
+        .collect();
+    start.wait();
+    // Let the getters reach their condvar wait; any CPU they spend getting
+    // there is microseconds and falls well inside the budget anyway.
+    thread::sleep(ms(100));
+    let before = process_cpu_time();
+    let t0 = Instant::now();
+    while t0.elapsed() < window {
+        thread::sleep(window - t0.elapsed());
+    }
+    let used = process_cpu_time() - before;
+    q.shut_down();
+    for g in getters {
+        assert_eq!(g.join().unwrap(), None);
+    }
+    used
+}
+
+#[test]
+fn g8_idle_getters_use_no_cpu_with_an_empty_queue_or_a_far_delayed_key() {
+    const BUDGET: Duration = Duration::from_millis(50);
+
+    let empty = WorkQueue::new();
+    let used = cpu_while_idle(&empty, secs(1));
+    assert!(used < BUDGET, "empty queue: {used:?} of CPU in 1 s idle");
+
+    let delayed = WorkQueue::new();
+    delayed.add_after(1, secs(600));
+    let used = cpu_while_idle(&delayed, secs(1));
+    assert!(
+        used < BUDGET,
+        "key due in 10 min: {used:?} of CPU in 1 s idle"
+    );
+}
