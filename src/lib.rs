@@ -10,7 +10,9 @@
 
 mod clock;
 mod error;
+mod manager;
 mod queue;
+mod parallelize;
 mod rate_limit;
 mod sync;
 mod thread;
@@ -22,3 +24,7 @@ pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
+pub use manager::{
+    ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DoError, Manager, ManagerBuilder, UnknownController,
+};
+pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
