@@ -83,7 +83,21 @@ impl std::fmt::Debug for ParallelizeOptions<'_> {
 
 /// Calls `f(piece)` for every piece in `0..pieces`, on up to `workers`
 /// threads, and returns when all are done. `workers == 0` or `pieces == 0`
-/// does nothing. See the [module docs](self) for the threads used and panics.
+/// does nothing.
+///
+/// The pieces `0..pieces` are cut into chunks of consecutive pieces (one
+/// piece each here; see [`parallelize_with`]); up to `workers` tasks take
+/// chunks in order until none is left.
+///
+/// **Threads.** The tasks run on rayon's global thread pool (one task runs
+/// inline on the caller when only one is needed), so parallelism is at most
+/// `min(workers, chunks, rayon's pool size)`. That pool is for **CPU-bound
+/// pieces only**: a piece that blocks (I/O, a sleep, a lock held long) holds
+/// one of rayon's few threads. reconq never runs its blocking workers
+/// (controllers, reconcilers) on rayon; they have their own OS threads.
+///
+/// **Panics** in `f` propagate to the caller once every task has stopped;
+/// after a panic the other tasks take no further pieces.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,7 +112,7 @@ pub fn parallelize(workers: usize, pieces: usize, f: impl Fn(usize) + Sync) {
     parallelize_with(workers, pieces, &ParallelizeOptions::new(), f);
 }
 
-/// [`parallelize`] with a chunk size and a stop condition checked before each
+/// [`parallelize`] (same threads, same panics) with a chunk size and a stop condition checked before each
 /// piece: once it holds, the remaining pieces are skipped.
 ///
 /// ```

@@ -250,7 +250,10 @@ mod tests {
         let p = ControllerParams::new(ok).error_retry_base(Duration::from_millis(100));
         assert_eq!(p.retry_delay(1), Some(Duration::from_millis(100)));
         assert_eq!(p.retry_delay(3), Some(Duration::from_millis(300)));
-        assert_eq!(p.retry_delay(u64::MAX), Some(Duration::MAX));
+        // The failure count saturates instead of overflowing.
+        assert_eq!(p.retry_delay(u64::MAX), Some(Duration::from_millis(100) * u32::MAX));
+        let huge = ControllerParams::new(ok).error_retry_base(Duration::MAX);
+        assert_eq!(huge.retry_delay(2), Some(Duration::MAX));
         let p = p.max_retry_interval(Duration::from_millis(250));
         assert_eq!(p.retry_delay(3), Some(Duration::from_millis(250)));
     }
