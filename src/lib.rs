@@ -26,5 +26,6 @@ pub use rate_limit::{
 };
 pub use manager::{
     ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DoError, Manager, ManagerBuilder, UnknownController,
+    WeakManager,
 };
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};

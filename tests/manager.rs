@@ -500,3 +500,30 @@ fn real_clock_runs_on_the_interval() {
     assert!(start.elapsed() >= ms(40), "runs 2 and 3 waited the interval");
     m.remove_all_and_wait();
 }
+
+/// A `do` holding a WeakManager does not keep the manager alive.
+#[test]
+fn weak_manager_lets_a_drop_stop_the_controllers() {
+    let (m, _clock) = fake();
+    let (tx, rx) = mpsc::channel();
+    let weak = m.downgrade();
+    let triggers = Arc::new(AtomicUsize::new(0));
+    let t = triggers.clone();
+    m.update(
+        "c",
+        ControllerParams::new(move || {
+            if let Some(m) = weak.upgrade() {
+                assert!(m.contains("c"));
+                t.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+        .stop(move || tx.send(()).unwrap()),
+    );
+    wait_runs(&m, "c", 1);
+    assert_eq!(triggers.load(Ordering::SeqCst), 1);
+    let weak = m.downgrade();
+    drop(m);
+    rx.recv_timeout(TIMEOUT).expect("stop ran after the last handle dropped");
+    assert!(weak.upgrade().is_none());
+}

@@ -13,7 +13,7 @@ mod worker;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 
 use parking_lot::Mutex;
@@ -37,6 +37,10 @@ pub use status::{ControllerStatus, UnknownController};
 /// block until they are gone. Not joining in `drop` keeps a drop from
 /// blocking on a hung `do`, and lets the Python bindings drop a manager while
 /// holding the interpreter lock that `stop` functions need.
+///
+/// A `do` or `stop` function that holds a `Manager` clone keeps the manager
+/// (and so its controllers) alive until the controller is removed; hold a
+/// [`WeakManager`] ([`Manager::downgrade`]) instead to let a drop stop them.
 ///
 /// [`remove_all_and_wait`]: Manager::remove_all_and_wait
 ///
@@ -80,6 +84,26 @@ struct Registry {
 struct Entry {
     ctl: Arc<Ctl>,
     thread: JoinHandle<()>,
+}
+
+/// A handle to a [`Manager`] that does not keep it alive, for `do` and
+/// `stop` functions that update or trigger controllers of their own manager.
+#[derive(Clone, Default)]
+pub struct WeakManager {
+    inner: Weak<Inner>,
+}
+
+impl WeakManager {
+    /// The manager, unless every [`Manager`] handle has been dropped.
+    pub fn upgrade(&self) -> Option<Manager> {
+        self.inner.upgrade().map(|inner| Manager { inner })
+    }
+}
+
+impl fmt::Debug for WeakManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakManager").field("alive", &(self.inner.strong_count() > 0)).finish()
+    }
 }
 
 /// Builds a [`Manager`] with a non-default clock or thread wrapper.
@@ -251,6 +275,11 @@ impl Manager {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// A handle that does not keep the manager alive.
+    pub fn downgrade(&self) -> WeakManager {
+        WeakManager { inner: Arc::downgrade(&self.inner) }
     }
 
     fn ctl(&self, name: &str) -> Result<Arc<Ctl>, UnknownController> {
