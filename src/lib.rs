@@ -11,8 +11,8 @@
 mod clock;
 mod error;
 mod manager;
-mod queue;
 mod parallelize;
+mod queue;
 mod rate_limit;
 mod sync;
 mod thread;
