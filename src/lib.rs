@@ -10,6 +10,8 @@
 
 mod clock;
 mod error;
+mod manager;
+mod parallelize;
 mod queue;
 mod rate_limit;
 mod sync;
@@ -22,3 +24,8 @@ pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
+pub use manager::{
+    ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DoError, Manager, ManagerBuilder, UnknownController,
+    WeakManager,
+};
+pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};

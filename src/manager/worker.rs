@@ -1,0 +1,253 @@
+//! One named controller: its state and the loop its thread runs.
+//!
+//! The thread sleeps on a condvar until its next run time (a timed wait on a
+//! real clock; an untimed one woken by the clock's subscription on a fake
+//! clock) or until an update, trigger or removal wakes it. A request to run is
+//! one flag (`pending`), so any number of updates and triggers while a run is
+//! in progress or before the thread wakes collapse into one run.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use super::params::ControllerParams;
+use super::status::ControllerStatus;
+use crate::clock::{Clock, deadline_after};
+
+pub(crate) struct Ctl {
+    name: String,
+    state: Mutex<State>,
+    wake: Condvar,
+    clock: Arc<dyn Clock>,
+    /// Keeps a fake clock's wake-up callback alive as long as the controller.
+    _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+struct State {
+    params: ControllerParams,
+    /// An update or trigger asked for a run.
+    pending: bool,
+    /// Removal asked: finish (after one run at least), run `stop`, exit.
+    removed: bool,
+    ran_once: bool,
+    running: bool,
+    /// When the next run is due, or `None` to wait for an update or trigger.
+    next_run: Option<Instant>,
+    successes: u64,
+    failures: u64,
+    consecutive_failures: u64,
+    last_error: Option<String>,
+    last_error_time: Option<SystemTime>,
+    last_success_time: Option<SystemTime>,
+    last_duration: Option<Duration>,
+}
+
+enum Outcome {
+    Success,
+    Exit(String),
+    Failure(String),
+}
+
+impl Ctl {
+    /// A controller whose first run is requested at once.
+    pub(crate) fn new(name: String, params: ControllerParams, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new_cyclic(|weak: &Weak<Ctl>| {
+            // Time jumps on a fake clock: wake the thread to re-check its due
+            // time. The callback holds the controller weakly and the
+            // controller holds the callback, so it lives as long as both.
+            let clock_subscription = (!clock.is_real_time()).then(|| {
+                let weak = weak.clone();
+                let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                    if let Some(ctl) = weak.upgrade() {
+                        // Taking the lock orders this wake-up after the
+                        // thread's check of the time or its wait: no lost
+                        // wake-up.
+                        let _st = ctl.state.lock();
+                        ctl.wake.notify_all();
+                    }
+                });
+                clock.subscribe(Arc::downgrade(&wake));
+                wake
+            });
+            Ctl {
+                name,
+                state: Mutex::new(State {
+                    params,
+                    pending: true,
+                    removed: false,
+                    ran_once: false,
+                    running: false,
+                    next_run: None,
+                    successes: 0,
+                    failures: 0,
+                    consecutive_failures: 0,
+                    last_error: None,
+                    last_error_time: None,
+                    last_success_time: None,
+                    last_duration: None,
+                }),
+                wake: Condvar::new(),
+                clock,
+                _clock_subscription: clock_subscription,
+            }
+        })
+    }
+
+    /// Replaces the parameters (dropping the old `stop` unrun) and requests a
+    /// run.
+    pub(crate) fn update(&self, params: ControllerParams) {
+        let old = {
+            let mut st = self.state.lock();
+            let old = std::mem::replace(&mut st.params, params);
+            st.pending = true;
+            self.wake.notify_all();
+            old
+        };
+        // The old closures may own anything; drop them outside the lock.
+        drop(old);
+    }
+
+    pub(crate) fn trigger(&self) {
+        let mut st = self.state.lock();
+        st.pending = true;
+        self.wake.notify_all();
+    }
+
+    pub(crate) fn remove(&self) {
+        let mut st = self.state.lock();
+        st.removed = true;
+        self.wake.notify_all();
+    }
+
+    pub(crate) fn status(&self) -> ControllerStatus {
+        let st = self.state.lock();
+        let next_run_in = if st.running {
+            None
+        } else if st.pending {
+            Some(Duration::ZERO)
+        } else {
+            st.next_run.map(|t| t.saturating_duration_since(self.clock.now()))
+        };
+        ControllerStatus {
+            name: self.name.clone(),
+            successes: st.successes,
+            failures: st.failures,
+            consecutive_failures: st.consecutive_failures,
+            last_error: st.last_error.clone(),
+            last_error_time: st.last_error_time,
+            last_success_time: st.last_success_time,
+            last_duration: st.last_duration,
+            running: st.running,
+            next_run_in,
+        }
+    }
+
+    /// The controller thread's body: runs `do` whenever due or requested
+    /// until removed, then runs `stop` once.
+    pub(crate) fn run(&self) {
+        let mut st = self.state.lock();
+        while self.wait_for_run(&mut st) {
+            st.pending = false;
+            st.running = true;
+            st.next_run = None;
+            let do_fn = Arc::clone(&st.params.do_fn);
+            let (outcome, started, finished) = MutexGuard::unlocked(&mut st, || {
+                let started = self.clock.now();
+                let outcome = match catch_unwind(AssertUnwindSafe(|| do_fn())) {
+                    Ok(Ok(())) => Outcome::Success,
+                    Ok(Err(e)) => match e.exit_reason() {
+                        Some(reason) => Outcome::Exit(reason.to_owned()),
+                        None => Outcome::Failure(e.to_string()),
+                    },
+                    Err(panic) => Outcome::Failure(panic_message(&*panic)),
+                };
+                drop(do_fn);
+                (outcome, started, self.clock.now())
+            });
+            self.record(&mut st, outcome, started, finished);
+        }
+        let stop = st.params.stop_fn.take();
+        drop(st);
+        if let Some(stop) = stop {
+            // A panicking stop has nobody to report to; the thread ends anyway.
+            let _ = catch_unwind(AssertUnwindSafe(stop));
+        }
+    }
+
+    /// Blocks until a run is due or requested (`true`) or the controller is
+    /// removed after running at least once (`false`). A controller removed
+    /// before its first run still runs once, as Cilium guarantees `stop` runs
+    /// after `do`.
+    fn wait_for_run(&self, st: &mut MutexGuard<'_, State>) -> bool {
+        loop {
+            if st.removed {
+                return !st.ran_once;
+            }
+            if st.pending {
+                return true;
+            }
+            match st.next_run {
+                None => self.wake.wait(st),
+                Some(due) => {
+                    if self.clock.now() >= due {
+                        return true;
+                    }
+                    if self.clock.is_real_time() {
+                        self.wake.wait_until(st, due);
+                    } else {
+                        self.wake.wait(st);
+                    }
+                }
+            }
+        }
+    }
+
+    fn record(&self, st: &mut State, outcome: Outcome, started: Instant, finished: Instant) {
+        let now = SystemTime::now();
+        st.running = false;
+        st.ran_once = true;
+        st.last_duration = Some(finished.saturating_duration_since(started));
+        let next = match outcome {
+            Outcome::Success => {
+                st.successes += 1;
+                st.consecutive_failures = 0;
+                st.last_error = None;
+                st.last_error_time = None;
+                st.last_success_time = Some(now);
+                st.params.run_interval
+            }
+            Outcome::Exit(reason) => {
+                // As Cilium: an exit is a success that shows its reason as
+                // the last error, and parks the controller.
+                st.successes += 1;
+                st.consecutive_failures = 0;
+                st.last_error = Some(reason);
+                st.last_error_time = Some(now);
+                st.last_success_time = Some(now);
+                None
+            }
+            Outcome::Failure(message) => {
+                st.failures += 1;
+                st.consecutive_failures += 1;
+                st.last_error = Some(message);
+                st.last_error_time = Some(now);
+                st.params.retry_delay(st.consecutive_failures)
+            }
+        };
+        st.next_run = next.map(|delay| deadline_after(finished, delay));
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let message = if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.as_str()
+    } else {
+        "non-string panic payload"
+    };
+    format!("panicked: {message}")
+}
