@@ -9,12 +9,17 @@
 //! name in it.
 
 mod clock;
+mod controller;
 mod error;
 mod queue;
 mod rate_limit;
 mod sync;
 mod thread;
 
+pub use controller::{
+    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
+    Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
+};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use error::InvalidArgument;
 pub use thread::ThreadWrapper;
