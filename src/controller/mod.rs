@@ -211,7 +211,6 @@ impl<K: ControllerKey> Controller<K> {
                 rt.queue.shut_down_now();
                 return handle;
             }
-            life.started = true;
             life.live_workers = config.workers;
         }
         // Keys enqueued before start. Enqueuers check `rt` under this lock,
@@ -219,6 +218,12 @@ impl<K: ControllerKey> Controller<K> {
         let pending = std::mem::take(&mut *core.pending.lock());
         for (key, when) in pending {
             rt.apply(key, when);
+        }
+        {
+            // Only now is the queue the whole story (see `wait_idle`).
+            let mut life = core.life.lock();
+            life.started = true;
+            core.life_cv.notify_all();
         }
         let mut threads = core.worker_threads.lock();
         for index in 0..config.workers {
@@ -389,6 +394,7 @@ pub(crate) struct Counters {
 
 #[derive(Default)]
 pub(crate) struct Life {
+    /// Started, and the keys enqueued before start are in the queue.
     pub(crate) started: bool,
     pub(crate) stop_requested: bool,
     pub(crate) live_workers: usize,
