@@ -191,6 +191,7 @@ fn a_panic_is_a_failure_retried_and_the_worker_survives() {
 
 #[test]
 fn question_mark_gives_a_retryable_error() {
+    #[allow(clippy::ptr_arg)] // the Reconciler<String> signature
     fn parse(key: &String, _: &Context) -> Result<Action, ReconcileError> {
         let _n: u32 = key.parse()?;
         Ok(Action::Done)

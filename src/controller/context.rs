@@ -72,6 +72,9 @@ impl StopSignal {
 
     /// Clears the flag (a worker reuses its signal for its next reconcile).
     pub(crate) fn reset_to(&self, set: bool) {
+        if self.is_set() == set {
+            return;
+        }
         let _g = self.inner.lock.lock();
         self.inner.set.store(set, Ordering::Release);
     }
@@ -79,9 +82,7 @@ impl StopSignal {
 
 impl fmt::Debug for StopSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StopSignal")
-            .field("set", &self.is_set())
-            .finish()
+        f.debug_struct("StopSignal").field("set", &self.is_set()).finish()
     }
 }
 
@@ -97,10 +98,7 @@ impl Context {
     /// A context not tied to any controller (never cancelled), for calling a
     /// reconciler directly in unit tests.
     pub fn detached(attempt: u32) -> Self {
-        Self {
-            attempt,
-            signal: StopSignal::new(),
-        }
+        Self { attempt, signal: StopSignal::new() }
     }
 
     /// Tries of this key since its last success or forget: 0 on the first

@@ -20,17 +20,13 @@ pub struct ControllerHandle<K: ControllerKey> {
 
 impl<K: ControllerKey> Clone for ControllerHandle<K> {
     fn clone(&self) -> Self {
-        Self {
-            core: Arc::clone(&self.core),
-        }
+        Self { core: Arc::clone(&self.core) }
     }
 }
 
 impl<K: ControllerKey> fmt::Debug for ControllerHandle<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ControllerHandle")
-            .field("name", &self.core.name)
-            .finish_non_exhaustive()
+        f.debug_struct("ControllerHandle").field("name", &self.core.name).finish_non_exhaustive()
     }
 }
 
@@ -140,20 +136,13 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 if self.core.pending.lock().is_empty() {
                     return true;
                 }
-                if self
-                    .core
-                    .life_cv
-                    .wait_until(&mut life, deadline)
-                    .timed_out()
-                {
+                if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
                     return false;
                 }
             }
         }
         match self.core.rt.get() {
-            Some(rt) => rt
-                .queue
-                .wait_idle(deadline.saturating_duration_since(Instant::now())),
+            Some(rt) => rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())),
             None => true,
         }
     }
@@ -240,9 +229,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 info.next_run = Some(due);
             }
             KeyState::Processing { again } => {
-                info.state = KeyStatus::Running {
-                    since: since.unwrap_or(now),
-                };
+                info.state = KeyStatus::Running { since: since.unwrap_or(now) };
                 info.next_run = match again {
                     Some(Some(due)) => Some(due),
                     Some(None) => Some(now),
@@ -304,11 +291,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report = StopReport {
-            finished: true,
-            unfinished: Vec::new(),
-            detached_threads: 0,
-        };
+        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0 };
         if let Some(rt) = self.core.rt.get() {
             rt.queue.shut_down_with_drain_timeout(timeout);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
@@ -361,12 +344,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         while !life.is_stopped() {
             match deadline {
                 Some(deadline) => {
-                    if self
-                        .core
-                        .life_cv
-                        .wait_until(&mut life, deadline)
-                        .timed_out()
-                    {
+                    if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
                         return life.is_stopped();
                     }
                 }
@@ -382,9 +360,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// caller can wait for a stop in slices (checking for Ctrl-C between).
     pub fn join_timeout(&self, timeout: Duration) -> bool {
         let deadline = deadline_after(Instant::now(), timeout);
-        let all_exited = self.wait_life(deadline, |life| {
-            life.stop_requested && life.live_workers == 0 && life.live_aux == 0
-        });
+        let all_exited = self
+            .wait_life(deadline, |life| life.stop_requested && life.live_workers == 0 && life.live_aux == 0);
         if all_exited {
             self.join_workers();
             self.join_aux();
@@ -395,12 +372,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     fn wait_life(&self, deadline: Instant, done: impl Fn(&super::Life) -> bool) -> bool {
         let mut life = self.core.life.lock();
         while !done(&life) {
-            if self
-                .core
-                .life_cv
-                .wait_until(&mut life, deadline)
-                .timed_out()
-            {
+            if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
                 return done(&life);
             }
         }

@@ -62,10 +62,7 @@ pub(crate) struct KeyMemory<K> {
 
 impl<K: Eq + Hash + Clone> KeyMemory<K> {
     pub(crate) fn new() -> Self {
-        Self {
-            map: Mutex::new(HashMap::with_hasher(Hasher::default())),
-            len: AtomicUsize::new(0),
-        }
+        Self { map: Mutex::new(HashMap::with_hasher(Hasher::default())), len: AtomicUsize::new(0) }
     }
 
     pub(crate) fn attempts(&self, key: &K) -> u32 {
@@ -160,14 +157,7 @@ impl<K: Eq + Hash + Clone> ParkedSet<K> {
         let mut g = self.inner.lock();
         let seq = g.next_seq;
         g.next_seq += 1;
-        if let Some(old) = g.entries.insert(
-            key.clone(),
-            ParkedEntry {
-                seq,
-                error,
-                at: SystemTime::now(),
-            },
-        ) {
+        if let Some(old) = g.entries.insert(key.clone(), ParkedEntry { seq, error, at: SystemTime::now() }) {
             g.order.remove(&old.seq);
         }
         g.order.insert(seq, key);
@@ -193,11 +183,7 @@ impl<K: Eq + Hash + Clone> ParkedSet<K> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.inner
-            .lock()
-            .entries
-            .get(key)
-            .map(|e| (e.error.clone(), e.at))
+        self.inner.lock().entries.get(key).map(|e| (e.error.clone(), e.at))
     }
 
     pub(crate) fn keys(&self) -> Vec<K> {

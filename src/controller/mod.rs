@@ -110,7 +110,9 @@ impl<K: ControllerKey> Controller<K> {
     }
 
     /// The limiter for errors and `Action::Requeue` (default
-    /// [`default_rate_limiter`]).
+    /// [`default_rate_limiter`]). The controller assumes it is the only one
+    /// asking the limiter about its keys (it skips `forget` for keys it never
+    /// retried).
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
         self.limiter = Some(Arc::new(limiter));
         self
@@ -148,10 +150,7 @@ impl<K: ControllerKey> Controller<K> {
     /// # Panics
     /// If `fraction` is not within `0.0..=1.0`.
     pub fn jitter(self, fraction: f64, seed: u64) -> Self {
-        assert!(
-            (0.0..=1.0).contains(&fraction),
-            "jitter fraction must be within 0..=1, got {fraction}"
-        );
+        assert!((0.0..=1.0).contains(&fraction), "jitter fraction must be within 0..=1, got {fraction}");
         self.core.config.lock().jitter = Some(Jitter { fraction, seed });
         self
     }
@@ -166,9 +165,7 @@ impl<K: ControllerKey> Controller<K> {
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
-        ControllerHandle {
-            core: Arc::clone(&self.core),
-        }
+        ControllerHandle { core: Arc::clone(&self.core) }
     }
 
     /// Spawns the worker threads and returns at once. If the controller was
@@ -179,16 +176,12 @@ impl<K: ControllerKey> Controller<K> {
     pub fn start(self) -> ControllerHandle<K> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
-        let limiter = self
-            .limiter
-            .unwrap_or_else(|| Arc::new(default_rate_limiter()));
+        let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
         let queue = WorkQueue::builder()
             .rate_limiter(Arc::clone(&limiter))
             .clock(ClockRef(Arc::clone(&self.clock)))
             .build();
-        let watchdog = config
-            .hanging_threshold
-            .map(|threshold| Watchdog::new(threshold, &self.clock));
+        let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
         let rt = Runtime {
             queue,
             limiter,
@@ -231,10 +224,7 @@ impl<K: ControllerKey> Controller<K> {
             let reconciler = Arc::clone(&self.reconciler);
             let name = format!("reconq-{}-{index}", core.name);
             let spawned = spawn_named(name, config.wrapper.as_ref(), move || {
-                let guard = ExitGuard {
-                    core: thread_core,
-                    worker: true,
-                };
+                let guard = ExitGuard { core: thread_core, worker: true };
                 worker::run_worker(&guard.core, &*reconciler, index);
             });
             match spawned {
@@ -245,20 +235,14 @@ impl<K: ControllerKey> Controller<K> {
                     core.life.lock().live_workers -= config.workers - index;
                     drop(threads);
                     handle.stop();
-                    panic!(
-                        "controller {:?}: cannot spawn worker thread: {e}",
-                        core.name
-                    );
+                    panic!("controller {:?}: cannot spawn worker thread: {e}", core.name);
                 }
             }
         }
         drop(threads);
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
-            self.core
-                .spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| {
-                    watchdog.run(core)
-                });
+            self.core.spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
         }
         handle
     }
@@ -275,9 +259,7 @@ impl<K: ControllerKey> Controller<K> {
 
 impl<K: ControllerKey> fmt::Debug for Controller<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Controller")
-            .field("name", &self.core.name)
-            .finish_non_exhaustive()
+        f.debug_struct("Controller").field("name", &self.core.name).finish_non_exhaustive()
     }
 }
 
@@ -352,11 +334,8 @@ impl<K: ControllerKey> Runtime<K> {
         match when {
             When::Now => self.queue.add(key),
             When::After(delay, asked) => {
-                let delay = if self.clock.is_real_time() {
-                    delay.saturating_sub(asked.elapsed())
-                } else {
-                    delay
-                };
+                let delay =
+                    if self.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
                 self.queue.add_after(key, delay)
             }
             When::At(at) => self.queue.add_at(key, at),
@@ -368,8 +347,7 @@ impl<K: ControllerKey> Runtime<K> {
             None => self.queue.add_rate_limited(key.clone()),
             Some(jitter) => {
                 let delay = self.limiter.when(key);
-                self.queue
-                    .add_after(key.clone(), jitter.apply(key, attempt, delay));
+                self.queue.add_after(key.clone(), jitter.apply(key, attempt, delay));
             }
         }
     }
@@ -438,12 +416,7 @@ impl<K: ControllerKey> Core<K> {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
         Self {
             name,
-            config: Mutex::new(Config {
-                workers: 1,
-                wrapper: None,
-                hanging_threshold: None,
-                jitter: None,
-            }),
+            config: Mutex::new(Config { workers: 1, wrapper: None, hanging_threshold: None, jitter: None }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
             counters: Counters::default(),
@@ -529,10 +502,7 @@ impl<K: ControllerKey> Core<K> {
         let mut threads = self.aux_threads.lock();
         threads.retain(|t| !t.is_finished());
         match spawn_named(name, wrapper.as_ref(), move || {
-            let guard = ExitGuard {
-                core,
-                worker: false,
-            };
+            let guard = ExitGuard { core, worker: false };
             body(&guard.core);
         }) {
             Ok(thread) => threads.push(thread),

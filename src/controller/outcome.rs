@@ -70,27 +70,18 @@ pub struct ReconcileError {
 impl ReconcileError {
     /// A failure retried after the rate limiter's wait.
     pub fn new(error: impl Into<BoxError>) -> Self {
-        Self {
-            retry: RetryPolicy::RateLimited,
-            error: error.into(),
-        }
+        Self { retry: RetryPolicy::RateLimited, error: error.into() }
     }
 
     /// A failure that is not retried: the key is forgotten and parked.
     pub fn permanent(error: impl Into<BoxError>) -> Self {
-        Self {
-            retry: RetryPolicy::Never,
-            error: error.into(),
-        }
+        Self { retry: RetryPolicy::Never, error: error.into() }
     }
 
     /// A failure retried after `delay` (the limiter is not asked and the
     /// key's history is kept).
     pub fn retry_after(delay: Duration, error: impl Into<BoxError>) -> Self {
-        Self {
-            retry: RetryPolicy::After(delay),
-            error: error.into(),
-        }
+        Self { retry: RetryPolicy::After(delay), error: error.into() }
     }
 
     /// How this failure is retried.
@@ -136,10 +127,7 @@ impl fmt::Display for ReconcileError {
 
 impl fmt::Debug for ReconcileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReconcileError")
-            .field("retry", &self.retry)
-            .field("error", &self.error)
-            .finish()
+        f.debug_struct("ReconcileError").field("retry", &self.retry).field("error", &self.error).finish()
     }
 }
 
@@ -173,11 +161,7 @@ pub(crate) enum Outcome {
     /// `Ok(RequeueAfter(d))`: forget, add after `d`, requeue.
     RequeueAfter(Duration),
     /// An error or a panic: a failure retried per `retry`.
-    Failure {
-        retry: RetryPolicy,
-        message: String,
-        panicked: bool,
-    },
+    Failure { retry: RetryPolicy, message: String, panicked: bool },
 }
 
 impl Outcome {
@@ -186,11 +170,7 @@ impl Outcome {
             Ok(Ok(Action::Done)) => Outcome::Success,
             Ok(Ok(Action::Requeue)) => Outcome::Requeue,
             Ok(Ok(Action::RequeueAfter(d))) => Outcome::RequeueAfter(d),
-            Ok(Err(e)) => Outcome::Failure {
-                retry: e.retry,
-                message: e.to_string(),
-                panicked: false,
-            },
+            Ok(Err(e)) => Outcome::Failure { retry: e.retry, message: e.to_string(), panicked: false },
             Err(payload) => Outcome::Failure {
                 retry: RetryPolicy::RateLimited,
                 message: panic_message(&*payload),

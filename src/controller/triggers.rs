@@ -45,22 +45,13 @@ pub(crate) struct Triggers<K> {
 
 impl<K> Default for Triggers<K> {
     fn default() -> Self {
-        Self {
-            map: HashMap::with_hasher(Hasher::default()),
-            next_id: 0,
-        }
+        Self { map: HashMap::with_hasher(Hasher::default()), next_id: 0 }
     }
 }
 
 /// Signals every trigger (the controller is stopping).
 pub(crate) fn stop_all<K: ControllerKey>(core: &Core<K>) {
-    let signals: Vec<StopSignal> = core
-        .triggers
-        .lock()
-        .map
-        .drain()
-        .map(|(_, (_, s))| s)
-        .collect();
+    let signals: Vec<StopSignal> = core.triggers.lock().map.drain().map(|(_, (_, s))| s).collect();
     for signal in signals {
         signal.set();
     }
@@ -190,9 +181,7 @@ where
     F: FnMut(E) -> R,
     R: IntoIterator<Item = K>,
 {
-    match catch_unwind(AssertUnwindSafe(|| {
-        transform(event).into_iter().collect::<Vec<K>>()
-    })) {
+    match catch_unwind(AssertUnwindSafe(|| transform(event).into_iter().collect::<Vec<K>>())) {
         Ok(keys) => {
             for key in keys {
                 core.route(key, When::Now);

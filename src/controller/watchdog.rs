@@ -47,11 +47,7 @@ pub(crate) struct Scan<K> {
 /// Reads every worker slot; marks the hangs it returns in `newly` as logged.
 pub(crate) fn scan<K: ControllerKey>(rt: &Runtime<K>, threshold: Duration) -> Scan<K> {
     let now = rt.clock.now();
-    let mut out = Scan {
-        hanging: Vec::new(),
-        newly: Vec::new(),
-        next: None,
-    };
+    let mut out = Scan { hanging: Vec::new(), newly: Vec::new(), next: None };
     for slot in &rt.slots {
         let mut running = slot.running.lock();
         let Some(run) = running.as_mut() else {
@@ -69,7 +65,7 @@ pub(crate) fn scan<K: ControllerKey>(rt: &Runtime<K>, threshold: Duration) -> Sc
             out.next = Some(out.next.map_or(crosses, |n: Instant| n.min(crosses)));
         }
     }
-    out.hanging.sort_by(|a, b| b.1.cmp(&a.1));
+    out.hanging.sort_by_key(|h| std::cmp::Reverse(h.1));
     out
 }
 
@@ -132,10 +128,7 @@ impl Watchdog {
     }
 
     pub(crate) fn run<K: ControllerKey>(&self, core: &Core<K>) {
-        let rt = core
-            .rt
-            .get()
-            .expect("the watchdog starts after the runtime");
+        let rt = core.rt.get().expect("the watchdog starts after the runtime");
         loop {
             // Idle before scanning: a reconcile registered after the scan
             // sees the flag and kicks us.

@@ -28,28 +28,15 @@ pub(crate) struct Running<K> {
 
 impl<K> WorkerSlot<K> {
     pub(crate) fn new() -> Self {
-        Self {
-            running: Mutex::new(None),
-            signal: StopSignal::new(),
-        }
+        Self { running: Mutex::new(None), signal: StopSignal::new() }
     }
 }
 
 /// Runs worker `index` until the queue shuts down.
-pub(crate) fn run_worker<K: ControllerKey>(
-    core: &Core<K>,
-    reconciler: &dyn Reconciler<K>,
-    index: usize,
-) {
-    let rt = core
-        .rt
-        .get()
-        .expect("the runtime is set before workers start");
+pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reconciler<K>, index: usize) {
+    let rt = core.rt.get().expect("the runtime is set before workers start");
     let slot = &rt.slots[index];
-    let mut ctx = Context {
-        attempt: 0,
-        signal: slot.signal.clone(),
-    };
+    let mut ctx = Context { attempt: 0, signal: slot.signal.clone() };
     let mut next = rt.queue.get();
     while let Some(key) = next {
         // A parked key that was enqueued again is no longer parked.
@@ -68,11 +55,7 @@ pub(crate) fn run_worker<K: ControllerKey>(
 fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
     {
         let mut running = slot.running.lock();
-        *running = Some(Running {
-            key: key.clone(),
-            since: rt.clock.now(),
-            hang_logged: false,
-        });
+        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
         slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));
@@ -83,18 +66,17 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
 }
 
 /// Acts on a finished reconcile (spec §4's table).
-fn settle<K: ControllerKey>(
-    core: &Core<K>,
-    rt: &Runtime<K>,
-    key: &K,
-    attempt: u32,
-    outcome: Outcome,
-) {
+fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u32, outcome: Outcome) {
     let counters = &core.counters;
     match outcome {
         Outcome::Success => {
-            core.memory.clear(key);
-            rt.queue.forget(key);
+            // At attempt 0 the limiter was not asked about the key since the
+            // controller last forgot it, so there is nothing to forget (this
+            // saves a locked map lookup per success on the hot path).
+            if attempt > 0 {
+                core.memory.clear(key);
+                rt.queue.forget(key);
+            }
             counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Requeue => {
@@ -108,11 +90,7 @@ fn settle<K: ControllerKey>(
             rt.queue.add_after(key.clone(), delay);
             counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
-        Outcome::Failure {
-            retry,
-            message,
-            panicked,
-        } => {
+        Outcome::Failure { retry, message, panicked } => {
             if panicked {
                 counters.panics.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(controller = %core.name, key = ?key, "reconcile panicked: {message}");
@@ -124,8 +102,7 @@ fn settle<K: ControllerKey>(
                 }
                 RetryPolicy::After(delay) => {
                     core.memory.bump(key, Some(message.clone()));
-                    rt.queue
-                        .add_after(key.clone(), rt.jittered(key, attempt, delay));
+                    rt.queue.add_after(key.clone(), rt.jittered(key, attempt, delay));
                 }
                 RetryPolicy::Never => {
                     core.memory.clear(key);
