@@ -96,7 +96,9 @@ impl<K: ControllerKey> ControllerHandle<K> {
     }
 
     /// Asks for `key` to be reconciled `delay` from now (the earliest of
-    /// several due times wins; a key already ready stays ready).
+    /// several due times wins; a key already ready stays ready). Before
+    /// start, the delay counts from the enqueue in real time, or from start
+    /// on a fake clock.
     pub fn enqueue_after(&self, key: K, delay: Duration) {
         self.core.route(key, When::After(delay, Instant::now()));
     }

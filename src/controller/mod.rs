@@ -65,7 +65,7 @@ pub trait ControllerKey: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static 
 impl<K: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static> ControllerKey for K {}
 
 /// How many permanently failed keys are remembered by default.
-pub const DEFAULT_PARKED_CAPACITY: usize = 1024;
+pub(crate) const DEFAULT_PARKED_CAPACITY: usize = 1024;
 
 /// Builds and starts a controller.
 ///
@@ -156,7 +156,7 @@ impl<K: ControllerKey> Controller<K> {
     }
 
     /// How many permanently failed keys the parked set keeps (default
-    /// [`DEFAULT_PARKED_CAPACITY`]); the oldest are dropped beyond it.
+    /// 1024); the oldest are dropped beyond it.
     pub fn parked_capacity(self, capacity: usize) -> Self {
         self.core.parked.set_capacity(capacity);
         self
