@@ -9,6 +9,7 @@
 //! name in it.
 
 mod clock;
+mod controller;
 mod error;
 mod manager;
 mod parallelize;
@@ -17,6 +18,10 @@ mod rate_limit;
 mod sync;
 mod thread;
 
+pub use controller::{
+    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
+    Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
+};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use error::InvalidArgument;
 pub use thread::ThreadWrapper;

@@ -1,0 +1,141 @@
+//! What a reconcile sees besides its key: [`Context`], and the
+//! [`StopSignal`] behind its cancellation (also given to triggers).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// A one-way flag threads can block on: set once, seen by everyone.
+///
+/// Cloning gives another handle to the same flag. Triggers receive one (set
+/// when the trigger is removed, replaced or the controller stops), and every
+/// reconcile's [`Context`] is backed by one.
+#[derive(Clone, Default)]
+pub struct StopSignal {
+    inner: Arc<SignalInner>,
+}
+
+#[derive(Default)]
+struct SignalInner {
+    set: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl StopSignal {
+    /// A signal that is not set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the signal is set.
+    pub fn is_set(&self) -> bool {
+        self.inner.set.load(Ordering::Acquire)
+    }
+
+    /// Sets the signal and wakes every waiter. Setting twice is harmless.
+    pub fn set(&self) {
+        let _g = self.inner.lock.lock();
+        self.inner.set.store(true, Ordering::Release);
+        self.inner.cv.notify_all();
+    }
+
+    /// Blocks until the signal is set or `timeout` (real time) passes;
+    /// returns whether it is set. An interruptible sleep:
+    /// `if stop.wait_timeout(interval) { return }`.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut g = self.inner.lock.lock();
+        while !self.is_set() {
+            match deadline {
+                Some(deadline) => {
+                    if self.inner.cv.wait_until(&mut g, deadline).timed_out() {
+                        break;
+                    }
+                }
+                None => self.inner.cv.wait(&mut g),
+            }
+        }
+        self.is_set()
+    }
+
+    /// Blocks until the signal is set.
+    pub fn wait(&self) {
+        let mut g = self.inner.lock.lock();
+        while !self.is_set() {
+            self.inner.cv.wait(&mut g);
+        }
+    }
+
+    /// Clears the flag (a worker reuses its signal for its next reconcile).
+    pub(crate) fn reset_to(&self, set: bool) {
+        if self.is_set() == set {
+            return;
+        }
+        let _g = self.inner.lock.lock();
+        self.inner.set.store(set, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for StopSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopSignal").field("set", &self.is_set()).finish()
+    }
+}
+
+/// Per-reconcile information handed to the reconciler.
+///
+/// Valid for the duration of the call it is passed to.
+pub struct Context {
+    pub(crate) attempt: u32,
+    pub(crate) signal: StopSignal,
+}
+
+impl Context {
+    /// A context not tied to any controller (never cancelled), for calling a
+    /// reconciler directly in unit tests.
+    pub fn detached(attempt: u32) -> Self {
+        Self { attempt, signal: StopSignal::new() }
+    }
+
+    /// Tries of this key since its last success or forget: 0 on the first
+    /// try, 1 on the first retry, and so on. `Ok(Done)`,
+    /// `Ok(RequeueAfter(_))` and permanent errors reset it; errors, panics,
+    /// `retry_after` errors and `Ok(Requeue)` add one.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether the controller wants this reconcile to end early: it is
+    /// stopping (at once, or a drain's deadline passed), or
+    /// [`ControllerHandle::cancel`](super::ControllerHandle::cancel) was
+    /// called for this key. Cancellation is cooperative: check it in long
+    /// loops, or block with [`wait_cancelled`](Self::wait_cancelled).
+    pub fn is_cancelled(&self) -> bool {
+        self.signal.is_set()
+    }
+
+    /// Blocks until this reconcile is cancelled or `timeout` (real time)
+    /// passes; returns whether it was cancelled. Use it as an interruptible
+    /// sleep.
+    pub fn wait_cancelled(&self, timeout: Duration) -> bool {
+        self.signal.wait_timeout(timeout)
+    }
+
+    /// The signal behind [`is_cancelled`](Self::is_cancelled).
+    pub fn cancel_signal(&self) -> &StopSignal {
+        &self.signal
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("attempt", &self.attempt)
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}

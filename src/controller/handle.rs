@@ -1,0 +1,399 @@
+//! [`ControllerHandle`]: enqueueing, observing and stopping a controller.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::inspect::{KeyInfo, KeyStatus};
+use super::watchdog::{log_hangs, scan};
+use super::{ControllerKey, Core, When};
+use crate::clock::deadline_after;
+use crate::queue::KeyState;
+
+/// A shared handle to a controller: cheap to clone, `Send + Sync`. Dropping
+/// every handle does not stop the controller; call [`stop`](Self::stop) or
+/// [`stop_with_drain`](Self::stop_with_drain).
+pub struct ControllerHandle<K: ControllerKey> {
+    pub(crate) core: Arc<Core<K>>,
+}
+
+impl<K: ControllerKey> Clone for ControllerHandle<K> {
+    fn clone(&self) -> Self {
+        Self { core: Arc::clone(&self.core) }
+    }
+}
+
+impl<K: ControllerKey> fmt::Debug for ControllerHandle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ControllerHandle").field("name", &self.core.name).finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of a controller's counters and queue.
+///
+/// The counters are final for every reconcile that has returned once
+/// [`ControllerHandle::wait_idle`] returned true.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Reconcile calls that returned (or panicked).
+    pub reconciles: u64,
+    /// Calls that returned `Ok(Action::Done)`.
+    pub successes: u64,
+    /// Calls that returned an error or panicked.
+    pub failures: u64,
+    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    pub requeues: u64,
+    /// Failures that were panics.
+    pub panics: u64,
+    /// Keys ready to be reconciled.
+    pub depth: usize,
+    /// Keys being reconciled.
+    pub processing: usize,
+    /// Keys waiting for a due time (retries, delayed enqueues).
+    pub waiting: usize,
+    /// Reconciles running longer than the hanging threshold (0 if none is
+    /// configured).
+    pub hanging: usize,
+    /// Keys in the parked set (failed permanently).
+    pub parked: usize,
+    /// The Display of the last failure (for a panic, its message).
+    pub last_error: Option<String>,
+    /// When the last failure happened.
+    pub last_error_time: Option<SystemTime>,
+}
+
+/// What [`ControllerHandle::stop_with_drain_report`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopReport<K> {
+    /// Every worker finished before the deadline.
+    pub finished: bool,
+    /// Keys whose reconcile was still running at the deadline (their workers
+    /// were cancelled and detached).
+    pub unfinished: Vec<K>,
+    /// Trigger and watch threads still running at the deadline, detached
+    /// (typically a watch blocked on an iterator that never yields).
+    pub detached_threads: usize,
+}
+
+impl<K: ControllerKey> ControllerHandle<K> {
+    /// The controller's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The number of worker threads.
+    pub fn workers(&self) -> usize {
+        match self.core.rt.get() {
+            Some(rt) => rt.workers,
+            None => self.core.configured_workers(),
+        }
+    }
+
+    /// Asks for `key` to be reconciled. Ignored once stopped.
+    pub fn enqueue(&self, key: K) {
+        self.core.route(key, When::Now);
+    }
+
+    /// Asks for `key` to be reconciled `delay` from now (the earliest of
+    /// several due times wins; a key already ready stays ready). Before
+    /// start, the delay counts from the enqueue in real time, or from start
+    /// on a fake clock.
+    pub fn enqueue_after(&self, key: K, delay: Duration) {
+        self.core.route(key, When::After(delay, Instant::now()));
+    }
+
+    /// Asks for `key` to be reconciled at `at`, an instant on the
+    /// controller's clock.
+    pub fn enqueue_at(&self, key: K, at: Instant) {
+        self.core.route(key, When::At(at));
+    }
+
+    /// Cancels the reconcile of `key` if one is running (its
+    /// [`Context::is_cancelled`](super::Context::is_cancelled) turns true);
+    /// returns whether one was.
+    pub fn cancel(&self, key: &K) -> bool {
+        let Some(rt) = self.core.rt.get() else {
+            return false;
+        };
+        for slot in &rt.slots {
+            let running = slot.running.lock();
+            if running.as_ref().is_some_and(|r| &r.key == key) {
+                slot.signal.set();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Blocks until nothing is ready, being reconciled or waiting for a due
+    /// time, for at most `timeout` of real time; returns whether that
+    /// happened. A controller not started yet is idle only if nothing was
+    /// enqueued.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = deadline_after(Instant::now(), timeout);
+        if self.core.rt.get().is_none() {
+            let mut life = self.core.life.lock();
+            while !life.started && !life.stop_requested {
+                if self.core.pending.lock().is_empty() {
+                    return true;
+                }
+                if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
+                    return false;
+                }
+            }
+        }
+        match self.core.rt.get() {
+            Some(rt) => rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())),
+            None => true,
+        }
+    }
+
+    /// Counters, queue sizes, hangs and the last error.
+    pub fn stats(&self) -> Stats {
+        let c = &self.core.counters;
+        let (last_error, last_error_time) = match c.last_error.lock().clone() {
+            Some((e, t)) => (Some(e), Some(t)),
+            None => (None, None),
+        };
+        let mut stats = Stats {
+            reconciles: c.reconciles.load(Ordering::Relaxed),
+            successes: c.successes.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            requeues: c.requeues.load(Ordering::Relaxed),
+            panics: c.panics.load(Ordering::Relaxed),
+            parked: self.core.parked.len(),
+            last_error,
+            last_error_time,
+            ..Stats::default()
+        };
+        match self.core.rt.get() {
+            Some(rt) => {
+                let counts = rt.queue.counts();
+                stats.depth = counts.ready;
+                stats.processing = counts.processing;
+                stats.waiting = counts.delayed;
+                stats.hanging = self.hanging().len();
+            }
+            None => stats.depth = self.core.pending.lock().len(),
+        }
+        stats
+    }
+
+    /// Reconciles running longer than the hanging threshold, longest first,
+    /// with how long they have run (on the controller's clock). Empty when
+    /// no threshold is configured.
+    pub fn hanging(&self) -> Vec<(K, Duration)> {
+        let Some(rt) = self.core.rt.get() else {
+            return Vec::new();
+        };
+        let Some(threshold) = rt.hanging_threshold else {
+            return Vec::new();
+        };
+        let found = scan(rt, threshold);
+        log_hangs(&self.core.name, &found.newly);
+        found.hanging
+    }
+
+    /// Where `key` stands: its state, attempts, last error and next run.
+    pub fn inspect(&self, key: &K) -> KeyInfo {
+        let memory = self.core.memory.get(key);
+        let mut info = KeyInfo {
+            state: KeyStatus::Unknown,
+            attempts: memory.attempts,
+            last_error: memory.last_error,
+            next_run: None,
+        };
+        let Some(rt) = self.core.rt.get() else {
+            if self.core.pending.lock().iter().any(|(k, _)| k == key) {
+                info.state = KeyStatus::Ready;
+            }
+            return info;
+        };
+        let now = rt.clock.now();
+        let since = rt.slots.iter().find_map(|slot| {
+            let running = slot.running.lock();
+            running.as_ref().filter(|r| &r.key == key).map(|r| r.since)
+        });
+        match rt.queue.key_state(key) {
+            KeyState::Absent => {
+                if let Some((error, _)) = self.core.parked.error_of(key) {
+                    info.state = KeyStatus::Parked;
+                    info.last_error = Some(error);
+                }
+            }
+            KeyState::Ready => {
+                info.state = KeyStatus::Ready;
+                info.next_run = Some(now);
+            }
+            KeyState::Waiting { due } => {
+                info.state = KeyStatus::Waiting { until: due };
+                info.next_run = Some(due);
+            }
+            KeyState::Processing { again } => {
+                info.state = KeyStatus::Running { since: since.unwrap_or(now) };
+                info.next_run = match again {
+                    Some(Some(due)) => Some(due),
+                    Some(None) => Some(now),
+                    None => None,
+                };
+            }
+        }
+        info
+    }
+
+    /// Keys that failed permanently, oldest first (at most the parked
+    /// capacity).
+    pub fn parked(&self) -> Vec<K> {
+        self.core.parked.keys()
+    }
+
+    /// Takes `key` out of the parked set and enqueues it (attempt 0); returns
+    /// whether it was parked.
+    pub fn requeue_parked(&self, key: &K) -> bool {
+        if !self.core.parked.unpark(key) {
+            return false;
+        }
+        self.enqueue(key.clone());
+        true
+    }
+
+    /// Stops at once: no new keys are taken, ready and delayed keys are
+    /// dropped, in-flight reconciles are cancelled and their workers exit
+    /// when they return, triggers are signalled. Returns without waiting
+    /// (see [`join_timeout`](Self::join_timeout)). Stopping twice is fine.
+    pub fn stop(&self) {
+        self.core.request_stop();
+        self.core.cancel_everything();
+        if let Some(rt) = self.core.rt.get() {
+            rt.queue.shut_down_now();
+        }
+    }
+
+    /// Two-phase stop; returns whether every worker finished in time. See
+    /// [`stop_with_drain_report`](Self::stop_with_drain_report).
+    pub fn stop_with_drain(&self, timeout: Duration) -> bool {
+        self.stop_with_drain_report(timeout).finished
+    }
+
+    /// Two-phase stop. First the drain: enqueues are ignored from now on,
+    /// delayed keys are dropped, keys already ready are still reconciled
+    /// (and keys added again while running are reconciled once more), and
+    /// in-flight reconciles are *not* cancelled. If that has not finished
+    /// when `timeout` (real time) runs out, every remaining reconcile is
+    /// cancelled, the ready keys left are dropped, and the workers still
+    /// running are detached: they exit when their reconcile returns.
+    /// Returns by the deadline either way.
+    ///
+    /// Trigger and watch threads are signalled and waited for until the
+    /// same deadline; a watch blocked in an iterator that never yields cannot
+    /// be interrupted and is detached (use
+    /// [`watch_channel`](Self::watch_channel) for channels: it is
+    /// interruptible).
+    pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
+        let deadline = deadline_after(Instant::now(), timeout);
+        self.core.request_stop();
+        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0 };
+        if let Some(rt) = self.core.rt.get() {
+            rt.queue.shut_down_with_drain_timeout(timeout);
+            report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
+            if report.finished {
+                self.join_workers();
+            } else {
+                self.core.cancel_everything();
+                rt.queue.shut_down_now();
+                report.unfinished = rt
+                    .slots
+                    .iter()
+                    .filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone()))
+                    .collect();
+                {
+                    let mut life = self.core.life.lock();
+                    life.abandoned = true;
+                    self.core.life_cv.notify_all();
+                }
+                tracing::warn!(
+                    controller = %self.core.name,
+                    unfinished = ?report.unfinished,
+                    "drain deadline passed; cancelled and detached the workers still running"
+                );
+            }
+        }
+        if self.wait_life(deadline, |life| life.live_aux == 0) {
+            self.join_aux();
+        } else {
+            report.detached_threads = self.core.life.lock().live_aux;
+        }
+        report
+    }
+
+    /// How many trigger, watch and watchdog threads are running.
+    pub fn background_threads(&self) -> usize {
+        self.core.life.lock().live_aux
+    }
+
+    /// Whether the controller is stopped: a stop was requested and every
+    /// worker has exited (or was detached at a drain's deadline).
+    pub fn is_stopped(&self) -> bool {
+        self.core.life.lock().is_stopped()
+    }
+
+    /// Blocks until [`is_stopped`](Self::is_stopped), for at most `timeout`
+    /// of real time (`None`: no limit); returns whether it is stopped.
+    pub fn wait_stopped(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
+        let mut life = self.core.life.lock();
+        while !life.is_stopped() {
+            match deadline {
+                Some(deadline) => {
+                    if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
+                        return life.is_stopped();
+                    }
+                }
+                None => self.core.life_cv.wait(&mut life),
+            }
+        }
+        true
+    }
+
+    /// Waits at most `timeout` (real time) for a stopped controller's
+    /// threads (workers, triggers, watches, watchdog) to exit, and joins
+    /// them; returns whether all had. False while the controller runs, so a
+    /// caller can wait for a stop in slices (checking for Ctrl-C between).
+    pub fn join_timeout(&self, timeout: Duration) -> bool {
+        let deadline = deadline_after(Instant::now(), timeout);
+        let all_exited = self
+            .wait_life(deadline, |life| life.stop_requested && life.live_workers == 0 && life.live_aux == 0);
+        if all_exited {
+            self.join_workers();
+            self.join_aux();
+        }
+        all_exited
+    }
+
+    fn wait_life(&self, deadline: Instant, done: impl Fn(&super::Life) -> bool) -> bool {
+        let mut life = self.core.life.lock();
+        while !done(&life) {
+            if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
+                return done(&life);
+            }
+        }
+        true
+    }
+
+    /// Joins the worker threads; call only once they have all exited.
+    fn join_workers(&self) {
+        let threads = std::mem::take(&mut *self.core.worker_threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+
+    /// Joins the auxiliary threads; call only once they have all exited.
+    fn join_aux(&self) {
+        let threads = std::mem::take(&mut *self.core.aux_threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}

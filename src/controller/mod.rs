@@ -1,0 +1,519 @@
+//! The reconcile loop (spec §3, §4, §5): a fixed pool of OS worker threads
+//! taking keys from a [`WorkQueue`] and calling a [`Reconciler`].
+//!
+//! * [`Controller`] (this file) is the builder; `start` spawns the threads.
+//! * `worker` is the loop and the result table.
+//! * `outcome` holds [`Action`], [`ReconcileError`] and [`Reconciler`].
+//! * `context` holds [`Context`] and [`StopSignal`].
+//! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
+//! * `inspect` keeps per-key memory and the parked set.
+//! * `triggers` runs Consul-style triggers and watches.
+//! * `watchdog` reports reconciles that run too long.
+//!
+//! ```
+//! use reconq::{Action, Context, Controller, ReconcileError};
+//! use std::time::Duration;
+//!
+//! let handle = Controller::new("doc", |key: &u32, _ctx: &Context| -> Result<Action, ReconcileError> {
+//!     println!("reconciling {key}");
+//!     Ok(Action::Done)
+//! })
+//! .workers(2)
+//! .start();
+//! handle.enqueue(1);
+//! handle.enqueue(2);
+//! assert!(handle.wait_idle(Duration::from_secs(10)));
+//! assert_eq!(handle.stats().successes, 2);
+//! assert!(handle.stop_with_drain(Duration::from_secs(10)));
+//! ```
+
+mod context;
+mod handle;
+mod inspect;
+mod outcome;
+mod triggers;
+mod watchdog;
+mod worker;
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock::{Clock, SystemClock};
+use crate::queue::WorkQueue;
+use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::thread::{ThreadWrapper, spawn_named};
+
+pub use context::{Context, StopSignal};
+pub use handle::{ControllerHandle, Stats, StopReport};
+pub use inspect::{KeyInfo, KeyStatus};
+pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub use triggers::TriggerOutcome;
+
+use inspect::{KeyMemory, ParkedSet};
+use watchdog::Watchdog;
+use worker::{ExitGuard, WorkerSlot};
+
+/// What a controller's keys must be: hashable for the queue, `Debug` for
+/// log lines, shareable across the worker threads.
+pub trait ControllerKey: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static {}
+impl<K: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static> ControllerKey for K {}
+
+/// How many permanently failed keys are remembered by default.
+pub(crate) const DEFAULT_PARKED_CAPACITY: usize = 1024;
+
+/// Builds and starts a controller.
+///
+/// ```no_run
+/// # use reconq::*;
+/// # use std::time::Duration;
+/// # fn reconcile(key: &String, ctx: &Context) -> Result<Action, ReconcileError> { Ok(Action::Done) }
+/// let controller = Controller::new("pods", reconcile)
+///     .workers(4)
+///     .rate_limiter(ExponentialBackoff::new(Duration::from_millis(5), Duration::from_secs(60)));
+/// let handle = controller.handle(); // give this to event sources
+/// handle.enqueue("default/web".to_string());
+/// controller.run(); // blocks until some handle calls stop()
+/// ```
+pub struct Controller<K: ControllerKey> {
+    core: Arc<Core<K>>,
+    reconciler: Arc<dyn Reconciler<K>>,
+    limiter: Option<Arc<dyn RateLimiter<K>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<K: ControllerKey> Controller<K> {
+    /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
+    /// calls `reconciler` with one worker and [`default_rate_limiter`].
+    pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
+        Self {
+            core: Arc::new(Core::new(name.into())),
+            reconciler: Arc::new(reconciler),
+            limiter: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Number of worker threads (default 1).
+    ///
+    /// # Panics
+    /// If `n` is 0.
+    pub fn workers(self, n: usize) -> Self {
+        assert!(n >= 1, "a controller needs at least one worker");
+        self.core.config.lock().workers = n;
+        self
+    }
+
+    /// The limiter for errors and `Action::Requeue` (default
+    /// [`default_rate_limiter`]). The controller assumes it is the only one
+    /// asking the limiter about its keys (it skips `forget` for keys it never
+    /// retried).
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
+        self.limiter = Some(Arc::new(limiter));
+        self
+    }
+
+    /// The clock delays and running times are measured on (default
+    /// [`SystemClock`]); a [`FakeClock`](crate::FakeClock) makes retries
+    /// deterministic in tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Runs the body of every thread this controller spawns (workers,
+    /// triggers, watches, the watchdog) inside `wrapper`.
+    pub fn thread_wrapper(self, wrapper: ThreadWrapper) -> Self {
+        self.core.config.lock().wrapper = Some(wrapper);
+        self
+    }
+
+    /// Reports reconciles running longer than `threshold` in
+    /// [`ControllerHandle::hanging`] and [`Stats::hanging`], and logs each
+    /// once (a `tracing` warning). Off by default.
+    pub fn hanging_threshold(self, threshold: Duration) -> Self {
+        self.core.config.lock().hanging_threshold = Some(threshold);
+        self
+    }
+
+    /// Multiplies every retry delay (errors, panics, `retry_after`,
+    /// `Action::Requeue`) by a factor in `[1 - fraction, 1 + fraction]`,
+    /// drawn deterministically from `seed`, the key and its attempt number,
+    /// so retries of many keys failing together spread out. `RequeueAfter`
+    /// delays are kept exact. Off by default.
+    ///
+    /// # Panics
+    /// If `fraction` is not within `0.0..=1.0`.
+    pub fn jitter(self, fraction: f64, seed: u64) -> Self {
+        assert!((0.0..=1.0).contains(&fraction), "jitter fraction must be within 0..=1, got {fraction}");
+        self.core.config.lock().jitter = Some(Jitter { fraction, seed });
+        self
+    }
+
+    /// How many permanently failed keys the parked set keeps (default
+    /// 1024); the oldest are dropped beyond it.
+    pub fn parked_capacity(self, capacity: usize) -> Self {
+        self.core.parked.set_capacity(capacity);
+        self
+    }
+
+    /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
+    /// keys enqueued through it are kept and processed once started.
+    pub fn handle(&self) -> ControllerHandle<K> {
+        ControllerHandle { core: Arc::clone(&self.core) }
+    }
+
+    /// Spawns the worker threads and returns at once. If the controller was
+    /// stopped through a handle before this, nothing is spawned.
+    ///
+    /// # Panics
+    /// If the OS refuses to spawn a thread.
+    pub fn start(self) -> ControllerHandle<K> {
+        let handle = self.handle();
+        let config = self.core.config.lock().clone();
+        let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
+        let queue = WorkQueue::builder()
+            .rate_limiter(Arc::clone(&limiter))
+            .clock(ClockRef(Arc::clone(&self.clock)))
+            .build();
+        let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
+        let rt = Runtime {
+            queue,
+            limiter,
+            clock: self.clock,
+            slots: (0..config.workers).map(|_| WorkerSlot::new()).collect(),
+            jitter: config.jitter,
+            hanging_threshold: config.hanging_threshold,
+            watchdog,
+            workers: config.workers,
+        };
+        let core = &self.core;
+        if core.rt.set(rt).is_err() {
+            panic!("controller {:?} started twice", core.name);
+        }
+        let rt = core.rt.get().expect("just set");
+        {
+            let mut life = core.life.lock();
+            if life.stop_requested {
+                drop(life);
+                rt.queue.shut_down_now();
+                return handle;
+            }
+            life.live_workers = config.workers;
+        }
+        // Keys enqueued before start. Enqueuers check `rt` under this lock,
+        // so none is lost between here and the `set` above.
+        let pending = std::mem::take(&mut *core.pending.lock());
+        for (key, when) in pending {
+            rt.apply(key, when);
+        }
+        {
+            // Only now is the queue the whole story (see `wait_idle`).
+            let mut life = core.life.lock();
+            life.started = true;
+            core.life_cv.notify_all();
+        }
+        let mut threads = core.worker_threads.lock();
+        for index in 0..config.workers {
+            let thread_core = Arc::clone(&self.core);
+            let reconciler = Arc::clone(&self.reconciler);
+            let name = format!("reconq-{}-{index}", core.name);
+            let spawned = spawn_named(name, config.wrapper.as_ref(), move || {
+                let guard = ExitGuard { core: thread_core, worker: true };
+                worker::run_worker(&guard.core, &*reconciler, index);
+            });
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(e) => {
+                    // Account for the workers that will never run, stop the
+                    // ones that did, and report.
+                    core.life.lock().live_workers -= config.workers - index;
+                    drop(threads);
+                    handle.stop();
+                    panic!("controller {:?}: cannot spawn worker thread: {e}", core.name);
+                }
+            }
+        }
+        drop(threads);
+        if let Some(watchdog) = &rt.watchdog {
+            let watchdog = Arc::clone(watchdog);
+            self.core.spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+        }
+        handle
+    }
+
+    /// [`start`](Self::start), then blocks until a handle stops the
+    /// controller and its workers have exited (or a drain's deadline gave up
+    /// on them).
+    pub fn run(self) {
+        let handle = self.start();
+        handle.wait_stopped(None);
+        handle.join_timeout(Duration::ZERO);
+    }
+}
+
+impl<K: ControllerKey> fmt::Debug for Controller<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Controller").field("name", &self.core.name).finish_non_exhaustive()
+    }
+}
+
+/// Lets the queue share the controller's clock.
+#[derive(Debug)]
+struct ClockRef(Arc<dyn Clock>);
+
+impl Clock for ClockRef {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn is_real_time(&self) -> bool {
+        self.0.is_real_time()
+    }
+    fn subscribe(&self, wake: crate::clock::Wake) {
+        self.0.subscribe(wake)
+    }
+}
+
+#[derive(Clone)]
+struct Config {
+    workers: usize,
+    wrapper: Option<ThreadWrapper>,
+    hanging_threshold: Option<Duration>,
+    jitter: Option<Jitter>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Jitter {
+    fraction: f64,
+    seed: u64,
+}
+
+impl Jitter {
+    fn apply<K: Hash>(&self, key: &K, attempt: u32, delay: Duration) -> Duration {
+        let hash = foldhash::fast::FixedState::with_seed(self.seed).hash_one((key, attempt));
+        let unit = (splitmix64(hash) >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+        let factor = 1.0 - self.fraction + 2.0 * self.fraction * unit;
+        Duration::try_from_secs_f64(delay.as_secs_f64() * factor).unwrap_or(delay)
+    }
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// When a key enqueued before start should run.
+pub(crate) enum When {
+    Now,
+    /// A delay, and the real instant it was asked for.
+    After(Duration, Instant),
+    At(Instant),
+}
+
+/// What exists once the controller is started.
+pub(crate) struct Runtime<K> {
+    pub(crate) queue: WorkQueue<K>,
+    pub(crate) limiter: Arc<dyn RateLimiter<K>>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) slots: Vec<WorkerSlot<K>>,
+    pub(crate) jitter: Option<Jitter>,
+    pub(crate) hanging_threshold: Option<Duration>,
+    pub(crate) watchdog: Option<Arc<Watchdog>>,
+    pub(crate) workers: usize,
+}
+
+impl<K: ControllerKey> Runtime<K> {
+    pub(crate) fn apply(&self, key: K, when: When) {
+        match when {
+            When::Now => self.queue.add(key),
+            When::After(delay, asked) => {
+                let delay =
+                    if self.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
+                self.queue.add_after(key, delay)
+            }
+            When::At(at) => self.queue.add_at(key, at),
+        }
+    }
+
+    pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32) {
+        match &self.jitter {
+            None => self.queue.add_rate_limited(key.clone()),
+            Some(jitter) => {
+                let delay = self.limiter.when(key);
+                self.queue.add_after(key.clone(), jitter.apply(key, attempt, delay));
+            }
+        }
+    }
+
+    pub(crate) fn jittered(&self, key: &K, attempt: u32, delay: Duration) -> Duration {
+        match &self.jitter {
+            None => delay,
+            Some(jitter) => jitter.apply(key, attempt, delay),
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) reconciles: AtomicU64,
+    pub(crate) successes: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    pub(crate) requeues: AtomicU64,
+    pub(crate) panics: AtomicU64,
+    pub(crate) last_error: Mutex<Option<(String, SystemTime)>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Life {
+    /// Started, and the keys enqueued before start are in the queue.
+    pub(crate) started: bool,
+    pub(crate) stop_requested: bool,
+    pub(crate) live_workers: usize,
+    pub(crate) live_aux: usize,
+    /// A drain's deadline passed with workers still running: the controller
+    /// counts as stopped without them.
+    pub(crate) abandoned: bool,
+}
+
+impl Life {
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stop_requested && (self.live_workers == 0 || self.abandoned)
+    }
+}
+
+/// Everything a controller's handles and threads share.
+pub(crate) struct Core<K> {
+    pub(crate) name: String,
+    config: Mutex<Config>,
+    pub(crate) rt: OnceLock<Runtime<K>>,
+    pub(crate) pending: Mutex<Vec<(K, When)>>,
+    pub(crate) counters: Counters,
+    pub(crate) memory: KeyMemory<K>,
+    pub(crate) parked: ParkedSet<K>,
+    pub(crate) life: Mutex<Life>,
+    pub(crate) life_cv: Condvar,
+    /// Mirrors `life.stop_requested` for lock-free checks.
+    pub(crate) stopping: AtomicBool,
+    /// Every in-flight and future reconcile is cancelled.
+    pub(crate) cancel_all: AtomicBool,
+    pub(crate) triggers: Mutex<triggers::Triggers<K>>,
+    pub(crate) worker_threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) aux_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Dropped at stop, which wakes channel watches blocked in `select!`.
+    pub(crate) stop_tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    pub(crate) stop_rx: crossbeam_channel::Receiver<()>,
+}
+
+impl<K: ControllerKey> Core<K> {
+    fn new(name: String) -> Self {
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
+        Self {
+            name,
+            config: Mutex::new(Config { workers: 1, wrapper: None, hanging_threshold: None, jitter: None }),
+            rt: OnceLock::new(),
+            pending: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            memory: KeyMemory::new(),
+            parked: ParkedSet::new(DEFAULT_PARKED_CAPACITY),
+            life: Mutex::new(Life::default()),
+            life_cv: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            cancel_all: AtomicBool::new(false),
+            triggers: Mutex::new(triggers::Triggers::default()),
+            worker_threads: Mutex::new(Vec::new()),
+            aux_threads: Mutex::new(Vec::new()),
+            stop_tx: Mutex::new(Some(stop_tx)),
+            stop_rx,
+        }
+    }
+
+    pub(crate) fn configured_workers(&self) -> usize {
+        self.config.lock().workers
+    }
+
+    pub(crate) fn wrapper(&self) -> Option<ThreadWrapper> {
+        self.config.lock().wrapper.clone()
+    }
+
+    /// Routes an enqueue to the queue, or keeps it until start.
+    pub(crate) fn route(&self, key: K, when: When) {
+        if let Some(rt) = self.rt.get() {
+            return rt.apply(key, when);
+        }
+        let mut pending = self.pending.lock();
+        if let Some(rt) = self.rt.get() {
+            drop(pending);
+            return rt.apply(key, when);
+        }
+        if !self.stopping.load(Ordering::SeqCst) {
+            pending.push((key, when));
+        }
+    }
+
+    /// Cancels every in-flight reconcile and every later one.
+    pub(crate) fn cancel_everything(&self) {
+        self.cancel_all.store(true, Ordering::SeqCst);
+        if let Some(rt) = self.rt.get() {
+            for slot in &rt.slots {
+                let _running = slot.running.lock();
+                slot.signal.set();
+            }
+        }
+    }
+
+    /// Marks the stop requested; returns whether this call did it.
+    pub(crate) fn request_stop(&self) -> bool {
+        let first = {
+            let mut life = self.life.lock();
+            let first = !life.stop_requested;
+            life.stop_requested = true;
+            self.stopping.store(true, Ordering::SeqCst);
+            self.life_cv.notify_all();
+            first
+        };
+        if first {
+            self.pending.lock().clear();
+            self.stop_tx.lock().take();
+            triggers::stop_all(self);
+            if let Some(watchdog) = self.rt.get().and_then(|rt| rt.watchdog.as_ref()) {
+                watchdog.shut_down();
+            }
+        }
+        first
+    }
+
+    /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
+    /// for.
+    pub(crate) fn spawn_aux(
+        self: &Arc<Self>,
+        name: String,
+        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
+    ) {
+        let wrapper = self.wrapper();
+        self.life.lock().live_aux += 1;
+        let core = Arc::clone(self);
+        let mut threads = self.aux_threads.lock();
+        threads.retain(|t| !t.is_finished());
+        match spawn_named(name, wrapper.as_ref(), move || {
+            let guard = ExitGuard { core, worker: false };
+            body(&guard.core);
+        }) {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                drop(threads);
+                let mut life = self.life.lock();
+                life.live_aux -= 1;
+                self.life_cv.notify_all();
+                drop(life);
+                panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Hang reports: which reconciles have run longer than the configured
+//! threshold.
+//!
+//! Reports are computed on demand from the workers' slots. The watchdog
+//! thread only exists to log each hang once even if nobody asks: it sleeps on
+//! a condvar until the earliest moment a running reconcile could cross the
+//! threshold, and with nothing running it sleeps untimed (a worker starting
+//! a reconcile wakes it). A new reconcile can never cross the threshold
+//! before one already running, so a timed sleep is never cut short.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{ControllerKey, Core, Runtime};
+use crate::clock::Clock;
+
+pub(crate) struct Watchdog {
+    threshold: Duration,
+    state: Mutex<State>,
+    cv: Condvar,
+    /// The watchdog has no deadline to sleep until: a new reconcile must
+    /// wake it.
+    idle: AtomicBool,
+    real_time: bool,
+    /// A fake clock's wake-up callback (see `Clock::subscribe`).
+    _subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct State {
+    kicked: bool,
+    shutdown: bool,
+}
+
+/// The reconciles past the threshold, those not logged yet, and when the
+/// next running one will cross it.
+pub(crate) struct Scan<K> {
+    pub(crate) hanging: Vec<(K, Duration)>,
+    pub(crate) newly: Vec<(K, Duration)>,
+    pub(crate) next: Option<Instant>,
+}
+
+/// Reads every worker slot; marks the hangs it returns in `newly` as logged.
+pub(crate) fn scan<K: ControllerKey>(rt: &Runtime<K>, threshold: Duration) -> Scan<K> {
+    let now = rt.clock.now();
+    let mut out = Scan { hanging: Vec::new(), newly: Vec::new(), next: None };
+    for slot in &rt.slots {
+        let mut running = slot.running.lock();
+        let Some(run) = running.as_mut() else {
+            continue;
+        };
+        let elapsed = now.saturating_duration_since(run.since);
+        if elapsed > threshold {
+            out.hanging.push((run.key.clone(), elapsed));
+            if !run.hang_logged {
+                run.hang_logged = true;
+                out.newly.push((run.key.clone(), elapsed));
+            }
+        } else {
+            let crosses = run.since + threshold;
+            out.next = Some(out.next.map_or(crosses, |n: Instant| n.min(crosses)));
+        }
+    }
+    out.hanging.sort_by_key(|h| std::cmp::Reverse(h.1));
+    out
+}
+
+/// Logs each newly detected hang (call with no lock held).
+pub(crate) fn log_hangs<K: fmt::Debug>(name: &str, newly: &[(K, Duration)]) {
+    for (key, elapsed) in newly {
+        tracing::warn!(
+            controller = %name,
+            key = ?key,
+            seconds = elapsed.as_secs_f64(),
+            "reconcile of {key:?} has been running for {:.1} s",
+            elapsed.as_secs_f64()
+        );
+    }
+}
+
+impl Watchdog {
+    /// A watchdog for `threshold`; with a fake clock it subscribes to time
+    /// jumps so it re-checks when the clock moves.
+    pub(crate) fn new(threshold: Duration, clock: &Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new_cyclic(|weak: &Weak<Self>| {
+            let subscription = (!clock.is_real_time()).then(|| {
+                let weak = weak.clone();
+                let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                    if let Some(w) = weak.upgrade() {
+                        w.kick();
+                    }
+                });
+                clock.subscribe(Arc::downgrade(&wake));
+                wake
+            });
+            Self {
+                threshold,
+                state: Mutex::new(State::default()),
+                cv: Condvar::new(),
+                idle: AtomicBool::new(false),
+                real_time: clock.is_real_time(),
+                _subscription: subscription,
+            }
+        })
+    }
+
+    fn kick(&self) {
+        let mut g = self.state.lock();
+        g.kicked = true;
+        self.cv.notify_one();
+    }
+
+    /// Called by a worker after registering a reconcile.
+    pub(crate) fn kick_if_idle(&self) {
+        if self.idle.load(Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+
+    pub(crate) fn shut_down(&self) {
+        let mut g = self.state.lock();
+        g.shutdown = true;
+        self.cv.notify_one();
+    }
+
+    pub(crate) fn run<K: ControllerKey>(&self, core: &Core<K>) {
+        let rt = core.rt.get().expect("the watchdog starts after the runtime");
+        loop {
+            // Idle before scanning: a reconcile registered after the scan
+            // sees the flag and kicks us.
+            self.idle.store(true, Ordering::SeqCst);
+            let found = scan(rt, self.threshold);
+            if found.next.is_some() {
+                self.idle.store(false, Ordering::SeqCst);
+            }
+            log_hangs(&core.name, &found.newly);
+            let mut g = self.state.lock();
+            if g.shutdown {
+                return;
+            }
+            if g.kicked {
+                g.kicked = false;
+                continue;
+            }
+            match found.next {
+                Some(at) if self.real_time => {
+                    self.cv.wait_until(&mut g, at);
+                }
+                _ => self.cv.wait(&mut g),
+            }
+            g.kicked = false;
+            if g.shutdown {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The worker loop: take a key, reconcile it, act on the result, repeat.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use super::context::{Context, StopSignal};
+use super::outcome::{Outcome, Reconciler, RetryPolicy};
+use super::{ControllerKey, Core, Runtime};
+
+/// One worker's in-flight reconcile, readable by other threads (cancel,
+/// hang reports, inspect, stop reports).
+pub(crate) struct WorkerSlot<K> {
+    pub(crate) running: Mutex<Option<Running<K>>>,
+    /// Backs the `Context` of this worker's reconciles; reset at each start.
+    pub(crate) signal: StopSignal,
+}
+
+pub(crate) struct Running<K> {
+    pub(crate) key: K,
+    pub(crate) since: Instant,
+    /// The hang warning for this reconcile was logged.
+    pub(crate) hang_logged: bool,
+}
+
+impl<K> WorkerSlot<K> {
+    pub(crate) fn new() -> Self {
+        Self { running: Mutex::new(None), signal: StopSignal::new() }
+    }
+}
+
+/// Runs worker `index` until the queue shuts down.
+pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reconciler<K>, index: usize) {
+    let rt = core.rt.get().expect("the runtime is set before workers start");
+    let slot = &rt.slots[index];
+    let mut ctx = Context { attempt: 0, signal: slot.signal.clone() };
+    let mut next = rt.queue.get();
+    while let Some(key) = next {
+        // A parked key that was enqueued again is no longer parked.
+        core.parked.unpark(&key);
+        ctx.attempt = core.memory.attempts(&key);
+        begin(core, rt, slot, &key);
+        let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
+        *slot.running.lock() = None;
+        settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
+        // The retry is scheduled and the stats counted before `done`, so a
+        // `wait_idle` that sees the queue idle also sees the stats.
+        next = rt.queue.done_and_get(&key);
+    }
+}
+
+fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
+    {
+        let mut running = slot.running.lock();
+        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false });
+        // Under the slot lock, so a concurrent `cancel_all` either sees this
+        // reconcile or we see its flag.
+        slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));
+    }
+    if let Some(watchdog) = &rt.watchdog {
+        watchdog.kick_if_idle();
+    }
+}
+
+/// Acts on a finished reconcile (spec §4's table).
+fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u32, outcome: Outcome) {
+    let counters = &core.counters;
+    match outcome {
+        Outcome::Success => {
+            // At attempt 0 the limiter was not asked about the key since the
+            // controller last forgot it, so there is nothing to forget (this
+            // saves a locked map lookup per success on the hot path).
+            if attempt > 0 {
+                core.memory.clear(key);
+                rt.queue.forget(key);
+            }
+            counters.successes.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::Requeue => {
+            core.memory.bump(key, None);
+            rt.retry_rate_limited(key, attempt);
+            counters.requeues.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::RequeueAfter(delay) => {
+            core.memory.clear(key);
+            rt.queue.forget(key);
+            rt.queue.add_after(key.clone(), delay);
+            counters.requeues.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::Failure { retry, message, panicked } => {
+            if panicked {
+                counters.panics.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(controller = %core.name, key = ?key, "reconcile panicked: {message}");
+            }
+            match retry {
+                RetryPolicy::RateLimited => {
+                    core.memory.bump(key, Some(message.clone()));
+                    rt.retry_rate_limited(key, attempt);
+                }
+                RetryPolicy::After(delay) => {
+                    core.memory.bump(key, Some(message.clone()));
+                    rt.queue.add_after(key.clone(), rt.jittered(key, attempt, delay));
+                }
+                RetryPolicy::Never => {
+                    core.memory.clear(key);
+                    rt.queue.forget(key);
+                    core.parked.park(key.clone(), message.clone());
+                }
+            }
+            *counters.last_error.lock() = Some((message, SystemTime::now()));
+            counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    counters.reconciles.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Worker and auxiliary threads report their exit through this guard (also
+/// on unwinding), so stops can wait for them with a deadline.
+pub(crate) struct ExitGuard<K: ControllerKey> {
+    pub(crate) core: Arc<Core<K>>,
+    pub(crate) worker: bool,
+}
+
+impl<K: ControllerKey> Drop for ExitGuard<K> {
+    fn drop(&mut self) {
+        let mut life = self.core.life.lock();
+        if self.worker {
+            life.live_workers -= 1;
+        } else {
+            life.live_aux -= 1;
+        }
+        self.core.life_cv.notify_all();
+    }
+}

@@ -1,0 +1,219 @@
+//! Stopping: immediate stop, two-phase drain (including a reconcile that
+//! never returns), cancel(&k), run(), handles before start, and the finality
+//! of stats once wait_idle returns.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use parking_lot::Mutex;
+use reconq::*;
+
+type Res = Result<Action, ReconcileError>;
+
+fn running(h: &ControllerHandle<String>, k: &str) -> bool {
+    matches!(h.inspect(&k.to_string()).state, KeyStatus::Running { .. })
+}
+
+#[test]
+fn stop_drops_ready_and_delayed_keys_and_cancels_in_flight() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let (s, c) = (seen.clone(), cancelled.clone());
+    let h = Controller::new("stop", move |k: &String, ctx: &Context| -> Res {
+        s.lock().push(k.clone());
+        if k == "slow" {
+            c.store(ctx.wait_cancelled(PATIENCE), Ordering::SeqCst);
+        }
+        Ok(Action::Done)
+    })
+    .start();
+    h.enqueue("slow".to_string());
+    wait_for("slow running", || running(&h, "slow"));
+    h.enqueue("ready".to_string());
+    h.enqueue_after("delayed".to_string(), Duration::from_millis(1));
+    let t = Instant::now();
+    h.stop();
+    assert!(t.elapsed() < Duration::from_secs(1), "stop returns at once");
+    assert!(h.join_timeout(PATIENCE), "the worker exits after its reconcile");
+    assert!(h.is_stopped());
+    assert!(cancelled.load(Ordering::SeqCst), "the in-flight reconcile saw is_cancelled");
+    assert_eq!(*seen.lock(), ["slow"], "ready and delayed keys were dropped");
+    h.enqueue("late".to_string());
+    assert_eq!(h.stats().depth, 0, "enqueue after stop is ignored");
+    h.stop();
+    assert!(h.stop_with_drain(PATIENCE), "stopping again is fine");
+}
+
+#[test]
+fn drain_reconciles_ready_and_dirty_keys_without_cancelling() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (release_tx, release_rx): (Sender<()>, Receiver<()>) = bounded(0);
+    let (s, rx) = (seen.clone(), release_rx.clone());
+    let h = Controller::new("drain", move |k: &String, ctx: &Context| -> Res {
+        if k == "slow" && s.lock().iter().all(|(k, _)| k != "slow") {
+            rx.recv().unwrap();
+        }
+        s.lock().push((k.clone(), ctx.is_cancelled()));
+        Ok(Action::Done)
+    })
+    .start();
+    h.enqueue("slow".to_string());
+    wait_for("slow running", || running(&h, "slow"));
+    h.enqueue("slow".to_string()); // dirty: runs again after done
+    h.enqueue("ready".to_string());
+    h.enqueue_after("delayed".to_string(), Duration::from_secs(3600));
+    let stopper = {
+        let h = h.clone();
+        std::thread::spawn(move || h.stop_with_drain_report(PATIENCE))
+    };
+    wait_for("drain started", || h.stats().waiting == 0);
+    release_tx.send(()).unwrap();
+    let report = stopper.join().unwrap();
+    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0 });
+    let seen = seen.lock().clone();
+    assert_eq!(
+        seen,
+        [("slow".to_string(), false), ("ready".to_string(), false), ("slow".to_string(), false)],
+        "ready and dirty keys drained, nothing cancelled, delayed dropped"
+    );
+    assert!(h.is_stopped());
+    assert!(h.join_timeout(Duration::ZERO));
+}
+
+#[test]
+fn drain_deadline_cancels_and_detaches_a_reconcile_that_never_returns() {
+    let (_never_tx, never_rx) = unbounded::<()>();
+    let cancelled_after = Arc::new(Mutex::new(None));
+    let drain_start = Arc::new(Mutex::new(None::<Instant>));
+    let (ca, ds) = (cancelled_after.clone(), drain_start.clone());
+    let h = Controller::new("hang", move |k: &String, ctx: &Context| -> Res {
+        if k == "stuck" {
+            let _ = never_rx.recv(); // never returns: the sender lives on
+        } else {
+            ctx.cancel_signal().wait();
+            let start = ds.lock().expect("drain started");
+            *ca.lock() = Some(start.elapsed());
+        }
+        Ok(Action::Done)
+    })
+    .workers(2)
+    .start();
+    h.enqueue("stuck".to_string());
+    h.enqueue("polite".to_string());
+    wait_for("both running", || running(&h, "stuck") && running(&h, "polite"));
+    let timeout = Duration::from_millis(300);
+    *drain_start.lock() = Some(Instant::now());
+    let t = Instant::now();
+    let report = h.stop_with_drain_report(timeout);
+    let took = t.elapsed();
+    assert!(!report.finished);
+    assert!(report.unfinished.contains(&"stuck".to_string()), "{report:?}");
+    assert!(took >= timeout && took < timeout + Duration::from_secs(5), "returned by the deadline: {took:?}");
+    wait_for("polite cancelled", || cancelled_after.lock().is_some());
+    assert!(cancelled_after.lock().unwrap() >= timeout, "not cancelled before the deadline");
+    assert!(h.is_stopped(), "the stuck worker is detached");
+    assert!(!h.join_timeout(Duration::from_millis(10)), "it cannot be joined");
+    std::mem::forget(_never_tx);
+}
+
+#[test]
+fn cancel_targets_the_running_key_only() {
+    let (started_tx, started_rx) = unbounded::<u32>();
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let r = results.clone();
+    let h = Controller::new("cancel", move |_k: &String, ctx: &Context| -> Res {
+        started_tx.send(ctx.attempt()).unwrap();
+        let cancelled = ctx.wait_cancelled(if ctx.attempt() == 0 { PATIENCE } else { Duration::ZERO });
+        r.lock().push(cancelled);
+        if ctx.attempt() == 0 { Ok(Action::Requeue) } else { Ok(Action::Done) }
+    })
+    .rate_limiter(ExponentialBackoff::new(Duration::ZERO, Duration::ZERO))
+    .start();
+    assert!(!h.cancel(&"k".to_string()), "nothing running");
+    h.enqueue("k".to_string());
+    assert_eq!(started_rx.recv_timeout(PATIENCE).unwrap(), 0);
+    assert!(!h.cancel(&"other".to_string()));
+    assert!(h.cancel(&"k".to_string()));
+    assert!(h.wait_idle(PATIENCE));
+    assert_eq!(*results.lock(), [true, false], "the next reconcile of k starts uncancelled");
+    h.stop();
+}
+
+#[test]
+fn stats_are_final_once_wait_idle_returns() {
+    let h = Controller::new("final", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(4).start();
+    let mut total = 0;
+    for round in 0..20u64 {
+        for k in 0..200 {
+            h.enqueue(round * 1000 + k);
+        }
+        total += 200;
+        assert!(h.wait_idle(PATIENCE));
+        let s = h.stats();
+        assert_eq!((s.reconciles, s.successes), (total, total));
+        assert_eq!((s.depth, s.processing, s.waiting), (0, 0, 0));
+    }
+    assert!(h.stop_with_drain(PATIENCE));
+}
+
+#[test]
+fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let controller = Controller::new("run", move |_k: &u32, _: &Context| -> Res {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(Action::Done)
+    })
+    .workers(2);
+    let h = controller.handle();
+    assert_eq!((h.name(), h.workers()), ("run", 2));
+    for k in 0..10 {
+        h.enqueue(k);
+    }
+    h.enqueue_after(99, Duration::from_millis(1));
+    assert_eq!(h.stats().depth, 11);
+    assert_eq!(h.inspect(&3).state, KeyStatus::Ready);
+    let runner = std::thread::spawn(move || controller.run());
+    assert!(h.wait_idle(PATIENCE));
+    assert_eq!(count.load(Ordering::SeqCst), 11);
+    assert!(!runner.is_finished());
+    assert!(!h.join_timeout(Duration::from_millis(20)), "running: join times out");
+    h.stop();
+    runner.join().unwrap();
+    assert!(h.is_stopped());
+    assert!(h.join_timeout(Duration::ZERO));
+}
+
+#[test]
+fn stop_before_start_means_nothing_runs() {
+    let controller = Controller::new("never", |_k: &u32, _: &Context| -> Res { panic!("must not run") });
+    let h = controller.handle();
+    h.enqueue(1);
+    h.stop();
+    assert!(h.stop_with_drain(Duration::ZERO));
+    let h2 = controller.start();
+    assert!(h2.is_stopped());
+    assert!(h2.wait_idle(Duration::ZERO));
+    assert_eq!(h2.stats(), Stats::default());
+}
+
+#[test]
+fn dropping_handles_does_not_stop_the_controller() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let controller = Controller::new("drop", move |_k: &u32, _: &Context| -> Res {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(Action::Done)
+    });
+    let keep = controller.handle();
+    drop(controller.start());
+    keep.enqueue(1);
+    assert!(keep.wait_idle(PATIENCE));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert!(keep.stop_with_drain(PATIENCE));
+}
