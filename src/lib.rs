@@ -10,6 +10,8 @@
 
 mod clock;
 mod error;
+#[cfg(feature = "python")]
+mod python;
 mod queue;
 mod rate_limit;
 mod sync;
