@@ -13,6 +13,8 @@ mod controller;
 mod error;
 mod manager;
 mod parallelize;
+#[cfg(feature = "python")]
+mod python;
 mod queue;
 mod rate_limit;
 mod sync;

@@ -1,0 +1,39 @@
+"""reconq: a synchronous controller engine.
+
+A deduplicating, delaying, rate-limiting work queue (client-go's
+``workqueue`` semantics) and a reconcile loop on OS threads, implemented in
+Rust. Keys are ``str``, ``int`` (64-bit; ``bool`` counts as ``int``),
+``bytes``, or tuples of these, nested. A key comes back equal (``==``) to the
+one added, though not always of the same type: ``True`` comes back as ``1``,
+a ``str`` subclass as a plain ``str``.
+"""
+
+from ._native import (
+    ExponentialBackoff,
+    FastSlow,
+    MaxOf,
+    RateLimiter,
+    ShutDown,
+    TokenBucket,
+    WithMaxWait,
+    WorkQueue,
+    default_rate_limiter,
+)
+from ._results import PermanentError, Requeue, RetryAfter
+
+# The Controller and Manager bindings will be re-exported here too.
+
+__all__ = [
+    "ExponentialBackoff",
+    "FastSlow",
+    "MaxOf",
+    "PermanentError",
+    "RateLimiter",
+    "Requeue",
+    "RetryAfter",
+    "ShutDown",
+    "TokenBucket",
+    "WithMaxWait",
+    "WorkQueue",
+    "default_rate_limiter",
+]

@@ -1,0 +1,71 @@
+"""Type stubs for the Rust extension module ``reconq._native``."""
+
+from typing import Optional, Tuple, Union, final
+
+from typing_extensions import Self, TypeAlias, disjoint_base
+
+__all__ = [
+    "ExponentialBackoff",
+    "FastSlow",
+    "MaxOf",
+    "RateLimiter",
+    "ShutDown",
+    "TokenBucket",
+    "WithMaxWait",
+    "WorkQueue",
+    "default_rate_limiter",
+]
+
+_Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
+"""A queue key: str, int (signed 64-bit; bool counts), bytes, or tuples of these."""
+
+_Seconds: TypeAlias = Union[int, float]
+
+class ShutDown(Exception):
+    """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
+
+@disjoint_base
+class RateLimiter:
+    """Base class of the rate limiters; not constructible itself."""
+
+    def when(self, key: _Key) -> float: ...
+    def forget(self, key: _Key) -> None: ...
+    def num_requeues(self, key: _Key) -> int: ...
+
+@final
+class ExponentialBackoff(RateLimiter):
+    def __new__(cls, base: _Seconds, max: _Seconds) -> Self: ...
+
+@final
+class FastSlow(RateLimiter):
+    def __new__(cls, fast: _Seconds, slow: _Seconds, max_fast_attempts: int) -> Self: ...
+
+@final
+class TokenBucket(RateLimiter):
+    def __new__(cls, qps: float, burst: int) -> Self: ...
+
+@final
+class MaxOf(RateLimiter):
+    def __new__(cls, *limiters: Union[RateLimiter, list[RateLimiter], tuple[RateLimiter, ...]]) -> Self: ...
+
+@final
+class WithMaxWait(RateLimiter):
+    def __new__(cls, limiter: RateLimiter, max: _Seconds) -> Self: ...
+
+def default_rate_limiter() -> MaxOf: ...
+
+@final
+class WorkQueue:
+    def __new__(cls, rate_limiter: Optional[RateLimiter] = None) -> Self: ...
+    def add(self, key: _Key) -> None: ...
+    def add_after(self, key: _Key, seconds: _Seconds) -> None: ...
+    def add_rate_limited(self, key: _Key) -> None: ...
+    def forget(self, key: _Key) -> None: ...
+    def num_requeues(self, key: _Key) -> int: ...
+    def get(self, timeout: Optional[_Seconds] = None) -> _Key: ...
+    def done(self, key: _Key) -> None: ...
+    def __len__(self) -> int: ...
+    def shut_down(self) -> None: ...
+    def shut_down_with_drain(self, timeout: Optional[_Seconds] = None) -> bool: ...
+    @property
+    def shutting_down(self) -> bool: ...

@@ -1,0 +1,65 @@
+//! Seconds (float or int) from Python to `Duration` (spec §4, "Durations").
+//!
+//! * NaN is a `ValueError` everywhere.
+//! * Delays (`add_after`, `Requeue(after=)`...): negative means now.
+//! * Timeouts and limiter parameters: negative is a `ValueError`.
+//! * Infinity and values past `Duration::MAX` are an `OverflowError`.
+//!
+//! Every check runs before the call changes anything.
+
+use std::time::Duration;
+
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// Reads a number of seconds. `bool` is refused: `timeout=True` is a bug.
+fn seconds(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be a number of seconds, not bool")));
+    }
+    let secs: f64 = obj.extract().map_err(|e: PyErr| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            return PyOverflowError::new_err(format!("{what} is out of range"));
+        }
+        let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        PyTypeError::new_err(format!("{what} must be a number of seconds (float or int), not {type_name}"))
+    })?;
+    if secs.is_nan() {
+        return Err(PyValueError::new_err(format!("{what} must not be NaN")));
+    }
+    Ok(secs)
+}
+
+fn from_secs(secs: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| PyOverflowError::new_err(format!("{what} is out of range: {secs} seconds")))
+}
+
+/// A delay: negative means now (zero).
+pub(crate) fn delay_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Duration> {
+    let secs = seconds(obj, what)?;
+    if secs <= 0.0 { Ok(Duration::ZERO) } else { from_secs(secs, what) }
+}
+
+/// A duration that must not be negative (timeouts, limiter parameters).
+pub(crate) fn non_negative_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Duration> {
+    let secs = seconds(obj, what)?;
+    if secs < 0.0 {
+        return Err(PyValueError::new_err(format!("{what} must not be negative, got {secs}")));
+    }
+    from_secs(secs, what)
+}
+
+/// An optional timeout: `None` is "wait forever".
+pub(crate) fn timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+    match obj {
+        None => Ok(None),
+        Some(obj) if obj.is_none() => Ok(None),
+        Some(obj) => non_negative_from_py(obj, "timeout").map(Some),
+    }
+}
+
+/// Seconds as a Python float.
+pub(crate) fn to_secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}

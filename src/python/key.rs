@@ -1,0 +1,144 @@
+//! Python keys as a Rust value that hashes and compares without the GIL.
+//!
+//! Accepted (spec §4): `str`, `int` (which includes `bool`), `bytes`, and
+//! tuples of these, nested; subclasses of `str`/`int`/`bytes` too. Anything
+//! else is a `TypeError` naming the type, raised at the call that passed it.
+//!
+//! Equality follows Python's `==` for these types: `True == 1`, so `True` and
+//! `1` are the same key, and a key added as `True` comes back as `1`; a `str`
+//! subclass comes back as a plain `str`. What comes back always compares equal
+//! (`==`) to what went in, and hashes equally.
+
+use std::fmt;
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyOverflowError, PyRecursionError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
+
+/// Nesting deeper than this is refused (it would only risk the stack).
+const MAX_DEPTH: usize = 64;
+
+/// A queue key taken from Python.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum PyKey {
+    Int(i64),
+    Str(Arc<str>),
+    /// A `str` holding lone surrogates (not valid UTF-8), kept as its
+    /// `surrogatepass` UTF-8 encoding. Never equal to a `Str`, as in Python.
+    SurrogateStr(Arc<[u8]>),
+    Bytes(Arc<[u8]>),
+    Tuple(Arc<[PyKey]>),
+}
+
+impl PyKey {
+    /// Converts a Python object, or raises `TypeError` / `OverflowError`.
+    pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::from_py_at(obj, 0)
+    }
+
+    fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Self> {
+        if let Ok(s) = obj.cast::<PyString>() {
+            return Ok(match s.to_str() {
+                Ok(s) => PyKey::Str(Arc::from(s)),
+                Err(_) => {
+                    let encoded = s.call_method1("encode", ("utf-8", "surrogatepass"))?;
+                    PyKey::SurrogateStr(Arc::from(encoded.cast::<PyBytes>()?.as_bytes()))
+                }
+            });
+        }
+        if let Ok(i) = obj.cast::<PyInt>() {
+            return i.extract::<i64>().map(PyKey::Int).map_err(|_| {
+                PyOverflowError::new_err("int keys must fit in a signed 64-bit integer")
+            });
+        }
+        if let Ok(b) = obj.cast::<PyBytes>() {
+            return Ok(PyKey::Bytes(Arc::from(b.as_bytes())));
+        }
+        if let Ok(t) = obj.cast::<PyTuple>() {
+            if depth >= MAX_DEPTH {
+                return Err(PyRecursionError::new_err(format!(
+                    "tuple keys may be nested at most {MAX_DEPTH} deep"
+                )));
+            }
+            let items = t.iter().map(|item| Self::from_py_at(&item, depth + 1)).collect::<PyResult<Vec<_>>>()?;
+            return Ok(PyKey::Tuple(items.into()));
+        }
+        let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        Err(PyTypeError::new_err(format!(
+            "keys must be str, int, bytes or tuples of these, not {type_name}"
+        )))
+    }
+
+    /// A Python value equal (`==`) to the one the key was made from.
+    pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self {
+            PyKey::Int(i) => i.into_pyobject(py)?.into_any(),
+            PyKey::Str(s) => PyString::new(py, s).into_any(),
+            PyKey::SurrogateStr(b) => {
+                PyBytes::new(py, b).call_method1("decode", ("utf-8", "surrogatepass"))?
+            }
+            PyKey::Bytes(b) => PyBytes::new(py, b).into_any(),
+            PyKey::Tuple(items) => {
+                let items = items.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+                PyTuple::new(py, items)?.into_any()
+            }
+        })
+    }
+}
+
+/// Python-like notation, for logs and error messages.
+impl fmt::Debug for PyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PyKey::Int(i) => write!(f, "{i}"),
+            PyKey::Str(s) => write!(f, "{s:?}"),
+            PyKey::SurrogateStr(b) => write!(f, "{:?}", String::from_utf8_lossy(b)),
+            PyKey::Bytes(b) => {
+                f.write_str("b'")?;
+                for &byte in b.iter() {
+                    match byte {
+                        b'\\' => f.write_str("\\\\")?,
+                        b'\'' => f.write_str("\\'")?,
+                        0x20..=0x7e => write!(f, "{}", byte as char)?,
+                        _ => write!(f, "\\x{byte:02x}")?,
+                    }
+                }
+                f.write_str("'")
+            }
+            PyKey::Tuple(items) => {
+                f.write_str("(")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item:?}")?;
+                }
+                if items.len() == 1 {
+                    f.write_str(",")?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+impl fmt::Display for PyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_python_like() {
+        let k = PyKey::Tuple(
+            vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into(),
+        );
+        assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
+        assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
+    }
+}

@@ -1,0 +1,36 @@
+//! The `reconq._native` extension module (spec §4), built by maturin with the
+//! `python` feature. `python/reconq/__init__.py` re-exports everything.
+//!
+//! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds
+//! to `Duration` with the spec's rules), `errors` (`ShutDown`, reconcile
+//! result classification), `limiters`, `queue`. The controller and manager
+//! bindings go in their own modules and register their classes below.
+
+mod duration;
+mod errors;
+mod key;
+mod limiters;
+mod queue;
+
+use pyo3::prelude::*;
+
+#[pymodule(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    queue::record_main_thread(py)?;
+
+    m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
+
+    m.add_class::<queue::PyWorkQueue>()?;
+
+    m.add_class::<limiters::PyRateLimiter>()?;
+    m.add_class::<limiters::ExponentialBackoff>()?;
+    m.add_class::<limiters::FastSlow>()?;
+    m.add_class::<limiters::TokenBucket>()?;
+    m.add_class::<limiters::MaxOf>()?;
+    m.add_class::<limiters::WithMaxWait>()?;
+    m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
+
+    // Controller / Manager bindings: add their classes here.
+    Ok(())
+}
