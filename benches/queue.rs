@@ -151,26 +151,32 @@ fn w2_hot_keys_once() -> (Duration, u64) {
 }
 
 fn w2_hot_keys(c: &mut Criterion) {
-    let mut group = c.benchmark_group("W2_hot_keys");
-    group
-        .throughput(Throughput::Elements(W2_ADDS))
-        .sample_size(10);
-    let mut last_reconciles = 0;
+    let reconciles = bench_counting(c, "W2_hot_keys", Some(W2_ADDS), w2_hot_keys_once);
+    println!("W2: {W2_ADDS} adds over {W2_HOT_KEYS} keys ran {reconciles} reconciles (last run)");
+}
+
+/// Benchmarks `run` (which returns its own measured time and a count) as
+/// group `name`; returns the count of the last run.
+fn bench_counting(c: &mut Criterion, name: &str, elements: Option<u64>, run: fn() -> (Duration, u64)) -> u64 {
+    let mut group = c.benchmark_group(name);
+    group.sample_size(10);
+    if let Some(n) = elements {
+        group.throughput(Throughput::Elements(n));
+    }
+    let mut last_count = 0;
     group.bench_function("reconq", |b| {
         b.iter_custom(|iters| {
             (0..iters)
                 .map(|_| {
-                    let (elapsed, reconciles) = w2_hot_keys_once();
-                    last_reconciles = reconciles;
+                    let (elapsed, count) = run();
+                    last_count = count;
                     elapsed
                 })
                 .sum()
         })
     });
     group.finish();
-    println!(
-        "W2: {W2_ADDS} adds over {W2_HOT_KEYS} keys ran {last_reconciles} reconciles (last run)"
-    );
+    last_count
 }
 
 /// W5: every key fails three times (rate-limited retries with 1–100 ms
@@ -207,25 +213,8 @@ fn w5_retries_once() -> (Duration, u64) {
 }
 
 fn w5_retries(c: &mut Criterion) {
-    let mut group = c.benchmark_group("W5_retries");
-    group.sample_size(10);
-    let mut last_calls = 0;
-    group.bench_function("reconq", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let (elapsed, calls) = w5_retries_once();
-                    last_calls = calls;
-                    elapsed
-                })
-                .sum()
-        })
-    });
-    group.finish();
-    println!(
-        "W5: {W5_KEYS} keys x {} tries made {last_calls} calls (last run)",
-        W5_FAILURES + 1
-    );
+    let calls = bench_counting(c, "W5_retries", None, w5_retries_once);
+    println!("W5: {W5_KEYS} keys x {} tries made {calls} calls (last run)", W5_FAILURES + 1);
 }
 
 /// CPU time (user + system) this process has used so far.
