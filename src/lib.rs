@@ -36,3 +36,8 @@ pub use manager::{
     WeakManager,
 };
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
