@@ -85,7 +85,8 @@ impl Reconciler<u64> for Fails {
 
 #[test]
 fn controller_surface() {
-    let handle = Controller::new("surface", Fails).workers(4).rate_limiter(ExponentialBackoff::new(ms(1), ms(10))).start();
+    let handle =
+        Controller::new("surface", Fails).workers(4).rate_limiter(ExponentialBackoff::new(ms(1), ms(10))).start();
     let other = handle.clone();
     std::thread::spawn(move || other.enqueue(0)).join().unwrap();
     handle.enqueue(1);

@@ -41,19 +41,11 @@ where
     L: RateLimiter<K> + 'static,
 {
     let clock = FakeClock::new();
-    (
-        WorkQueue::builder()
-            .clock(clock.clone())
-            .rate_limiter(limiter)
-            .build(),
-        clock,
-    )
+    (WorkQueue::builder().clock(clock.clone()).rate_limiter(limiter).build(), clock)
 }
 
 /// Runs `f` on a new thread; its result arrives on the returned channel.
-pub fn spawn_with_result<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> mpsc::Receiver<T> {
+pub fn spawn_with_result<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let _ = tx.send(f());
@@ -63,8 +55,7 @@ pub fn spawn_with_result<T: Send + 'static>(
 
 /// The value `rx` delivers within [`PATIENCE`], or a panic naming `what`.
 pub fn expect_within<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
-    rx.recv_timeout(PATIENCE)
-        .unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
+    rx.recv_timeout(PATIENCE).unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
 }
 
 /// Polls `cond` until it holds, panicking after [`PATIENCE`].
@@ -134,7 +125,6 @@ impl Reconciler<String> for Script {
         }
     }
 }
-
 
 /// A controller on a fake clock with `ExponentialBackoff(1 s, 1000 s)`.
 pub fn fake_controller(script: &Script, clock: &FakeClock) -> ControllerHandle<String> {
