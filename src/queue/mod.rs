@@ -11,7 +11,10 @@
 //! consumers in step and was faster at every worker count.)
 //!
 //! * **Waking is counted.** The queue knows how many getters are parked and
-//!   not yet claimed by a notify, so one ready key wakes at most one getter.
+//!   not yet claimed by a notify, and how many were notified and are not yet
+//!   running, so one ready key wakes at most one getter, and no more getters
+//!   are woken at once than there are cores to run them (each woken getter
+//!   that takes a key passes the wake on while keys remain).
 //! * **A short spin before parking.** A getter that finds nothing spins
 //!   briefly (one spinner at a time per two cores), lock released, watching
 //!   the ready count before it parks, so a steady producer keeps its
@@ -119,6 +122,9 @@ struct Locked<K> {
     q: QueueState<K>,
     /// Getters parked on `ready` that no notify has claimed yet.
     sleepers: usize,
+    /// Getters notified and not yet running again. Each will take a ready
+    /// key or, if there is none, park again.
+    waking: usize,
     /// The due time the timekeeper sleeps until, if a getter has that duty.
     timekeeper: Option<Instant>,
     /// Bumped whenever the duty changes hands, so a getter can tell on waking
@@ -182,6 +188,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 locked: Mutex::new(Locked {
                     q: QueueState::new(),
                     sleepers: 0,
+                    waking: 0,
                     timekeeper: None,
                     timekeeper_term: 0,
                     idle_waiters: 0,
@@ -219,10 +226,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Marks `key` as needing processing now. Ignored once shut down.
     pub fn add(&self, key: K) {
         let mut g = self.shared.locked.lock();
-        let mut ready = self.shared.sync(&mut g);
-        ready += usize::from(g.q.add(key) == Added::Ready);
+        self.shared.sync(&mut g);
+        g.q.add(key);
         self.shared.ready_hint.store(g.q.len(), Relaxed);
-        self.shared.wake_for(&mut g, ready);
+        self.shared.wake_ready(&mut g);
     }
 
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
@@ -242,13 +249,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     fn add_at_instant(&self, key: K, due: Instant, now: Instant) {
         let mut g = self.shared.locked.lock();
-        let mut ready = self.shared.sync(&mut g);
-        match g.q.add_at(key, due, now) {
-            Added::Ready => ready += 1,
-            Added::Scheduled(due) => self.shared.on_scheduled(&mut g, due),
-            Added::Unchanged => {}
+        self.shared.sync(&mut g);
+        if let Added::Scheduled(due) = g.q.add_at(key, due, now) {
+            self.shared.on_scheduled(&mut g, due);
         }
-        self.shared.wake_for(&mut g, ready);
+        self.shared.ready_hint.store(g.q.len(), Relaxed);
+        self.shared.wake_ready(&mut g);
     }
 
     /// Re-adds `key` after the wait its rate limiter gives (G6).
@@ -341,8 +347,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         let mut g = self.shared.locked.lock();
         loop {
-            let ready = self.shared.sync(&mut g);
-            self.shared.wake_for(&mut g, ready);
+            self.shared.sync(&mut g);
+            self.shared.wake_ready(&mut g);
             if g.q.is_idle() {
                 return true;
             }
@@ -428,39 +434,47 @@ enum Shutdown {
     Discard,
 }
 
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 /// Getters allowed to spin at once: one per two cores, so spinning never
 /// starves the threads doing real work.
 fn max_spinners() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
+    (cores() / 2).max(1)
+}
+
+/// Getters woken and not yet running, at most: more cannot run at once.
+fn max_waking() -> usize {
+    cores()
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
-    /// Promotes keys whose due time has come. Returns how many became ready;
-    /// the caller decides whom to wake for them.
-    fn sync(&self, g: &mut Guard<'_, K>) -> usize {
-        if !g.q.has_timers() {
-            return 0;
+    /// Promotes keys whose due time has come (the caller wakes getters for
+    /// them).
+    fn sync(&self, g: &mut Guard<'_, K>) {
+        if g.q.has_timers() {
+            g.q.promote_due(self.clock.now());
+            self.ready_hint.store(g.q.len(), Relaxed);
         }
-        let ready = g.q.promote_due(self.clock.now());
-        self.ready_hint.store(g.q.len(), Relaxed);
-        ready
     }
 
     /// Locks, syncs and wakes getters for the keys that became ready.
     fn lock_synced(&self) -> Guard<'_, K> {
         let mut g = self.locked.lock();
-        let ready = self.sync(&mut g);
-        self.wake_for(&mut g, ready);
+        self.sync(&mut g);
+        self.wake_ready(&mut g);
         g
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
     fn take(&self, g: &mut Guard<'_, K>) -> Option<K> {
-        let ready = self.sync(g);
+        self.sync(g);
         let key = g.q.take();
         self.ready_hint.store(g.q.len(), Relaxed);
-        self.wake_for(g, ready.saturating_sub(usize::from(key.is_some())));
+        // Keys remain beyond this one: keep the waking chain going.
+        self.wake_ready(g);
         if key.is_some() && g.timekeeper.is_none() && g.q.has_timers() {
             // Due times remain and nobody is timing them: pass the duty on.
             self.wake_one(g);
@@ -529,6 +543,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         if timed_out {
             // No notify claimed this sleeper; it un-counts itself.
             g.sleepers -= 1;
+        } else {
+            g.waking -= 1;
         }
         if term == Some(g.timekeeper_term) {
             g.timekeeper = None;
@@ -537,16 +553,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// Ends processing of `key` and wakes whoever its new state concerns.
     fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
-        let ready = self.sync(g);
-        self.wake_for(g, ready);
+        self.sync(g);
         match g.q.done(key, || self.clock.now()) {
-            Finished::Requeued => {
-                self.ready_hint.store(g.q.len(), Relaxed);
-                self.wake_one(g);
-            }
+            Finished::Requeued => self.ready_hint.store(g.q.len(), Relaxed),
             Finished::Waiting(due) => self.on_scheduled(g, due),
             Finished::Removed | Finished::NotProcessing => {}
         }
+        self.wake_ready(g);
         if g.q.is_draining() && g.q.drained() {
             self.drained.notify_all();
         }
@@ -579,13 +592,17 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
     }
 
-    /// Wakes sleepers for `n` newly ready keys. Each spinning getter will
-    /// take one ready key itself, so only ready keys beyond the spinners need
-    /// a sleeper (never skip more: a key must not wait for a busy worker
-    /// while another sleeps).
-    fn wake_for(&self, g: &mut Guard<'_, K>, n: usize) {
-        let unclaimed = g.q.len().saturating_sub(self.spinners.load(Relaxed));
-        for _ in 0..n.min(unclaimed).min(g.sleepers) {
+    /// Wakes sleepers for the ready keys nobody is about to take. Spinning
+    /// and waking getters each take a key themselves, so only keys beyond
+    /// them need a sleeper, and no more getters are woken at once than there
+    /// are cores to run them: each woken getter that takes a key calls this
+    /// again, so the chain reaches every key. Busy workers are not counted:
+    /// a key never waits for a busy worker while another sleeps.
+    fn wake_ready(&self, g: &mut Guard<'_, K>) {
+        let claimed = self.spinners.load(Relaxed) + g.waking;
+        let unclaimed = g.q.len().saturating_sub(claimed);
+        let room = max_waking().saturating_sub(g.waking);
+        for _ in 0..unclaimed.min(room).min(g.sleepers) {
             self.wake_one(g);
         }
     }
@@ -593,11 +610,14 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn wake_one(&self, g: &mut Guard<'_, K>) {
         if g.sleepers > 0 && self.ready.notify_one() {
             g.sleepers -= 1;
+            g.waking += 1;
         }
     }
 
     fn wake_all(&self, g: &mut Guard<'_, K>) {
-        g.sleepers -= self.ready.notify_all();
+        let woken = self.ready.notify_all();
+        g.sleepers -= woken;
+        g.waking += woken;
     }
 }
 
