@@ -98,7 +98,7 @@ class Manager:
         do: Callable[[], object],
         stop: Optional[Callable[[], object]] = None,
         interval: Optional[_Seconds] = None,
-        error_retry_base: Optional[_Seconds] = None,
+        error_retry_base: _Seconds = 1.0,
         no_error_retry: bool = False,
     ) -> None: ...
     def trigger(self, name: str) -> None: ...

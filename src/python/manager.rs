@@ -189,7 +189,12 @@ impl PyManager {
     /// (`None` or 0: only on the next update or trigger). `stop()` runs once
     /// when the controller is removed, after `do` ran at least once; only the
     /// latest `stop` given runs. `error_retry_base=0` means the default, 1 s.
-    #[pyo3(signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false))]
+    #[allow(clippy::too_many_arguments)] // the Python signature (spec §5)
+    // `error_retry_base=None` is accepted too and means the default, 1.0.
+    #[pyo3(
+        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false),
+        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False)"
+    )]
     fn update(
         &self,
         py: Python<'_>,
