@@ -21,11 +21,16 @@ from ._native import (
 )
 from ._results import PermanentError, Requeue, RetryAfter
 
+# Named periodic controllers (spec §5). An atexit hook registered by the
+# extension removes every live manager's controllers and waits for them.
+from ._native import Manager
+
 # The Controller and Manager bindings will be re-exported here too.
 
 __all__ = [
     "ExponentialBackoff",
     "FastSlow",
+    "Manager",
     "MaxOf",
     "PermanentError",
     "RateLimiter",

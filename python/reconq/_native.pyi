@@ -7,6 +7,7 @@ from typing_extensions import Self, TypeAlias, disjoint_base
 __all__ = [
     "ExponentialBackoff",
     "FastSlow",
+    "Manager",
     "MaxOf",
     "RateLimiter",
     "ShutDown",
@@ -69,3 +70,43 @@ class WorkQueue:
     def shut_down_with_drain(self, timeout: Optional[_Seconds] = None) -> bool: ...
     @property
     def shutting_down(self) -> bool: ...
+
+# --- Manager (spec §5) ---
+
+from typing import Callable, TypedDict
+
+class _ControllerStatus(TypedDict):
+    name: str
+    successes: int
+    failures: int
+    consecutive_failures: int
+    last_error: Optional[str]
+    last_error_time: Optional[float]
+    last_success_time: Optional[float]
+    last_duration: Optional[float]
+    running: bool
+    next_run_in: Optional[float]
+
+@final
+class Manager:
+    """Named periodic controllers (Cilium ``pkg/controller``)."""
+
+    def __new__(cls) -> Self: ...
+    def update(
+        self,
+        name: str,
+        do: Callable[[], object],
+        stop: Optional[Callable[[], object]] = None,
+        interval: Optional[_Seconds] = None,
+        error_retry_base: _Seconds = 1.0,
+        no_error_retry: bool = False,
+    ) -> None: ...
+    def trigger(self, name: str) -> None: ...
+    def remove(self, name: str, wait: bool = False) -> None: ...
+    def remove_all(self, wait: bool = False) -> None: ...
+    def status(self) -> list[_ControllerStatus]: ...
+    def names(self) -> list[str]: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> None: ...

@@ -10,6 +10,7 @@ mod duration;
 mod errors;
 mod key;
 mod limiters;
+mod manager;
 mod queue;
 
 use pyo3::prelude::*;
@@ -32,5 +33,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
 
     // Controller / Manager bindings: add their classes here.
+    manager::register(m)?;
     Ok(())
 }

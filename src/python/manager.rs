@@ -1,0 +1,353 @@
+//! `reconq.Manager`: named periodic controllers (spec §5, Cilium's
+//! `pkg/controller`) with Python `do` / `stop` callables.
+//!
+//! GIL discipline:
+//! * Each controller thread attaches to the interpreter once for its whole
+//!   life (the manager's thread wrapper) and runs detached; `do` and `stop`
+//!   re-attach only for the call. The engine calls them with no lock held.
+//! * Calls that may drop the last reference to old callables (`update`,
+//!   `remove`, `remove_all`) run detached, so a `__del__` never runs under
+//!   the manager's registry lock; the decref is deferred to the next attach.
+//! * Blocking waits (`remove(wait=True)`, `remove_all(wait=True)`) run
+//!   detached.
+//! * Failures are logged through the `reconq` logger from the controller
+//!   thread, outside every engine lock.
+//!
+//! Interpreter exit: every live manager is remembered weakly; an `atexit`
+//! hook (registered at import) removes all their controllers and waits up to
+//! [`EXIT_WAIT`] for their threads, so `stop` functions run before the
+//! interpreter finalizes, and a hung `do` cannot hang the exit.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyException, PyKeyError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use super::duration::{non_negative_from_py, to_secs};
+use super::errors::describe;
+use crate::{ControllerParams, ControllerStatus, DoError, Manager, ThreadWrapper, UnknownController, WeakManager};
+
+/// How long the exit hook waits for controller threads to finish.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Every manager created, held weakly, for the exit hook.
+static LIVE: Mutex<Vec<WeakManager>> = Mutex::new(Vec::new());
+
+/// The `reconq` logger, looked up once.
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Named periodic controllers: each runs its `do()` on its own thread until
+/// it succeeds, then every `interval` seconds, retrying failures with linear
+/// backoff; `stop()` runs once when it is removed.
+#[pyclass(name = "Manager", module = "reconq", frozen)]
+pub(crate) struct PyManager {
+    manager: Manager,
+}
+
+/// `&mut dyn FnMut()` is not `Send`, which `py.detach` wants; the body runs
+/// on the same thread that holds it, so passing it through is sound.
+struct SameThread<'a>(&'a mut dyn FnMut());
+// SAFETY: only ever used on the thread that created it (see above).
+unsafe impl Send for SameThread<'_> {}
+
+/// Each controller thread attaches once and runs detached (see `thread.rs`).
+fn python_thread_wrapper() -> ThreadWrapper {
+    Arc::new(|body: &mut dyn FnMut()| {
+        let mut ran = false;
+        {
+            let body = SameThread(&mut *body);
+            let ran = &mut ran;
+            // `try_attach` is `None` while the interpreter finalizes: the
+            // body then runs below, unattached, so the thread ends; its
+            // callbacks fail to attach and count as failures (caught panics).
+            Python::try_attach(move |py| {
+                py.detach(move || {
+                    let body = body;
+                    *ran = true;
+                    (body.0)();
+                })
+            });
+        }
+        if !ran {
+            body();
+        }
+    })
+}
+
+fn unknown_to_py(e: UnknownController) -> PyErr {
+    PyKeyError::new_err(e.name)
+}
+
+/// A controller name: `str` (subclasses too), `TypeError` otherwise.
+fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "controller name must be a str, not {}",
+            type_name(obj)
+        ))),
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
+    if !obj.is_callable() {
+        return Err(PyTypeError::new_err(format!("{what} must be callable, not {}", type_name(obj))));
+    }
+    Ok(Arc::new(obj.clone().unbind()))
+}
+
+/// Logs a failed `do` / `stop` with its traceback. Errors of the logging
+/// machinery itself go to `sys.unraisablehook`.
+fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr) {
+    let logged = (|| -> PyResult<()> {
+        let logger = LOGGER.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+            Ok(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
+        })?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("exc_info", err.value(py))?;
+        logger.bind(py).call_method(
+            level,
+            ("controller %r: %s raised %s", name, what, describe(py, err)),
+            Some(&kwargs),
+        )?;
+        Ok(())
+    })();
+    if let Err(e) = logged {
+        e.write_unraisable(py, None);
+    }
+}
+
+/// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
+/// into `Err("Type: message")`, logged.
+fn call_logged(f: &Py<PyAny>, what: &str, name: &str) -> Result<(), String> {
+    Python::attach(|py| {
+        // A `PanicException` raised from Python turns back into a panic
+        // when fetched; catch it here so it is described and logged too.
+        match catch_unwind(AssertUnwindSafe(|| f.call0(py).map(drop))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => {
+                let level = if what == "stop" { "error" } else { "warning" };
+                log_failure(py, level, what, name, &err);
+                Err(describe(py, &err))
+            }
+            Err(_) => {
+                let err = PyException::new_err(format!("{what} panicked"));
+                log_failure(py, "error", what, name, &err);
+                Err(format!("PanicException: {what} panicked"))
+            }
+        }
+    })
+}
+
+fn time_to_py(t: Option<SystemTime>) -> Option<f64> {
+    t.map(|t| match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    })
+}
+
+fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &s.name)?;
+    d.set_item("successes", s.successes)?;
+    d.set_item("failures", s.failures)?;
+    d.set_item("consecutive_failures", s.consecutive_failures)?;
+    d.set_item("last_error", s.last_error.as_deref())?;
+    d.set_item("last_error_time", time_to_py(s.last_error_time))?;
+    d.set_item("last_success_time", time_to_py(s.last_success_time))?;
+    d.set_item("last_duration", s.last_duration.map(to_secs))?;
+    d.set_item("running", s.running)?;
+    d.set_item("next_run_in", s.next_run_in.map(to_secs))?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyManager {
+    #[new]
+    fn new() -> Self {
+        let manager = Manager::builder().thread_wrapper(python_thread_wrapper()).build();
+        let mut live = LIVE.lock();
+        live.retain(|w| w.upgrade().is_some());
+        live.push(manager.downgrade());
+        Self { manager }
+    }
+
+    /// Creates the controller `name`, or replaces its parameters; either way
+    /// its (new) `do` runs at once (right after a run in progress). `do()`
+    /// fails by raising; after the n-th consecutive failure the next try is
+    /// `n * error_retry_base` seconds later (`no_error_retry=True`: after
+    /// `interval`). After a success it runs again every `interval` seconds
+    /// (`None` or 0: only on the next update or trigger). `stop()` runs once
+    /// when the controller is removed, after `do` ran at least once; only the
+    /// latest `stop` given runs. `error_retry_base=0` means the default, 1 s.
+    #[allow(clippy::too_many_arguments)] // the Python signature (spec §5)
+    // `error_retry_base=None` is accepted too and means the default, 1.0.
+    #[pyo3(
+        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false),
+        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False)"
+    )]
+    fn update(
+        &self,
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        r#do: &Bound<'_, PyAny>,
+        stop: Option<&Bound<'_, PyAny>>,
+        interval: Option<&Bound<'_, PyAny>>,
+        error_retry_base: Option<&Bound<'_, PyAny>>,
+        no_error_retry: bool,
+    ) -> PyResult<()> {
+        // Check everything before changing anything.
+        let name = name_from_py(name)?;
+        let do_fn = callable_from_py(r#do, "do")?;
+        let stop_fn = match stop {
+            Some(s) if !s.is_none() => Some(callable_from_py(s, "stop")?),
+            _ => None,
+        };
+        let interval = match interval {
+            Some(i) if !i.is_none() => Some(non_negative_from_py(i, "interval")?),
+            _ => None,
+        };
+        let retry_base = match error_retry_base {
+            Some(b) if !b.is_none() => non_negative_from_py(b, "error_retry_base")?,
+            _ => crate::DEFAULT_ERROR_RETRY_BASE,
+        };
+
+        let do_name = name.clone();
+        let mut params = ControllerParams::new(move || -> Result<(), DoError> {
+            call_logged(&do_fn, "do", &do_name).map_err(DoError::new)
+        })
+        .run_interval(interval)
+        .error_retry_base(retry_base)
+        .no_error_retry(no_error_retry);
+        if let Some(stop_fn) = stop_fn {
+            let stop_name = name.clone();
+            params = params.stop(move || {
+                let _ = call_logged(&stop_fn, "stop", &stop_name);
+            });
+        }
+        let manager = &self.manager;
+        py.detach(|| manager.try_update(name, params))?;
+        Ok(())
+    }
+
+    /// Runs the controller's `do` now (or right after a run in progress).
+    /// `KeyError` if there is no such controller.
+    fn trigger(&self, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = name_from_py(name)?;
+        self.manager.trigger(&name).map_err(unknown_to_py)
+    }
+
+    /// Removes the controller: it finishes a run in progress (or runs `do`
+    /// once if it never ran), then `stop` runs. With `wait=True`, blocks
+    /// until that is done (not when called from the controller's own `do`).
+    /// `KeyError` if there is no such controller.
+    #[pyo3(signature = (name, wait=false))]
+    fn remove(&self, py: Python<'_>, name: &Bound<'_, PyAny>, wait: bool) -> PyResult<()> {
+        let name = name_from_py(name)?;
+        let manager = &self.manager;
+        let removed =
+            py.detach(|| if wait { manager.remove_and_wait(&name) } else { manager.remove(&name) });
+        removed.map_err(unknown_to_py)
+    }
+
+    /// Removes every controller; with `wait=True`, blocks until all their
+    /// `stop` functions ran and their threads exited.
+    #[pyo3(signature = (wait=false))]
+    fn remove_all(&self, py: Python<'_>, wait: bool) {
+        let manager = &self.manager;
+        py.detach(|| if wait { manager.remove_all_and_wait() } else { manager.remove_all() });
+    }
+
+    /// One dict per controller, sorted by name: `name`, `successes`,
+    /// `failures`, `consecutive_failures`, `last_error` ("Type: message" or
+    /// None), `last_error_time`, `last_success_time` (`time.time()` floats or
+    /// None), plus `last_duration`, `running` and `next_run_in` (seconds or
+    /// None: waiting for an update or trigger).
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let statuses = self.manager.status();
+        let list = PyList::empty(py);
+        for s in &statuses {
+            list.append(status_to_py(py, s)?)?;
+        }
+        Ok(list)
+    }
+
+    /// The controllers' names, sorted.
+    fn names(&self) -> Vec<String> {
+        self.manager.names()
+    }
+
+    fn __len__(&self) -> usize {
+        self.manager.len()
+    }
+
+    fn __contains__(&self, name: &Bound<'_, PyAny>) -> bool {
+        match name.cast::<PyString>() {
+            Ok(s) => s.to_str().is_ok_and(|s| self.manager.contains(s)),
+            Err(_) => false,
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// `remove_all(wait=True)`.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        self.remove_all(py, true);
+    }
+
+    fn __repr__(&self) -> String {
+        let names = self.manager.names();
+        let shown: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+        format!("<reconq.Manager controllers=[{}]>", shown.join(", "))
+    }
+}
+
+/// The exit hook: removes every live manager's controllers and waits for
+/// their threads (detached, at most [`EXIT_WAIT`]).
+#[pyfunction]
+pub(crate) fn _shutdown_managers(py: Python<'_>) {
+    let managers: Vec<Manager> = {
+        let mut live = LIVE.lock();
+        let managers = live.iter().filter_map(WeakManager::upgrade).collect();
+        live.clear();
+        managers
+    };
+    if managers.is_empty() {
+        return;
+    }
+    py.detach(move || {
+        let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+        let joiner = std::thread::Builder::new().name("reconq-mgr-exit".into()).spawn(move || {
+            for m in &managers {
+                m.remove_all_and_wait();
+            }
+            // The managers' last handles may hold Python callables: drop
+            // them here, detached (the decrefs are deferred), not later.
+            drop(managers);
+            let _ = tx.send(());
+        });
+        if joiner.is_ok() {
+            let _ = rx.recv_timeout(EXIT_WAIT);
+        }
+    });
+}
+
+/// Registers the classes and the exit hook.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyManager>()?;
+    let hook = wrap_pyfunction!(_shutdown_managers, m)?;
+    m.py().import("atexit")?.call_method1("register", (hook,))?;
+    Ok(())
+}
