@@ -8,7 +8,9 @@ one added, though not always of the same type: ``True`` comes back as ``1``,
 a ``str`` subclass as a plain ``str``.
 """
 
+from . import _lifecycle  # noqa: F401  (atexit: stop running controllers)
 from ._native import (
+    Controller,
     ExponentialBackoff,
     FastSlow,
     MaxOf,
@@ -24,6 +26,7 @@ from ._results import PermanentError, Requeue, RetryAfter
 # The Controller and Manager bindings will be re-exported here too.
 
 __all__ = [
+    "Controller",
     "ExponentialBackoff",
     "FastSlow",
     "MaxOf",

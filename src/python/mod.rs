@@ -11,6 +11,9 @@ mod errors;
 mod key;
 mod limiters;
 mod queue;
+// Controller binding.
+mod controller;
+mod reconciler;
 
 use pyo3::prelude::*;
 
@@ -32,5 +35,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
 
     // Controller / Manager bindings: add their classes here.
+    m.add_class::<controller::PyController>()?;
     Ok(())
 }
