@@ -181,6 +181,11 @@ impl PyController {
         Ok(finished)
     }
 
+    /// `stop()` was called: enqueues from Python are ignored from then on.
+    fn stopping(&self) -> bool {
+        self.stop_called.load(Ordering::SeqCst)
+    }
+
     fn state(&self) -> &'static str {
         if self.handle.is_stopped() {
             "stopped"
@@ -261,7 +266,10 @@ impl PyController {
 
     /// Asks for `key` to be reconciled. Ignored once stopped.
     fn enqueue(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.handle.enqueue(PyKey::from_py(key)?);
+        let key = PyKey::from_py(key)?;
+        if !self.stopping() {
+            self.handle.enqueue(key);
+        }
         Ok(())
     }
 
@@ -269,7 +277,9 @@ impl PyController {
     fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
-        self.handle.enqueue_after(key, delay);
+        if !self.stopping() {
+            self.handle.enqueue_after(key, delay);
+        }
         Ok(())
     }
 
@@ -288,7 +298,9 @@ impl PyController {
                 .and_then(|d| now.checked_add(d))
                 .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {t}")))?
         };
-        self.handle.enqueue_at(key, at);
+        if !self.stopping() {
+            self.handle.enqueue_at(key, at);
+        }
         Ok(())
     }
 
@@ -336,6 +348,10 @@ impl PyController {
         let py = slf.py();
         let this = slf.get();
         let timeout = timeout_from_py(timeout)?;
+        if !drain {
+            // Before the flag, so "stopping" means no new key is taken.
+            this.handle.stop();
+        }
         this.stop_called.store(true, Ordering::SeqCst);
         this.close_triggers(py);
         let unstarted = this.builder.lock().take();
@@ -380,6 +396,7 @@ impl PyController {
         d.set_item("processing", stats.processing)?;
         d.set_item("waiting", stats.waiting)?;
         d.set_item("parked", stats.parked)?;
+        d.set_item("background_threads", handle.background_threads())?;
         let hang = PyDict::new(py);
         for (key, running) in hanging {
             hang.set_item(key.to_py(py)?, to_secs(running))?;
@@ -560,9 +577,8 @@ impl PyController {
         _exc_type: Option<&Bound<'_, PyType>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        Self::stop(slf, true, None)?;
-        Ok(false)
+    ) -> PyResult<()> {
+        Self::stop(slf, true, None).map(drop)
     }
 
     fn __repr__(&self) -> String {
