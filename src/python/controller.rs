@@ -132,17 +132,18 @@ impl PyController {
             let handle = &self.handle;
             return Ok(py.detach(|| handle.stop_with_drain(limit)));
         }
-        let handle = &self.handle;
         let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
         let waited = wait_interruptibly(py, None, |slice| {
             let slice = slice.unwrap_or(Duration::from_millis(500));
             match rx.recv_timeout(slice) {
                 Ok(finished) => Some(finished),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(handle.is_stopped()),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(self.workers_exited()),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    // Without a timeout the helper also waits for trigger and
-                    // watch threads forever; give those a grace period only.
-                    if timeout.is_none() && handle.is_stopped() {
+                    // The helper also waits for trigger and watch threads
+                    // (until the deadline, or forever without a timeout);
+                    // once the workers are done, give those a grace period
+                    // only: a watch blocked in its iterator is left behind.
+                    if self.workers_exited() {
                         let first = *workers_done_at.lock().get_or_insert_with(Instant::now);
                         if first.elapsed() >= AUX_GRACE {
                             return Some(true);
@@ -179,6 +180,13 @@ impl PyController {
             py.detach(|| handle.join_timeout(grace));
         }
         Ok(finished)
+    }
+
+    /// A stop was requested and every worker thread has exited (not merely
+    /// been given up on at a drain's deadline).
+    fn workers_exited(&self) -> bool {
+        let life = self.handle.core.life.lock();
+        life.stop_requested && life.live_workers == 0
     }
 
     /// `stop()` was called: enqueues from Python are ignored from then on.
@@ -326,9 +334,11 @@ impl PyController {
     /// another thread). Ctrl-C stops it with drain and returns normally.
     fn run(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
-        Self::start(slf)?;
         let handle = &slf.get().handle;
-        match wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())) {
+        // A Ctrl-C may land while start() runs Python code, too.
+        let waited = Self::start(slf)
+            .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
+        match waited {
             Ok(_) => Ok(()),
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Self::stop(slf, true, None).map(drop),
             Err(e) => {
