@@ -113,10 +113,12 @@ def test_exit_with_a_reconcile_in_progress_drains_it():
         """
         import threading, time, reconq
         started = threading.Event()
+        out_lock = threading.Lock()
         def reconcile(key):
             started.set()
             time.sleep(0.3)
-            print("finished", key, flush=True)
+            with out_lock:  # two workers: keep lines whole
+                print("finished", key, flush=True)
         c = reconq.Controller(reconcile, workers=2)
         c.start()
         c.enqueue("a")
