@@ -65,6 +65,16 @@ where
             Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
         })?;
         let logger = logger.bind(py);
+        let levelno = match level {
+            "debug" => 10,
+            "info" => 20,
+            "warning" => 30,
+            _ => 40,
+        };
+        // Cheap when disabled (the logger caches it): skip building the call.
+        if !logger.call_method1("isEnabledFor", (levelno,))?.is_truthy()? {
+            return Ok(());
+        }
         let kwargs = PyDict::new(py);
         if let Some(exc) = exc {
             // A (type, value, traceback) tuple: on Python < 3.12 the value
