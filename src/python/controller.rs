@@ -609,10 +609,10 @@ impl PyController {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Some(callback) = self.callback.try_lock() {
-            if let Some(callback) = callback.as_ref() {
-                visit.call(&**callback)?;
-            }
+        if let Some(callback) = self.callback.try_lock()
+            && let Some(callback) = callback.as_ref()
+        {
+            visit.call(&**callback)?;
         }
         Ok(())
     }
