@@ -44,7 +44,14 @@ struct TriggerEvents {
 }
 
 /// A pool of worker threads calling `reconcile(key)` for keys enqueued,
-/// never two at once for one key, with retries per the result table.
+/// never two at once for one key.
+///
+/// `reconcile` returns None (success), `Requeue()` / `Requeue(after=s)`, or
+/// raises `RetryAfter(s)`, `PermanentError` (no retry; see `parked()`) or
+/// anything else (retried with the rate limiter's backoff). Any other return
+/// value is a failure (TypeError). Every exception is a failure, including
+/// `KeyboardInterrupt` and `SystemExit`: a worker never dies. Failures are
+/// logged on the "reconq" logger.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -187,6 +194,19 @@ impl PyController {
     fn workers_exited(&self) -> bool {
         let life = self.handle.core.life.lock();
         life.stop_requested && life.live_workers == 0
+    }
+
+    /// Whether the calling thread is one of this controller's workers.
+    fn on_own_worker(&self) -> bool {
+        let current = std::thread::current();
+        let Some(name) = current.name() else {
+            return false;
+        };
+        name.strip_prefix("reconq-")
+            .and_then(|rest| rest.strip_prefix(&*self.name))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|index| index.parse::<usize>().ok())
+            .is_some_and(|index| index < self.workers)
     }
 
     /// `stop()` was called: enqueues from Python are ignored from then on.
@@ -353,6 +373,8 @@ impl PyController {
     /// still reconciled and delayed keys dropped; without, workers finish
     /// their current reconcile and ready keys are abandoned. Every trigger's
     /// stop event is set. Stopping twice, or before start, returns True.
+    /// Called from a reconcile of this controller, it starts the stop and
+    /// returns False at once (it cannot wait for itself).
     #[pyo3(signature = (drain=true, timeout=None))]
     fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let py = slf.py();
@@ -370,7 +392,19 @@ impl PyController {
             this.handle.stop();
             drop(builder);
         }
-        let result = if drain { this.stop_drain(py, timeout) } else { this.stop_now(py, timeout) };
+        let result = if this.on_own_worker() {
+            // Called from a reconcile of this controller: waiting for the
+            // workers would wait for ourselves. Start the stop and return.
+            if drain {
+                let handle = this.handle.clone();
+                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
+            }
+            Ok(false)
+        } else if drain {
+            this.stop_drain(py, timeout)
+        } else {
+            this.stop_now(py, timeout)
+        };
         this.release_callback();
         lifecycle(py, "untrack", slf)?;
         result

@@ -653,3 +653,17 @@ def test_stopped_controller_releases_its_callback():
     del o
     gc.collect()
     assert ref() is None
+
+
+def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
+    holder: Dict[str, reconq.Controller] = {}
+    results: List[bool] = []
+    rec = Recorder(lambda key, n: results.append(holder["c"].stop()) if key == "stop" else None)
+    c = make(rec, workers=2)
+    holder["c"] = c
+    c.start()
+    c.enqueue("stop")
+    wait_for(lambda: results)
+    assert results == [False]
+    wait_for(lambda: c.stats()["state"] == "stopped")
+    assert c.stop(timeout=WAIT) is True
