@@ -1,32 +1,36 @@
 """Python benchmarks (spec §6): reconq against the pure-Python baseline.
 
-    python benches/python/bench.py            # P1 (and P2/P3 when available)
+    python benches/python/bench.py            # P1 (queue and controller), P2, P3
     python benches/python/bench.py p1 --n 200000 --workers 1 2 4 8 --repeat 3
 
 Build the extension optimised first (`pip install .`, or
 `RELEASE=1 bash scripts/python-dev.sh --co -q`): a debug build measures
 nothing useful.
 
-* P1: W1 with N keys through a Python no-op loop. One producer (the main
-  thread) adds keys 0..N-1; W worker threads loop get -> no-op -> done; time
-  from the first add until every key is done (the producer shuts the queue
-  down after its last add, and each worker exits once the queue is empty, so
-  joining the workers means all N were done). Queue level: the Python loop
-  calls the queue directly, for both engines.
+* P1: W1 with N keys and a Python no-op. One producer (the main thread)
+  adds keys 0..N-1; W workers take, no-op, done; time from the first add
+  until every key is done. Two levels:
+  - queue level: W Python threads loop get -> no-op -> done on the queue
+    (``reconq.WorkQueue`` vs the pure-Python client-go port);
+  - controller level: ``reconq.Controller`` (Rust worker threads calling a
+    Python no-op reconcile) vs ``PureController``; timed until
+    ``wait_idle()`` returns.
 * P2: 2,000 keys, reconcile = time.sleep(0.005), 16 workers; wall time
   against the ideal 0.625 s.
 * P3: W5 through a controller: 10,000 keys each failing 3 times then
   succeeding, ExponentialBackoff(1 ms, 100 ms), 4 workers; wall time and
-  calls (40,000).
+  calls (40,000). reconq logs every failed reconcile to the "reconq" logger;
+  the pure baseline logs nothing, so that logger is silenced (level
+  CRITICAL) for a like-for-like comparison.
 
-P2 and P3 run the pure-Python controller now; their reconq side needs the
-``reconq.Controller`` binding (see ``reconq_controller`` below) and is
-reported as not run until it exists.
+Every line prints reconq, the pure-Python baseline and their ratio (> 1:
+reconq is better).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -93,36 +97,50 @@ def p1(n: int, worker_counts: List[int], repeat: int) -> None:
         print(f"{w:>7} {best['reconq']:>15,.0f} {best['pure']:>13,.0f} {ratio:>6.2f}x", flush=True)
 
 
-# --- P2 / P3: controller level --------------------------------------------------
+# --- P1 / P2 / P3: controller level ----------------------------------------------
 
 
-def reconq_controller(reconcile: Callable[[Any], Any], workers: int, rate_limiter: Any = None) -> Optional[Any]:
-    """A reconq.Controller with the spec §4 signature, or None while the
-    binding does not exist yet.
-
-    TODO(controller binding): once ``reconq.Controller`` exists this returns
-    it and P2/P3 report reconq figures with no other change.
-    """
-    controller = getattr(reconq, "Controller", None)
-    if controller is None:
-        return None
-    return controller(reconcile, workers=workers, rate_limiter=rate_limiter, name="bench")
+def reconq_controller(reconcile: Callable[[Any], Any], workers: int, rate_limiter: Any = None) -> Any:
+    return reconq.Controller(reconcile, workers=workers, rate_limiter=rate_limiter, name="bench")
 
 
 def pure_controller(reconcile: Callable[[Any], Any], workers: int, rate_limiter: Any = None) -> Any:
     return pure_queue.PureController(reconcile, workers=workers, rate_limiter=rate_limiter, name="bench")
 
 
+CONTROLLERS = [("reconq", reconq_controller), ("pure", pure_controller)]
+
+
 def run_controller(c: Any, keys: int, timeout: float = 600) -> float:
     t0 = time.perf_counter()
     c.start()
+    enqueue = c.enqueue
     for k in range(keys):
-        c.enqueue(k)
+        enqueue(k)
     if not c.wait_idle(timeout):
         raise RuntimeError("controller did not go idle in time")
     elapsed = time.perf_counter() - t0
     c.stop(drain=True, timeout=60)
     return elapsed
+
+
+def p1_controller(n: int, worker_counts: List[int], repeat: int) -> None:
+    def reconcile(key: Any) -> None:
+        pass
+
+    print(f"\nP1 (controller): W1 with N={n:,} keys through Controller, Python no-op reconcile (best of {repeat})")
+    print(f"{'workers':>7} {'reconq keys/s':>15} {'pure keys/s':>13} {'ratio':>7}")
+    for w in worker_counts:
+        best: Dict[str, float] = {}
+        for name, make in CONTROLLERS:
+            rates = []
+            for _ in range(repeat):
+                c = make(reconcile, w)
+                rates.append(n / run_controller(c, n))
+                assert c.stats()["successes"] == n
+            best[name] = max(rates)
+        ratio = best["reconq"] / best["pure"]
+        print(f"{w:>7} {best['reconq']:>15,.0f} {best['pure']:>13,.0f} {ratio:>6.2f}x", flush=True)
 
 
 def p2(repeat: int) -> None:
@@ -132,51 +150,58 @@ def p2(repeat: int) -> None:
     def reconcile(key: Any) -> None:
         time.sleep(0.005)
 
-    print(f"\nP2: {keys:,} keys, reconcile = sleep(5 ms), {workers} workers; ideal {ideal:.3f} s")
-    for name, make in [("reconq", reconq_controller), ("pure", pure_controller)]:
-        if make(reconcile, workers) is None:
-            print(f"{name:>7}: not run (no reconq.Controller binding yet)")
-            continue
+    print(f"\nP2: {keys:,} keys, reconcile = sleep(5 ms), {workers} workers; ideal {ideal:.3f} s (best of {repeat})")
+    best: Dict[str, float] = {}
+    for name, make in CONTROLLERS:
         times = []
         for _ in range(repeat):
             c = make(reconcile, workers)
             times.append(run_controller(c, keys))
             assert c.stats()["successes"] == keys
-        best = min(times)
-        print(f"{name:>7}: {best:.3f} s (median {statistics.median(times):.3f} s), {best / ideal:.2f}x ideal")
+        best[name] = min(times)
+        print(f"{name:>7}: {best[name]:.3f} s (median {statistics.median(times):.3f} s), "
+              f"{best[name] / ideal:.2f}x ideal", flush=True)
+    print(f"  ratio (pure / reconq wall time): {best['pure'] / best['reconq']:.2f}x")
 
 
 def p3(repeat: int) -> None:
     keys, workers, fails = 10_000, 4, 3
 
     print(f"\nP3: W5 through a controller: {keys:,} keys fail {fails}x then succeed, "
-          f"ExponentialBackoff(1 ms, 100 ms), {workers} workers")
+          f"ExponentialBackoff(1 ms, 100 ms), {workers} workers (best of {repeat})")
     limiters = {
         "reconq": lambda: reconq.ExponentialBackoff(0.001, 0.1),
         "pure": lambda: pure_queue.ExponentialFailureRateLimiter(0.001, 0.1),
     }
-    for name, make in [("reconq", reconq_controller), ("pure", pure_controller)]:
-        times, calls_seen = [], []
-        for _ in range(repeat):
-            lock = threading.Lock()
-            tries: Dict[Any, int] = {}
+    reconq_logger = logging.getLogger("reconq")
+    saved_level = reconq_logger.level
+    reconq_logger.setLevel(logging.CRITICAL)
+    best: Dict[str, float] = {}
+    try:
+        for name, make in CONTROLLERS:
+            times, calls_seen = [], []
+            for _ in range(repeat):
+                lock = threading.Lock()
+                tries: Dict[Any, int] = {}
 
-            def reconcile(key: Any) -> None:
-                with lock:
-                    n = tries.get(key, 0)
-                    tries[key] = n + 1
-                if n < fails:
-                    raise RuntimeError("not yet")
+                def reconcile(key: Any) -> None:
+                    with lock:
+                        n = tries.get(key, 0)
+                        tries[key] = n + 1
+                    if n < fails:
+                        raise RuntimeError("not yet")
 
-            c = make(reconcile, workers, limiters[name]())
-            if c is None:
-                break
-            times.append(run_controller(c, keys))
-            calls_seen.append(sum(tries.values()))
-        if not times:
-            print(f"{name:>7}: not run (no reconq.Controller binding yet)")
-            continue
-        print(f"{name:>7}: {min(times):.3f} s (median {statistics.median(times):.3f} s), calls {calls_seen[0]:,}")
+                c = make(reconcile, workers, limiters[name]())
+                times.append(run_controller(c, keys))
+                calls_seen.append(sum(tries.values()))
+                s = c.stats()
+                assert s["successes"] == keys and s["failures"] == keys * fails, s
+            best[name] = min(times)
+            print(f"{name:>7}: {best[name]:.3f} s (median {statistics.median(times):.3f} s), "
+                  f"calls {calls_seen[0]:,}", flush=True)
+    finally:
+        reconq_logger.setLevel(saved_level)
+    print(f"  ratio (pure / reconq wall time): {best['pure'] / best['reconq']:.2f}x")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -192,6 +217,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
     if "p1" in args.which:
         p1(args.n, args.workers, args.repeat)
+        p1_controller(args.n, args.workers, args.repeat)
     if "p2" in args.which:
         p2(args.repeat)
     if "p3" in args.which:

@@ -8,9 +8,12 @@ one added, though not always of the same type: ``True`` comes back as ``1``,
 a ``str`` subclass as a plain ``str``.
 """
 
+from . import _lifecycle  # noqa: F401  (atexit: stop running controllers)
 from ._native import (
+    Controller,
     ExponentialBackoff,
     FastSlow,
+    Manager,
     MaxOf,
     RateLimiter,
     ShutDown,
@@ -21,13 +24,11 @@ from ._native import (
 )
 from ._results import PermanentError, Requeue, RetryAfter
 
-# Named periodic controllers (spec §5). An atexit hook registered by the
-# extension removes every live manager's controllers and waits for them.
-from ._native import Manager
-
-# The Controller and Manager bindings will be re-exported here too.
+# At exit, hooks stop running controllers (reconq._lifecycle) and remove
+# every live manager's controllers (registered by the extension).
 
 __all__ = [
+    "Controller",
     "ExponentialBackoff",
     "FastSlow",
     "Manager",

@@ -1,10 +1,13 @@
 """Type stubs for the Rust extension module ``reconq._native``."""
 
-from typing import Optional, Tuple, Union, final
+from threading import Event
+from types import TracebackType
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type, TypedDict, Union, final
 
 from typing_extensions import Self, TypeAlias, disjoint_base
 
 __all__ = [
+    "Controller",
     "ExponentialBackoff",
     "FastSlow",
     "Manager",
@@ -110,3 +113,66 @@ class Manager:
     def __contains__(self, key: object, /) -> bool: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
+
+# --- Controller (spec §4, §5) ---
+
+class _ControllerStats(TypedDict):
+    name: str
+    workers: int
+    state: Literal["new", "running", "stopping", "stopped"]
+    reconciles: int
+    successes: int
+    failures: int
+    requeues: int
+    depth: int
+    processing: int
+    waiting: int
+    parked: int
+    background_threads: int
+    hanging: Dict[_Key, float]
+    last_error: Optional[str]
+    last_error_time: Optional[float]
+
+class _KeyInfo(TypedDict):
+    state: Literal["unknown", "ready", "waiting", "running", "parked"]
+    attempts: int
+    last_error: Optional[str]
+    next_run: Optional[float]
+    since: Optional[float]
+
+@final
+class Controller:
+    def __new__(
+        cls,
+        reconcile: Callable[[Any], object],
+        workers: int = 1,
+        rate_limiter: Optional[RateLimiter] = None,
+        name: str = "controller",
+        hanging_threshold: Optional[_Seconds] = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    def enqueue(self, key: _Key) -> None: ...
+    def enqueue_after(self, key: _Key, seconds: _Seconds) -> None: ...
+    def enqueue_at(self, key: _Key, t: _Seconds) -> None: ...
+    def start(self) -> None: ...
+    def run(self) -> None: ...
+    def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool: ...
+    def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool: ...
+    def stats(self) -> _ControllerStats: ...
+    def cancel(self, key: _Key) -> bool: ...
+    def inspect(self, key: _Key) -> _KeyInfo: ...
+    def parked(self) -> List[_Key]: ...
+    def requeue_parked(self, key: _Key) -> bool: ...
+    def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
+    def remove_trigger(self, key: _Key) -> bool: ...
+    def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        _exc_type: Optional[Type[BaseException]] = None,
+        _exc: Optional[BaseException] = None,
+        _tb: Optional[TracebackType] = None,
+    ) -> None: ...

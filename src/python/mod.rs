@@ -9,9 +9,11 @@
 mod duration;
 mod errors;
 mod key;
+mod controller;
 mod limiters;
 mod manager;
 mod queue;
+mod reconciler;
 
 use pyo3::prelude::*;
 
@@ -32,7 +34,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<limiters::WithMaxWait>()?;
     m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
 
-    // Controller / Manager bindings: add their classes here.
+    m.add_class::<controller::PyController>()?;
     manager::register(m)?;
     Ok(())
 }

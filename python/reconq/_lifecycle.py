@@ -1,0 +1,51 @@
+"""Keeps started controllers alive until stopped, and stops the ones still
+running when the interpreter exits.
+
+A started ``reconq.Controller`` is referenced from here until ``stop()``
+(like a running ``threading.Thread``), so dropping the last user reference
+does not leave its worker threads orphaned. At exit, an ``atexit`` hook
+stops every controller still running with drain, giving them together at
+most ``EXIT_TIMEOUT`` seconds: the hook runs before the interpreter starts
+finalizing, so reconciles in progress finish normally and the process exits
+cleanly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from typing import Any, Set
+
+#: Seconds the exit hook waits for running controllers to drain, in total.
+EXIT_TIMEOUT = 5.0
+
+_lock = threading.Lock()
+_running: Set[Any] = set()
+
+
+def track(controller: Any) -> None:
+    with _lock:
+        _running.add(controller)
+
+
+def untrack(controller: Any) -> None:
+    with _lock:
+        _running.discard(controller)
+
+
+def running() -> list:
+    with _lock:
+        return list(_running)
+
+
+def _stop_all_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    for controller in running():
+        try:
+            controller.stop(drain=True, timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:  # noqa: BLE001 - never block or fail the exit
+            pass
+
+
+atexit.register(_stop_all_at_exit)

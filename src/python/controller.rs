@@ -1,0 +1,674 @@
+//! `reconq.Controller`: the Rust controller with a Python reconcile function
+//! (spec §4), triggers, watches, `enqueue_at` and hang reports (spec §5).
+//!
+//! * Every engine thread attaches once for its life (see
+//!   [`python_thread_wrapper`]); reconcile calls attach around the call only.
+//! * Every blocking wait here (`run`, `stop`, `wait_idle`) runs detached; on
+//!   the main thread in slices of at most 100 ms with `check_signals()`
+//!   between, so Ctrl-C gets through.
+//! * No engine lock is held while Python runs; the small locks of this file
+//!   (trigger events, the callback cell) are never held across a Python call.
+//! * A started controller is kept in `reconq._lifecycle` until stopped, and
+//!   an `atexit` hook stops the ones still running (with drain) so the
+//!   interpreter exits cleanly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyList, PyType};
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs};
+use super::key::PyKey;
+use super::limiters::optional_limiter_from_py;
+use super::queue::wait_interruptibly;
+use super::reconciler::{
+    AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, python_thread_wrapper,
+};
+use crate::clock::deadline_after;
+use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
+
+/// The Python `threading.Event`s of live triggers, so a stop, a removal or a
+/// replacement can set them.
+#[derive(Default)]
+struct TriggerEvents {
+    /// The controller is stopping: new triggers are refused.
+    closed: bool,
+    next_id: u64,
+    map: HashMap<PyKey, (u64, Py<PyAny>)>,
+}
+
+/// A pool of worker threads calling `reconcile(key)` for keys enqueued,
+/// never two at once for one key.
+///
+/// `reconcile` returns None (success), `Requeue()` / `Requeue(after=s)`, or
+/// raises `RetryAfter(s)`, `PermanentError` (no retry; see `parked()`) or
+/// anything else (retried with the rate limiter's backoff). Any other return
+/// value is a failure (TypeError). Every exception is a failure, including
+/// `KeyboardInterrupt` and `SystemExit`: a worker never dies. Failures are
+/// logged on the "reconq" logger.
+#[pyclass(name = "Controller", module = "reconq", frozen)]
+pub(crate) struct PyController {
+    name: Arc<str>,
+    workers: usize,
+    handle: ControllerHandle<PyKey>,
+    /// The builder until `start` (or a stop before start) takes it.
+    builder: Mutex<Option<Controller<PyKey>>>,
+    callback: Arc<CallbackCell>,
+    triggers: Arc<Mutex<TriggerEvents>>,
+    started: AtomicBool,
+    stop_called: AtomicBool,
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// A `time.time()` timestamp, checked.
+fn timestamp_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be a time.time() timestamp, not bool")));
+    }
+    let t: f64 = obj.extract().map_err(|e: PyErr| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyOverflowError::new_err(format!("{what} is out of range"))
+        } else {
+            PyTypeError::new_err(format!("{what} must be a time.time() timestamp, not {}", type_name(obj)))
+        }
+    })?;
+    if t.is_nan() {
+        return Err(PyValueError::new_err(format!("{what} must not be NaN")));
+    }
+    Ok(t)
+}
+
+fn wall_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// An `Instant` as a `time.time()` timestamp.
+fn instant_to_wall(at: Instant) -> f64 {
+    let now = Instant::now();
+    let wall = wall_now();
+    if at >= now { wall + (at - now).as_secs_f64() } else { wall - (now - at).as_secs_f64() }
+}
+
+fn lifecycle(py: Python<'_>, what: &str, controller: &Bound<'_, PyController>) -> PyResult<()> {
+    py.import("reconq._lifecycle")?.call_method1(what, (controller,))?;
+    Ok(())
+}
+
+impl PyController {
+    /// Sets every trigger's stop event and refuses new triggers.
+    fn close_triggers(&self, py: Python<'_>) {
+        let events: Vec<Py<PyAny>> = {
+            let mut reg = self.triggers.lock();
+            reg.closed = true;
+            reg.map.drain().map(|(_, (_, event))| event).collect()
+        };
+        for event in events {
+            if let Err(e) = event.bind(py).call_method0("set") {
+                e.write_unraisable(py, None);
+            }
+        }
+    }
+
+    /// Drops the reconcile callable (breaks cycles through it).
+    fn release_callback(&self) {
+        let callback = self.callback.lock().take();
+        drop(callback);
+    }
+
+    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
+        // The drain runs on a helper thread (no Python in it) so that this
+        // thread can wait in interruptible slices.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let helper = self.handle.clone();
+        let limit = timeout.unwrap_or(Duration::MAX);
+        let spawned = std::thread::Builder::new()
+            .name(format!("reconq-{}-stop", self.name))
+            .spawn(move || {
+                let _ = tx.send(helper.stop_with_drain(limit));
+            });
+        if spawned.is_err() {
+            let handle = &self.handle;
+            return Ok(py.detach(|| handle.stop_with_drain(limit)));
+        }
+        let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
+        let waited = wait_interruptibly(py, None, |slice| {
+            let slice = slice.unwrap_or(Duration::from_millis(500));
+            match rx.recv_timeout(slice) {
+                Ok(finished) => Some(finished),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(self.workers_exited()),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    // The helper also waits for trigger and watch threads
+                    // (until the deadline, or forever without a timeout);
+                    // once the workers are done, give those a grace period
+                    // only: a watch blocked in its iterator is left behind.
+                    if self.workers_exited() {
+                        let first = *workers_done_at.lock().get_or_insert_with(Instant::now);
+                        if first.elapsed() >= AUX_GRACE {
+                            return Some(true);
+                        }
+                    }
+                    None
+                }
+            }
+        });
+        match waited {
+            Ok(finished) => Ok(finished.unwrap_or(false)),
+            Err(e) => {
+                // Interrupted (Ctrl-C): give up the drain, stop at once.
+                self.handle.stop();
+                Err(e)
+            }
+        }
+    }
+
+    fn stop_now(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
+        self.handle.stop();
+        let start = Instant::now();
+        let deadline = timeout.map(|t| deadline_after(start, t));
+        let handle = &self.handle;
+        let finished = wait_interruptibly(py, deadline, |slice| {
+            handle.wait_stopped(slice).then_some(())
+        })?
+        .is_some();
+        if finished {
+            let grace = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(AUX_GRACE),
+                None => AUX_GRACE,
+            };
+            py.detach(|| handle.join_timeout(grace));
+        }
+        Ok(finished)
+    }
+
+    /// A stop was requested and every worker thread has exited (not merely
+    /// been given up on at a drain's deadline).
+    fn workers_exited(&self) -> bool {
+        let life = self.handle.core.life.lock();
+        life.stop_requested && life.live_workers == 0
+    }
+
+    /// Whether the calling thread is one of this controller's workers.
+    fn on_own_worker(&self) -> bool {
+        let current = std::thread::current();
+        let Some(name) = current.name() else {
+            return false;
+        };
+        name.strip_prefix("reconq-")
+            .and_then(|rest| rest.strip_prefix(&*self.name))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|index| index.parse::<usize>().ok())
+            .is_some_and(|index| index < self.workers)
+    }
+
+    /// `stop()` was called: enqueues from Python are ignored from then on.
+    fn stopping(&self) -> bool {
+        self.stop_called.load(Ordering::SeqCst)
+    }
+
+    fn state(&self) -> &'static str {
+        if self.handle.is_stopped() {
+            "stopped"
+        } else if self.stop_called.load(Ordering::SeqCst) {
+            "stopping"
+        } else if self.started.load(Ordering::SeqCst) {
+            "running"
+        } else {
+            "new"
+        }
+    }
+}
+
+#[pymethods]
+impl PyController {
+    #[new]
+    #[pyo3(signature = (reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None))]
+    fn new(
+        reconcile: &Bound<'_, PyAny>,
+        workers: i64,
+        rate_limiter: Option<&Bound<'_, PyAny>>,
+        name: &str,
+        hanging_threshold: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        if !reconcile.is_callable() {
+            return Err(PyTypeError::new_err(format!(
+                "reconcile must be callable, not {}",
+                type_name(reconcile)
+            )));
+        }
+        if workers < 1 {
+            return Err(PyValueError::new_err(format!("workers must be at least 1, got {workers}")));
+        }
+        let workers = usize::try_from(workers)
+            .map_err(|_| PyOverflowError::new_err("workers is out of range"))?;
+        if name.contains('\0') {
+            return Err(PyValueError::new_err("name must not contain NUL characters"));
+        }
+        let limiter = optional_limiter_from_py(rate_limiter)?;
+        let threshold = match hanging_threshold {
+            Some(t) if !t.is_none() => Some(non_negative_from_py(t, "hanging_threshold")?),
+            _ => None,
+        };
+        let name: Arc<str> = Arc::from(name);
+        let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
+        let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
+        let mut builder = Controller::new(&*name, reconciler)
+            .workers(workers)
+            .rate_limiter(limiter)
+            .thread_wrapper(python_thread_wrapper());
+        if let Some(threshold) = threshold {
+            builder = builder.hanging_threshold(threshold);
+        }
+        let handle = builder.handle();
+        Ok(Self {
+            name,
+            workers,
+            handle,
+            builder: Mutex::new(Some(builder)),
+            callback,
+            triggers: Arc::new(Mutex::new(TriggerEvents::default())),
+            started: AtomicBool::new(false),
+            stop_called: AtomicBool::new(false),
+        })
+    }
+
+    /// The controller's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The number of worker threads.
+    #[getter]
+    fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Asks for `key` to be reconciled. Ignored once stopped.
+    fn enqueue(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = PyKey::from_py(key)?;
+        if !self.stopping() {
+            self.handle.enqueue(key);
+        }
+        Ok(())
+    }
+
+    /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
+    fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = PyKey::from_py(key)?;
+        let delay = delay_from_py(seconds, "seconds")?;
+        if !self.stopping() {
+            self.handle.enqueue_after(key, delay);
+        }
+        Ok(())
+    }
+
+    /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
+    /// time in the past means now).
+    fn enqueue_at(&self, key: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = PyKey::from_py(key)?;
+        let t = timestamp_from_py(t, "t")?;
+        let now = Instant::now();
+        let ahead = t - wall_now();
+        let at = if ahead <= 0.0 {
+            now
+        } else {
+            Duration::try_from_secs_f64(ahead)
+                .ok()
+                .and_then(|d| now.checked_add(d))
+                .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {t}")))?
+        };
+        if !self.stopping() {
+            self.handle.enqueue_at(key, at);
+        }
+        Ok(())
+    }
+
+    /// Starts the worker threads and returns at once. Starting twice, or
+    /// after stop, does nothing.
+    fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let Some(builder) = this.builder.lock().take() else {
+            return Ok(());
+        };
+        if this.stop_called.load(Ordering::SeqCst) {
+            drop(builder);
+            return Ok(());
+        }
+        // Spawning takes engine locks; the new threads attach at once.
+        py.detach(move || drop(builder.start()));
+        this.started.store(true, Ordering::SeqCst);
+        lifecycle(py, "track", slf)
+    }
+
+    /// Starts, then blocks until the controller is stopped (by `stop()` from
+    /// another thread). Ctrl-C stops it with drain and returns normally.
+    fn run(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let handle = &slf.get().handle;
+        // A Ctrl-C may land while start() runs Python code, too.
+        let waited = Self::start(slf)
+            .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
+        match waited {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Self::stop(slf, true, None).map(drop),
+            Err(e) => {
+                let _ = Self::stop(slf, true, None);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops the controller; returns whether every worker finished within
+    /// `timeout` seconds (None: no limit). With `drain`, keys ready now are
+    /// still reconciled and delayed keys dropped; without, workers finish
+    /// their current reconcile and ready keys are abandoned. Every trigger's
+    /// stop event is set. Stopping twice, or before start, returns True.
+    /// Called from a reconcile of this controller, it starts the stop and
+    /// returns False at once (it cannot wait for itself).
+    #[pyo3(signature = (drain=true, timeout=None))]
+    fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let py = slf.py();
+        let this = slf.get();
+        let timeout = timeout_from_py(timeout)?;
+        if !drain {
+            // Before the flag, so "stopping" means no new key is taken.
+            this.handle.stop();
+        }
+        this.stop_called.store(true, Ordering::SeqCst);
+        this.close_triggers(py);
+        let unstarted = this.builder.lock().take();
+        if let Some(builder) = unstarted {
+            // Never started: nothing to drain.
+            this.handle.stop();
+            drop(builder);
+        }
+        let result = if this.on_own_worker() {
+            // Called from a reconcile of this controller: waiting for the
+            // workers would wait for ourselves. Start the stop and return.
+            if drain {
+                let handle = this.handle.clone();
+                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
+            }
+            Ok(false)
+        } else if drain {
+            this.stop_drain(py, timeout)
+        } else {
+            this.stop_now(py, timeout)
+        };
+        this.release_callback();
+        lifecycle(py, "untrack", slf)?;
+        result
+    }
+
+    /// Blocks until nothing is ready, being reconciled or waiting for a due
+    /// time; returns False if `timeout` seconds passed first. Once it
+    /// returns True, `stats()` counts every reconcile that has returned.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let timeout = timeout_from_py(timeout)?;
+        let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
+        let handle = &self.handle;
+        let idle = wait_interruptibly(py, deadline, |slice| {
+            handle.wait_idle(slice.unwrap_or(Duration::MAX)).then_some(())
+        })?;
+        Ok(idle.is_some())
+    }
+
+    /// Counters, queue sizes, hanging reconciles, the last error.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let handle = &self.handle;
+        let (stats, hanging) = py.detach(|| (handle.stats(), handle.hanging()));
+        let d = PyDict::new(py);
+        d.set_item("name", &*self.name)?;
+        d.set_item("workers", self.workers)?;
+        d.set_item("state", self.state())?;
+        d.set_item("reconciles", stats.reconciles)?;
+        d.set_item("successes", stats.successes)?;
+        d.set_item("failures", stats.failures)?;
+        d.set_item("requeues", stats.requeues)?;
+        d.set_item("depth", stats.depth)?;
+        d.set_item("processing", stats.processing)?;
+        d.set_item("waiting", stats.waiting)?;
+        d.set_item("parked", stats.parked)?;
+        d.set_item("background_threads", handle.background_threads())?;
+        let hang = PyDict::new(py);
+        for (key, running) in hanging {
+            hang.set_item(key.to_py(py)?, to_secs(running))?;
+        }
+        d.set_item("hanging", hang)?;
+        d.set_item("last_error", stats.last_error)?;
+        let when = stats
+            .last_error_time
+            .map(|t| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
+        d.set_item("last_error_time", when)?;
+        Ok(d)
+    }
+
+    /// Cancels the running reconcile of `key` (Rust reconcilers see it;
+    /// Python ones run to completion); returns whether one was running.
+    fn cancel(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self.handle.cancel(&PyKey::from_py(key)?))
+    }
+
+    /// Where `key` stands: a dict with `state` ("unknown", "ready",
+    /// "waiting", "running" or "parked"), `attempts`, `last_error`,
+    /// `next_run` (a time.time() timestamp or None) and `since` (when the
+    /// running reconcile started, or None).
+    fn inspect<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let key = PyKey::from_py(key)?;
+        let handle = &self.handle;
+        let info = py.detach(|| handle.inspect(&key));
+        let (state, since) = match info.state {
+            KeyStatus::Unknown => ("unknown", None),
+            KeyStatus::Ready => ("ready", None),
+            KeyStatus::Waiting { .. } => ("waiting", None),
+            KeyStatus::Running { since } => ("running", Some(instant_to_wall(since))),
+            KeyStatus::Parked => ("parked", None),
+        };
+        let d = PyDict::new(py);
+        d.set_item("state", state)?;
+        d.set_item("attempts", info.attempts)?;
+        d.set_item("last_error", info.last_error)?;
+        d.set_item("next_run", info.next_run.map(instant_to_wall))?;
+        d.set_item("since", since)?;
+        Ok(d)
+    }
+
+    /// Keys that failed permanently (raised PermanentError), oldest first.
+    fn parked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.handle.parked();
+        let items = keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Takes `key` out of the parked set and enqueues it; returns whether it
+    /// was parked.
+    fn requeue_parked(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self.handle.requeue_parked(&PyKey::from_py(key)?))
+    }
+
+    /// Runs `fn(stop_event)` (`stop_event` a `threading.Event`) on its own
+    /// thread and enqueues `key` when it returns, unless it raised or its
+    /// stop event was set. A second trigger for `key` replaces (stops) this
+    /// one; `remove_trigger(key)` and `stop()` set its stop event. Ignored
+    /// once stopped.
+    #[pyo3(name = "add_trigger")]
+    fn add_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>, r#fn: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = PyKey::from_py(key)?;
+        if !r#fn.is_callable() {
+            return Err(PyTypeError::new_err(format!("fn must be callable, not {}", type_name(r#fn))));
+        }
+        let event = py.import("threading")?.getattr("Event")?.call0()?;
+        let (id, replaced) = {
+            let mut reg = self.triggers.lock();
+            if reg.closed {
+                None
+            } else {
+                let id = reg.next_id;
+                reg.next_id += 1;
+                Some((id, reg.map.insert(key.clone(), (id, event.clone().unbind()))))
+            }
+        }
+        .map_or((None, None), |(id, replaced)| (Some(id), replaced));
+        if let Some((_, old)) = replaced {
+            old.bind(py).call_method0("set")?;
+        }
+        let Some(id) = id else {
+            return Ok(()); // stopping
+        };
+        let registry = Arc::clone(&self.triggers);
+        let name = Arc::clone(&self.name);
+        let trigger = r#fn.clone().unbind();
+        let event = event.unbind();
+        let trigger_key = key.clone();
+        let handle = &self.handle;
+        py.detach(move || {
+            handle.add_trigger(key, move |_signal: &StopSignal| -> bool {
+                let fired = Python::try_attach(|py| {
+                    let event = event.bind(py);
+                    let result = trigger.bind(py).call1((event,));
+                    let mine = {
+                        let mut reg = registry.lock();
+                        match reg.map.get(&trigger_key) {
+                            Some((live, _)) if *live == id => reg.map.remove(&trigger_key),
+                            _ => None,
+                        }
+                    };
+                    drop(mine);
+                    match result {
+                        Ok(_) => !event.is_truthy_method(),
+                        Err(e) => {
+                            let message = super::errors::describe(py, &e);
+                            let key = trigger_key.to_py(py).ok();
+                            log(
+                                py,
+                                "error",
+                                ("controller %r: trigger for %r raised: %s", &*name, key, message),
+                                Some(&e),
+                            );
+                            false
+                        }
+                    }
+                });
+                fired.unwrap_or(false)
+            });
+        });
+        Ok(())
+    }
+
+    /// Sets the stop event of the trigger for `key` (it will not enqueue);
+    /// returns whether there was one running.
+    fn remove_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = PyKey::from_py(key)?;
+        let existed = self.handle.remove_trigger(&key);
+        let removed = self.triggers.lock().map.remove(&key);
+        if let Some((_, event)) = removed {
+            event.bind(py).call_method0("set")?;
+        }
+        Ok(existed)
+    }
+
+    /// Consumes `iterable` on its own thread and enqueues `transform(event)`
+    /// (or the event itself) for each event: a list enqueues each element,
+    /// anything else (a tuple too) is one key. Bad keys and exceptions in
+    /// `transform` are logged and skipped; an exception from the iterable
+    /// ends the watch. Ignored once stopped.
+    #[pyo3(signature = (iterable, transform=None))]
+    fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let transform = match transform {
+            Some(t) if !t.is_none() => {
+                if !t.is_callable() {
+                    return Err(PyTypeError::new_err(format!(
+                        "transform must be callable or None, not {}",
+                        type_name(t)
+                    )));
+                }
+                Some(t.clone().unbind())
+            }
+            _ => None,
+        };
+        let iter = iterable.try_iter()?.unbind();
+        if self.stop_called.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let events = PyEvents { iter: Some(iter), name: Arc::clone(&self.name) };
+        let name = Arc::clone(&self.name);
+        let handle = &self.handle;
+        py.detach(move || {
+            handle.watch(events, move |event: Py<PyAny>| keys_from_event(&name, transform.as_ref(), event));
+        });
+        Ok(())
+    }
+
+    fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<Self>> {
+        Self::start(slf)?;
+        Ok(slf.clone().unbind())
+    }
+
+    #[pyo3(signature = (_exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        slf: &Bound<'_, Self>,
+        _exc_type: Option<&Bound<'_, PyType>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        Self::stop(slf, true, None).map(drop)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.handle.stats();
+        format!(
+            "<reconq.Controller name={:?} workers={} state={} reconciles={} successes={} failures={} requeues={} depth={} processing={} waiting={}>",
+            &*self.name,
+            self.workers,
+            self.state(),
+            s.reconciles,
+            s.successes,
+            s.failures,
+            s.requeues,
+            s.depth,
+            s.processing,
+            s.waiting
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(callback) = self.callback.try_lock()
+            && let Some(callback) = callback.as_ref()
+        {
+            visit.call(&**callback)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        // Only reachable for a controller that is not running (a running one
+        // is referenced by reconq._lifecycle).
+        if let Some(mut callback) = self.callback.try_lock() {
+            let taken = callback.take();
+            drop(callback);
+            drop(taken);
+        }
+    }
+}
+
+/// `event.is_set()` for a `threading.Event`, false on any error.
+trait EventExt {
+    fn is_truthy_method(&self) -> bool;
+}
+
+impl EventExt for Bound<'_, PyAny> {
+    fn is_truthy_method(&self) -> bool {
+        self.call_method0("is_set").and_then(|v| v.is_truthy()).unwrap_or(false)
+    }
+}

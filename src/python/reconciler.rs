@@ -1,0 +1,237 @@
+//! The glue between the Rust controller and Python callables: the thread
+//! wrapper that attaches every engine thread once, the [`Reconciler`] that
+//! calls a Python `reconcile(key)` and maps its result onto the spec §4
+//! table, Python iterators as watch sources, and logging to the `reconq`
+//! Python logger.
+//!
+//! GIL discipline: engine threads attach once for their lifetime and stay
+//! detached while in Rust (blocked on the queue, taking engine locks); the
+//! callbacks here re-attach (cheap: the thread state already exists) only
+//! around Python calls, and are always called with no engine lock held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyIterator, PyList};
+
+use super::errors::{Outcome, classify, describe};
+use super::key::PyKey;
+use crate::{Action, Context, ReconcileError, Reconciler, ThreadWrapper};
+
+/// The Python callable a controller calls; emptied when the controller stops
+/// (or is garbage-collected), which breaks reference cycles through it.
+pub(crate) type CallbackCell = Mutex<Option<Arc<Py<PyAny>>>>;
+
+/// Runs each engine thread attached to the interpreter once for its whole
+/// life (one `PyThreadState`, so `threading.local` persists and callbacks
+/// attach cheaply), detached while the engine code runs.
+pub(crate) fn python_thread_wrapper() -> ThreadWrapper {
+    Arc::new(|body: &mut dyn FnMut()| {
+        struct Body<'a>(&'a mut dyn FnMut());
+        // SAFETY: `py.detach` runs the closure on this same thread; the
+        // body never leaves it.
+        unsafe impl Send for Body<'_> {}
+        impl Body<'_> {
+            fn run(&mut self) {
+                (self.0)()
+            }
+        }
+        let mut body = Body(body);
+        let ran = Python::try_attach(|py| {
+            let body = &mut body;
+            py.detach(move || body.run());
+        });
+        if ran.is_none() {
+            // The interpreter is finalizing: run detached; callbacks fail.
+            body.run();
+        }
+    })
+}
+
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Logs to `logging.getLogger("reconq")` at `level` ("error", "warning"...),
+/// `%`-style, with the exception's traceback if given. Errors while logging
+/// are reported as unraisable, never propagated.
+pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>)
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    let result = (|| -> PyResult<()> {
+        let logger = LOGGER.get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
+        })?;
+        let logger = logger.bind(py);
+        let levelno = match level {
+            "debug" => 10,
+            "info" => 20,
+            "warning" => 30,
+            _ => 40,
+        };
+        // Cheap when disabled (the logger caches it): skip building the call.
+        if !logger.call_method1("isEnabledFor", (levelno,))?.is_truthy()? {
+            return Ok(());
+        }
+        let kwargs = PyDict::new(py);
+        if let Some(exc) = exc {
+            // A (type, value, traceback) tuple: on Python < 3.12 the value
+            // alone may lack its traceback.
+            kwargs.set_item("exc_info", (exc.get_type(py), exc.value(py), exc.traceback(py)))?;
+        }
+        logger.call_method(level, args, Some(&kwargs))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        e.write_unraisable(py, None);
+    }
+}
+
+/// Calls a Python `reconcile(key)` (spec §4's table).
+pub(crate) struct PyReconciler {
+    pub(crate) callback: Arc<CallbackCell>,
+    pub(crate) name: Arc<str>,
+}
+
+impl Reconciler<PyKey> for PyReconciler {
+    fn reconcile(&self, key: &PyKey, _ctx: &Context) -> Result<Action, ReconcileError> {
+        let callback = self.callback.lock().clone();
+        let Some(callback) = callback else {
+            return Err(ReconcileError::new("the controller was stopped"));
+        };
+        Python::try_attach(|py| self.call(py, &callback, key))
+            .unwrap_or_else(|| Err(ReconcileError::new("the Python interpreter is shutting down")))
+    }
+}
+
+impl PyReconciler {
+    fn call(&self, py: Python<'_>, callback: &Py<PyAny>, key: &PyKey) -> Result<Action, ReconcileError> {
+        let key_obj = match key.to_py(py) {
+            Ok(k) => k,
+            Err(e) => return Err(ReconcileError::new(describe(py, &e))),
+        };
+        let result = callback.bind(py).call1((&key_obj,));
+        let raised = result.as_ref().err().map(|e| e.clone_ref(py));
+        let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
+            log(
+                py,
+                level,
+                ("controller %r: reconcile of %r failed: %s", &*self.name, &key_obj, message),
+                exc,
+            );
+        };
+        match classify(py, result) {
+            Outcome::Success => Ok(Action::Done),
+            Outcome::Requeue => Ok(Action::Requeue),
+            Outcome::RequeueAfter(d) => Ok(Action::RequeueAfter(d)),
+            Outcome::RetryAfter(d, message) => {
+                failed("warning", &message, None);
+                Err(ReconcileError::retry_after(d, message))
+            }
+            Outcome::Permanent(message) => {
+                failed("error", &message, raised.as_ref());
+                Err(ReconcileError::permanent(message))
+            }
+            Outcome::Failed(message) => {
+                failed("error", &message, raised.as_ref());
+                Err(ReconcileError::new(message))
+            }
+            Outcome::Fatal(err) => {
+                // KeyboardInterrupt, SystemExit... on a worker thread: a
+                // failure like any other; the worker goes on.
+                let message = describe(py, &err);
+                failed("error", &message, Some(&err));
+                Err(ReconcileError::new(message))
+            }
+        }
+    }
+}
+
+/// A Python iterator as the event source of a watch. Ends at
+/// `StopIteration`, or at an exception (logged).
+pub(crate) struct PyEvents {
+    pub(crate) iter: Option<Py<PyIterator>>,
+    pub(crate) name: Arc<str>,
+}
+
+impl Iterator for PyEvents {
+    type Item = Py<PyAny>;
+
+    fn next(&mut self) -> Option<Py<PyAny>> {
+        let iter = self.iter.as_ref()?;
+        let next = Python::try_attach(|py| match iter.bind(py).clone().next() {
+            Some(Ok(event)) => Some(event.unbind()),
+            Some(Err(e)) => {
+                let message = describe(py, &e);
+                log(py, "error", ("controller %r: watch iterable raised: %s", &*self.name, message), Some(&e));
+                None
+            }
+            None => None,
+        })
+        .flatten();
+        if next.is_none() {
+            self.release();
+        }
+        next
+    }
+}
+
+impl PyEvents {
+    fn release(&mut self) {
+        if let Some(iter) = self.iter.take() {
+            // Decref now if we can; otherwise PyO3 defers it.
+            let _ = Python::try_attach(move |_py| drop(iter));
+        }
+    }
+}
+
+impl Drop for PyEvents {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The keys a watch enqueues for one event: `transform(event)` (or the
+/// event), a `list` giving one key per element. Bad keys and exceptions in
+/// `transform` are logged and skipped.
+pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: Py<PyAny>) -> Vec<PyKey> {
+    Python::try_attach(|py| {
+        let event = event.into_bound(py);
+        let value = match transform {
+            Some(t) => match t.bind(py).call1((&event,)) {
+                Ok(v) => v,
+                Err(e) => {
+                    let message = describe(py, &e);
+                    log(
+                        py,
+                        "error",
+                        ("controller %r: watch transform raised for event %r: %s", name, &event, message),
+                        Some(&e),
+                    );
+                    return Vec::new();
+                }
+            },
+            None => event,
+        };
+        let convert = |item: &Bound<'_, PyAny>| match PyKey::from_py(item) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                let message = describe(py, &e);
+                log(py, "error", ("controller %r: watch produced a bad key %r: %s", name, item, message), None);
+                None
+            }
+        };
+        match value.cast::<PyList>() {
+            Ok(list) => list.iter().filter_map(|item| convert(&item)).collect(),
+            Err(_) => convert(&value).into_iter().collect(),
+        }
+    })
+    .unwrap_or_default()
+}
+
+/// How long a stop waits for trigger and watch threads once the workers are
+/// done, when no timeout was given (a watch blocked in an iterator that never
+/// yields cannot be interrupted; it is left behind).
+pub(crate) const AUX_GRACE: Duration = Duration::from_secs(1);

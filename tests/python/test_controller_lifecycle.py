@@ -1,0 +1,198 @@
+"""Ctrl-C and interpreter exit with running controllers (in subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def spawn(code: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 20):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"subprocess hung\nstdout:\n{out}\nstderr:\n{err}")
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_stops_run_with_drain_and_returns_normally():
+    proc = spawn(
+        """
+        import sys, threading, time, reconq
+        done = []
+        def reconcile(key):
+            if key == "hello":
+                print("ready", flush=True)
+            else:
+                time.sleep(0.05)
+                done.append(key)
+        c = reconq.Controller(reconcile, workers=1)
+        c.enqueue("hello")
+        c.run()
+        print("returned", c.stats()["state"], flush=True)
+        """
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert "returned stopped" in out
+    assert time.monotonic() - t0 < 5
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_during_run_drains_ready_keys():
+    proc = spawn(
+        """
+        import threading, time, reconq
+        done = []
+        gate = threading.Event()
+        def reconcile(key):
+            if key == "first":
+                print("ready", flush=True)
+                gate.wait(5)  # the SIGINT arrives while this runs
+            done.append(key)
+        c = reconq.Controller(reconcile, workers=1)
+        c.enqueue("first")
+        for k in range(3):
+            c.enqueue(k)
+        threading.Timer(0.5, gate.set).start()
+        c.run()
+        print("done", done, flush=True)
+        """
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert "done ['first', 0, 1, 2]" in out
+
+
+def test_exit_with_a_running_idle_controller():
+    proc = spawn(
+        """
+        import reconq
+        c = reconq.Controller(lambda key: None, workers=4)
+        c.start()
+        c.enqueue(1)
+        assert c.wait_idle(5)
+        print("bye", flush=True)
+        """
+    )
+    t0 = time.monotonic()
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.strip() == "bye"
+    assert time.monotonic() - t0 < 10
+
+
+def test_exit_with_a_reconcile_in_progress_drains_it():
+    proc = spawn(
+        """
+        import threading, time, reconq
+        started = threading.Event()
+        out_lock = threading.Lock()
+        def reconcile(key):
+            started.set()
+            time.sleep(0.3)
+            with out_lock:  # two workers: keep lines whole
+                print("finished", key, flush=True)
+        c = reconq.Controller(reconcile, workers=2)
+        c.start()
+        c.enqueue("a")
+        c.enqueue("b")
+        started.wait(5)
+        print("exiting", flush=True)
+        """
+    )
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.splitlines()[0] == "exiting"
+    assert sorted(out.splitlines()[1:]) == ["finished a", "finished b"]
+
+
+def test_exit_with_a_reconcile_that_never_returns():
+    proc = spawn(
+        """
+        import threading, reconq, reconq._lifecycle
+        reconq._lifecycle.EXIT_TIMEOUT = 0.5
+        started = threading.Event()
+        def reconcile(key):
+            started.set()
+            threading.Event().wait()   # forever
+        c = reconq.Controller(reconcile)
+        c.start()
+        c.enqueue("stuck")
+        started.wait(5)
+        print("exiting", flush=True)
+        """
+    )
+    t0 = time.monotonic()
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.strip() == "exiting"
+    assert time.monotonic() - t0 < 10
+
+
+def test_exit_with_an_unreferenced_running_controller():
+    proc = spawn(
+        """
+        import reconq
+        def reconcile(key):
+            print("ran", key, flush=True)
+        c = reconq.Controller(reconcile)
+        c.start()
+        c.enqueue_after("later", 30)  # dropped at exit
+        del c
+        import gc; gc.collect()
+        """
+    )
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out == ""
+
+
+def test_exit_with_a_trigger_and_watch_running():
+    proc = spawn(
+        """
+        import queue, reconq
+        c = reconq.Controller(lambda key: None)
+        c.start()
+        c.add_trigger("t", lambda ev: ev.wait())
+        src = queue.Queue()
+        def events():
+            while True:
+                item = src.get()
+                if item is None:
+                    return
+                yield item
+        c.watch(events())
+        src.put("x")
+        print("bye", flush=True)
+        """
+    )
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.strip() == "bye"
