@@ -19,8 +19,7 @@ const N: u64 = 200_000;
 /// W1 through the controller: one producer enqueues 0..N, W workers run a
 /// no-op reconcile; time until all N are reconciled.
 fn w1_controller(workers: usize) -> Duration {
-    let h =
-        Controller::new("w1", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(workers).start();
+    let h = Controller::new("w1", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(workers).start();
     let start = Instant::now();
     for k in 0..N {
         h.enqueue(k);

@@ -101,27 +101,17 @@ fn w1_channel(workers: usize) -> Duration {
 
 fn w1_throughput(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_throughput");
-    group
-        .throughput(Throughput::Elements(W1_KEYS))
-        .sample_size(10);
+    group.throughput(Throughput::Elements(W1_KEYS)).sample_size(10);
     for workers in W1_WORKERS {
         let id = |name| BenchmarkId::new(name, workers);
         group.bench_function(id("crossbeam_channel"), |b| {
             b.iter_custom(|iters| (0..iters).map(|_| w1_channel(workers)).sum())
         });
         group.bench_function(id("reconq_get_done"), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| w1_queue(workers, WorkerLoop::GetDone))
-                    .sum()
-            })
+            b.iter_custom(|iters| (0..iters).map(|_| w1_queue(workers, WorkerLoop::GetDone)).sum())
         });
         group.bench_function(id("reconq_done_and_get"), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| w1_queue(workers, WorkerLoop::DoneAndGet))
-                    .sum()
-            })
+            b.iter_custom(|iters| (0..iters).map(|_| w1_queue(workers, WorkerLoop::DoneAndGet)).sum())
         });
     }
     group.finish();
@@ -182,10 +172,7 @@ fn bench_counting(c: &mut Criterion, name: &str, elements: Option<u64>, run: fn(
 /// W5: every key fails three times (rate-limited retries with 1–100 ms
 /// exponential backoff) and then succeeds. Returns wall time and calls.
 fn w5_retries_once() -> (Duration, u64) {
-    let q = WorkQueue::with_rate_limiter(ExponentialBackoff::new(
-        Duration::from_millis(1),
-        Duration::from_millis(100),
-    ));
+    let q = WorkQueue::with_rate_limiter(ExponentialBackoff::new(Duration::from_millis(1), Duration::from_millis(100)));
     let calls = AtomicU64::new(0);
     let succeeded = AtomicU64::new(0);
     let started = Instant::now();
@@ -263,8 +250,7 @@ fn w3_delaying_report() {
         }
         let mut seed = 0x5EED;
         for key in 0..W3_KEYS {
-            let delay =
-                Duration::from_nanos(splitmix64(&mut seed) % W3_MAX_DELAY.as_nanos() as u64);
+            let delay = Duration::from_nanos(splitmix64(&mut seed) % W3_MAX_DELAY.as_nanos() as u64);
             let due = base.elapsed() + delay;
             due_nanos[key as usize].store(due.as_nanos() as u64, Ordering::Release);
             q.add_after(key, delay);
@@ -299,14 +285,8 @@ fn w4_idle_report() {
             q.shut_down();
         });
         let cpu = process_cpu_time() - cpu_before;
-        let what = if delayed {
-            "empty but for one key due in an hour"
-        } else {
-            "empty"
-        };
-        println!(
-            "W4 idle: 4 workers blocked on an {what} queue for {W4_IDLE:?}: CPU time {cpu:?} (incl. spawn/join)"
-        );
+        let what = if delayed { "empty but for one key due in an hour" } else { "empty" };
+        println!("W4 idle: 4 workers blocked on an {what} queue for {W4_IDLE:?}: CPU time {cpu:?} (incl. spawn/join)");
     }
 }
 

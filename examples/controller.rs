@@ -75,11 +75,7 @@ fn main() {
     loop {
         let done = {
             let world = world.lock();
-            world
-                .desired
-                .iter()
-                .filter(|(k, _)| !k.starts_with("bad"))
-                .all(|(k, v)| world.actual.get(k) == Some(v))
+            world.desired.iter().filter(|(k, _)| !k.starts_with("bad")).all(|(k, v)| world.actual.get(k) == Some(v))
                 && !world.actual.contains_key("item-3")
         };
         if (done && handle.parked().len() == 1) || std::time::Instant::now() > deadline {

@@ -147,9 +147,7 @@ pub(crate) fn deadline_after(now: Instant, delay: Duration) -> Instant {
     /// About 136 years: later than anything a queue will see, and safely
     /// representable on every platform.
     const FAR_FUTURE: Duration = Duration::from_secs(u32::MAX as u64);
-    now.checked_add(delay.min(FAR_FUTURE))
-        .or_else(|| now.checked_add(FAR_FUTURE))
-        .unwrap_or(now)
+    now.checked_add(delay.min(FAR_FUTURE)).or_else(|| now.checked_add(FAR_FUTURE)).unwrap_or(now)
 }
 
 /// A duration of `nanos` nanoseconds, for nanosecond counts computed in

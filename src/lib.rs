@@ -20,22 +20,22 @@ mod rate_limit;
 mod sync;
 mod thread;
 
+pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
     Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
 };
-pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use error::InvalidArgument;
-pub use thread::ThreadWrapper;
-pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
-pub use rate_limit::{
-    ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
-};
 pub use manager::{
     ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DoError, Manager, ManagerBuilder, UnknownController,
     WeakManager,
 };
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
+pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
+pub use rate_limit::{
+    ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
+};
+pub use thread::ThreadWrapper;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

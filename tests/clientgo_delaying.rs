@@ -77,10 +77,7 @@ fn copy_shifting_ready_in_due_order() {
     q.add_after("baz", ms(250));
     clock.advance(secs(2));
     assert_eq!(q.len(), 3);
-    assert_eq!(
-        [q.get(), q.get(), q.get()],
-        [Some("baz"), Some("bar"), Some("foo")]
-    );
+    assert_eq!([q.get(), q.get(), q.get()], [Some("baz"), Some("bar"), Some("foo")]);
 }
 
 // reconq differs from client-go here (spec G5): client-go heaps have no tie
@@ -106,14 +103,7 @@ fn plain_add_cancels_the_delay() {
     q.add_after("foo", ms(50));
     q.add("foo");
     assert_eq!(q.key_state(&"foo"), KeyState::Ready);
-    assert_eq!(
-        q.counts(),
-        QueueCounts {
-            ready: 1,
-            processing: 0,
-            delayed: 0
-        }
-    );
+    assert_eq!(q.counts(), QueueCounts { ready: 1, processing: 0, delayed: 0 });
     assert_eq!(q.get(), Some("foo"));
     q.done(&"foo");
     clock.advance(ms(60));
@@ -147,12 +137,7 @@ fn add_after_while_processing_waits_after_done() {
     assert_eq!(q.get(), Some("foo"));
     let due = clock.now() + ms(30);
     q.add_after("foo", ms(30));
-    assert_eq!(
-        q.key_state(&"foo"),
-        KeyState::Processing {
-            again: Some(Some(due))
-        }
-    );
+    assert_eq!(q.key_state(&"foo"), KeyState::Processing { again: Some(Some(due)) });
     q.done(&"foo");
     assert_eq!(q.key_state(&"foo"), KeyState::Waiting { due });
     assert_eq!(q.try_get(), None);
@@ -166,10 +151,7 @@ fn a_blocked_getter_wakes_when_the_fake_clock_reaches_the_due_time() {
     q.add_after("foo", secs(5));
     let q2 = q.clone();
     let rx = spawn_with_result(move || q2.get());
-    assert!(
-        rx.recv_timeout(ms(20)).is_err(),
-        "handed out before its due time"
-    );
+    assert!(rx.recv_timeout(ms(20)).is_err(), "handed out before its due time");
     clock.advance(secs(5));
     assert_eq!(expect_within(&rx, "the delayed key"), Some("foo"));
 }
@@ -180,14 +162,7 @@ fn delayed_keys_are_dropped_at_shutdown() {
     q.add("ready");
     q.add_after("later", ms(10));
     q.shut_down();
-    assert_eq!(
-        q.counts(),
-        QueueCounts {
-            ready: 1,
-            processing: 0,
-            delayed: 0
-        }
-    );
+    assert_eq!(q.counts(), QueueCounts { ready: 1, processing: 0, delayed: 0 });
     clock.advance(secs(1));
     assert_eq!(q.get(), Some("ready"));
     assert_eq!(q.get(), None);

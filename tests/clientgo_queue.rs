@@ -49,10 +49,7 @@ fn basic(shutdown: Shutdown) {
             thread::spawn(move || {
                 let mut seen = 0u32;
                 while let Some(k) = q.get() {
-                    assert_ne!(
-                        k, AFTER_SHUTDOWN,
-                        "a key added after shutdown was handed out"
-                    );
+                    assert_ne!(k, AFTER_SHUTDOWN, "a key added after shutdown was handed out");
                     seen += 1;
                     thread::yield_now();
                     q.done(&k);
@@ -67,10 +64,7 @@ fn basic(shutdown: Shutdown) {
     shutdown.run(&q);
     q.add(AFTER_SHUTDOWN);
     let handed_out: u32 = consumers.into_iter().map(|c| c.join().unwrap()).sum();
-    assert!(
-        handed_out >= 50,
-        "every key 0..50 was handed out at least once, got {handed_out}"
-    );
+    assert!(handed_out >= 50, "every key 0..50 was handed out at least once, got {handed_out}");
     assert_eq!(q.len(), 0);
     assert_eq!(q.key_state(&AFTER_SHUTDOWN), KeyState::Absent);
 }
@@ -185,10 +179,7 @@ fn collapse_while_processing_second_getter_blocks_until_done() {
     assert_eq!(q.get(), Some("foo"));
     q.add("foo");
     q.add("foo");
-    assert_eq!(
-        q.key_state(&"foo"),
-        KeyState::Processing { again: Some(None) }
-    );
+    assert_eq!(q.key_state(&"foo"), KeyState::Processing { again: Some(None) });
 
     let q2 = q.clone();
     let rx = spawn_with_result(move || q2.get_timeout(secs(1)));
@@ -200,11 +191,7 @@ fn collapse_while_processing_second_getter_blocks_until_done() {
             break r;
         }
     };
-    assert_eq!(
-        blocked,
-        Err(GetError::Timeout),
-        "foo must not be handed out while processing"
-    );
+    assert_eq!(blocked, Err(GetError::Timeout), "foo must not be handed out while processing");
 
     // Now a plain getter, released by done.
     let q2 = q.clone();
@@ -215,10 +202,7 @@ fn collapse_while_processing_second_getter_blocks_until_done() {
         }
         k
     });
-    assert!(
-        rx.recv_timeout(ms(50)).is_err(),
-        "the getter returned before done"
-    );
+    assert!(rx.recv_timeout(ms(50)).is_err(), "the getter returned before done");
     q.done(&"foo");
     assert_eq!(expect_within(&rx, "the getter after done"), Some("foo"));
     assert_eq!(q.len(), 0);
@@ -227,9 +211,7 @@ fn collapse_while_processing_second_getter_blocks_until_done() {
 
 /// Starts `shut_down_with_drain` on a thread; the receiver fires when it
 /// returns. Waits until the queue reports shutting down.
-fn start_drain<K: Eq + std::hash::Hash + Clone + Send + 'static>(
-    q: &WorkQueue<K>,
-) -> std::sync::mpsc::Receiver<()> {
+fn start_drain<K: Eq + std::hash::Hash + Clone + Send + 'static>(q: &WorkQueue<K>) -> std::sync::mpsc::Receiver<()> {
     let q2 = q.clone();
     let rx = spawn_with_result(move || q2.shut_down_with_drain());
     wait_for("the drain to start", || q.is_shutting_down());
@@ -249,10 +231,7 @@ fn drain_waits_for_every_done() {
     // A second, timed drain proves deterministically that it is still pending.
     assert!(!q.shut_down_with_drain_timeout(ms(10)));
     q.done(&foo);
-    assert!(
-        !q.shut_down_with_drain_timeout(ms(10)),
-        "bar is still processing"
-    );
+    assert!(!q.shut_down_with_drain_timeout(ms(10)), "bar is still processing");
     q.done(&bar);
     expect_within(&drained, "the drain after both done");
     assert!(q.shut_down_with_drain_timeout(ms(0)));
@@ -267,10 +246,7 @@ fn plain_shut_down_does_not_wait_for_processing_keys() {
     q.get().unwrap();
     q.get().unwrap();
     let q2 = q.clone();
-    expect_within(
-        &spawn_with_result(move || q2.shut_down()),
-        "shut_down returning with keys in flight",
-    );
+    expect_within(&spawn_with_result(move || q2.shut_down()), "shut_down returning with keys in flight");
     assert_eq!(q.counts().processing, 2);
 }
 
@@ -300,15 +276,8 @@ fn drain_hands_out_a_dirty_key_again_and_waits_for_it() {
     assert_eq!(q.get(), None, "foo is processing, nothing is ready");
 
     q.done(&foo);
-    assert_eq!(
-        q.get(),
-        Some("foo"),
-        "the dirty key is handed out again during the drain"
-    );
-    assert!(
-        !q.shut_down_with_drain_timeout(ms(10)),
-        "the drain waits for the re-handed key"
-    );
+    assert_eq!(q.get(), Some("foo"), "the dirty key is handed out again during the drain");
+    assert!(!q.shut_down_with_drain_timeout(ms(10)), "the drain waits for the re-handed key");
     q.done(&"foo");
     assert_eq!(q.get(), None);
     expect_within(&drained, "the drain after the dirty key is done");
@@ -325,14 +294,7 @@ fn drain_is_pending_while_a_requeued_key_is_not_yet_taken() {
     q.add(1);
     let drained = start_drain(&q);
     q.done(&1);
-    assert_eq!(
-        q.counts(),
-        QueueCounts {
-            ready: 1,
-            processing: 0,
-            delayed: 0
-        }
-    );
+    assert_eq!(q.counts(), QueueCounts { ready: 1, processing: 0, delayed: 0 });
     assert!(!q.shut_down_with_drain_timeout(ms(10)));
     assert_eq!(q.get(), Some(1));
     q.done(&1);

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{fake_queue_with, ms, secs, whens};
 use reconq::{
-    Clock, ExponentialBackoff, FakeClock, FastSlow, KeyState, MaxOf, RateLimiter, TokenBucket,
-    WithMaxWait, default_rate_limiter,
+    Clock, ExponentialBackoff, FakeClock, FastSlow, KeyState, MaxOf, RateLimiter, TokenBucket, WithMaxWait,
+    default_rate_limiter,
 };
 
 fn mins(n: u64) -> Duration {
@@ -33,11 +33,7 @@ fn exponential_backoff_doubles_per_key_and_forget_resets() {
     limiter.forget(&"one");
     assert_eq!(limiter.num_requeues(&"one"), 0);
     assert_eq!(limiter.when(&"one"), ms(1));
-    assert_eq!(
-        limiter.num_requeues(&"two"),
-        2,
-        "forget touches only its key"
-    );
+    assert_eq!(limiter.num_requeues(&"two"), 2, "forget touches only its key");
 }
 
 #[test]
@@ -89,10 +85,7 @@ fn exponential_backoff_with_client_go_defaults_caps_on_the_nineteenth_failure() 
 #[test]
 fn fast_slow_switches_after_max_fast_attempts() {
     let limiter = FastSlow::new(ms(5), secs(10), 3);
-    assert_eq!(
-        whens(&limiter, &"one", 5),
-        [ms(5), ms(5), ms(5), secs(10), secs(10)]
-    );
+    assert_eq!(whens(&limiter, &"one", 5), [ms(5), ms(5), ms(5), secs(10), secs(10)]);
     assert_eq!(limiter.num_requeues(&"one"), 5);
     assert_eq!(whens(&limiter, &"two", 2), [ms(5), ms(5)]);
     assert_eq!(limiter.num_requeues(&"two"), 2);
@@ -105,14 +98,9 @@ fn fast_slow_switches_after_max_fast_attempts() {
 // TestMaxOfRateLimiter
 #[test]
 fn max_of_returns_the_largest_wait_and_forgets_in_all() {
-    let limiter: MaxOf<&str> = MaxOf::new(vec![
-        Box::new(FastSlow::new(ms(5), secs(3), 3)),
-        Box::new(ExponentialBackoff::new(ms(1), secs(1))),
-    ]);
-    assert_eq!(
-        whens(&limiter, &"one", 5),
-        [ms(5), ms(5), ms(5), secs(3), secs(3)]
-    );
+    let limiter: MaxOf<&str> =
+        MaxOf::new(vec![Box::new(FastSlow::new(ms(5), secs(3), 3)), Box::new(ExponentialBackoff::new(ms(1), secs(1)))]);
+    assert_eq!(whens(&limiter, &"one", 5), [ms(5), ms(5), ms(5), secs(3), secs(3)]);
     assert_eq!(limiter.num_requeues(&"one"), 5);
     assert_eq!(whens(&limiter, &"two", 2), [ms(5), ms(5)]);
     assert_eq!(limiter.num_requeues(&"two"), 2);
@@ -132,11 +120,7 @@ struct StepLimiter {
 
 impl<K> RateLimiter<K> for StepLimiter {
     fn when(&self, _key: &K) -> Duration {
-        if self.calls.fetch_add(1, Ordering::Relaxed) < 100 {
-            ms(5)
-        } else {
-            secs(1000)
-        }
+        if self.calls.fetch_add(1, Ordering::Relaxed) < 100 { ms(5) } else { secs(1000) }
     }
     fn forget(&self, _key: &K) {}
     fn num_requeues(&self, _key: &K) -> u32 {
@@ -154,11 +138,7 @@ fn with_max_wait_caps_the_inner_limiter() {
     for i in 100..200 {
         assert_eq!(limiter.when(&i), secs(500), "call {i}");
     }
-    assert_eq!(
-        RateLimiter::<i32>::num_requeues(&limiter, &0),
-        200,
-        "num_requeues delegates"
-    );
+    assert_eq!(RateLimiter::<i32>::num_requeues(&limiter, &0), 200, "num_requeues delegates");
 }
 
 #[test]
@@ -166,11 +146,7 @@ fn token_bucket_borrows_from_the_future_like_client_go() {
     let clock = FakeClock::new();
     let bucket = TokenBucket::with_clock(10.0, 2, clock.clone()).unwrap();
     assert_eq!(whens(&bucket, &"a", 4), [ms(0), ms(0), ms(100), ms(200)]);
-    assert_eq!(
-        RateLimiter::<&str>::num_requeues(&bucket, &"a"),
-        0,
-        "the bucket is not per key"
-    );
+    assert_eq!(RateLimiter::<&str>::num_requeues(&bucket, &"a"), 0, "the bucket is not per key");
     // 1 s later the bucket is full again (debt of 2 repaid, capped at burst).
     clock.advance(secs(1));
     assert_eq!(whens(&bucket, &"b", 3), [ms(0), ms(0), ms(100)]);

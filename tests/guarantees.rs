@@ -30,14 +30,7 @@ fn g1_a_key_added_many_times_while_delayed_is_handed_out_once() {
         q.add_after("k", ms(d));
     }
     q.add_rate_limited("k");
-    assert_eq!(
-        q.counts(),
-        QueueCounts {
-            ready: 0,
-            processing: 0,
-            delayed: 1
-        }
-    );
+    assert_eq!(q.counts(), QueueCounts { ready: 0, processing: 0, delayed: 1 });
     clock.advance(secs(2000));
     assert_eq!(q.try_get(), Some("k"));
     q.done(&"k");
@@ -81,10 +74,7 @@ fn g2_a_getter_blocked_on_a_dirty_key_is_released_by_done() {
     q.add(7);
     let q2 = q.clone();
     let rx = spawn_with_result(move || q2.get());
-    assert!(
-        rx.recv_timeout(ms(50)).is_err(),
-        "handed out while processing"
-    );
+    assert!(rx.recv_timeout(ms(50)).is_err(), "handed out while processing");
     q.done(&7);
     assert_eq!(expect_within(&rx, "the dirty key after done"), Some(7));
 }
@@ -138,10 +128,7 @@ fn g4_a_requeued_key_joins_the_back_of_the_line() {
     q.add("b");
     q.done(&"a");
     q.add("c");
-    assert_eq!(
-        [q.try_get(), q.try_get(), q.try_get()],
-        [Some("b"), Some("a"), Some("c")]
-    );
+    assert_eq!([q.try_get(), q.try_get(), q.try_get()], [Some("b"), Some("a"), Some("c")]);
 }
 
 /// Regression: `done` re-queued a dirty key ahead of a delayed key whose due
@@ -167,10 +154,7 @@ fn g4_delayed_keys_join_the_line_at_their_due_time() {
     clock.advance(ms(15));
     q.add("now");
     clock.advance(ms(10));
-    assert_eq!(
-        [q.try_get(), q.try_get(), q.try_get()],
-        [Some("early"), Some("now"), Some("late")]
-    );
+    assert_eq!([q.try_get(), q.try_get(), q.try_get()], [Some("early"), Some("now"), Some("late")]);
 }
 
 // ---- G5 delay ---------------------------------------------------------------
@@ -210,14 +194,7 @@ fn g5_plain_add_cancels_the_delay_so_it_runs_once() {
     let (q, clock) = fake_queue();
     q.add_after("k", ms(10));
     q.add("k");
-    assert_eq!(
-        q.counts(),
-        QueueCounts {
-            ready: 1,
-            processing: 0,
-            delayed: 0
-        }
-    );
+    assert_eq!(q.counts(), QueueCounts { ready: 1, processing: 0, delayed: 0 });
     assert_eq!(q.try_get(), Some("k"));
     q.done(&"k");
     clock.advance(ms(20));
@@ -243,12 +220,7 @@ fn g6_add_rate_limited_waits_what_the_limiter_says_and_forget_resets() {
     for n in 1..=4 {
         let now = clock.now();
         q.add_rate_limited("k");
-        assert_eq!(
-            q.key_state(&"k"),
-            KeyState::Waiting {
-                due: now + expected
-            }
-        );
+        assert_eq!(q.key_state(&"k"), KeyState::Waiting { due: now + expected });
         assert_eq!(q.num_requeues(&"k"), n);
         clock.advance(expected);
         assert_eq!(q.try_get(), Some("k"));
@@ -337,10 +309,7 @@ fn g7_drain_blocks_until_every_handed_out_key_is_done() {
             (tx, h)
         })
         .collect();
-    assert!(
-        !q.shut_down_with_drain_timeout(ms(20)),
-        "two keys still processing"
-    );
+    assert!(!q.shut_down_with_drain_timeout(ms(20)), "two keys still processing");
     for (tx, h) in workers {
         tx.send(()).unwrap();
         h.join().unwrap();

@@ -64,8 +64,5 @@ fn g8_idle_getters_use_no_cpu_with_an_empty_queue_or_a_far_delayed_key() {
     let delayed = WorkQueue::new();
     delayed.add_after(1, secs(600));
     let used = cpu_while_idle(&delayed, secs(1));
-    assert!(
-        used < BUDGET,
-        "key due in 10 min: {used:?} of CPU in 1 s idle"
-    );
+    assert!(used < BUDGET, "key due in 10 min: {used:?} of CPU in 1 s idle");
 }

@@ -69,14 +69,7 @@ struct Model {
 
 impl Model {
     fn new(now: Instant) -> Self {
-        Self {
-            now,
-            seq: 0,
-            slots: HashMap::new(),
-            ready: Vec::new(),
-            failures: HashMap::new(),
-            shut_down: false,
-        }
+        Self { now, seq: 0, slots: HashMap::new(), ready: Vec::new(), failures: HashMap::new(), shut_down: false }
     }
 
     fn add(&mut self, k: u8) {
@@ -105,9 +98,7 @@ impl Model {
             None => Slot::Delayed(due),
             Some(Slot::Delayed(old)) if due.0 < old.0 => Slot::Delayed(due),
             Some(Slot::Processing(None)) => Slot::Processing(Some(Some(due))),
-            Some(Slot::Processing(Some(Some(old)))) if due.0 < old.0 => {
-                Slot::Processing(Some(Some(due)))
-            }
+            Some(Slot::Processing(Some(Some(old)))) if due.0 < old.0 => Slot::Processing(Some(Some(due))),
             Some(_) => return,
         };
         self.slots.insert(k, slot);
@@ -115,9 +106,7 @@ impl Model {
 
     fn add_rate_limited(&mut self, k: u8) {
         let n = self.failures.entry(k).or_default();
-        let wait = BACKOFF_BASE
-            .saturating_mul(1 << (*n).min(20))
-            .min(BACKOFF_MAX);
+        let wait = BACKOFF_BASE.saturating_mul(1 << (*n).min(20)).min(BACKOFF_MAX);
         *n += 1;
         self.add_after(k, wait);
     }
@@ -196,16 +185,13 @@ impl Model {
             None => KeyState::Absent,
             Some(Slot::Ready) => KeyState::Ready,
             Some(Slot::Delayed(d)) => KeyState::Waiting { due: d.0 },
-            Some(Slot::Processing(then)) => KeyState::Processing {
-                again: then.map(|t| t.map(|d| d.0)),
-            },
+            Some(Slot::Processing(then)) => KeyState::Processing { again: then.map(|t| t.map(|d| d.0)) },
         }
     }
 }
 
 fn run(ops: &[(Op, bool)]) -> Result<(), TestCaseError> {
-    let (q, clock): (WorkQueue<u8>, _) =
-        common::fake_queue_with(ExponentialBackoff::new(BACKOFF_BASE, BACKOFF_MAX));
+    let (q, clock): (WorkQueue<u8>, _) = common::fake_queue_with(ExponentialBackoff::new(BACKOFF_BASE, BACKOFF_MAX));
     // The model keeps its own failure counts and backoff arithmetic, so
     // num_requeues and the rate-limited due times are checked independently.
     let mut m = Model::new(clock.now());
@@ -250,14 +236,7 @@ fn run(ops: &[(Op, bool)]) -> Result<(), TestCaseError> {
         }
         // key_state first: it must not depend on another call promoting.
         for k in 0..KEYS {
-            prop_assert_eq!(
-                q.key_state(&k),
-                m.key_state(k),
-                "step {}: {:?}, key {}",
-                i,
-                op,
-                k
-            );
+            prop_assert_eq!(q.key_state(&k), m.key_state(k), "step {}: {:?}, key {}", i, op, k);
             prop_assert_eq!(
                 q.num_requeues(&k),
                 m.failures.get(&k).copied().unwrap_or(0),

@@ -43,10 +43,7 @@ impl Log {
                 self.early_in_flight.fetch_add(1, SeqCst);
             }
             *self.handouts_since_add.lock().unwrap() += 1;
-            assert!(
-                !self.busy.swap(true, SeqCst),
-                "G2: two workers hold the key"
-            );
+            assert!(!self.busy.swap(true, SeqCst), "G2: two workers hold the key");
             self.handouts.fetch_add(1, SeqCst);
             thread::yield_now();
             self.busy.store(false, SeqCst);
@@ -88,18 +85,11 @@ fn workers_and_producer_then_drain_model() {
     producer.join().unwrap();
     log.draining.store(true, SeqCst);
     q.shut_down_with_drain();
-    assert_eq!(
-        log.early_in_flight.load(SeqCst),
-        0,
-        "drain returned with a key in flight"
-    );
+    assert_eq!(log.early_in_flight.load(SeqCst), 0, "drain returned with a key in flight");
     for w in workers {
         w.join().unwrap();
     }
-    assert!(
-        *log.handouts_since_add.lock().unwrap() > 0,
-        "G3: the last add was lost"
-    );
+    assert!(*log.handouts_since_add.lock().unwrap() > 0, "G3: the last add was lost");
     assert_eq!(q.counts(), QueueCounts::default());
 }
 
@@ -122,20 +112,9 @@ fn drain_with_a_dirty_key_hands_it_out_again() {
                 let (q, log) = (q.clone(), Arc::clone(&log));
                 thread::spawn(move || {
                     q.shut_down_with_drain();
-                    assert_eq!(
-                        q.counts().processing,
-                        0,
-                        "drain returned with a key in flight"
-                    );
-                    assert!(
-                        !log.busy.load(SeqCst),
-                        "drain returned while a worker held the key"
-                    );
-                    assert_eq!(
-                        log.handouts.load(SeqCst),
-                        2,
-                        "the dirty key was not handed out again"
-                    );
+                    assert_eq!(q.counts().processing, 0, "drain returned with a key in flight");
+                    assert!(!log.busy.load(SeqCst), "drain returned while a worker held the key");
+                    assert_eq!(log.handouts.load(SeqCst), 2, "the dirty key was not handed out again");
                 })
             };
             let worker = {

@@ -64,10 +64,7 @@ impl Tracker {
         for k in 0..KEYS {
             let added = self.last_add[k].load(SeqCst);
             let handed = self.last_handout[k].load(SeqCst);
-            assert!(
-                added == 0 || handed > added,
-                "G3: key {k} last added at {added}, last handed out at {handed}"
-            );
+            assert!(added == 0 || handed > added, "G3: key {k} last added at {added}, last handed out at {handed}");
         }
     }
 }
@@ -104,14 +101,10 @@ fn run(worker: fn(&WorkQueue<usize>, &Tracker)) {
     }
     q.shut_down_with_drain();
     for w in workers {
-        w.join()
-            .expect("a worker panicked (see its assertion above)");
+        w.join().expect("a worker panicked (see its assertion above)");
     }
     let overlaps = tracker.overlaps.load(SeqCst);
-    assert_eq!(
-        overlaps, 0,
-        "G2: a key was handed to two workers at once {overlaps} times"
-    );
+    assert_eq!(overlaps, 0, "G2: a key was handed to two workers at once {overlaps} times");
     assert_eq!(q.counts(), Default::default());
     tracker.check_no_lost_update();
     let handouts = tracker.handouts.load(SeqCst);

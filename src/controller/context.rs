@@ -133,9 +133,6 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context")
-            .field("attempt", &self.attempt)
-            .field("cancelled", &self.is_cancelled())
-            .finish()
+        f.debug_struct("Context").field("attempt", &self.attempt).field("cancelled", &self.is_cancelled()).finish()
     }
 }

@@ -302,11 +302,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
             } else {
                 self.core.cancel_everything();
                 rt.queue.shut_down_now();
-                report.unfinished = rt
-                    .slots
-                    .iter()
-                    .filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone()))
-                    .collect();
+                report.unfinished =
+                    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect();
                 {
                     let mut life = self.core.life.lock();
                     life.abandoned = true;
@@ -362,8 +359,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// caller can wait for a stop in slices (checking for Ctrl-C between).
     pub fn join_timeout(&self, timeout: Duration) -> bool {
         let deadline = deadline_after(Instant::now(), timeout);
-        let all_exited = self
-            .wait_life(deadline, |life| life.stop_requested && life.live_workers == 0 && life.live_aux == 0);
+        let all_exited =
+            self.wait_life(deadline, |life| life.stop_requested && life.live_workers == 0 && life.live_aux == 0);
         if all_exited {
             self.join_workers();
             self.join_aux();

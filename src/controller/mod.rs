@@ -177,10 +177,8 @@ impl<K: ControllerKey> Controller<K> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
-        let queue = WorkQueue::builder()
-            .rate_limiter(Arc::clone(&limiter))
-            .clock(ClockRef(Arc::clone(&self.clock)))
-            .build();
+        let queue =
+            WorkQueue::builder().rate_limiter(Arc::clone(&limiter)).clock(ClockRef(Arc::clone(&self.clock))).build();
         let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
         let rt = Runtime {
             queue,
@@ -334,8 +332,7 @@ impl<K: ControllerKey> Runtime<K> {
         match when {
             When::Now => self.queue.add(key),
             When::After(delay, asked) => {
-                let delay =
-                    if self.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
+                let delay = if self.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
                 self.queue.add_after(key, delay)
             }
             When::At(at) => self.queue.add_at(key, at),
@@ -491,11 +488,7 @@ impl<K: ControllerKey> Core<K> {
 
     /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
     /// for.
-    pub(crate) fn spawn_aux(
-        self: &Arc<Self>,
-        name: String,
-        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
-    ) {
+    pub(crate) fn spawn_aux(self: &Arc<Self>, name: String, body: impl FnOnce(&Arc<Core<K>>) + Send + 'static) {
         let wrapper = self.wrapper();
         self.life.lock().live_aux += 1;
         let core = Arc::clone(self);

@@ -171,11 +171,9 @@ impl Outcome {
             Ok(Ok(Action::Requeue)) => Outcome::Requeue,
             Ok(Ok(Action::RequeueAfter(d))) => Outcome::RequeueAfter(d),
             Ok(Err(e)) => Outcome::Failure { retry: e.retry, message: e.to_string(), panicked: false },
-            Err(payload) => Outcome::Failure {
-                retry: RetryPolicy::RateLimited,
-                message: panic_message(&*payload),
-                panicked: true,
-            },
+            Err(payload) => {
+                Outcome::Failure { retry: RetryPolicy::RateLimited, message: panic_message(&*payload), panicked: true }
+            }
         }
     }
 }

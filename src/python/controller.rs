@@ -27,9 +27,7 @@ use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_s
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
-use super::reconciler::{
-    AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, python_thread_wrapper,
-};
+use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, python_thread_wrapper};
 use crate::clock::deadline_after;
 use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
 
@@ -130,11 +128,9 @@ impl PyController {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let helper = self.handle.clone();
         let limit = timeout.unwrap_or(Duration::MAX);
-        let spawned = std::thread::Builder::new()
-            .name(format!("reconq-{}-stop", self.name))
-            .spawn(move || {
-                let _ = tx.send(helper.stop_with_drain(limit));
-            });
+        let spawned = std::thread::Builder::new().name(format!("reconq-{}-stop", self.name)).spawn(move || {
+            let _ = tx.send(helper.stop_with_drain(limit));
+        });
         if spawned.is_err() {
             let handle = &self.handle;
             return Ok(py.detach(|| handle.stop_with_drain(limit)));
@@ -175,10 +171,7 @@ impl PyController {
         let start = Instant::now();
         let deadline = timeout.map(|t| deadline_after(start, t));
         let handle = &self.handle;
-        let finished = wait_interruptibly(py, deadline, |slice| {
-            handle.wait_stopped(slice).then_some(())
-        })?
-        .is_some();
+        let finished = wait_interruptibly(py, deadline, |slice| handle.wait_stopped(slice).then_some(()))?.is_some();
         if finished {
             let grace = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()).min(AUX_GRACE),
@@ -239,16 +232,12 @@ impl PyController {
         hanging_threshold: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         if !reconcile.is_callable() {
-            return Err(PyTypeError::new_err(format!(
-                "reconcile must be callable, not {}",
-                type_name(reconcile)
-            )));
+            return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
         }
         if workers < 1 {
             return Err(PyValueError::new_err(format!("workers must be at least 1, got {workers}")));
         }
-        let workers = usize::try_from(workers)
-            .map_err(|_| PyOverflowError::new_err("workers is out of range"))?;
+        let workers = usize::try_from(workers).map_err(|_| PyOverflowError::new_err("workers is out of range"))?;
         if name.contains('\0') {
             return Err(PyValueError::new_err("name must not contain NUL characters"));
         }
@@ -418,9 +407,8 @@ impl PyController {
         let timeout = timeout_from_py(timeout)?;
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let handle = &self.handle;
-        let idle = wait_interruptibly(py, deadline, |slice| {
-            handle.wait_idle(slice.unwrap_or(Duration::MAX)).then_some(())
-        })?;
+        let idle =
+            wait_interruptibly(py, deadline, |slice| handle.wait_idle(slice.unwrap_or(Duration::MAX)).then_some(()))?;
         Ok(idle.is_some())
     }
 
@@ -447,9 +435,7 @@ impl PyController {
         }
         d.set_item("hanging", hang)?;
         d.set_item("last_error", stats.last_error)?;
-        let when = stats
-            .last_error_time
-            .map(|t| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
+        let when = stats.last_error_time.map(|t| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
         d.set_item("last_error_time", when)?;
         Ok(d)
     }

@@ -83,21 +83,17 @@ pub(crate) fn classify(py: Python<'_>, result: PyResult<Bound<'_, PyAny>>) -> Ou
     };
     match result {
         Ok(value) if value.is_none() => Outcome::Success,
-        Ok(value) if value.is_instance(types.requeue.bind(py)).unwrap_or(false) => {
-            match value.getattr("after") {
-                Ok(after) if after.is_none() => Outcome::Requeue,
-                Ok(after) => match delay_from_py(&after, "Requeue.after") {
-                    Ok(d) => Outcome::RequeueAfter(d),
-                    Err(e) => Outcome::Failed(describe(py, &e)),
-                },
+        Ok(value) if value.is_instance(types.requeue.bind(py)).unwrap_or(false) => match value.getattr("after") {
+            Ok(after) if after.is_none() => Outcome::Requeue,
+            Ok(after) => match delay_from_py(&after, "Requeue.after") {
+                Ok(d) => Outcome::RequeueAfter(d),
                 Err(e) => Outcome::Failed(describe(py, &e)),
-            }
-        }
+            },
+            Err(e) => Outcome::Failed(describe(py, &e)),
+        },
         Ok(value) => {
             let type_name = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
-            let e = PyTypeError::new_err(format!(
-                "reconcile must return None or reconq.Requeue, not {type_name}"
-            ));
+            let e = PyTypeError::new_err(format!("reconcile must return None or reconq.Requeue, not {type_name}"));
             Outcome::Failed(describe(py, &e))
         }
         Err(err) => {

@@ -48,26 +48,23 @@ impl PyKey {
             });
         }
         if let Ok(i) = obj.cast::<PyInt>() {
-            return i.extract::<i64>().map(PyKey::Int).map_err(|_| {
-                PyOverflowError::new_err("int keys must fit in a signed 64-bit integer")
-            });
+            return i
+                .extract::<i64>()
+                .map(PyKey::Int)
+                .map_err(|_| PyOverflowError::new_err("int keys must fit in a signed 64-bit integer"));
         }
         if let Ok(b) = obj.cast::<PyBytes>() {
             return Ok(PyKey::Bytes(Arc::from(b.as_bytes())));
         }
         if let Ok(t) = obj.cast::<PyTuple>() {
             if depth >= MAX_DEPTH {
-                return Err(PyRecursionError::new_err(format!(
-                    "tuple keys may be nested at most {MAX_DEPTH} deep"
-                )));
+                return Err(PyRecursionError::new_err(format!("tuple keys may be nested at most {MAX_DEPTH} deep")));
             }
             let items = t.iter().map(|item| Self::from_py_at(&item, depth + 1)).collect::<PyResult<Vec<_>>>()?;
             return Ok(PyKey::Tuple(items.into()));
         }
         let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
-        Err(PyTypeError::new_err(format!(
-            "keys must be str, int, bytes or tuples of these, not {type_name}"
-        )))
+        Err(PyTypeError::new_err(format!("keys must be str, int, bytes or tuples of these, not {type_name}")))
     }
 
     /// A Python value equal (`==`) to the one the key was made from.
@@ -75,9 +72,7 @@ impl PyKey {
         Ok(match self {
             PyKey::Int(i) => i.into_pyobject(py)?.into_any(),
             PyKey::Str(s) => PyString::new(py, s).into_any(),
-            PyKey::SurrogateStr(b) => {
-                PyBytes::new(py, b).call_method1("decode", ("utf-8", "surrogatepass"))?
-            }
+            PyKey::SurrogateStr(b) => PyBytes::new(py, b).call_method1("decode", ("utf-8", "surrogatepass"))?,
             PyKey::Bytes(b) => PyBytes::new(py, b).into_any(),
             PyKey::Tuple(items) => {
                 let items = items.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
@@ -135,9 +130,8 @@ mod tests {
 
     #[test]
     fn debug_is_python_like() {
-        let k = PyKey::Tuple(
-            vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into(),
-        );
+        let k =
+            PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
         assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
         assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
     }

@@ -118,19 +118,15 @@ impl FastSlow {
     ) -> PyResult<PyClassInitializer<Self>> {
         let (fast, fast_s) = duration_arg(fast, "fast")?;
         let (slow, slow_s) = duration_arg(slow, "slow")?;
-        let attempts: i64 = max_fast_attempts
-            .extract()
-            .map_err(|_| PyTypeError::new_err("max_fast_attempts must be an int"))?;
+        let attempts: i64 =
+            max_fast_attempts.extract().map_err(|_| PyTypeError::new_err("max_fast_attempts must be an int"))?;
         if attempts < 0 {
             return Err(PyValueError::new_err(format!("max_fast_attempts must not be negative, got {attempts}")));
         }
-        let attempts = u32::try_from(attempts)
-            .map_err(|_| PyOverflowError::new_err("max_fast_attempts is out of range"))?;
-        let repr = format!(
-            "FastSlow(fast={}, slow={}, max_fast_attempts={attempts})",
-            secs_repr(fast_s),
-            secs_repr(slow_s)
-        );
+        let attempts =
+            u32::try_from(attempts).map_err(|_| PyOverflowError::new_err("max_fast_attempts is out of range"))?;
+        let repr =
+            format!("FastSlow(fast={}, slow={}, max_fast_attempts={attempts})", secs_repr(fast_s), secs_repr(slow_s));
         Ok(PyRateLimiter::init(Arc::new(rate_limit::FastSlow::new(fast, slow, attempts)), repr).add_subclass(Self))
     }
 }
@@ -151,7 +147,11 @@ impl TokenBucket {
             return Err(PyValueError::new_err(format!("qps must be a positive finite number, got {qps}")));
         }
         let burst: i64 = burst.extract().map_err(|e: PyErr| {
-            if e.is_instance_of::<PyOverflowError>(burst.py()) { e } else { PyTypeError::new_err("burst must be an int") }
+            if e.is_instance_of::<PyOverflowError>(burst.py()) {
+                e
+            } else {
+                PyTypeError::new_err("burst must be an int")
+            }
         })?;
         if burst < 1 {
             return Err(PyValueError::new_err(format!("burst must be at least 1, got {burst}")));

@@ -87,10 +87,7 @@ fn unknown_to_py(e: UnknownController) -> PyErr {
 fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {
         Ok(s) => Ok(s.to_str()?.to_owned()),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "controller name must be a str, not {}",
-            type_name(obj)
-        ))),
+        Err(_) => Err(PyTypeError::new_err(format!("controller name must be a str, not {}", type_name(obj)))),
     }
 }
 
@@ -254,8 +251,7 @@ impl PyManager {
     fn remove(&self, py: Python<'_>, name: &Bound<'_, PyAny>, wait: bool) -> PyResult<()> {
         let name = name_from_py(name)?;
         let manager = &self.manager;
-        let removed =
-            py.detach(|| if wait { manager.remove_and_wait(&name) } else { manager.remove(&name) });
+        let removed = py.detach(|| if wait { manager.remove_and_wait(&name) } else { manager.remove(&name) });
         removed.map_err(unknown_to_py)
     }
 

@@ -6,10 +6,10 @@
 //! result classification), `limiters`, `queue`. The controller and manager
 //! bindings go in their own modules and register their classes below.
 
+mod controller;
 mod duration;
 mod errors;
 mod key;
-mod controller;
 mod limiters;
 mod manager;
 mod queue;

@@ -115,12 +115,7 @@ impl PyReconciler {
         let result = callback.bind(py).call1((&key_obj,));
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
-            log(
-                py,
-                level,
-                ("controller %r: reconcile of %r failed: %s", &*self.name, &key_obj, message),
-                exc,
-            );
+            log(py, level, ("controller %r: reconcile of %r failed: %s", &*self.name, &key_obj, message), exc);
         };
         match classify(py, result) {
             Outcome::Success => Ok(Action::Done),

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock, deadline_after};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
-use std::sync::atomic::Ordering::Relaxed;
 use state::{Added, Finished, QueueState};
+use std::sync::atomic::Ordering::Relaxed;
 
 pub use state::KeyState;
 
