@@ -11,20 +11,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 import reconq
-
-WAIT = 10.0
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = WAIT) -> Any:
-    """Polls `cond` until it is truthy; fails the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        time.sleep(0.005)
+from waiting import PATIENCE, wait_for
 
 
 class Recorder:
@@ -77,7 +64,7 @@ def test_none_is_success_and_forgets(make):
     c = make(rec, rate_limiter=limiter)
     c.start()
     c.enqueue("a")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 1, "successes": 1, "failures": 0, "requeues": 0}
     assert rec.calls == ["a"]
     assert limiter.num_requeues("a") == 0
@@ -95,7 +82,7 @@ def test_requeue_is_rate_limited(make):
     c = make(rec, rate_limiter=limiter)
     c.start()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 0, "requeues": 1}
     assert seen == [0, 1]  # the limiter was asked once
     t = rec.times["k"]
@@ -119,7 +106,7 @@ def test_requeue_after_forgets_and_delays(make):
     c = make(rec, rate_limiter=limiter)
     c.start()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 3, "successes": 1, "failures": 1, "requeues": 1}
     assert seen == [0, 1, 0]  # Requeue(after=) forgot the failure
     t = rec.times["k"]
@@ -138,7 +125,7 @@ def test_retry_after_delays_without_the_limiter(make):
     c = make(rec, rate_limiter=limiter)
     c.start()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     t = rec.times["k"]
     assert t[1] - t[0] >= 0.045
@@ -150,7 +137,7 @@ def test_permanent_error_parks_without_retry(make):
     c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
     c.start()
     c.enqueue("p")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 1, "successes": 0, "failures": 1, "requeues": 0}
     assert rec.count("p") == 1
     assert c.parked() == ["p"]
@@ -159,7 +146,7 @@ def test_permanent_error_parks_without_retry(make):
     assert c.stats()["parked"] == 1
     assert c.requeue_parked("p") is True
     assert c.requeue_parked("p") is False
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert rec.count("p") == 2 and c.parked() == []
 
 
@@ -176,7 +163,7 @@ def test_other_exception_is_rate_limited_retry(make):
     c = make(Recorder(script), rate_limiter=limiter)
     c.start()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 3, "successes": 1, "failures": 2, "requeues": 0}
     assert seen == [0, 1, 2]
     assert limiter.num_requeues("k") == 0
@@ -187,7 +174,7 @@ def test_returning_anything_else_is_a_type_error_failure(make):
     c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
     c.start()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     assert c.stats()["last_error"].startswith("TypeError: ")
     assert "int" in c.stats()["last_error"]
@@ -205,7 +192,7 @@ def test_base_exceptions_are_failures_and_the_worker_survives(make, exc):
     c.start()
     c.enqueue("bad")
     c.enqueue("good")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert counts(c) == {"reconciles": 3, "successes": 2, "failures": 1, "requeues": 0}
     assert c.stats()["last_error"] == f"{exc.__name__}: stop!"
     assert rec.count("good") == 1 and rec.count("bad") == 2
@@ -271,7 +258,7 @@ def test_negative_delay_means_now(make):
     c = make(rec)
     c.start()
     c.enqueue_after("k", -5)
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert rec.calls == ["k"]
 
 
@@ -286,7 +273,7 @@ def test_enqueue_at_uses_time_time(make):
     assert abs(c.inspect("later")["next_run"] - at) < 0.05
     wall = {}
     rec.script = lambda key, n: wall.setdefault(key, time.time()) and None
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert wall["later"] >= at - 0.01
     assert set(rec.calls) == {"later", "past"}
 
@@ -300,7 +287,7 @@ def test_enqueue_before_start_is_kept(make):
     assert not c.wait_idle(0.05)
     c.start()
     c.start()  # harmless
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert sorted(rec.calls) == ["a", "b"]
 
 
@@ -314,7 +301,7 @@ def test_stats_fields_and_finality(make):
     for round_ in range(5):
         for k in range(200):
             c.enqueue(k)
-        assert c.wait_idle(WAIT)
+        assert c.wait_idle(PATIENCE)
         s = c.stats()
         assert s["reconciles"] == s["successes"] + s["failures"] + s["requeues"]
         assert s["reconciles"] == rec_total(rec)
@@ -341,7 +328,7 @@ def test_last_error_format_and_time(make):
     c.start()
     before = time.time()
     c.enqueue("k")
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     s = c.stats()
     assert s["last_error"] == "ValueError: boom"
     assert before <= s["last_error_time"] <= time.time()
@@ -354,12 +341,12 @@ def test_hanging_report(make):
 
     def reconcile(key):
         started.set()
-        release.wait(WAIT)
+        release.wait(PATIENCE)
 
     c = make(reconcile, hanging_threshold=0.05)
     c.start()
     c.enqueue(("ns", "stuck"))
-    assert started.wait(WAIT)
+    assert started.wait(PATIENCE)
     hanging = wait_for(lambda: c.stats()["hanging"])
     assert list(hanging) == [("ns", "stuck")]
     assert hanging[("ns", "stuck")] > 0.05
@@ -368,7 +355,7 @@ def test_hanging_report(make):
     assert c.cancel(("ns", "stuck")) is True
     assert c.cancel("other") is False
     release.set()
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert c.stats()["hanging"] == {}
 
 
@@ -398,7 +385,7 @@ class Blocker:
         self.rec(key)
         if key == "block":
             self.started.set()
-            self.release.wait(WAIT)
+            self.release.wait(PATIENCE)
 
 
 def run_in_thread(fn: Callable[[], Any]) -> Dict[str, Any]:
@@ -418,7 +405,7 @@ def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
     c = make(b, workers=1)
     c.start()
     c.enqueue("block")
-    assert b.started.wait(WAIT)
+    assert b.started.wait(PATIENCE)
     for k in range(5):
         c.enqueue(k)
     c.enqueue_after("late", 30)
@@ -426,7 +413,7 @@ def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
     wait_for(lambda: c.stats()["state"] == "stopping")
     c.enqueue("after-stop")
     b.release.set()
-    out["thread"].join(WAIT)
+    out["thread"].join(PATIENCE)
     assert out["value"] is True
     assert b.rec.calls == ["block", 0, 1, 2, 3, 4]
     assert c.stats()["state"] == "stopped"
@@ -437,13 +424,13 @@ def test_stop_without_drain_abandons_ready_keys(make):
     c = make(b, workers=1)
     c.start()
     c.enqueue("block")
-    assert b.started.wait(WAIT)
+    assert b.started.wait(PATIENCE)
     for k in range(5):
         c.enqueue(k)
     out = run_in_thread(lambda: c.stop(drain=False))
     wait_for(lambda: c.stats()["state"] == "stopping")
     b.release.set()
-    out["thread"].join(WAIT)
+    out["thread"].join(PATIENCE)
     assert out["value"] is True
     assert b.rec.calls == ["block"]
 
@@ -461,7 +448,7 @@ def test_stop_twice_and_before_start(make):
     d = make(rec)
     d.start()
     d.enqueue(1)
-    assert d.wait_idle(WAIT)
+    assert d.wait_idle(PATIENCE)
     assert d.stop() is True
     assert d.stop() is True
     d.enqueue(2)
@@ -475,7 +462,7 @@ def test_stop_timeout_returns_when_a_reconcile_never_finishes(make):
     c = make(b)
     c.start()
     c.enqueue("block")
-    assert b.started.wait(WAIT)
+    assert b.started.wait(PATIENCE)
     t0 = time.monotonic()
     assert c.stop(timeout=0.2) is False
     assert time.monotonic() - t0 < 3
@@ -486,12 +473,12 @@ def test_stop_timeout_returns_when_a_reconcile_never_finishes(make):
     c2 = make(b2)
     c2.start()
     c2.enqueue("block")
-    assert b2.started.wait(WAIT)
+    assert b2.started.wait(PATIENCE)
     t0 = time.monotonic()
     assert c2.stop(drain=False, timeout=0.2) is False
     assert time.monotonic() - t0 < 3
     b2.release.set()
-    assert c2.stop(drain=False, timeout=WAIT) is True
+    assert c2.stop(drain=False, timeout=PATIENCE) is True
 
 
 def test_context_manager(make):
@@ -518,7 +505,7 @@ def test_run_returns_when_stopped_from_another_thread(make):
     rec = Recorder()
     c = make(rec)
     c.enqueue("k")
-    timer = threading.Timer(0.05, lambda: (c.wait_idle(WAIT), c.stop()))
+    timer = threading.Timer(0.05, lambda: (c.wait_idle(PATIENCE), c.stop()))
     timer.start()
     c.run()
     timer.join()
@@ -536,7 +523,7 @@ def test_reconcile_can_enqueue_into_its_own_controller(make):
     holder["c"] = c
     c.start()
     c.enqueue(0)
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     assert sorted(rec.calls) == list(range(201))
 
 
@@ -554,7 +541,7 @@ def test_threading_local_survives_across_calls(make):
     c.start()
     for k in range(300):
         c.enqueue(k)
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
     # Each worker thread kept one thread state: its counter saw every call.
     assert sum(per_thread.values()) == 300
     assert 1 <= len(per_thread) <= 2
@@ -589,7 +576,7 @@ def test_never_two_reconciles_of_one_key_at_once(make):
     for k in range(10):
         c.enqueue(k)
     wait_for(lambda: all(v <= 0 for v in remaining.values()), timeout=30)
-    c.stop(drain=False, timeout=WAIT)
+    c.stop(drain=False, timeout=PATIENCE)
     assert violations == []
 
 
@@ -602,7 +589,7 @@ def test_exceptions_are_logged(make, caplog):
     with caplog.at_level(logging.WARNING, logger="reconq"):
         c.start()
         c.enqueue(("ns", 7))
-        assert c.wait_idle(WAIT)
+        assert c.wait_idle(PATIENCE)
     records = [r for r in caplog.records if r.name == "reconq"]
     assert len(records) == 1
     r = records[0]
@@ -618,7 +605,7 @@ def test_retry_after_is_logged_as_a_warning(make, caplog):
     with caplog.at_level(logging.WARNING, logger="reconq"):
         c.start()
         c.enqueue("k")
-        assert c.wait_idle(WAIT)
+        assert c.wait_idle(PATIENCE)
     records = [r for r in caplog.records if r.name == "reconq"]
     assert [r.levelno for r in records] == [logging.WARNING]
     assert "RetryAfter: retry after 0.001 s" in records[0].getMessage()
@@ -647,7 +634,7 @@ def test_stopped_controller_releases_its_callback():
     o = Owner()
     o.c.start()
     o.c.enqueue(1)
-    assert o.c.wait_idle(WAIT)
+    assert o.c.wait_idle(PATIENCE)
     assert o.c.stop() is True
     ref = weakref.ref(o)
     del o
@@ -666,4 +653,4 @@ def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
     wait_for(lambda: results)
     assert results == [False]
     wait_for(lambda: c.stats()["state"] == "stopped")
-    assert c.stop(timeout=WAIT) is True
+    assert c.stop(timeout=PATIENCE) is True

@@ -15,16 +15,7 @@ import time
 import pytest
 
 import reconq
-
-TIMEOUT = 10.0
-
-
-def wait_for(cond, timeout=TIMEOUT, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+from waiting import PATIENCE, wait_for
 
 
 def status_of(m, name):
@@ -64,7 +55,7 @@ class Recorder:
 def test_do_runs_at_once(m):
     ran = threading.Event()
     m.update("a", ran.set)
-    assert ran.wait(TIMEOUT)
+    assert ran.wait(PATIENCE)
     wait_for(lambda: status_of(m, "a")["successes"] == 1)
     s = status_of(m, "a")
     assert s["failures"] == 0 and s["last_error"] is None
@@ -196,7 +187,7 @@ def test_stop_runs_after_do_even_if_removed_at_once(m):
     gate = threading.Event()
 
     def do():
-        gate.wait(TIMEOUT)
+        gate.wait(PATIENCE)
         events.append("do")
 
     m.update("a", do, stop=lambda: events.append("stop"))
@@ -223,7 +214,7 @@ def test_remove_without_wait_returns_before_stop(m):
     stopped = threading.Event()
 
     def stop():
-        release.wait(TIMEOUT)
+        release.wait(PATIENCE)
         stopped.set()
 
     m.update("a", lambda: None, stop=stop)
@@ -231,7 +222,7 @@ def test_remove_without_wait_returns_before_stop(m):
     m.remove("a")
     assert "a" not in m and not stopped.is_set()
     release.set()
-    assert stopped.wait(TIMEOUT)
+    assert stopped.wait(PATIENCE)
 
 
 def test_remove_unknown_is_key_error(m):
@@ -256,7 +247,7 @@ def test_remove_all_without_wait(m):
     m.update("a", lambda: None, stop=stopped.set)
     m.remove_all()
     assert len(m) == 0
-    assert stopped.wait(TIMEOUT)
+    assert stopped.wait(PATIENCE)
 
 
 def test_status_sorted_with_fields(m):
@@ -302,7 +293,7 @@ def test_do_can_update_and_remove_its_own_manager(m):
         m.remove("parent", wait=True)  # its own: must not deadlock
 
     m.update("parent", do)
-    assert done.wait(TIMEOUT)
+    assert done.wait(PATIENCE)
     wait_for(lambda: m.names() == ["child"])
 
 

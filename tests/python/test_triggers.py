@@ -5,24 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
 
 import reconq
-
-WAIT = 10.0
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        time.sleep(0.005)
+from waiting import PATIENCE, wait_for
 
 
 class Seen:
@@ -61,7 +49,7 @@ def ctl():
 def settle(c: Any) -> None:
     """Waits until every trigger/watch thread has exited and the queue is idle."""
     wait_for(lambda: c.stats()["background_threads"] == 0)
-    assert c.wait_idle(WAIT)
+    assert c.wait_idle(PATIENCE)
 
 
 def test_trigger_fires_with_a_threading_event(ctl):
@@ -89,15 +77,15 @@ def test_second_trigger_replaces_the_first(ctl):
 
     def first(ev):
         first_started.set()
-        outcome.append(ev.wait(WAIT))  # True: stopped by the replacement
+        outcome.append(ev.wait(PATIENCE))  # True: stopped by the replacement
 
     release = threading.Event()
 
     def second(ev):
-        release.wait(WAIT)
+        release.wait(PATIENCE)
 
     ctl.add_trigger("k", first)
-    assert first_started.wait(WAIT)
+    assert first_started.wait(PATIENCE)
     ctl.add_trigger("k", second)
     wait_for(lambda: outcome)
     assert outcome == [True]
@@ -113,10 +101,10 @@ def test_remove_trigger_sets_its_event_and_nothing_is_enqueued(ctl):
 
     def trigger(ev):
         started.set()
-        outcome.append(ev.wait(WAIT))
+        outcome.append(ev.wait(PATIENCE))
 
     ctl.add_trigger(("a", 1), trigger)
-    assert started.wait(WAIT)
+    assert started.wait(PATIENCE)
     assert ctl.remove_trigger(("a", 1)) is True
     settle(ctl)
     assert outcome == [True]
@@ -135,17 +123,17 @@ def test_stop_sets_every_trigger_event():
     def make(i):
         def trigger(ev):
             started[i].set()
-            outcome.append(ev.wait(WAIT))
+            outcome.append(ev.wait(PATIENCE))
 
         return trigger
 
     for i in range(3):
         c.add_trigger(i, make(i))
     for s in started:
-        assert s.wait(WAIT)
+        assert s.wait(PATIENCE)
     t0 = time.monotonic()
     assert c.stop() is True
-    assert time.monotonic() - t0 < WAIT / 2
+    assert time.monotonic() - t0 < PATIENCE / 2
     assert outcome == [True, True, True]
     assert seen.snapshot() == []
     assert c.stats()["background_threads"] == 0
@@ -242,7 +230,7 @@ def test_stop_ends_a_watch_at_its_next_event():
 
     def events():
         yield "first"
-        gate.wait(WAIT)
+        gate.wait(PATIENCE)
         pulled.append(1)
         yield "after-stop"
         pulled.append(2)
