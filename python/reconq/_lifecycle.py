@@ -8,11 +8,18 @@ stops every controller still running with drain, giving them together at
 most ``EXIT_TIMEOUT`` seconds: the hook runs before the interpreter starts
 finalizing, so reconciles in progress finish normally and the process exits
 cleanly.
+
+After ``os.fork()`` the child forgets the parent's controllers: their
+threads exist only in the parent, so stopping them from the child would wait
+for threads that are not there. The child must not use controllers started
+before the fork (calls may block on locks held at fork time); it can create
+and run new ones.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from typing import Any, Set
@@ -48,4 +55,12 @@ def _stop_all_at_exit() -> None:
             pass
 
 
+def _forget_after_fork() -> None:
+    global _lock, _running
+    # A lock held by another thread at fork time stays held in the child.
+    _lock = threading.Lock()
+    _running = set()
+
+
 atexit.register(_stop_all_at_exit)
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -16,7 +16,9 @@
 //! Interpreter exit: every live manager is remembered weakly; an `atexit`
 //! hook (registered at import) removes all their controllers and waits up to
 //! [`EXIT_WAIT`] for their threads, so `stop` functions run before the
-//! interpreter finalizes, and a hung `do` cannot hang the exit.
+//! interpreter finalizes, and a hung `do` cannot hang the exit. A process
+//! forked from one with managers skips the parent's: their threads exist
+//! only in the parent.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -36,7 +38,10 @@ use crate::{ControllerParams, ControllerStatus, DoError, Manager, ThreadWrapper,
 const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Every manager created, held weakly, for the exit hook.
-static LIVE: Mutex<Vec<WeakManager>> = Mutex::new(Vec::new());
+/// Live managers, each with the id of the process that created it: after
+/// `os.fork()` the child inherits this list but not the managers' threads,
+/// so the child's exit hook must leave the parent's managers alone.
+static LIVE: Mutex<Vec<(u32, WeakManager)>> = Mutex::new(Vec::new());
 
 /// The `reconq` logger, looked up once.
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -173,8 +178,8 @@ impl PyManager {
     fn new() -> Self {
         let manager = Manager::builder().thread_wrapper(python_thread_wrapper()).build();
         let mut live = LIVE.lock();
-        live.retain(|w| w.upgrade().is_some());
-        live.push(manager.downgrade());
+        live.retain(|(_, w)| w.upgrade().is_some());
+        live.push((std::process::id(), manager.downgrade()));
         Self { manager }
     }
 
@@ -315,8 +320,9 @@ impl PyManager {
 #[pyfunction]
 pub(crate) fn _shutdown_managers(py: Python<'_>) {
     let managers: Vec<Manager> = {
+        let pid = std::process::id();
         let mut live = LIVE.lock();
-        let managers = live.iter().filter_map(WeakManager::upgrade).collect();
+        let managers = live.iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, w)| w.upgrade()).collect();
         live.clear();
         managers
     };
