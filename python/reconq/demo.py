@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -341,6 +342,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.workers < 1:
         parser.error("--seconds must be > 0 and --workers >= 1")
+    # The demo prints every outcome itself; without this, reconq's own
+    # failure logs (with tracebacks) would reach stderr through Python's
+    # last-resort handler, since nothing here configures logging.
+    logging.getLogger("reconq").addHandler(logging.NullHandler())
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="reconq-demo-"))
     desired, actual = root / "desired", root / "actual"
