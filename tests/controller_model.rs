@@ -93,7 +93,11 @@ enum Inner {
     /// Offset in seconds from the clock's now (negative: in the past).
     EnqueueAt(u32, i64),
     Advance(u64),
-    SetResult(u32, Res),
+    /// Advance to the earliest due time (no-op if none): keeps retry chains
+    /// going, so long backoff sequences are reached.
+    AdvanceToNext,
+    /// Append these results to the key's script (default: `Done`).
+    SetResults(u32, Vec<Res>),
     RequeueParked(u32),
     Cancel(u32),
 }
@@ -136,8 +140,9 @@ fn inner() -> impl Strategy<Value = Inner> {
         3 => key().prop_map(Inner::Enqueue),
         2 => (key(), 0..6u64).prop_map(|(k, d)| Inner::EnqueueAfter(k, d)),
         1 => (key(), -3..6i64).prop_map(|(k, o)| Inner::EnqueueAt(k, o)),
-        3 => (0..9u64).prop_map(Inner::Advance),
-        5 => (key(), res()).prop_map(|(k, r)| Inner::SetResult(k, r)),
+        2 => (0..9u64).prop_map(Inner::Advance),
+        2 => Just(Inner::AdvanceToNext),
+        5 => (key(), prop::collection::vec(res(), 1..5)).prop_map(|(k, r)| Inner::SetResults(k, r)),
         1 => key().prop_map(Inner::RequeueParked),
         1 => key().prop_map(Inner::Cancel),
     ]
@@ -481,6 +486,16 @@ impl Model {
         }
     }
 
+    fn next_due(&self) -> Option<u64> {
+        self.slots
+            .values()
+            .filter_map(|s| match *s {
+                Slot::Delayed(t, _) | Slot::Processing(Then::Wait(t, _)) => Some(t),
+                _ => None,
+            })
+            .min()
+    }
+
     fn waiting(&self) -> usize {
         self.slots.values().filter(|s| matches!(s, Slot::Delayed(..))).count()
     }
@@ -545,9 +560,14 @@ impl Harness {
                 self.clock.advance(secs(d));
                 self.m.advance(d);
             }
-            Inner::SetResult(k, r) => {
-                self.rec.0.script.lock().entry(k).or_default().push_back(r);
-                self.m.script.entry(k).or_default().push_back(r);
+            Inner::AdvanceToNext => {
+                let d = self.m.next_due().map_or(0, |t| t - self.m.now);
+                self.clock.advance(secs(d));
+                self.m.advance(d);
+            }
+            Inner::SetResults(k, ref r) => {
+                self.rec.0.script.lock().entry(k).or_default().extend(r.iter().copied());
+                self.m.script.entry(k).or_default().extend(r.iter().copied());
             }
             Inner::RequeueParked(k) => {
                 let was = self.m.parked.iter().any(|(p, _)| *p == k);
@@ -720,7 +740,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     #[test]
-    fn controller_matches_the_model(ops in prop::collection::vec(op(), 1..30), end in end()) {
+    fn controller_matches_the_model(ops in prop::collection::vec(op(), 1..40), end in end()) {
         quiet_worker_panics();
         let mut harness = Harness::new();
         for op in &ops {
