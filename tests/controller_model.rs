@@ -1,0 +1,751 @@
+//! State-machine property test of the `Controller` (reliability issue):
+//! random operation sequences on a one-worker controller with a `FakeClock`
+//! and `ExponentialBackoff(1 s, 1000 s)` over keys 0..4, checked after every
+//! step against a reference model of spec §1 (G1-G5, G7, G9) and §4's result
+//! table.
+//!
+//! One worker makes the order deterministic. After each operation the test
+//! waits until nothing is ready or processing (the fake clock does not move,
+//! so delayed keys stay put) and compares:
+//! every reconcile call so far (key, `Context::attempt()`, `is_cancelled()`,
+//! in order), `stats()` (reconciles, successes, failures, requeues, panics,
+//! depth, processing, waiting, parked, last_error), `parked()` (oldest
+//! first), and `inspect(k)` for every key (state with the exact due instant,
+//! attempts, last_error, next_run).
+//!
+//! **Gates** make the in-flight cases deterministic: the next reconcile of a
+//! key blocks until released, and a batch of operations runs meanwhile. That
+//! covers adds of ready keys (G1 dedup), adds and delayed adds of the key
+//! being processed (G2/G3: it runs again after, once; a delay waits), FIFO
+//! order of keys made ready while the worker is busy (G4), `cancel` of the
+//! running key (true, `is_cancelled()` seen) and of others (false), and a
+//! result's retry colliding with an add made while it ran.
+//!
+//! What the model encodes:
+//! * Result table: `Done` forgets (attempt and limiter reset, memory
+//!   cleared), success. `Requeue` is a rate-limited add (delay = the key's
+//!   backoff sequence 1, 2, 4, ... s), requeue, attempt + 1. `RequeueAfter(d)`
+//!   forgets and adds after `d`, requeue. An error is a rate-limited add,
+//!   failure; a panic is the same plus `panics` (G9: the worker goes on).
+//!   `retry_after(d)` adds after `d`, failure, attempt + 1 without asking the
+//!   limiter. `permanent` forgets, parks the key (no retry), failure. A parked
+//!   key leaves the parked set when it is handed out again
+//!   (`requeue_parked`, or any enqueue).
+//! * Queue rules: dedup of waiting keys (G1); a key added while processed
+//!   runs once more after (G2/G3); FIFO of ready keys (G4); `d = 0` or a past
+//!   instant is now, the earliest due time wins, a plain add of a delayed key
+//!   makes it ready and cancels the delay, a delayed add of a ready key does
+//!   nothing (G5). Keys due at the same instant come out in the order their
+//!   due times were set (the engine's tie-break; the spec leaves it open).
+//! * Stopping (G7), as the last operation, idle or while a gated reconcile
+//!   runs: `stop()` drops ready and delayed keys and cancels the running
+//!   reconcile; `stop_with_drain` drops delayed keys, reconciles the ready
+//!   ones and the running key again if it was dirty, without retries, and
+//!   returns true. After either, enqueues are ignored.
+//!
+//! Left to other tests: several workers and real concurrency
+//! (`controller_concurrency.rs`, `shuttle.rs`), the queue on its own
+//! (`model.rs`), drain deadlines and hung reconciles (`controller_stop.rs`),
+//! jitter, other limiters, triggers, the hang watchdog, the Python surface,
+//! G8 (`idle_cpu.rs`).
+
+mod common;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Once};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{PATIENCE, secs};
+use parking_lot::{Condvar, Mutex};
+use proptest::prelude::*;
+use reconq::{
+    Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, KeyInfo, KeyStatus, ReconcileError,
+    Reconciler,
+};
+
+const KEYS: u32 = 4;
+/// A key the model never sees: its removal shows that a drain has begun.
+const SENTINEL: u32 = 100;
+const NAME: &str = "ctlmodel";
+
+// ---------------------------------------------------------------------------
+// Operations
+
+/// What the next reconcile of a key does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Res {
+    Done,
+    Requeue,
+    RequeueAfter(u64),
+    Fail,
+    RetryAfter(u64),
+    Permanent,
+    Panic,
+}
+
+/// An operation that needs no quiescence before it (it may run while a gated
+/// reconcile is in flight).
+#[derive(Debug, Clone)]
+enum Inner {
+    Enqueue(u32),
+    EnqueueAfter(u32, u64),
+    /// Offset in seconds from the clock's now (negative: in the past).
+    EnqueueAt(u32, i64),
+    Advance(u64),
+    /// Advance to the earliest due time (no-op if none): keeps retry chains
+    /// going, so long backoff sequences are reached.
+    AdvanceToNext,
+    /// Append these results to the key's script (default: `Done`).
+    SetResults(u32, Vec<Res>),
+    RequeueParked(u32),
+    Cancel(u32),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Do(Inner),
+    /// Enqueue the key, block its reconcile, run the batch, release.
+    Gate(u32, Vec<Inner>),
+}
+
+#[derive(Debug, Clone)]
+enum End {
+    Stop,
+    Drain,
+    /// `stop()` while the key's reconcile is blocked after the batch.
+    StopGated(u32, Vec<Inner>),
+    /// `stop_with_drain` while the key's reconcile is blocked after the batch.
+    DrainGated(u32, Vec<Inner>),
+}
+
+fn key() -> impl Strategy<Value = u32> {
+    0..KEYS
+}
+
+fn res() -> impl Strategy<Value = Res> {
+    prop_oneof![
+        2 => Just(Res::Done),
+        2 => Just(Res::Requeue),
+        2 => (0..4u64).prop_map(Res::RequeueAfter),
+        3 => Just(Res::Fail),
+        2 => (0..4u64).prop_map(Res::RetryAfter),
+        2 => Just(Res::Permanent),
+        1 => Just(Res::Panic),
+    ]
+}
+
+fn inner() -> impl Strategy<Value = Inner> {
+    prop_oneof![
+        3 => key().prop_map(Inner::Enqueue),
+        2 => (key(), 0..6u64).prop_map(|(k, d)| Inner::EnqueueAfter(k, d)),
+        1 => (key(), -3..6i64).prop_map(|(k, o)| Inner::EnqueueAt(k, o)),
+        2 => (0..9u64).prop_map(Inner::Advance),
+        2 => Just(Inner::AdvanceToNext),
+        5 => (key(), prop::collection::vec(res(), 1..5)).prop_map(|(k, r)| Inner::SetResults(k, r)),
+        1 => key().prop_map(Inner::RequeueParked),
+        1 => key().prop_map(Inner::Cancel),
+    ]
+}
+
+fn batch() -> impl Strategy<Value = Vec<Inner>> {
+    prop::collection::vec(inner(), 0..6)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => inner().prop_map(Op::Do),
+        2 => (key(), batch()).prop_map(|(k, b)| Op::Gate(k, b)),
+    ]
+}
+
+fn end() -> impl Strategy<Value = End> {
+    prop_oneof![
+        Just(End::Stop),
+        Just(End::Drain),
+        (key(), batch()).prop_map(|(k, b)| End::StopGated(k, b)),
+        (key(), batch()).prop_map(|(k, b)| End::DrainGated(k, b)),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// The reconciler under test: per-key scripts, a call log, gates.
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    key: u32,
+    attempt: u32,
+    cancelled: bool,
+}
+
+#[derive(Default)]
+struct GateState {
+    key: Option<u32>,
+    entered: bool,
+    released: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    script: Mutex<HashMap<u32, VecDeque<Res>>>,
+    calls: Mutex<Vec<Call>>,
+    gate: Mutex<GateState>,
+    gate_cv: Condvar,
+}
+
+#[derive(Clone, Default)]
+struct Rec(Arc<Shared>);
+
+fn message(kind: &str, key: u32, index: usize) -> String {
+    format!("{kind}-{key}-{index}")
+}
+
+impl Reconciler<u32> for Rec {
+    fn reconcile(&self, key: &u32, ctx: &Context) -> Result<Action, ReconcileError> {
+        {
+            let mut g = self.0.gate.lock();
+            if g.key == Some(*key) && !g.entered {
+                g.entered = true;
+                self.0.gate_cv.notify_all();
+                while !g.released {
+                    self.0.gate_cv.wait(&mut g);
+                }
+            }
+        }
+        let res = self.0.script.lock().get_mut(key).and_then(VecDeque::pop_front).unwrap_or(Res::Done);
+        let index = {
+            let mut calls = self.0.calls.lock();
+            calls.push(Call { key: *key, attempt: ctx.attempt(), cancelled: ctx.is_cancelled() });
+            calls.len() - 1
+        };
+        match res {
+            Res::Done => Ok(Action::Done),
+            Res::Requeue => Ok(Action::Requeue),
+            Res::RequeueAfter(d) => Ok(Action::RequeueAfter(secs(d))),
+            Res::Fail => Err(ReconcileError::new(message("fail", *key, index))),
+            Res::RetryAfter(d) => Err(ReconcileError::retry_after(secs(d), message("retry", *key, index))),
+            Res::Permanent => Err(ReconcileError::permanent(message("perm", *key, index))),
+            Res::Panic => panic!("{}", message("panic", *key, index)),
+        }
+    }
+}
+
+impl Rec {
+    fn arm(&self, key: u32) {
+        *self.0.gate.lock() = GateState { key: Some(key), entered: false, released: false };
+    }
+
+    fn wait_entered(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut g = self.0.gate.lock();
+        while !g.entered {
+            assert!(!self.0.gate_cv.wait_until(&mut g, deadline).timed_out(), "gated reconcile never started");
+        }
+    }
+
+    fn release(&self) {
+        let mut g = self.0.gate.lock();
+        g.released = true;
+        self.0.gate_cv.notify_all();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reference model. Times are whole seconds since the clock's start.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Finish,
+    Requeue,
+    Wait(u64, u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Ready,
+    /// Due time and scheduling sequence (ties come out in scheduling order).
+    Delayed(u64, u64),
+    Processing(Then),
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Counts {
+    reconciles: u64,
+    successes: u64,
+    failures: u64,
+    requeues: u64,
+    panics: u64,
+}
+
+#[derive(Default)]
+struct Model {
+    now: u64,
+    seq: u64,
+    slots: HashMap<u32, Slot>,
+    ready: VecDeque<u32>,
+    shutting_down: bool,
+    /// Tries since the last success or forget (`Context::attempt`).
+    attempts: HashMap<u32, u32>,
+    /// The limiter's failure count per key.
+    limiter: HashMap<u32, u32>,
+    last_error: HashMap<u32, String>,
+    /// Oldest first.
+    parked: Vec<(u32, String)>,
+    script: HashMap<u32, VecDeque<Res>>,
+    calls: Vec<Call>,
+    counts: Counts,
+    global_last_error: Option<String>,
+}
+
+impl Model {
+    fn add(&mut self, k: u32) {
+        if self.shutting_down {
+            return;
+        }
+        match self.slots.get(&k).copied() {
+            None | Some(Slot::Delayed(..)) => {
+                self.slots.insert(k, Slot::Ready);
+                self.ready.push_back(k);
+            }
+            Some(Slot::Processing(_)) => {
+                self.slots.insert(k, Slot::Processing(Then::Requeue));
+            }
+            Some(Slot::Ready) => {}
+        }
+    }
+
+    fn add_at(&mut self, k: u32, due: u64) {
+        if due <= self.now {
+            return self.add(k);
+        }
+        if self.shutting_down {
+            return;
+        }
+        let seq = self.seq;
+        let new = match self.slots.get(&k).copied() {
+            None => Slot::Delayed(due, seq),
+            Some(Slot::Delayed(old, _)) if due < old => Slot::Delayed(due, seq),
+            Some(Slot::Processing(Then::Finish)) => Slot::Processing(Then::Wait(due, seq)),
+            Some(Slot::Processing(Then::Wait(old, _))) if due < old => Slot::Processing(Then::Wait(due, seq)),
+            _ => return,
+        };
+        self.seq += 1;
+        self.slots.insert(k, new);
+    }
+
+    fn add_after(&mut self, k: u32, d: u64) {
+        self.add_at(k, self.now + d);
+    }
+
+    fn advance(&mut self, d: u64) {
+        self.now += d;
+        let mut due: Vec<(u64, u64, u32)> = self
+            .slots
+            .iter()
+            .filter_map(|(&k, s)| match *s {
+                Slot::Delayed(t, q) | Slot::Processing(Then::Wait(t, q)) if t <= self.now => Some((t, q, k)),
+                _ => None,
+            })
+            .collect();
+        due.sort_unstable();
+        for (_, _, k) in due {
+            match self.slots[&k] {
+                Slot::Delayed(..) => {
+                    self.slots.insert(k, Slot::Ready);
+                    self.ready.push_back(k);
+                }
+                _ => {
+                    self.slots.insert(k, Slot::Processing(Then::Requeue));
+                }
+            }
+        }
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        let k = self.ready.pop_front()?;
+        self.slots.insert(k, Slot::Processing(Then::Finish));
+        self.parked.retain(|(p, _)| *p != k);
+        Some(k)
+    }
+
+    fn done(&mut self, k: u32) {
+        match self.slots.remove(&k) {
+            Some(Slot::Processing(Then::Finish)) => {}
+            Some(Slot::Processing(Then::Requeue)) => {
+                self.slots.insert(k, Slot::Ready);
+                self.ready.push_back(k);
+            }
+            Some(Slot::Processing(Then::Wait(t, q))) => {
+                assert!(t > self.now, "model: a due wait is promoted before done");
+                self.slots.insert(k, Slot::Delayed(t, q));
+            }
+            other => panic!("model: done({k}) while {other:?}"),
+        }
+    }
+
+    fn forget(&mut self, k: u32) {
+        self.attempts.remove(&k);
+        self.last_error.remove(&k);
+        self.limiter.remove(&k);
+    }
+
+    fn bump(&mut self, k: u32, error: Option<String>) {
+        *self.attempts.entry(k).or_default() += 1;
+        if let Some(e) = error {
+            self.last_error.insert(k, e);
+        }
+    }
+
+    /// `ExponentialBackoff(1 s, 1000 s)`: 1, 2, 4, ... capped at 1000.
+    fn backoff(&mut self, k: u32) -> u64 {
+        let n = self.limiter.entry(k).or_default();
+        let d = if *n >= 10 { 1000 } else { (1u64 << *n).min(1000) };
+        *n += 1;
+        d
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.counts.failures += 1;
+        self.global_last_error = Some(msg);
+    }
+
+    /// One reconcile of `k` (already taken), as spec §4's table says.
+    fn reconcile(&mut self, k: u32, cancelled: bool) {
+        let attempt = self.attempts.get(&k).copied().unwrap_or(0);
+        let res = self.script.get_mut(&k).and_then(VecDeque::pop_front).unwrap_or(Res::Done);
+        let index = self.calls.len();
+        self.calls.push(Call { key: k, attempt, cancelled });
+        match res {
+            Res::Done => {
+                self.forget(k);
+                self.counts.successes += 1;
+            }
+            Res::Requeue => {
+                self.bump(k, None);
+                let d = self.backoff(k);
+                self.add_after(k, d);
+                self.counts.requeues += 1;
+            }
+            Res::RequeueAfter(d) => {
+                self.forget(k);
+                self.add_after(k, d);
+                self.counts.requeues += 1;
+            }
+            Res::Fail | Res::Panic => {
+                let kind = if res == Res::Fail { "fail" } else { "panic" };
+                let msg = message(kind, k, index);
+                self.bump(k, Some(msg.clone()));
+                let d = self.backoff(k);
+                self.add_after(k, d);
+                if res == Res::Panic {
+                    self.counts.panics += 1;
+                }
+                self.fail(msg);
+            }
+            Res::RetryAfter(d) => {
+                let msg = message("retry", k, index);
+                self.bump(k, Some(msg.clone()));
+                self.add_after(k, d);
+                self.fail(msg);
+            }
+            Res::Permanent => {
+                let msg = message("perm", k, index);
+                self.forget(k);
+                self.parked.retain(|(p, _)| *p != k);
+                self.parked.push((k, msg.clone()));
+                self.fail(msg);
+            }
+        }
+        self.counts.reconciles += 1;
+        self.done(k);
+    }
+
+    /// The single worker, until nothing is ready.
+    fn run(&mut self) {
+        while let Some(k) = self.take() {
+            self.reconcile(k, false);
+        }
+    }
+
+    /// Shutdown: delayed keys and pending waits go; with `discard`, ready
+    /// keys too and the running key is not re-queued.
+    fn shut_down(&mut self, discard: bool) {
+        self.shutting_down = true;
+        self.slots.retain(|_, s| !matches!(s, Slot::Delayed(..)));
+        for s in self.slots.values_mut() {
+            if let Slot::Processing(then) = s
+                && (discard || matches!(then, Then::Wait(..)))
+            {
+                *then = Then::Finish;
+            }
+        }
+        if discard {
+            for k in self.ready.drain(..) {
+                self.slots.remove(&k);
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        self.slots
+            .values()
+            .filter_map(|s| match *s {
+                Slot::Delayed(t, _) | Slot::Processing(Then::Wait(t, _)) => Some(t),
+                _ => None,
+            })
+            .min()
+    }
+
+    fn waiting(&self) -> usize {
+        self.slots.values().filter(|s| matches!(s, Slot::Delayed(..))).count()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Driving both
+
+struct Harness {
+    clock: FakeClock,
+    t0: Instant,
+    rec: Rec,
+    h: ControllerHandle<u32>,
+    m: Model,
+}
+
+/// Releases a gate and stops the controller even when a check fails, so a
+/// failing case leaves no worker behind while proptest shrinks.
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.rec.release();
+        self.h.stop();
+    }
+}
+
+impl Harness {
+    fn new() -> Self {
+        let clock = FakeClock::new();
+        let t0 = reconq::Clock::now(&clock);
+        let rec = Rec::default();
+        let h = Controller::new(NAME, rec.clone())
+            .workers(1)
+            .clock(clock.clone())
+            .rate_limiter(ExponentialBackoff::new(secs(1), secs(1000)))
+            .start();
+        Self { clock, t0, rec, h, m: Model::default() }
+    }
+
+    fn at(&self, t: u64) -> Instant {
+        self.t0 + secs(t)
+    }
+
+    /// Applies an operation to both sides. Nothing here waits for the worker.
+    fn apply(&mut self, op: &Inner) {
+        match *op {
+            Inner::Enqueue(k) => {
+                self.h.enqueue(k);
+                self.m.add(k);
+            }
+            Inner::EnqueueAfter(k, d) => {
+                self.h.enqueue_after(k, secs(d));
+                self.m.add_after(k, d);
+            }
+            Inner::EnqueueAt(k, off) => {
+                let now = reconq::Clock::now(&self.clock);
+                let at = if off >= 0 { now + secs(off as u64) } else { now - secs(off.unsigned_abs()) };
+                self.h.enqueue_at(k, at);
+                // A past instant is now.
+                self.m.add_at(k, self.m.now.saturating_add_signed(off.max(0)));
+            }
+            Inner::Advance(d) => {
+                self.clock.advance(secs(d));
+                self.m.advance(d);
+            }
+            Inner::AdvanceToNext => {
+                let d = self.m.next_due().map_or(0, |t| t - self.m.now);
+                self.clock.advance(secs(d));
+                self.m.advance(d);
+            }
+            Inner::SetResults(k, ref r) => {
+                self.rec.0.script.lock().entry(k).or_default().extend(r.iter().copied());
+                self.m.script.entry(k).or_default().extend(r.iter().copied());
+            }
+            Inner::RequeueParked(k) => {
+                let was = self.m.parked.iter().any(|(p, _)| *p == k);
+                assert_eq!(self.h.requeue_parked(&k), was, "requeue_parked({k})");
+                if was {
+                    self.m.parked.retain(|(p, _)| *p != k);
+                    self.m.add(k);
+                }
+            }
+            Inner::Cancel(k) => {
+                let running = matches!(self.m.slots.get(&k), Some(Slot::Processing(_)));
+                assert_eq!(self.h.cancel(&k), running, "cancel({k})");
+            }
+        }
+    }
+
+    /// Waits until nothing is ready or being processed. The fake clock does
+    /// not move meanwhile, so that state lasts; adds and `done` are atomic
+    /// with the hand-out of the next key, so it is never seen early.
+    fn quiesce(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut spins = 0u32;
+        loop {
+            let s = self.h.stats();
+            if s.depth == 0 && s.processing == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "controller never quiesced: {s:?}");
+            spins += 1;
+            if spins < 50 {
+                thread::yield_now();
+            } else {
+                thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Runs the model's worker and checks every observable.
+    fn settle_and_check(&mut self) {
+        self.m.run();
+        self.quiesce();
+        self.check();
+    }
+
+    fn check(&self) {
+        let m = &self.m;
+        assert_eq!(*self.rec.0.calls.lock(), m.calls, "reconcile calls (key, attempt, cancelled), in order");
+        let s = self.h.stats();
+        let got = Counts {
+            reconciles: s.reconciles,
+            successes: s.successes,
+            failures: s.failures,
+            requeues: s.requeues,
+            panics: s.panics,
+        };
+        assert_eq!(got, m.counts, "stats counters");
+        assert_eq!((s.depth, s.processing, s.waiting), (0, 0, m.waiting()), "stats depth, processing, waiting");
+        assert_eq!(s.parked, m.parked.len(), "stats parked");
+        assert_eq!(s.last_error, m.global_last_error, "stats last_error");
+        let parked: Vec<u32> = m.parked.iter().map(|(k, _)| *k).collect();
+        assert_eq!(self.h.parked(), parked, "parked(), oldest first");
+        for k in 0..KEYS {
+            let parked_error = m.parked.iter().find(|(p, _)| *p == k).map(|(_, e)| e.clone());
+            let attempts = m.attempts.get(&k).copied().unwrap_or(0);
+            let memory_error = m.last_error.get(&k).cloned();
+            let want = match m.slots.get(&k) {
+                None => match parked_error {
+                    Some(e) => KeyInfo { state: KeyStatus::Parked, attempts, last_error: Some(e), next_run: None },
+                    None => KeyInfo { state: KeyStatus::Unknown, attempts, last_error: memory_error, next_run: None },
+                },
+                Some(&Slot::Delayed(t, _)) => KeyInfo {
+                    state: KeyStatus::Waiting { until: self.at(t) },
+                    attempts,
+                    last_error: memory_error,
+                    next_run: Some(self.at(t)),
+                },
+                Some(other) => panic!("model: key {k} is {other:?} at quiescence"),
+            };
+            assert_eq!(self.h.inspect(&k), want, "inspect({k})");
+        }
+    }
+
+    /// Enqueues `k`, blocks its reconcile, and applies the batch meanwhile.
+    fn gate(&mut self, k: u32, batch: &[Inner]) {
+        assert!(self.m.ready.is_empty());
+        self.rec.arm(k);
+        self.h.enqueue(k);
+        self.m.add(k);
+        assert_eq!(self.m.take(), Some(k), "model: the gated key is handed out first");
+        self.rec.wait_entered();
+        for op in batch {
+            self.apply(op);
+        }
+    }
+
+    fn run_op(&mut self, op: &Op) {
+        match op {
+            Op::Do(inner) => self.apply(inner),
+            Op::Gate(k, batch) => {
+                self.gate(*k, batch);
+                self.rec.release();
+                self.m.reconcile(*k, batch.iter().any(|o| matches!(o, Inner::Cancel(c) if c == k)));
+            }
+        }
+        self.settle_and_check();
+    }
+
+    fn finish(&mut self, end: &End) {
+        match end {
+            End::Stop => {
+                self.h.stop();
+                self.m.shut_down(true);
+            }
+            End::Drain => {
+                assert!(self.h.stop_with_drain(PATIENCE), "idle drain finished");
+                self.m.shut_down(false);
+            }
+            End::StopGated(k, batch) => {
+                self.gate(*k, batch);
+                self.h.stop();
+                self.m.shut_down(true);
+                self.rec.release();
+                self.m.reconcile(*k, true);
+            }
+            End::DrainGated(k, batch) => {
+                self.gate(*k, batch);
+                let cancelled = batch.iter().any(|o| matches!(o, Inner::Cancel(c) if c == k));
+                // A far-off key whose disappearance shows the drain began.
+                self.h.enqueue_after(SENTINEL, secs(1_000_000));
+                let h = self.h.clone();
+                let drain = thread::spawn(move || h.stop_with_drain(PATIENCE));
+                common::wait_for("the drain to drop delayed keys", || {
+                    self.h.inspect(&SENTINEL).state == KeyStatus::Unknown
+                });
+                self.m.shut_down(false);
+                self.rec.release();
+                self.m.reconcile(*k, cancelled);
+                assert!(drain.join().unwrap(), "drain finished in time");
+            }
+        }
+        self.m.run();
+        assert!(self.h.wait_stopped(Some(PATIENCE)), "controller stopped");
+        self.check();
+        // Enqueues after a stop are ignored, and time no longer matters.
+        self.h.enqueue(0);
+        self.h.enqueue_after(1, secs(1));
+        self.clock.advance(secs(100_000));
+        assert_eq!(self.h.stats().depth, 0);
+        self.m.advance(100_000);
+        self.check();
+    }
+}
+
+/// Scripted panics on the controller's worker are expected: keep them out of
+/// the test output (other panics still print).
+fn quiet_worker_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let worker = thread::current().name().is_some_and(|n| n.starts_with(&format!("reconq-{NAME}-")));
+            if !worker {
+                previous(info);
+            }
+        }));
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn controller_matches_the_model(ops in prop::collection::vec(op(), 1..40), end in end()) {
+        quiet_worker_panics();
+        let mut harness = Harness::new();
+        for op in &ops {
+            harness.run_op(op);
+        }
+        harness.finish(&end);
+    }
+}
