@@ -620,7 +620,9 @@ class ControllerMachine(RuleBasedStateMachine):
             err = delay_error(seconds) if not at else None
             if at:
                 terr, t = _as_seconds(seconds)
-                err = terr or (OverflowError if t > 1e15 else None)
+                if terr is None and 1e12 < t < math.inf:
+                    return  # past the clock's range or not: platform-dependent
+                err = terr or (OverflowError if t == math.inf else None)
         if err is None or ambiguous_seconds(seconds):
             return  # a call that would work: not this rule's business
         before = self._idle_counts()
