@@ -102,18 +102,71 @@ fn memory_returns() {
     );
 }
 
+/// A million distinct keys through a `Controller` whose reconciles fail,
+/// requeue and retry (every per-key map the controller keeps is exercised),
+/// then resident memory compared with before, after trimming.
+fn controller_memory_returns() {
+    use reconq::{Action, Context, Controller, ExponentialBackoff, ReconcileError};
+    let reconcile = |key: &u64, ctx: &Context| -> Result<Action, ReconcileError> {
+        match (key % 4, ctx.attempt()) {
+            (1, 0) => Err(ReconcileError::new("transient")),
+            (2, 0) => Ok(Action::Requeue),
+            (3, 0) => Err(ReconcileError::retry_after(Duration::from_millis(1), "later")),
+            _ => Ok(Action::Done),
+        }
+    };
+    let handle = Controller::new("scale", reconcile)
+        .workers(2)
+        .rate_limiter(ExponentialBackoff::new(Duration::from_millis(1), Duration::from_millis(10)))
+        .start();
+    handle.enqueue(u64::MAX);
+    assert!(handle.wait_idle(Duration::from_secs(60)));
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    let before = rss_bytes();
+    let mut after = [0; 2];
+    for (round, rss) in after.iter_mut().enumerate() {
+        let first = round as u64 * 1_000_000;
+        for batch in 0..10u64 {
+            for key in first + batch * 100_000..first + (batch + 1) * 100_000 {
+                handle.enqueue(key);
+            }
+            assert!(handle.wait_idle(Duration::from_secs(60)));
+        }
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+        *rss = rss_bytes();
+    }
+    let stats = handle.stats();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "2 x 1M keys through a Controller ({} reconciles, {} failures, {} requeues): RSS before {:.1} MiB, after the first million {:.1} MiB, after the second {:.1} MiB (after malloc_trim)",
+        stats.reconciles,
+        stats.failures,
+        stats.requeues,
+        mib(before),
+        mib(after[0]),
+        mib(after[1])
+    );
+    assert!(handle.stop_with_drain(Duration::from_secs(10)));
+    drop(handle);
+    unsafe { libc::malloc_trim(0) };
+    println!("  after stopping and dropping the controller: {:.1} MiB", mib(rss_bytes()));
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with('-'));
     match (args.next().as_deref(), args.next().and_then(|n| n.parse().ok())) {
         (Some("ready"), Some(size)) => ready_keys(size),
         (Some("delayed"), Some(size)) => delayed_keys(size),
         (Some("memory"), _) => memory_returns(),
+        (Some("controller-memory"), _) => controller_memory_returns(),
         _ => {
             let cases = [10_000, 100_000, 1_000_000, 10_000_000]
                 .map(|n| ("ready", n))
                 .into_iter()
                 .chain([10_000, 100_000, 1_000_000].map(|n| ("delayed", n)))
-                .chain([("memory", 0)]);
+                .chain([("memory", 0), ("controller-memory", 0)]);
             let exe = std::env::current_exe().expect("own executable");
             for (case, size) in cases {
                 let status = std::process::Command::new(&exe).arg(case).arg(size.to_string()).status();
