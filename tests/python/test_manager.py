@@ -406,30 +406,3 @@ def test_exit_after_manager_dropped():
         """
     )
     assert proc.returncode == 0, proc.stderr
-
-
-def test_stubs_type_check_manager_usage(tmp_path):
-    pytest.importorskip("mypy")
-    prog = tmp_path / "prog.py"
-    prog.write_text(
-        "import reconq\n"
-        "with reconq.Manager() as m:\n"
-        "    m.update('sync', lambda: None, stop=print, interval=1, error_retry_base=0.5, no_error_retry=True)\n"
-        "    m.trigger('sync')\n"
-        "    s = m.status()[0]\n"
-        "    n: int = s['failures'] + len(m)\n"
-        "    err: 'str | None' = s['last_error']\n"
-        "    ok: bool = 'sync' in m\n"
-        "    m.remove('sync', wait=True)\n"
-        "    m.remove_all()\n"
-        "m.update(1, lambda: None)  # E: not a name\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(prog)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = proc.stdout
-    errors = [line for line in out.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and "prog.py:11:" in errors[0], out

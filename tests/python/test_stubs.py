@@ -18,9 +18,23 @@ def test_stubtest():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_stubs_type_check_a_typical_program(tmp_path):
+def strict_type_errors(tmp_path, source: str) -> list:
+    """The error lines `mypy --strict` reports for `source` (as prog.py)."""
     prog = tmp_path / "prog.py"
-    prog.write_text(
+    prog.write_text(source)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(prog)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if ": error:" in line]
+
+
+def test_stubs_type_check_a_typical_program(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
         "import reconq\n"
         "q = reconq.WorkQueue(reconq.MaxOf(reconq.ExponentialBackoff(0.005, 10), reconq.TokenBucket(10, 100)))\n"
         "q.add(('ns', 'name'))\n"
@@ -32,15 +46,24 @@ def test_stubs_type_check_a_typical_program(tmp_path):
         "w: float = reconq.default_rate_limiter().when(b'k')\n"
         "r = reconq.Requeue(after=1)\n"
         "e: Exception = reconq.RetryAfter(2, 'busy')\n"
-        "q.add(1.5)  # E: not a key\n"
+        "q.add(1.5)  # E: not a key\n",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(prog)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    assert len(errors) == 1 and "prog.py:12:" in errors[0], errors
+
+
+def test_stubs_type_check_manager_usage(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "with reconq.Manager() as m:\n"
+        "    m.update('sync', lambda: None, stop=print, interval=1, error_retry_base=0.5, no_error_retry=True)\n"
+        "    m.trigger('sync')\n"
+        "    s = m.status()[0]\n"
+        "    n: int = s['failures'] + len(m)\n"
+        "    err: 'str | None' = s['last_error']\n"
+        "    ok: bool = 'sync' in m\n"
+        "    m.remove('sync', wait=True)\n"
+        "    m.remove_all()\n"
+        "m.update(1, lambda: None)  # E: not a name\n",
     )
-    out = proc.stdout
-    assert proc.returncode == 1, out
-    errors = [line for line in out.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and "prog.py:12:" in errors[0], out
+    assert len(errors) == 1 and "prog.py:11:" in errors[0], errors
