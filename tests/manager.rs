@@ -66,9 +66,9 @@ fn failures_back_off_linearly() {
     let runs = Arc::new(AtomicUsize::new(0));
     m.update("c", ControllerParams::new(counting_do(&runs, |_| Err("nope".into()))));
     for n in 1..=4u32 {
-        let s = wait_runs(&m, "c", n.into());
-        assert_eq!(s.failures, n.into());
-        assert_eq!(s.consecutive_failures, n.into());
+        let s = wait_runs(&m, "c", u64::from(n));
+        assert_eq!(s.failures, u64::from(n));
+        assert_eq!(s.consecutive_failures, u64::from(n));
         assert_eq!(s.successes, 0);
         assert_eq!(s.last_error.as_deref(), Some("nope"));
         assert!(s.last_error_time.is_some());

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyTypeError, PyValueError};
@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs};
+use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
@@ -86,7 +86,7 @@ fn timestamp_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
 }
 
 fn wall_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    unix_timestamp(SystemTime::now())
 }
 
 /// An `Instant` as a `time.time()` timestamp.
@@ -435,8 +435,7 @@ impl PyController {
         }
         d.set_item("hanging", hang)?;
         d.set_item("last_error", stats.last_error)?;
-        let when = stats.last_error_time.map(|t| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
-        d.set_item("last_error_time", when)?;
+        d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
         Ok(d)
     }
 

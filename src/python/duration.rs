@@ -7,7 +7,7 @@
 //!
 //! Every check runs before the call changes anything.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -62,4 +62,12 @@ pub(crate) fn timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option
 /// Seconds as a Python float.
 pub(crate) fn to_secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// A wall-clock time as a `time.time()` timestamp (negative before 1970).
+pub(crate) fn unix_timestamp(t: SystemTime) -> f64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
 }

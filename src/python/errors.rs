@@ -44,7 +44,6 @@ pub(crate) fn result_types(py: Python<'_>) -> PyResult<&ResultTypes> {
 }
 
 /// What the controller does after a reconcile (spec §4 table).
-#[allow(dead_code)] // used by the controller binding
 pub(crate) enum Outcome {
     /// Returned `None`: `forget(key)`, counted as a success.
     Success,
@@ -66,7 +65,6 @@ pub(crate) enum Outcome {
 }
 
 /// `"ExceptionType: message"`, as `stats()["last_error"]` shows it.
-#[allow(dead_code)]
 pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
     let ty = err.get_type(py);
     let name = ty.qualname().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
@@ -75,7 +73,6 @@ pub(crate) fn describe(py: Python<'_>, err: &PyErr) -> String {
 }
 
 /// Classifies what a reconcile callback returned or raised.
-#[allow(dead_code)]
 pub(crate) fn classify(py: Python<'_>, result: PyResult<Bound<'_, PyAny>>) -> Outcome {
     let types = match result_types(py) {
         Ok(t) => t,

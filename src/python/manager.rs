@@ -22,7 +22,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyException, PyKeyError, PyTypeError};
@@ -30,7 +30,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use super::duration::{non_negative_from_py, to_secs};
+use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::errors::describe;
 use crate::{ControllerParams, ControllerStatus, DoError, Manager, ThreadWrapper, UnknownController, WeakManager};
 
@@ -150,13 +150,6 @@ fn call_logged(f: &Py<PyAny>, what: &str, name: &str) -> Result<(), String> {
     })
 }
 
-fn time_to_py(t: Option<SystemTime>) -> Option<f64> {
-    t.map(|t| match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    })
-}
-
 fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("name", &s.name)?;
@@ -164,8 +157,8 @@ fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'p
     d.set_item("failures", s.failures)?;
     d.set_item("consecutive_failures", s.consecutive_failures)?;
     d.set_item("last_error", s.last_error.as_deref())?;
-    d.set_item("last_error_time", time_to_py(s.last_error_time))?;
-    d.set_item("last_success_time", time_to_py(s.last_success_time))?;
+    d.set_item("last_error_time", s.last_error_time.map(unix_timestamp))?;
+    d.set_item("last_success_time", s.last_success_time.map(unix_timestamp))?;
     d.set_item("last_duration", s.last_duration.map(to_secs))?;
     d.set_item("running", s.running)?;
     d.set_item("next_run_in", s.next_run_in.map(to_secs))?;

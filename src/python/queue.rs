@@ -75,13 +75,6 @@ pub(crate) struct PyWorkQueue {
     queue: WorkQueue<PyKey>,
 }
 
-impl PyWorkQueue {
-    #[allow(dead_code)] // for the controller binding
-    pub(crate) fn queue(&self) -> &WorkQueue<PyKey> {
-        &self.queue
-    }
-}
-
 enum Got {
     Key(PyKey),
     ShutDown,
