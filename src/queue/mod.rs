@@ -300,6 +300,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut g = self.shared.locked.lock();
         self.shared.finish(&mut g, key);
+        self.shared.wake_ready(&mut g);
     }
 
     /// [`done`](Self::done) for `key`, then [`get`](Self::get), under one
@@ -551,7 +552,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
     }
 
-    /// Ends processing of `key` and wakes whoever its new state concerns.
+    /// Ends processing of `key`. Waking getters for a re-queued key is left
+    /// to the caller: `done_and_get` takes a key right after, and waking a
+    /// sleeper for the key it is about to take itself would be wasted.
     fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
         self.sync(g);
         match g.q.done(key, || self.clock.now()) {
@@ -559,7 +562,6 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
             Finished::Waiting(due) => self.on_scheduled(g, due),
             Finished::Removed | Finished::NotProcessing => {}
         }
-        self.wake_ready(g);
         if g.q.is_draining() && g.q.drained() {
             self.drained.notify_all();
         }
