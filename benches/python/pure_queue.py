@@ -71,53 +71,53 @@ class ShutDown(Exception):
 # --- rate limiters ------------------------------------------------------------
 
 
-class ExponentialFailureRateLimiter:
+class _PerKeyFailures:
+    """Counts each key's ``when`` calls since it was last forgotten."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: Dict[Hashable, int] = {}
+
+    def _record(self, key: Hashable) -> int:
+        """Counts one more failure of ``key``; returns the count before it."""
+        with self._lock:
+            before = self._failures.get(key, 0)
+            self._failures[key] = before + 1
+            return before
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._failures.pop(key, None)
+
+    def num_requeues(self, key: Hashable) -> int:
+        with self._lock:
+            return self._failures.get(key, 0)
+
+
+class ExponentialFailureRateLimiter(_PerKeyFailures):
     """``base * 2**failures`` capped at ``max`` (ItemExponentialFailureRateLimiter)."""
 
     def __init__(self, base: float, max: float) -> None:
-        self._lock = threading.Lock()
-        self._failures: Dict[Hashable, int] = {}
+        super().__init__()
         self.base, self.max = base, max
 
     def when(self, key: Hashable) -> float:
-        with self._lock:
-            exp = self._failures.get(key, 0)
-            self._failures[key] = exp + 1
-            if exp > 1000:  # 2**exp would overflow a float long before this
-                return self.max
-            backoff = self.base * 2.0**exp
-            return self.max if backoff > self.max else backoff
-
-    def forget(self, key: Hashable) -> None:
-        with self._lock:
-            self._failures.pop(key, None)
-
-    def num_requeues(self, key: Hashable) -> int:
-        with self._lock:
-            return self._failures.get(key, 0)
+        exp = self._record(key)
+        if exp > 1000:  # 2**exp would overflow a float long before this
+            return self.max
+        backoff = self.base * 2.0**exp
+        return self.max if backoff > self.max else backoff
 
 
-class FastSlowRateLimiter:
+class FastSlowRateLimiter(_PerKeyFailures):
     """``fast`` for the first ``max_fast_attempts`` tries, then ``slow``."""
 
     def __init__(self, fast: float, slow: float, max_fast_attempts: int) -> None:
-        self._lock = threading.Lock()
-        self._failures: Dict[Hashable, int] = {}
+        super().__init__()
         self.fast, self.slow, self.max_fast_attempts = fast, slow, max_fast_attempts
 
     def when(self, key: Hashable) -> float:
-        with self._lock:
-            n = self._failures.get(key, 0) + 1
-            self._failures[key] = n
-            return self.fast if n <= self.max_fast_attempts else self.slow
-
-    def forget(self, key: Hashable) -> None:
-        with self._lock:
-            self._failures.pop(key, None)
-
-    def num_requeues(self, key: Hashable) -> int:
-        with self._lock:
-            return self._failures.get(key, 0)
+        return self.fast if self._record(key) < self.max_fast_attempts else self.slow
 
 
 class BucketRateLimiter:
