@@ -1,0 +1,8 @@
+//! Observability: every live queue, controller and manager registers here so
+//! metrics exposition and the global status can find it without the user
+//! passing objects around (as Cilium's global controller manager and
+//! client-go's global metrics provider do).
+
+mod registry;
+
+pub(crate) use registry::{Observed, Registration, register, visit};
