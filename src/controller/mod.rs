@@ -38,13 +38,14 @@ mod worker;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::clock::{Clock, SystemClock};
+use crate::observe::{self, Observed};
 use crate::queue::WorkQueue;
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::thread::{ThreadWrapper, spawn_named};
@@ -92,7 +93,7 @@ impl<K: ControllerKey> Controller<K> {
     /// calls `reconciler` with one worker and [`default_rate_limiter`].
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
         Self {
-            core: Arc::new(Core::new(name.into())),
+            core: Core::new(name.into()),
             reconciler: Arc::new(reconciler),
             limiter: None,
             clock: Arc::new(SystemClock),
@@ -387,6 +388,8 @@ impl Life {
 
 /// Everything a controller's handles and threads share.
 pub(crate) struct Core<K> {
+    /// Lists the controller in metrics and status; unlisted when dropped.
+    _registration: observe::Registration,
     pub(crate) name: String,
     config: Mutex<Config>,
     pub(crate) rt: OnceLock<Runtime<K>>,
@@ -408,10 +411,14 @@ pub(crate) struct Core<K> {
     pub(crate) stop_rx: crossbeam_channel::Receiver<()>,
 }
 
+impl<K: ControllerKey> Observed for Core<K> {}
+
 impl<K: ControllerKey> Core<K> {
-    fn new(name: String) -> Self {
+    /// A core registered for metrics and status for as long as it lives.
+    fn new(name: String) -> Arc<Self> {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
-        Self {
+        Arc::new_cyclic(|weak: &Weak<Self>| Self {
+            _registration: observe::register(weak.clone()),
             name,
             config: Mutex::new(Config { workers: 1, wrapper: None, hanging_threshold: None, jitter: None }),
             rt: OnceLock::new(),
@@ -428,7 +435,7 @@ impl<K: ControllerKey> Core<K> {
             aux_threads: Mutex::new(Vec::new()),
             stop_tx: Mutex::new(Some(stop_tx)),
             stop_rx,
-        }
+        })
     }
 
     pub(crate) fn configured_workers(&self) -> usize {

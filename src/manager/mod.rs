@@ -19,6 +19,7 @@ use std::thread::{self, JoinHandle};
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock};
+use crate::observe::{self, Observed};
 use crate::thread::{ThreadWrapper, spawn_named};
 use worker::Ctl;
 
@@ -68,6 +69,8 @@ pub struct Manager {
 }
 
 struct Inner {
+    /// Lists the manager's controllers in metrics and status.
+    _registration: observe::Registration,
     registry: Mutex<Registry>,
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
@@ -129,7 +132,8 @@ impl ManagerBuilder {
 
     pub fn build(self) -> Manager {
         Manager {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
+                _registration: observe::register(weak.clone()),
                 registry: Mutex::new(Registry::default()),
                 clock: self.clock,
                 wrapper: self.wrapper,
@@ -287,6 +291,8 @@ impl Manager {
         reg.controllers.get(name).map(|entry| Arc::clone(&entry.ctl)).ok_or_else(|| unknown(name))
     }
 }
+
+impl Observed for Inner {}
 
 impl Drop for Inner {
     /// The last handle is gone: remove every controller, detaching threads.
