@@ -11,6 +11,7 @@
 mod clock;
 mod controller;
 mod error;
+mod logs;
 mod manager;
 mod observe;
 mod parallelize;

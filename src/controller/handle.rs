@@ -9,6 +9,7 @@ use super::inspect::{KeyInfo, KeyStatus};
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, When};
 use crate::clock::deadline_after;
+use crate::logs;
 use crate::queue::KeyState;
 
 /// A shared handle to a controller: cheap to clone, `Send + Sync`. Dropping
@@ -309,11 +310,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
                     life.abandoned = true;
                     self.core.life_cv.notify_all();
                 }
-                tracing::warn!(
-                    controller = %self.core.name,
-                    unfinished = ?report.unfinished,
-                    "drain deadline passed; cancelled and detached the workers still running"
-                );
+                logs::drain_deadline_passed(&self.core.name, &report.unfinished);
             }
         }
         if self.wait_life(deadline, |life| life.live_aux == 0) {

@@ -136,9 +136,19 @@ impl<K: ControllerKey> Controller<K> {
 
     /// Reports reconciles running longer than `threshold` in
     /// [`ControllerHandle::hanging`] and [`Stats::hanging`], and logs each
-    /// once (a `tracing` warning). Off by default.
+    /// once (a WARN on target `reconq::controller`). Off by default.
     pub fn hanging_threshold(self, threshold: Duration) -> Self {
         self.core.config.lock().hanging_threshold = Some(threshold);
+        self
+    }
+
+    /// Whether a failed reconcile that returned an error is logged (an
+    /// ERROR, or a WARN for `retry_after`, on target `reconq::controller`).
+    /// Panics are always logged. The Python bindings turn this off: they log
+    /// exceptions themselves, with their tracebacks.
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn log_errors(self, on: bool) -> Self {
+        self.core.config.lock().log_errors = on;
         self
     }
 
@@ -190,6 +200,7 @@ impl<K: ControllerKey> Controller<K> {
             hanging_threshold: config.hanging_threshold,
             watchdog,
             workers: config.workers,
+            log_errors: config.log_errors,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -284,6 +295,7 @@ struct Config {
     wrapper: Option<ThreadWrapper>,
     hanging_threshold: Option<Duration>,
     jitter: Option<Jitter>,
+    log_errors: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -326,6 +338,8 @@ pub(crate) struct Runtime<K> {
     pub(crate) hanging_threshold: Option<Duration>,
     pub(crate) watchdog: Option<Arc<Watchdog>>,
     pub(crate) workers: usize,
+    /// Log failed reconciles that returned an error (panics always are).
+    pub(crate) log_errors: bool,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -420,7 +434,13 @@ impl<K: ControllerKey> Core<K> {
         Arc::new_cyclic(|weak: &Weak<Self>| Self {
             _registration: observe::register(weak.clone()),
             name,
-            config: Mutex::new(Config { workers: 1, wrapper: None, hanging_threshold: None, jitter: None }),
+            config: Mutex::new(Config {
+                workers: 1,
+                wrapper: None,
+                hanging_threshold: None,
+                jitter: None,
+                log_errors: true,
+            }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
             counters: Counters::default(),

@@ -7,6 +7,7 @@ use super::context::StopSignal;
 use super::handle::ControllerHandle;
 use super::outcome::panic_message;
 use super::{ControllerKey, Core, When};
+use crate::logs;
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -104,7 +105,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 }
                 Err(payload) => {
                     let message = panic_message(&*payload);
-                    tracing::warn!(controller = %core.name, key = ?key, "trigger panicked: {message}");
+                    logs::trigger_panicked(&core.name, &key, &message);
                 }
             }
         });
@@ -189,7 +190,7 @@ where
         }
         Err(payload) => {
             let message = panic_message(&*payload);
-            tracing::warn!(controller = %core.name, "watch transform panicked: {message}");
+            logs::watch_transform_panicked(&core.name, &message);
         }
     }
 }

@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{ControllerKey, Core, Runtime};
 use crate::clock::Clock;
+use crate::logs;
 
 pub(crate) struct Watchdog {
     threshold: Duration,
@@ -72,13 +73,7 @@ pub(crate) fn scan<K: ControllerKey>(rt: &Runtime<K>, threshold: Duration) -> Sc
 /// Logs each newly detected hang (call with no lock held).
 pub(crate) fn log_hangs<K: fmt::Debug>(name: &str, newly: &[(K, Duration)]) {
     for (key, elapsed) in newly {
-        tracing::warn!(
-            controller = %name,
-            key = ?key,
-            seconds = elapsed.as_secs_f64(),
-            "reconcile of {key:?} has been running for {:.1} s",
-            elapsed.as_secs_f64()
-        );
+        logs::reconcile_hanging(name, key, *elapsed);
     }
 }
 

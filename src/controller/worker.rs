@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use super::context::{Context, StopSignal};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
+use crate::logs;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,
 /// hang reports, inspect, stop reports).
@@ -43,9 +44,15 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
         begin(core, rt, slot, &key);
+        // The reconcile and the handling of its result run in the span; the
+        // queue calls around them do not (no logging under engine locks:
+        // see `crate::logs`).
+        let span = logs::reconcile_span(&core.name, &key, ctx.attempt);
+        let entered = span.enter();
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
         *slot.running.lock() = None;
         settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
+        drop(entered);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
         next = rt.queue.done_and_get(&key);
@@ -93,7 +100,9 @@ fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u
         Outcome::Failure { retry, message, panicked } => {
             if panicked {
                 counters.panics.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(controller = %core.name, key = ?key, "reconcile panicked: {message}");
+            }
+            if panicked || rt.log_errors {
+                logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked);
             }
             match retry {
                 RetryPolicy::RateLimited => {

@@ -74,6 +74,7 @@ struct Inner {
     registry: Mutex<Registry>,
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
+    log_errors: bool,
 }
 
 #[derive(Default)]
@@ -113,6 +114,7 @@ impl fmt::Debug for WeakManager {
 pub struct ManagerBuilder {
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
+    log_errors: bool,
 }
 
 impl ManagerBuilder {
@@ -130,6 +132,15 @@ impl ManagerBuilder {
         self
     }
 
+    /// Whether a `do` that returns an error is logged (a WARN on target
+    /// `reconq::manager`); panics always are. The Python bindings turn this
+    /// off: they log exceptions themselves, with their tracebacks.
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn log_errors(mut self, on: bool) -> Self {
+        self.log_errors = on;
+        self
+    }
+
     pub fn build(self) -> Manager {
         Manager {
             inner: Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -137,6 +148,7 @@ impl ManagerBuilder {
                 registry: Mutex::new(Registry::default()),
                 clock: self.clock,
                 wrapper: self.wrapper,
+                log_errors: self.log_errors,
             }),
         }
     }
@@ -155,7 +167,7 @@ impl Manager {
     }
 
     pub fn builder() -> ManagerBuilder {
-        ManagerBuilder { clock: Arc::new(SystemClock), wrapper: None }
+        ManagerBuilder { clock: Arc::new(SystemClock), wrapper: None, log_errors: true }
     }
 
     /// Creates the controller `name` and runs its `do` at once, or, if it
@@ -182,7 +194,7 @@ impl Manager {
             ctl.update(params);
             return Ok(());
         }
-        let ctl = Ctl::new(name.clone(), params, Arc::clone(&self.inner.clock));
+        let ctl = Ctl::new(name.clone(), params, Arc::clone(&self.inner.clock), self.inner.log_errors);
         let body = {
             let ctl = Arc::clone(&ctl);
             move || ctl.run()

@@ -16,9 +16,12 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
+use crate::logs;
 
 pub(crate) struct Ctl {
     name: String,
+    /// Log failures of `do` that returned an error (panics always are).
+    log_errors: bool,
     state: Mutex<State>,
     wake: Condvar,
     clock: Arc<dyn Clock>,
@@ -53,7 +56,7 @@ enum Outcome {
 
 impl Ctl {
     /// A controller whose first run is requested at once.
-    pub(crate) fn new(name: String, params: ControllerParams, clock: Arc<dyn Clock>) -> Arc<Self> {
+    pub(crate) fn new(name: String, params: ControllerParams, clock: Arc<dyn Clock>, log_errors: bool) -> Arc<Self> {
         Arc::new_cyclic(|weak: &Weak<Ctl>| {
             // Time jumps on a fake clock: wake the thread to re-check its due
             // time. The callback holds the controller weakly and the
@@ -74,6 +77,7 @@ impl Ctl {
             });
             Ctl {
                 name,
+                log_errors,
                 state: Mutex::new(State {
                     params,
                     pending: true,
@@ -154,26 +158,41 @@ impl Ctl {
             st.running = true;
             st.next_run = None;
             let do_fn = Arc::clone(&st.params.do_fn);
+            // For the failure log, as `record` will count it.
+            let failures_if_failed = st.consecutive_failures + 1;
+            let retry_if_failed = st.params.retry_delay(failures_if_failed);
             let (outcome, started, finished) = MutexGuard::unlocked(&mut st, || {
+                let span = logs::manager_run_span(&self.name);
+                let _entered = span.enter();
                 let started = self.clock.now();
-                let outcome = match catch_unwind(AssertUnwindSafe(|| do_fn())) {
-                    Ok(Ok(())) => Outcome::Success,
+                let (outcome, panicked) = match catch_unwind(AssertUnwindSafe(|| do_fn())) {
+                    Ok(Ok(())) => (Outcome::Success, false),
                     Ok(Err(e)) => match e.exit_reason() {
-                        Some(reason) => Outcome::Exit(reason.to_owned()),
-                        None => Outcome::Failure(e.to_string()),
+                        Some(reason) => (Outcome::Exit(reason.to_owned()), false),
+                        None => (Outcome::Failure(e.to_string()), false),
                     },
-                    Err(panic) => Outcome::Failure(panic_message(&*panic)),
+                    Err(panic) => (Outcome::Failure(panic_message(&*panic)), true),
                 };
                 drop(do_fn);
-                (outcome, started, self.clock.now())
+                let finished = self.clock.now();
+                // Logged here, before the state lock is taken again (see
+                // `crate::logs`).
+                if let Outcome::Failure(message) = &outcome
+                    && (panicked || self.log_errors)
+                {
+                    logs::manager_run_failed(&self.name, failures_if_failed, retry_if_failed, message, panicked);
+                }
+                (outcome, started, finished)
             });
             self.record(&mut st, outcome, started, finished);
         }
         let stop = st.params.stop_fn.take();
         drop(st);
         if let Some(stop) = stop {
-            // A panicking stop has nobody to report to; the thread ends anyway.
-            let _ = catch_unwind(AssertUnwindSafe(stop));
+            // A panicking stop is logged; the thread ends anyway.
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(stop)) {
+                logs::manager_stop_panicked(&self.name, &panic_message(&*panic));
+            }
         }
     }
 

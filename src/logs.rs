@@ -1,0 +1,169 @@
+//! Every span and log event the engine emits, in one place.
+//!
+//! Targets are fixed names, not module paths, so they survive refactoring
+//! and map to stable Python logger names (`reconq.controller`,
+//! `reconq.manager`): [`CONTROLLER`] for the reconcile loop, its watchdog,
+//! triggers and watches; [`MANAGER`] for named periodic controllers.
+//!
+//! Levels follow controller-runtime, which logs `Reconciler error` at error
+//! level for every failed reconcile: a failure or panic is an ERROR, a
+//! failure that asked for a fixed retry delay (`retry_after`), a failed
+//! manager `do`, a hanging reconcile and a drain deadline are WARNs. Nothing
+//! is logged on the success path.
+//!
+//! Every event carries its context (`controller`, `key`, `attempt`) as
+//! fields of its own, not only through the enclosing span: `log` records
+//! (what `tracing` emits when no `tracing` subscriber is set, and what the
+//! Python bindings forward to `logging`) carry no span context, and a
+//! subscriber may filter the span out.
+//!
+//! # The lock rule
+//!
+//! **No span or event may be created while an engine lock is held** (the
+//! queue mutex, a controller's life / slot / key-memory / parked / trigger
+//! locks, a manager's registry or controller state lock). A subscriber or
+//! `log` logger may block: the Python bindings' logger takes the GIL, and a
+//! Python thread holding the GIL may itself be waiting for that engine lock.
+//! Call sites compute what they need under the lock, release it, then log.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::controller::RetryPolicy;
+
+/// The target of the reconcile loop's spans and events.
+pub(crate) const CONTROLLER: &str = "reconq::controller";
+/// The target of named periodic controllers' spans and events.
+pub(crate) const MANAGER: &str = "reconq::manager";
+
+/// The span a reconcile (and the handling of its result) runs in: INFO,
+/// named `reconcile`, with `controller`, `key` (its `Debug` form) and
+/// `attempt`.
+///
+/// Made only once a `tracing` dispatcher exists anywhere in the process:
+/// without one the span could only produce `log` records (a
+/// `reconcile;controller=...` line per reconcile on [`CONTROLLER`], plus
+/// `tracing::span` lifecycle lines), which are noise, and cost a `log`
+/// level check per reconcile. With no subscriber this is one relaxed atomic
+/// load; the key is formatted only if a subscriber records the span.
+#[inline]
+pub(crate) fn reconcile_span<K: fmt::Debug>(controller: &str, key: &K, attempt: u32) -> tracing::Span {
+    if tracing::dispatcher::has_been_set() {
+        tracing::info_span!(target: CONTROLLER, "reconcile", controller = %controller, key = ?key, attempt)
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// A reconcile returned an error or panicked (call with no lock held).
+pub(crate) fn reconcile_failed<K: fmt::Debug>(
+    controller: &str,
+    key: &K,
+    attempt: u32,
+    retry: RetryPolicy,
+    error: &str,
+    panicked: bool,
+) {
+    if panicked {
+        tracing::error!(
+            target: CONTROLLER,
+            controller = %controller, key = ?key, attempt, error,
+            "reconcile panicked; retrying with backoff"
+        );
+        return;
+    }
+    match retry {
+        RetryPolicy::RateLimited => tracing::error!(
+            target: CONTROLLER,
+            controller = %controller, key = ?key, attempt, error,
+            "reconcile failed; retrying with backoff"
+        ),
+        RetryPolicy::After(delay) => tracing::warn!(
+            target: CONTROLLER,
+            controller = %controller, key = ?key, attempt, error, retry_after = ?delay,
+            "reconcile failed; retrying after a delay"
+        ),
+        RetryPolicy::Never => tracing::error!(
+            target: CONTROLLER,
+            controller = %controller, key = ?key, attempt, error,
+            "reconcile failed permanently; key parked"
+        ),
+    }
+}
+
+/// A reconcile has run longer than the hanging threshold (once per
+/// reconcile; call with no lock held).
+pub(crate) fn reconcile_hanging<K: fmt::Debug>(controller: &str, key: &K, running: Duration) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, key = ?key, seconds = running.as_secs_f64(),
+        "reconcile has been running for {:.1} s",
+        running.as_secs_f64()
+    );
+}
+
+/// A drain's deadline passed (call with no lock held).
+pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished: &[K]) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, unfinished = ?unfinished,
+        "drain deadline passed; cancelled and detached the workers still running"
+    );
+}
+
+/// A trigger function panicked (call with no lock held).
+pub(crate) fn trigger_panicked<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
+    tracing::error!(target: CONTROLLER, controller = %controller, key = ?key, error, "trigger panicked");
+}
+
+/// A watch's transform panicked; the event is skipped (call with no lock
+/// held).
+pub(crate) fn watch_transform_panicked(controller: &str, error: &str) {
+    tracing::error!(
+        target: CONTROLLER,
+        controller = %controller, error,
+        "watch transform panicked; event skipped"
+    );
+}
+
+/// The span a manager controller's run of `do` runs in: INFO, named `run`,
+/// with `controller` (made only once a `tracing` dispatcher exists, as
+/// [`reconcile_span`]).
+#[inline]
+pub(crate) fn manager_run_span(controller: &str) -> tracing::Span {
+    if tracing::dispatcher::has_been_set() {
+        tracing::info_span!(target: MANAGER, "run", controller = %controller)
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// A manager controller's `do` failed or panicked (call with no lock held).
+/// A failure is a WARN (Cilium retries them as a matter of course), a panic
+/// an ERROR.
+pub(crate) fn manager_run_failed(
+    controller: &str,
+    consecutive_failures: u64,
+    retry_in: Option<Duration>,
+    error: &str,
+    panicked: bool,
+) {
+    if panicked {
+        tracing::error!(
+            target: MANAGER,
+            controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
+            "do panicked"
+        );
+    } else {
+        tracing::warn!(
+            target: MANAGER,
+            controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
+            "do failed"
+        );
+    }
+}
+
+/// A manager controller's `stop` function panicked (call with no lock held).
+pub(crate) fn manager_stop_panicked(controller: &str, error: &str) {
+    tracing::error!(target: MANAGER, controller = %controller, error, "stop panicked");
+}

@@ -1,0 +1,475 @@
+//! The engine's `tracing` spans and events, captured with exact content.
+//!
+//! Each test gets its own capturing subscriber, installed on the engine's
+//! threads through the controller's (or manager's) thread wrapper and on the
+//! test thread with `with_default`, so tests running in parallel never see
+//! each other's events.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use reconq::{
+    Action, Context, Controller, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager, ReconcileError,
+    ThreadWrapper,
+};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Dispatch, Event, Level, Subscriber};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+use common::{PATIENCE, ms};
+
+type Res = Result<Action, ReconcileError>;
+type Fields = BTreeMap<String, String>;
+
+/// One captured event: level, target, message, its own fields, and the
+/// spans it was emitted in (outermost first) with their fields.
+#[derive(Debug, Clone, PartialEq)]
+struct Captured {
+    level: Level,
+    target: String,
+    message: String,
+    fields: Fields,
+    spans: Vec<(String, Fields)>,
+}
+
+/// Records every field as a string: `Debug` for `?x`/`%x` values, the
+/// plain text for strings, the number for integers and floats.
+#[derive(Default, Clone)]
+struct FieldMap(Fields);
+
+impl Visit for FieldMap {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().to_owned(), value.to_string());
+    }
+}
+
+struct Capture(Arc<Mutex<Vec<Captured>>>);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerContext<'_, S>) {
+        let mut fields = FieldMap::default();
+        attrs.record(&mut fields);
+        ctx.span(id).expect("a new span exists").extensions_mut().insert(fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: LayerContext<'_, S>) {
+        let span = ctx.span(id).expect("a recorded span exists");
+        let mut ext = span.extensions_mut();
+        if let Some(fields) = ext.get_mut::<FieldMap>() {
+            values.record(fields);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: LayerContext<'_, S>) {
+        let mut fields = FieldMap::default();
+        event.record(&mut fields);
+        let mut fields = fields.0;
+        let message = fields.remove("message").unwrap_or_default();
+        let spans = ctx
+            .event_scope(event)
+            .map(|scope| {
+                scope
+                    .from_root()
+                    .map(|span| {
+                        let fields = span.extensions().get::<FieldMap>().cloned().unwrap_or_default();
+                        (span.name().to_owned(), fields.0)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.0.lock().push(Captured {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            message,
+            fields,
+            spans,
+        });
+    }
+}
+
+/// A capturing subscriber, and a thread wrapper that installs it on every
+/// engine thread.
+struct Logs {
+    dispatch: Dispatch,
+    events: Arc<Mutex<Vec<Captured>>>,
+}
+
+impl Logs {
+    fn new() -> Self {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Capture(Arc::clone(&events)));
+        Self { dispatch: Dispatch::new(subscriber), events }
+    }
+
+    fn wrapper(&self) -> ThreadWrapper {
+        let dispatch = self.dispatch.clone();
+        Arc::new(move |body: &mut dyn FnMut()| tracing::dispatcher::with_default(&dispatch, body))
+    }
+
+    /// The events on `target`, in the order they were emitted.
+    fn on(&self, target: &str) -> Vec<Captured> {
+        self.events.lock().iter().filter(|e| e.target == target).cloned().collect()
+    }
+
+    /// Waits until `n` events on `target` were captured; returns them.
+    fn wait_for(&self, target: &str, n: usize) -> Vec<Captured> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let found = self.on(target);
+            if found.len() >= n {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {n} events on {target}: {found:#?}");
+            std::thread::sleep(ms(2));
+        }
+    }
+}
+
+fn fields(pairs: &[(&str, &str)]) -> Fields {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn reconcile_span(controller: &str, key: &str, attempt: u32) -> Vec<(String, Fields)> {
+    vec![(
+        "reconcile".to_owned(),
+        fields(&[("controller", controller), ("key", key), ("attempt", &attempt.to_string())]),
+    )]
+}
+
+fn fast_retries<K: Eq + std::hash::Hash + Clone + Send + Sync>() -> ExponentialBackoff<K> {
+    ExponentialBackoff::new(ms(1), ms(1))
+}
+
+#[test]
+fn events_in_a_reconcile_carry_controller_key_and_attempt() {
+    let logs = Logs::new();
+    let h = Controller::new("logs-attempts", |_key: &String, ctx: &Context| -> Res {
+        tracing::info!(target: "user", "inside");
+        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
+    })
+    .rate_limiter(fast_retries())
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue("web".to_string());
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
+
+    let user: Vec<_> = logs.on("user");
+    let expected: Vec<Captured> = (0..3)
+        .map(|attempt| Captured {
+            level: Level::INFO,
+            target: "user".into(),
+            message: "inside".into(),
+            fields: Fields::new(),
+            spans: reconcile_span("logs-attempts", "\"web\"", attempt),
+        })
+        .collect();
+    assert_eq!(user, expected);
+
+    // The engine's own failure events: ERROR, in the span, and with the
+    // context as fields too (for `log` records, which have no spans).
+    let engine = logs.on("reconq::controller");
+    let expected: Vec<Captured> = (0..2)
+        .map(|attempt| Captured {
+            level: Level::ERROR,
+            target: "reconq::controller".into(),
+            message: "reconcile failed; retrying with backoff".into(),
+            fields: fields(&[
+                ("controller", "logs-attempts"),
+                ("key", "\"web\""),
+                ("attempt", &attempt.to_string()),
+                ("error", "flaky backend"),
+            ]),
+            spans: reconcile_span("logs-attempts", "\"web\"", attempt),
+        })
+        .collect();
+    assert_eq!(engine, expected);
+}
+
+#[test]
+fn a_panic_is_an_error_with_its_context() {
+    let logs = Logs::new();
+    let h = Controller::new("logs-panic", |_key: &u32, ctx: &Context| -> Res {
+        if ctx.attempt() == 0 {
+            panic!("boom");
+        }
+        Ok(Action::Done)
+    })
+    .rate_limiter(fast_retries())
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue(7);
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
+    assert_eq!(
+        logs.on("reconq::controller"),
+        [Captured {
+            level: Level::ERROR,
+            target: "reconq::controller".into(),
+            message: "reconcile panicked; retrying with backoff".into(),
+            fields: fields(&[("controller", "logs-panic"), ("key", "7"), ("attempt", "0"), ("error", "boom")]),
+            spans: reconcile_span("logs-panic", "7", 0),
+        }]
+    );
+}
+
+#[test]
+fn retry_after_is_a_warning_and_permanent_an_error() {
+    let logs = Logs::new();
+    let h = Controller::new("logs-kinds", |key: &&'static str, ctx: &Context| -> Res {
+        match (*key, ctx.attempt()) {
+            ("later", 0) => Err(ReconcileError::retry_after(ms(1), "busy")),
+            ("never", _) => Err(ReconcileError::permanent("invalid spec")),
+            _ => Ok(Action::Done),
+        }
+    })
+    .rate_limiter(fast_retries())
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue("later");
+    assert!(h.wait_idle(PATIENCE));
+    h.enqueue("never");
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
+    let got: Vec<_> = logs.on("reconq::controller").into_iter().map(|e| (e.level, e.message, e.fields)).collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Level::WARN,
+                "reconcile failed; retrying after a delay".to_owned(),
+                fields(&[
+                    ("controller", "logs-kinds"),
+                    ("key", "\"later\""),
+                    ("attempt", "0"),
+                    ("error", "busy"),
+                    ("retry_after", "1ms"),
+                ]),
+            ),
+            (
+                Level::ERROR,
+                "reconcile failed permanently; key parked".to_owned(),
+                fields(&[
+                    ("controller", "logs-kinds"),
+                    ("key", "\"never\""),
+                    ("attempt", "0"),
+                    ("error", "invalid spec"),
+                ]),
+            ),
+        ]
+    );
+}
+
+#[test]
+fn successes_and_requeues_log_nothing() {
+    let logs = Logs::new();
+    let seen = Mutex::new(std::collections::HashSet::new());
+    let h = Controller::new("logs-quiet", move |key: &u32, _: &Context| -> Res {
+        // The first run of 1 and 2 requeues; every other run succeeds.
+        let first = seen.lock().insert(*key);
+        match (*key, first) {
+            (1, true) => Ok(Action::Requeue),
+            (2, true) => Ok(Action::RequeueAfter(ms(1))),
+            _ => Ok(Action::Done),
+        }
+    })
+    .rate_limiter(fast_retries())
+    .thread_wrapper(logs.wrapper())
+    .start();
+    for key in 0..3 {
+        h.enqueue(key);
+    }
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
+    assert_eq!(h.stats().reconciles, 5);
+    assert_eq!(logs.on("reconq::controller"), []);
+}
+
+#[test]
+fn a_hanging_reconcile_is_a_warning_naming_controller_and_key() {
+    let logs = Logs::new();
+    let clock = FakeClock::new();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let (started, has_started) = mpsc::channel::<()>();
+    let started = Mutex::new(started);
+    let h = Controller::new("logs-hang", move |_key: &String, _: &Context| -> Res {
+        started.lock().send(()).unwrap();
+        released.lock().recv_timeout(PATIENCE).unwrap();
+        Ok(Action::Done)
+    })
+    .clock(clock.clone())
+    .hanging_threshold(Duration::from_secs(1))
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue("stuck".to_string());
+    has_started.recv_timeout(PATIENCE).unwrap();
+    clock.advance(Duration::from_millis(2500));
+    let events = logs.wait_for("reconq::controller", 1);
+    assert_eq!(
+        events,
+        [Captured {
+            level: Level::WARN,
+            target: "reconq::controller".into(),
+            message: "reconcile has been running for 2.5 s".into(),
+            fields: fields(&[("controller", "logs-hang"), ("key", "\"stuck\""), ("seconds", "2.5")]),
+            spans: vec![],
+        }]
+    );
+    release.send(()).unwrap();
+    assert!(h.stop_with_drain(PATIENCE));
+    assert_eq!(logs.on("reconq::controller").len(), 1, "each hang is logged once");
+}
+
+#[test]
+fn a_drain_deadline_is_a_warning_listing_the_unfinished_keys() {
+    let logs = Logs::new();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let (started, has_started) = mpsc::channel::<()>();
+    let started = Mutex::new(started);
+    let h = Controller::new("logs-drain", move |_key: &u32, _: &Context| -> Res {
+        started.lock().send(()).unwrap();
+        released.lock().recv_timeout(PATIENCE).unwrap();
+        Ok(Action::Done)
+    })
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue(42);
+    has_started.recv_timeout(PATIENCE).unwrap();
+    let finished = tracing::dispatcher::with_default(&logs.dispatch, || h.stop_with_drain(ms(10)));
+    assert!(!finished);
+    release.send(()).unwrap();
+    assert_eq!(
+        logs.on("reconq::controller"),
+        [Captured {
+            level: Level::WARN,
+            target: "reconq::controller".into(),
+            message: "drain deadline passed; cancelled and detached the workers still running".into(),
+            fields: fields(&[("controller", "logs-drain"), ("unfinished", "[42]")]),
+            spans: vec![],
+        }]
+    );
+}
+
+#[test]
+fn trigger_and_watch_panics_are_errors() {
+    let logs = Logs::new();
+    let h = Controller::new("logs-sources", |_key: &u32, _: &Context| -> Res { Ok(Action::Done) })
+        .thread_wrapper(logs.wrapper())
+        .start();
+    h.add_trigger(5, |_stop| -> bool { panic!("trigger broke") });
+    logs.wait_for("reconq::controller", 1);
+    h.watch([1u32], |_event| -> Vec<u32> { panic!("transform broke") });
+    let events = logs.wait_for("reconq::controller", 2);
+    assert!(h.stop_with_drain(PATIENCE));
+    let got: Vec<_> = events.into_iter().map(|e| (e.level, e.message, e.fields)).collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Level::ERROR,
+                "trigger panicked".to_owned(),
+                fields(&[("controller", "logs-sources"), ("key", "5"), ("error", "trigger broke")]),
+            ),
+            (
+                Level::ERROR,
+                "watch transform panicked; event skipped".to_owned(),
+                fields(&[("controller", "logs-sources"), ("error", "transform broke")]),
+            ),
+        ]
+    );
+}
+
+#[test]
+fn manager_runs_have_a_span_and_failures_are_logged() {
+    let logs = Logs::new();
+    let manager = Manager::builder().thread_wrapper(logs.wrapper()).build();
+    let (ran, runs) = mpsc::channel::<u32>();
+    let calls = Arc::new(Mutex::new(0u32));
+    manager.update(
+        "logs-sync",
+        ControllerParams::new(move || -> Result<(), DoError> {
+            let n = {
+                let mut calls = calls.lock();
+                *calls += 1;
+                *calls
+            };
+            tracing::info!(target: "user", n, "syncing");
+            ran.send(n).ok();
+            match n {
+                1 => Err(DoError::new("no route")),
+                2 => panic!("do broke"),
+                _ => Ok(()),
+            }
+        })
+        .error_retry_base(ms(1))
+        .stop(|| panic!("stop broke")),
+    );
+    for expected in 1..=3 {
+        assert_eq!(runs.recv_timeout(PATIENCE).unwrap(), expected);
+    }
+    manager.remove_all_and_wait();
+
+    let run_span = vec![("run".to_owned(), fields(&[("controller", "logs-sync")]))];
+    let user: Vec<_> = logs.on("user").into_iter().map(|e| (e.fields, e.spans)).collect();
+    let expected: Vec<_> = (1..=3).map(|n| (fields(&[("n", &n.to_string())]), run_span.clone())).collect();
+    assert_eq!(user, expected);
+
+    assert_eq!(
+        logs.on("reconq::manager"),
+        [
+            Captured {
+                level: Level::WARN,
+                target: "reconq::manager".into(),
+                message: "do failed".into(),
+                fields: fields(&[
+                    ("controller", "logs-sync"),
+                    ("consecutive_failures", "1"),
+                    ("retry_in", "Some(1ms)"),
+                    ("error", "no route"),
+                ]),
+                spans: run_span.clone(),
+            },
+            Captured {
+                level: Level::ERROR,
+                target: "reconq::manager".into(),
+                message: "do panicked".into(),
+                fields: fields(&[
+                    ("controller", "logs-sync"),
+                    ("consecutive_failures", "2"),
+                    ("retry_in", "Some(2ms)"),
+                    ("error", "panicked: do broke"),
+                ]),
+                spans: run_span,
+            },
+            Captured {
+                level: Level::ERROR,
+                target: "reconq::manager".into(),
+                message: "stop panicked".into(),
+                fields: fields(&[("controller", "logs-sync"), ("error", "panicked: stop broke")]),
+                spans: vec![],
+            },
+        ]
+    );
+}
