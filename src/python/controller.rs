@@ -252,7 +252,9 @@ impl PyController {
         let mut builder = Controller::new(&*name, reconciler)
             .workers(workers)
             .rate_limiter(limiter)
-            .thread_wrapper(python_thread_wrapper());
+            .thread_wrapper(python_thread_wrapper())
+            // `PyReconciler` logs exceptions itself, with their tracebacks.
+            .log_errors(false);
         if let Some(threshold) = threshold {
             builder = builder.hanging_threshold(threshold);
         }

@@ -169,7 +169,11 @@ fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'p
 impl PyManager {
     #[new]
     fn new() -> Self {
-        let manager = Manager::builder().thread_wrapper(python_thread_wrapper()).build();
+        let manager = Manager::builder()
+            .thread_wrapper(python_thread_wrapper())
+            // `call_logged` logs exceptions itself, with their tracebacks.
+            .log_errors(false)
+            .build();
         let mut live = LIVE.lock();
         live.retain(|(_, w)| w.upgrade().is_some());
         live.push((std::process::id(), manager.downgrade()));

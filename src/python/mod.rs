@@ -3,7 +3,8 @@
 //!
 //! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds
 //! to `Duration` with the spec's rules), `errors` (`ShutDown`, reconcile
-//! result classification), `limiters`, `queue`. The controller and manager
+//! result classification), `limiters`, `queue`, `logs` (the engine's log
+//! events to Python `logging`). The controller and manager
 //! bindings go in their own modules and register their classes below.
 
 mod controller;
@@ -11,6 +12,7 @@ mod duration;
 mod errors;
 mod key;
 mod limiters;
+mod logs;
 mod manager;
 mod queue;
 mod reconciler;
@@ -21,6 +23,8 @@ use pyo3::prelude::*;
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     queue::record_main_thread(py)?;
+    // The engine's own log events go to Python `logging` (see `logs`).
+    logs::install(py)?;
 
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
 

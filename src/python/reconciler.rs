@@ -96,18 +96,18 @@ pub(crate) struct PyReconciler {
 }
 
 impl Reconciler<PyKey> for PyReconciler {
-    fn reconcile(&self, key: &PyKey, _ctx: &Context) -> Result<Action, ReconcileError> {
+    fn reconcile(&self, key: &PyKey, ctx: &Context) -> Result<Action, ReconcileError> {
         let callback = self.callback.lock().clone();
         let Some(callback) = callback else {
             return Err(ReconcileError::new("the controller was stopped"));
         };
-        Python::try_attach(|py| self.call(py, &callback, key))
+        Python::try_attach(|py| self.call(py, &callback, key, ctx.attempt()))
             .unwrap_or_else(|| Err(ReconcileError::new("the Python interpreter is shutting down")))
     }
 }
 
 impl PyReconciler {
-    fn call(&self, py: Python<'_>, callback: &Py<PyAny>, key: &PyKey) -> Result<Action, ReconcileError> {
+    fn call(&self, py: Python<'_>, callback: &Py<PyAny>, key: &PyKey, attempt: u32) -> Result<Action, ReconcileError> {
         let key_obj = match key.to_py(py) {
             Ok(k) => k,
             Err(e) => return Err(ReconcileError::new(describe(py, &e))),
@@ -115,7 +115,9 @@ impl PyReconciler {
         let result = callback.bind(py).call1((&key_obj,));
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
-            log(py, level, ("controller %r: reconcile of %r failed: %s", &*self.name, &key_obj, message), exc);
+            let args =
+                ("controller %r: reconcile of %r failed (attempt %d): %s", &*self.name, &key_obj, attempt, message);
+            log(py, level, args, exc);
         };
         match classify(py, result) {
             Outcome::Success => Ok(Action::Done),

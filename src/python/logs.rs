@@ -1,0 +1,77 @@
+//! The engine's log events, forwarded to Python `logging`.
+//!
+//! With no `tracing` subscriber in the extension (there is none: nothing in
+//! it sets one), `tracing` events become `log` records, and this module's
+//! logger, installed at import, hands them to [`pyo3_log`], which calls the
+//! Python logger named after the target (`reconq::controller` ->
+//! `logging.getLogger("reconq.controller")`, a child of `"reconq"`).
+//!
+//! * **Levels are not cached.** pyo3-log can cache each Python logger's
+//!   level, after which `logging.getLogger("reconq").setLevel(...)` has no
+//!   effect until the cache is reset. The engine logs only on failures,
+//!   hangs and drain deadlines (never per reconcile), so checking the
+//!   Python level on every record costs nothing that matters, and levels
+//!   set at any time take effect at once. Only the logger objects are
+//!   cached.
+//! * **No span records.** The engine makes its spans only when a `tracing`
+//!   subscriber exists (see `crate::logs`), and `tracing`'s own span
+//!   lifecycle targets (`tracing::span...`) are filtered out here, so
+//!   `logging` never sees `++ reconcile` / `-> reconcile` noise.
+//! * **GIL.** Forwarding a record attaches to the interpreter. Records come
+//!   from engine threads with no engine lock held (the rule in
+//!   `crate::logs`), so a Python thread that holds the GIL while waiting for
+//!   an engine lock cannot deadlock with a logging thread.
+//! * **Interpreter exit.** While the interpreter finalizes, attaching is
+//!   refused and the record is dropped, instead of the thread hanging (or
+//!   being terminated) inside a log call.
+//! * **Errors** raised by Python logging go to `sys.unraisablehook`; they
+//!   are never left pending on the logging thread.
+
+use log::{LevelFilter, Log, Metadata, Record};
+use pyo3::prelude::*;
+use pyo3_log::{Caching, Logger};
+
+struct Bridge {
+    inner: Logger,
+}
+
+impl Log for Bridge {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        self.inner.enabled(metadata)
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        if !self.inner.enabled(record.metadata()) {
+            return;
+        }
+        // `try_attach`: `None` while the interpreter finalizes (pyo3-log's
+        // own `attach` would hang or kill the thread then); nested inside
+        // this, pyo3-log's attach is a no-op.
+        Python::try_attach(|py| {
+            let pending = PyErr::take(py);
+            self.inner.log(record);
+            // pyo3-log leaves an error raised by Python logging pending.
+            if let Some(err) = PyErr::take(py) {
+                err.write_unraisable(py, None);
+            }
+            if let Some(pending) = pending {
+                pending.restore(py);
+            }
+        });
+    }
+
+    fn flush(&self) {}
+}
+
+/// Installs the bridge as this extension's `log` logger (once; the
+/// extension's `log` crate is its own, so no other module's logger is in
+/// the way).
+pub(crate) fn install(py: Python<'_>) -> PyResult<()> {
+    let inner = Logger::new(py, Caching::Loggers)?
+        .filter(LevelFilter::Debug)
+        .filter_target("tracing".to_owned(), LevelFilter::Off);
+    if log::set_boxed_logger(Box::new(Bridge { inner })).is_ok() {
+        log::set_max_level(LevelFilter::Debug);
+    }
+    Ok(())
+}
