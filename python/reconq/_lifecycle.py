@@ -19,6 +19,11 @@ and run new ones.
 from __future__ import annotations
 
 import atexit
+
+# Imported before the hook below is registered, so that logging's own exit
+# hook (logging.shutdown, registered at its first import) runs after ours:
+# stopping controllers may still log.
+import logging  # noqa: F401
 import os
 import threading
 import time
