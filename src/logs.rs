@@ -9,7 +9,9 @@
 //! level for every failed reconcile: a failure or panic is an ERROR, a
 //! failure that asked for a fixed retry delay (`retry_after`), a failed
 //! manager `do`, a hanging reconcile and a drain deadline are WARNs. Nothing
-//! is logged on the success path.
+//! is logged on the success path, and nothing should be at DEBUG or above:
+//! in the Python bindings every such record takes the GIL to ask `logging`
+//! whether it is wanted (`crate::python::logs`; TRACE is filtered out before).
 //!
 //! Every event carries its context (`controller`, `key`, `attempt`) as
 //! fields of its own, not only through the enclosing span: `log` records
