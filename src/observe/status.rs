@@ -276,10 +276,10 @@ const KEYS_SHOWN: usize = 3;
 ///
 /// ```text
 /// reconq status: 1 controller, 2 periodic; 2 failing, 1 hanging
-/// NAME                 KIND        STATE      SUCCESS  FAIL  CONSEC  DEPTH  PROC  WAIT  LAST SUCCESS  LAST ERROR  MESSAGE                          HANGING
-/// status-demo          controller  running    3        4     4       0      1     1     0.4s ago      0.1s ago    RuntimeError: backend unavailable  'stuck' 0.6s
-/// status-demo/gc       periodic    scheduled  0        2     2       -      -     -     never         0.1s ago    OSError: disk full               -
-/// status-demo/resync   periodic    scheduled  2        0     0       -      -     -     0.2s ago      never       -                                -
+/// NAME                KIND        STATE      SUCCESS  FAIL  CONSEC  DEPTH  PROC  WAIT  LAST SUCCESS  LAST ERROR  MESSAGE                                       HANGING
+/// status-demo         controller  running    3        4     3       0      1     1     0.2s ago      0.1s ago    ConnectionError: db-0 refused the connection  "stuck" 0.2s
+/// status-demo/gc      periodic    scheduled  0        3     3       -      -     -     never         0.1s ago    OSError: disk /var is full                    -
+/// status-demo/resync  periodic    scheduled  1        0     0       -      -     -     0.2s ago      never       -                                             -
 /// ```
 ///
 /// Periodic controllers are named `manager/name`. Ages are measured against
