@@ -342,6 +342,12 @@ pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> Strin
         ]);
     }
     let mut widths = [0usize; HEADER.len()];
+    // Names and messages may hold tabs or newlines: never in a cell.
+    for cell in rows.iter_mut().flatten() {
+        if cell.chars().any(char::is_control) {
+            *cell = without_control(cell);
+        }
+    }
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -405,10 +411,15 @@ fn first_line(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Control characters (tabs, newlines) as spaces.
+fn without_control(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
 /// At most `width` characters, the last three `...` if cut; control
-/// characters (tabs, carriage returns) become spaces so columns stay aligned.
+/// characters become spaces so columns stay aligned.
 fn truncate(text: impl AsRef<str>, width: usize) -> String {
-    let clean: String = text.as_ref().chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let clean = without_control(text.as_ref());
     if clean.chars().count() <= width {
         return clean;
     }
@@ -455,6 +466,30 @@ mod tests {
         assert_eq!(hanging_cell(&[]), "-");
         assert_eq!(keys[0].downcast_ref::<String>().map(String::as_str), Some("k0"));
         assert_eq!(keys[0].downcast_ref::<u32>(), None);
+    }
+
+    #[test]
+    fn control_characters_never_break_a_row() {
+        let entry = StatusEntry {
+            name: "two\nlines\tname".into(),
+            kind: EntryKind::Periodic(PeriodicDetails {
+                manager: "m".into(),
+                running: false,
+                last_duration: None,
+                next_run_in: None,
+            }),
+            successes: 0,
+            failures: 1,
+            consecutive_failures: 1,
+            last_error: Some("bad\r\tthing".into()),
+            last_error_time: Some(SystemTime::UNIX_EPOCH),
+            last_success_time: None,
+        };
+        let table = format_table_at(&[entry], SystemTime::UNIX_EPOCH + Duration::from_secs(90));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[2].starts_with("m/two lines name  periodic  idle "), "{table}");
+        assert!(lines[2].contains("1m30s ago") && lines[2].contains("bad  thing"), "{table}");
     }
 
     #[test]

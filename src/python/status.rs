@@ -92,13 +92,15 @@ fn _after_fork_in_child() {
     crate::observe::after_fork_in_child();
 }
 
-/// Registers the functions and the at-fork hook.
+/// Registers the functions and, where there is `fork`, the at-fork hook.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(format_status, m)?)?;
-    let hook = wrap_pyfunction!(_after_fork_in_child, m)?;
-    let kwargs = PyDict::new(m.py());
-    kwargs.set_item("after_in_child", hook)?;
-    m.py().import("os")?.call_method("register_at_fork", (), Some(&kwargs))?;
+    let os = m.py().import("os")?;
+    if os.hasattr("register_at_fork")? {
+        let kwargs = PyDict::new(m.py());
+        kwargs.set_item("after_in_child", wrap_pyfunction!(_after_fork_in_child, m)?)?;
+        os.call_method("register_at_fork", (), Some(&kwargs))?;
+    }
     Ok(())
 }
