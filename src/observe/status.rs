@@ -23,8 +23,10 @@
 //!
 //! Objects are found through a registry of weak references: a controller or
 //! manager is listed from its creation until it is dropped. Taking a
-//! snapshot locks each object briefly, one at a time, and never calls user
-//! code under a lock (keys are formatted with `Debug` afterwards).
+//! snapshot locks each object briefly, one at a time; hanging keys are
+//! cloned under their worker's slot lock (as
+//! [`ControllerHandle::hanging`](crate::ControllerHandle::hanging) does) and
+//! formatted with `Debug` after every lock is released.
 
 use std::any::Any;
 use std::cmp::Ordering;
