@@ -14,6 +14,7 @@ mod limiters;
 mod manager;
 mod queue;
 mod reconciler;
+mod status;
 
 use pyo3::prelude::*;
 
@@ -36,5 +37,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add_class::<controller::PyController>()?;
     manager::register(m)?;
+    status::register(m)?;
     Ok(())
 }
