@@ -29,9 +29,10 @@ pub use controller::{
 };
 pub use error::InvalidArgument;
 pub use manager::{
-    ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DoError, Manager, ManagerBuilder, UnknownController,
-    WeakManager,
+    ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DEFAULT_MANAGER_NAME, DoError, Manager,
+    ManagerBuilder, UnknownController, WeakManager,
 };
+pub use observe::status;
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{

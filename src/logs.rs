@@ -23,10 +23,11 @@
 //!
 //! **No span or event may be created while an engine lock is held** (the
 //! queue mutex, a controller's life / slot / key-memory / parked / trigger
-//! locks, a manager's registry or controller state lock). A subscriber or
-//! `log` logger may block: the Python bindings' logger takes the GIL, and a
-//! Python thread holding the GIL may itself be waiting for that engine lock.
-//! Call sites compute what they need under the lock, release it, then log.
+//! locks, a manager's registry or controller state lock, the global
+//! registry behind `reconq::status`). A subscriber or `log` logger may
+//! block: the Python bindings' logger takes the GIL, and a Python thread
+//! holding the GIL may itself be waiting for that engine lock. Call sites
+//! compute what they need under the lock, release it, then log.
 
 use std::fmt;
 use std::time::Duration;
@@ -129,12 +130,12 @@ pub(crate) fn watch_transform_panicked(controller: &str, error: &str) {
 }
 
 /// The span a manager controller's run of `do` runs in: INFO, named `run`,
-/// with `controller` (made only once a `tracing` dispatcher exists, as
-/// [`reconcile_span`]).
+/// with `manager` (the manager's name) and `controller` (made only once a
+/// `tracing` dispatcher exists, as [`reconcile_span`]).
 #[inline]
-pub(crate) fn manager_run_span(controller: &str) -> tracing::Span {
+pub(crate) fn manager_run_span(manager: &str, controller: &str) -> tracing::Span {
     if tracing::dispatcher::has_been_set() {
-        tracing::info_span!(target: MANAGER, "run", controller = %controller)
+        tracing::info_span!(target: MANAGER, "run", manager = %manager, controller = %controller)
     } else {
         tracing::Span::none()
     }
@@ -144,6 +145,7 @@ pub(crate) fn manager_run_span(controller: &str) -> tracing::Span {
 /// A failure is a WARN (Cilium retries them as a matter of course), a panic
 /// an ERROR.
 pub(crate) fn manager_run_failed(
+    manager: &str,
     controller: &str,
     consecutive_failures: u64,
     retry_in: Option<Duration>,
@@ -153,19 +155,19 @@ pub(crate) fn manager_run_failed(
     if panicked {
         tracing::error!(
             target: MANAGER,
-            controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
+            manager = %manager, controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
             "do panicked"
         );
     } else {
         tracing::warn!(
             target: MANAGER,
-            controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
+            manager = %manager, controller = %controller, consecutive_failures, retry_in = ?retry_in, error,
             "do failed"
         );
     }
 }
 
 /// A manager controller's `stop` function panicked (call with no lock held).
-pub(crate) fn manager_stop_panicked(controller: &str, error: &str) {
-    tracing::error!(target: MANAGER, controller = %controller, error, "stop panicked");
+pub(crate) fn manager_stop_panicked(manager: &str, controller: &str, error: &str) {
+    tracing::error!(target: MANAGER, manager = %manager, controller = %controller, error, "stop panicked");
 }

@@ -404,7 +404,7 @@ fn trigger_and_watch_panics_are_errors() {
 #[test]
 fn manager_runs_have_a_span_and_failures_are_logged() {
     let logs = Logs::new();
-    let manager = Manager::builder().thread_wrapper(logs.wrapper()).build();
+    let manager = Manager::builder().name("logs-jobs").thread_wrapper(logs.wrapper()).build();
     let (ran, runs) = mpsc::channel::<u32>();
     let calls = Arc::new(Mutex::new(0u32));
     manager.update(
@@ -431,7 +431,7 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
     }
     manager.remove_all_and_wait();
 
-    let run_span = vec![("run".to_owned(), fields(&[("controller", "logs-sync")]))];
+    let run_span = vec![("run".to_owned(), fields(&[("manager", "logs-jobs"), ("controller", "logs-sync")]))];
     let user: Vec<_> = logs.on("user").into_iter().map(|e| (e.fields, e.spans)).collect();
     let expected: Vec<_> = (1..=3).map(|n| (fields(&[("n", &n.to_string())]), run_span.clone())).collect();
     assert_eq!(user, expected);
@@ -444,6 +444,7 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
                 target: "reconq::manager".into(),
                 message: "do failed".into(),
                 fields: fields(&[
+                    ("manager", "logs-jobs"),
                     ("controller", "logs-sync"),
                     ("consecutive_failures", "1"),
                     ("retry_in", "Some(1ms)"),
@@ -456,6 +457,7 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
                 target: "reconq::manager".into(),
                 message: "do panicked".into(),
                 fields: fields(&[
+                    ("manager", "logs-jobs"),
                     ("controller", "logs-sync"),
                     ("consecutive_failures", "2"),
                     ("retry_in", "Some(2ms)"),
@@ -467,7 +469,11 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
                 level: Level::ERROR,
                 target: "reconq::manager".into(),
                 message: "stop panicked".into(),
-                fields: fields(&[("controller", "logs-sync"), ("error", "panicked: stop broke")]),
+                fields: fields(&[
+                    ("manager", "logs-jobs"),
+                    ("controller", "logs-sync"),
+                    ("error", "panicked: stop broke")
+                ]),
                 spans: vec![],
             },
         ]

@@ -30,6 +30,7 @@ reconq is better).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -82,19 +83,25 @@ def p1_once(make_queue: Callable[[], Any], shut_down_exc: type, n: int, workers:
     return n / elapsed
 
 
-def p1(n: int, worker_counts: List[int], repeat: int) -> None:
+def p1(n: int, worker_counts: List[int], repeat: int) -> Dict[str, Dict[int, float]]:
+    """Best keys/s per engine and worker count."""
     engines = {
         "reconq": (lambda: reconq.WorkQueue(), reconq.ShutDown),
         "pure": (lambda: pure_queue.RateLimitingQueue(), pure_queue.ShutDown),
     }
     print(f"P1: W1 with N={n:,} keys, Python no-op get/done loop (best of {repeat})")
     print(f"{'workers':>7} {'reconq keys/s':>15} {'pure keys/s':>13} {'ratio':>7}")
+    results: Dict[str, Dict[int, float]] = {name: {} for name in engines}
     for w in worker_counts:
-        best: Dict[str, float] = {}
         for name, (make, exc) in engines.items():
-            best[name] = max(p1_once(make, exc, n, w) for _ in range(repeat))
-        ratio = best["reconq"] / best["pure"]
-        print(f"{w:>7} {best['reconq']:>15,.0f} {best['pure']:>13,.0f} {ratio:>6.2f}x", flush=True)
+            results[name][w] = max(p1_once(make, exc, n, w) for _ in range(repeat))
+        print_rates(w, results)
+    return results
+
+
+def print_rates(workers: int, results: Dict[str, Dict[int, float]]) -> None:
+    reconq_rate, pure_rate = results["reconq"][workers], results["pure"][workers]
+    print(f"{workers:>7} {reconq_rate:>15,.0f} {pure_rate:>13,.0f} {reconq_rate / pure_rate:>6.2f}x", flush=True)
 
 
 # --- P1 / P2 / P3: controller level ----------------------------------------------
@@ -124,26 +131,28 @@ def run_controller(c: Any, keys: int, timeout: float = 600) -> float:
     return elapsed
 
 
-def p1_controller(n: int, worker_counts: List[int], repeat: int) -> None:
+def p1_controller(n: int, worker_counts: List[int], repeat: int) -> Dict[str, Dict[int, float]]:
+    """Best keys/s per engine and worker count."""
     def reconcile(key: Any) -> None:
         pass
 
     print(f"\nP1 (controller): W1 with N={n:,} keys through Controller, Python no-op reconcile (best of {repeat})")
     print(f"{'workers':>7} {'reconq keys/s':>15} {'pure keys/s':>13} {'ratio':>7}")
+    results: Dict[str, Dict[int, float]] = {name: {} for name, _ in CONTROLLERS}
     for w in worker_counts:
-        best: Dict[str, float] = {}
         for name, make in CONTROLLERS:
             rates = []
             for _ in range(repeat):
                 c = make(reconcile, w)
                 rates.append(n / run_controller(c, n))
                 assert c.stats()["successes"] == n
-            best[name] = max(rates)
-        ratio = best["reconq"] / best["pure"]
-        print(f"{w:>7} {best['reconq']:>15,.0f} {best['pure']:>13,.0f} {ratio:>6.2f}x", flush=True)
+            results[name][w] = max(rates)
+        print_rates(w, results)
+    return results
 
 
-def p2(repeat: int) -> None:
+def p2(repeat: int) -> Dict[str, float]:
+    """Best wall time per engine, and the ideal."""
     keys, workers = 2000, 16
     ideal = keys * 0.005 / workers
 
@@ -162,9 +171,11 @@ def p2(repeat: int) -> None:
         print(f"{name:>7}: {best[name]:.3f} s (median {statistics.median(times):.3f} s), "
               f"{best[name] / ideal:.2f}x ideal", flush=True)
     print(f"  ratio (pure / reconq wall time): {best['pure'] / best['reconq']:.2f}x")
+    return {**best, "ideal": ideal}
 
 
-def p3(repeat: int) -> None:
+def p3(repeat: int) -> Dict[str, float]:
+    """Best wall time per engine."""
     keys, workers, fails = 10_000, 4, 3
 
     print(f"\nP3: W5 through a controller: {keys:,} keys fail {fails}x then succeed, "
@@ -202,6 +213,7 @@ def p3(repeat: int) -> None:
     finally:
         reconq_logger.setLevel(saved_level)
     print(f"  ratio (pure / reconq wall time): {best['pure'] / best['reconq']:.2f}x")
+    return best
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -210,18 +222,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--n", type=int, default=200_000, help="P1 keys (default 200,000)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8], help="P1 worker counts")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (for scripts/bench_report.py)")
     args = ap.parse_args(argv)
     args.which = args.which or ["p1", "p2", "p3"]
     if not set(args.which) <= {"p1", "p2", "p3"}:
         ap.error("choose from p1, p2, p3")
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
+    results: Dict[str, Any] = {"n": args.n}
     if "p1" in args.which:
-        p1(args.n, args.workers, args.repeat)
-        p1_controller(args.n, args.workers, args.repeat)
+        results["p1_queue"] = p1(args.n, args.workers, args.repeat)
+        results["p1_controller"] = p1_controller(args.n, args.workers, args.repeat)
     if "p2" in args.which:
-        p2(args.repeat)
+        results["p2"] = p2(args.repeat)
     if "p3" in args.which:
-        p3(args.repeat)
+        results["p3"] = p3(args.repeat)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,17 @@ from ._native import (
     WithMaxWait,
     WorkQueue,
     default_rate_limiter,
+    format_status,
+    status,
 )
 from ._results import PermanentError, Requeue, RetryAfter
 
 # At exit, hooks stop running controllers (reconq._lifecycle) and remove
 # every live manager's controllers (registered by the extension).
+#
+# `reconq.status()` and `reconq.format_status()` report every live
+# controller and manager controller; `python -m reconq.status` shows the
+# table for a small demo (reconq/status.py).
 
 __all__ = [
     "Controller",
@@ -42,4 +48,6 @@ __all__ = [
     "WithMaxWait",
     "WorkQueue",
     "default_rate_limiter",
+    "format_status",
+    "status",
 ]

@@ -18,6 +18,8 @@ __all__ = [
     "WithMaxWait",
     "WorkQueue",
     "default_rate_limiter",
+    "format_status",
+    "status",
 ]
 
 _Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
@@ -94,7 +96,10 @@ class _ControllerStatus(TypedDict):
 class Manager:
     """Named periodic controllers (Cilium ``pkg/controller``)."""
 
-    def __new__(cls) -> Self: ...
+    def __new__(cls, name: str = "manager") -> Self: ...
+    @property
+    def name(self) -> str:
+        """Labels this manager's controllers in ``reconq.status()``."""
     def update(
         self,
         name: str,
@@ -176,3 +181,58 @@ class Controller:
         _exc: Optional[BaseException] = None,
         _tb: Optional[TracebackType] = None,
     ) -> None: ...
+
+# --- Global status (issue 6) ---
+
+class _ControllerEntry(TypedDict):
+    """A ``reconq.Controller`` in ``status()``."""
+
+    kind: Literal["controller"]
+    name: str
+    state: Literal["not started", "running", "stopping", "stopped"]
+    workers: int
+    reconciles: int
+    successes: int
+    failures: int
+    requeues: int
+    panics: int
+    consecutive_failures: int
+    """Failures since the last success of any key (requeues count as neither)."""
+    last_error: Optional[str]
+    """The last failure ("Type: message"); kept after later successes, as in ``stats()``."""
+    last_error_time: Optional[float]
+    last_success_time: Optional[float]
+    depth: int
+    processing: int
+    waiting: int
+    parked: int
+    hanging_threshold: Optional[float]
+    hanging: Dict[_Key, float]
+    """Keys whose reconcile has run longer than ``hanging_threshold``: seconds running."""
+
+class _PeriodicEntry(TypedDict):
+    """A named controller of a ``reconq.Manager`` in ``status()``."""
+
+    kind: Literal["periodic"]
+    name: str
+    manager: str
+    state: Literal["running", "scheduled", "idle"]
+    successes: int
+    failures: int
+    consecutive_failures: int
+    last_error: Optional[str]
+    """Cleared by a success, as in ``Manager.status()``."""
+    last_error_time: Optional[float]
+    last_success_time: Optional[float]
+    running: bool
+    last_duration: Optional[float]
+    next_run_in: Optional[float]
+
+_StatusEntry: TypeAlias = Union[_ControllerEntry, _PeriodicEntry]
+
+def status() -> List[_StatusEntry]:
+    """Every live Controller and named Manager controller in this process:
+    controllers first, then periodic ones, each sorted by name."""
+
+def format_status() -> str:
+    """``status()`` as an aligned text table under a summary line."""

@@ -31,6 +31,7 @@ mod context;
 mod handle;
 mod inspect;
 mod outcome;
+mod status;
 mod triggers;
 mod watchdog;
 mod worker;
@@ -380,6 +381,11 @@ pub(crate) struct Counters {
     pub(crate) requeues: AtomicU64,
     pub(crate) panics: AtomicU64,
     pub(crate) last_error: Mutex<Option<(String, SystemTime)>>,
+    /// Failures since the last success, of any key (as Cilium counts). A
+    /// success writes it only when it is not already 0.
+    pub(crate) consecutive_failures: AtomicU64,
+    /// The last success, in nanoseconds since the Unix epoch (0: none yet).
+    pub(crate) last_success: AtomicU64,
 }
 
 #[derive(Default)]
@@ -425,7 +431,11 @@ pub(crate) struct Core<K> {
     pub(crate) stop_rx: crossbeam_channel::Receiver<()>,
 }
 
-impl<K: ControllerKey> Observed for Core<K> {}
+impl<K: ControllerKey> Observed for Core<K> {
+    fn collect_status(&self, out: &mut Vec<observe::status::StatusEntry>) {
+        out.push(self.status_entry());
+    }
+}
 
 impl<K: ControllerKey> Core<K> {
     /// A core registered for metrics and status for as long as it lives.

@@ -84,6 +84,7 @@ fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u
                 core.memory.clear(key);
                 rt.queue.forget(key);
             }
+            counters.record_success();
             counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Requeue => {
@@ -120,6 +121,7 @@ fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u
                 }
             }
             *counters.last_error.lock() = Some((message, SystemTime::now()));
+            counters.consecutive_failures.fetch_add(1, Ordering::Relaxed);
             counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -19,6 +19,7 @@ use std::thread::{self, JoinHandle};
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock};
+use crate::observe::status::{EntryKind, PeriodicDetails, StatusEntry};
 use crate::observe::{self, Observed};
 use crate::thread::{ThreadWrapper, spawn_named};
 use worker::Ctl;
@@ -71,6 +72,8 @@ pub struct Manager {
 struct Inner {
     /// Lists the manager's controllers in metrics and status.
     _registration: observe::Registration,
+    /// Shown in the global status ([`crate::status`]).
+    name: String,
     registry: Mutex<Registry>,
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
@@ -110,14 +113,25 @@ impl fmt::Debug for WeakManager {
     }
 }
 
-/// Builds a [`Manager`] with a non-default clock or thread wrapper.
+/// Builds a [`Manager`] with a non-default name, clock or thread wrapper.
 pub struct ManagerBuilder {
+    name: String,
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
     log_errors: bool,
 }
 
+/// The name of a manager built without [`ManagerBuilder::name`].
+pub const DEFAULT_MANAGER_NAME: &str = "manager";
+
 impl ManagerBuilder {
+    /// The name the global status ([`crate::status`]) shows the manager's
+    /// controllers under (default `"manager"`). Names need not be unique.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// The clock run times are measured on; the default is [`SystemClock`].
     /// With a [`FakeClock`](crate::FakeClock), controllers run when the test
     /// advances it.
@@ -145,6 +159,7 @@ impl ManagerBuilder {
         Manager {
             inner: Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
                 _registration: observe::register(weak.clone()),
+                name: self.name,
                 registry: Mutex::new(Registry::default()),
                 clock: self.clock,
                 wrapper: self.wrapper,
@@ -167,7 +182,17 @@ impl Manager {
     }
 
     pub fn builder() -> ManagerBuilder {
-        ManagerBuilder { clock: Arc::new(SystemClock), wrapper: None, log_errors: true }
+        ManagerBuilder {
+            name: DEFAULT_MANAGER_NAME.to_owned(),
+            clock: Arc::new(SystemClock),
+            wrapper: None,
+            log_errors: true,
+        }
+    }
+
+    /// The manager's name (see [`ManagerBuilder::name`]).
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     /// Creates the controller `name` and runs its `do` at once, or, if it
@@ -194,7 +219,13 @@ impl Manager {
             ctl.update(params);
             return Ok(());
         }
-        let ctl = Ctl::new(name.clone(), params, Arc::clone(&self.inner.clock), self.inner.log_errors);
+        let ctl = Ctl::new(
+            name.clone(),
+            self.inner.name.clone(),
+            params,
+            Arc::clone(&self.inner.clock),
+            self.inner.log_errors,
+        );
         let body = {
             let ctl = Arc::clone(&ctl);
             move || ctl.run()
@@ -304,7 +335,31 @@ impl Manager {
     }
 }
 
-impl Observed for Inner {}
+impl Observed for Inner {
+    /// One entry per named controller. The registry lock is held only to
+    /// copy the list; each controller's state lock only to read it.
+    fn collect_status(&self, out: &mut Vec<StatusEntry>) {
+        let ctls: Vec<Arc<Ctl>> = self.registry.lock().controllers.values().map(|e| Arc::clone(&e.ctl)).collect();
+        for ctl in &ctls {
+            let s = ctl.status();
+            out.push(StatusEntry {
+                name: s.name,
+                kind: EntryKind::Periodic(PeriodicDetails {
+                    manager: self.name.clone(),
+                    running: s.running,
+                    last_duration: s.last_duration,
+                    next_run_in: s.next_run_in,
+                }),
+                successes: s.successes,
+                failures: s.failures,
+                consecutive_failures: s.consecutive_failures,
+                last_error: s.last_error,
+                last_error_time: s.last_error_time,
+                last_success_time: s.last_success_time,
+            });
+        }
+    }
+}
 
 impl Drop for Inner {
     /// The last handle is gone: remove every controller, detaching threads.
@@ -317,7 +372,10 @@ impl Drop for Inner {
 
 impl fmt::Debug for Manager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Manager").field("controllers", &self.names()).finish_non_exhaustive()
+        f.debug_struct("Manager")
+            .field("name", &self.inner.name)
+            .field("controllers", &self.names())
+            .finish_non_exhaustive()
     }
 }
 

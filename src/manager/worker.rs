@@ -20,6 +20,8 @@ use crate::logs;
 
 pub(crate) struct Ctl {
     name: String,
+    /// The name of the manager this controller belongs to (for logs).
+    manager: String,
     /// Log failures of `do` that returned an error (panics always are).
     log_errors: bool,
     state: Mutex<State>,
@@ -56,7 +58,13 @@ enum Outcome {
 
 impl Ctl {
     /// A controller whose first run is requested at once.
-    pub(crate) fn new(name: String, params: ControllerParams, clock: Arc<dyn Clock>, log_errors: bool) -> Arc<Self> {
+    pub(crate) fn new(
+        name: String,
+        manager: String,
+        params: ControllerParams,
+        clock: Arc<dyn Clock>,
+        log_errors: bool,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|weak: &Weak<Ctl>| {
             // Time jumps on a fake clock: wake the thread to re-check its due
             // time. The callback holds the controller weakly and the
@@ -77,6 +85,7 @@ impl Ctl {
             });
             Ctl {
                 name,
+                manager,
                 log_errors,
                 state: Mutex::new(State {
                     params,
@@ -162,7 +171,7 @@ impl Ctl {
             let failures_if_failed = st.consecutive_failures + 1;
             let retry_if_failed = st.params.retry_delay(failures_if_failed);
             let (outcome, started, finished) = MutexGuard::unlocked(&mut st, || {
-                let span = logs::manager_run_span(&self.name);
+                let span = logs::manager_run_span(&self.manager, &self.name);
                 let _entered = span.enter();
                 let started = self.clock.now();
                 let (outcome, panicked) = match catch_unwind(AssertUnwindSafe(|| do_fn())) {
@@ -180,7 +189,14 @@ impl Ctl {
                 if let Outcome::Failure(message) = &outcome
                     && (panicked || self.log_errors)
                 {
-                    logs::manager_run_failed(&self.name, failures_if_failed, retry_if_failed, message, panicked);
+                    logs::manager_run_failed(
+                        &self.manager,
+                        &self.name,
+                        failures_if_failed,
+                        retry_if_failed,
+                        message,
+                        panicked,
+                    );
                 }
                 (outcome, started, finished)
             });
@@ -191,7 +207,7 @@ impl Ctl {
         if let Some(stop) = stop {
             // A panicking stop is logged; the thread ends anyway.
             if let Err(panic) = catch_unwind(AssertUnwindSafe(stop)) {
-                logs::manager_stop_panicked(&self.name, &panic_message(&*panic));
+                logs::manager_stop_panicked(&self.manager, &self.name, &panic_message(&*panic));
             }
         }
     }

@@ -4,5 +4,8 @@
 //! client-go's global metrics provider do).
 
 mod registry;
+pub mod status;
 
+#[cfg(feature = "python")]
+pub(crate) use registry::after_fork_in_child;
 pub(crate) use registry::{Observed, Registration, register, visit};

@@ -9,21 +9,76 @@
 //! The lock is held only to copy the list out (never while calling into an
 //! observed object), so observers can never deadlock with the engine, and a
 //! `fork()` can only catch it held for a few instructions.
+//!
+//! After a `fork()`, the child forgets the parent's objects the first time
+//! it takes the lock: their threads exist only in the parent, and a lock of
+//! theirs held at the fork would stay held in the child forever. If the
+//! registry's own lock was held at the fork, [`after_fork_in_child`] (called
+//! by the Python bindings' at-fork hook) swaps in a fresh registry.
 
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::status::StatusEntry;
 
 /// Something that contributes to metrics and status.
-pub(crate) trait Observed: Send + Sync {}
+pub(crate) trait Observed: Send + Sync {
+    /// Appends this object's rows to the global status
+    /// ([`status::snapshot`](super::status::snapshot)). Called with no
+    /// registry lock held; must not call user code under its own locks.
+    fn collect_status(&self, _out: &mut Vec<StatusEntry>) {}
+}
 
 struct Registry {
     entries: Vec<Weak<dyn Observed>>,
     /// Length right after the last prune.
     pruned_len: usize,
+    /// The process the entries were registered in (0: none yet).
+    pid: u32,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { entries: Vec::new(), pruned_len: 0 });
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { entries: Vec::new(), pruned_len: 0, pid: 0 });
+
+/// Replaces [`REGISTRY`] in a child forked while its lock was held (leaked,
+/// never freed, so references to it stay valid).
+static REPLACEMENT: AtomicPtr<Mutex<Registry>> = AtomicPtr::new(ptr::null_mut());
+
+fn registry_lock() -> &'static Mutex<Registry> {
+    let replacement = REPLACEMENT.load(Ordering::Acquire);
+    if replacement.is_null() {
+        &REGISTRY
+    } else {
+        // SAFETY: a published replacement is leaked, so it lives forever.
+        unsafe { &*replacement }
+    }
+}
+
+/// The locked registry, holding only this process's objects.
+fn lock() -> MutexGuard<'static, Registry> {
+    let mut registry = registry_lock().lock();
+    let pid = std::process::id();
+    if registry.pid != pid {
+        // Forked: the parent's objects are not ours to report.
+        registry.entries.clear();
+        registry.pruned_len = 0;
+        registry.pid = pid;
+    }
+    registry
+}
+
+/// Call in a child process right after `fork()`, while it has one thread: if
+/// another thread of the parent held the registry's lock at the fork, starts
+/// a fresh registry (the old one is leaked, never touched again).
+#[cfg_attr(not(feature = "python"), allow(dead_code))]
+pub(crate) fn after_fork_in_child() {
+    if registry_lock().try_lock().is_none() {
+        let fresh = Box::leak(Box::new(Mutex::new(Registry { entries: Vec::new(), pruned_len: 0, pid: 0 })));
+        REPLACEMENT.store(fresh, Ordering::Release);
+    }
+}
 
 /// Keeps an object registered; dropping it unregisters the object eagerly
 /// (otherwise the dead `Weak` is pruned later).
@@ -33,7 +88,7 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut registry = REGISTRY.lock();
+        let mut registry = lock();
         registry.entries.retain(|entry| !Weak::ptr_eq(entry, &self.target));
         registry.pruned_len = registry.entries.len();
     }
@@ -42,7 +97,7 @@ impl Drop for Registration {
 /// Registers `object` until the returned [`Registration`] is dropped or the
 /// object is.
 pub(crate) fn register(object: Weak<dyn Observed>) -> Registration {
-    let mut registry = REGISTRY.lock();
+    let mut registry = lock();
     if registry.entries.len() >= 2 * registry.pruned_len.max(8) {
         registry.entries.retain(|entry| entry.strong_count() > 0);
         registry.pruned_len = registry.entries.len();
@@ -55,7 +110,7 @@ pub(crate) fn register(object: Weak<dyn Observed>) -> Registration {
 /// the registry unlocked.
 pub(crate) fn visit(mut f: impl FnMut(&dyn Observed)) {
     let live: Vec<Arc<dyn Observed>> = {
-        let mut registry = REGISTRY.lock();
+        let mut registry = lock();
         registry.entries.retain(|entry| entry.strong_count() > 0);
         registry.pruned_len = registry.entries.len();
         registry.entries.iter().filter_map(Weak::upgrade).collect()
@@ -106,7 +161,7 @@ mod tests {
             let registration = register(Arc::downgrade(&probe));
             std::mem::forget(registration); // only the Weak's death unregisters
         }
-        let len = REGISTRY.lock().entries.len();
+        let len = lock().entries.len();
         assert!(len < 1_000, "dead entries were not pruned: {len}");
     }
 }

@@ -167,9 +167,12 @@ fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'p
 
 #[pymethods]
 impl PyManager {
+    /// `name` labels its controllers in `reconq.status()`.
     #[new]
-    fn new() -> Self {
+    #[pyo3(signature = (name="manager"))]
+    fn new(name: &str) -> Self {
         let manager = Manager::builder()
+            .name(name)
             .thread_wrapper(python_thread_wrapper())
             // `call_logged` logs exceptions itself, with their tracebacks.
             .log_errors(false)
@@ -279,6 +282,12 @@ impl PyManager {
         Ok(list)
     }
 
+    /// The manager's name (shown in `reconq.status()`).
+    #[getter]
+    fn name(&self) -> &str {
+        self.manager.name()
+    }
+
     /// The controllers' names, sorted.
     fn names(&self) -> Vec<String> {
         self.manager.names()
@@ -308,7 +317,7 @@ impl PyManager {
     fn __repr__(&self) -> String {
         let names = self.manager.names();
         let shown: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
-        format!("<reconq.Manager controllers=[{}]>", shown.join(", "))
+        format!("<reconq.Manager name={:?} controllers=[{}]>", self.manager.name(), shown.join(", "))
     }
 }
 

@@ -16,6 +16,7 @@ mod logs;
 mod manager;
 mod queue;
 mod reconciler;
+mod status;
 
 use pyo3::prelude::*;
 
@@ -40,5 +41,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add_class::<controller::PyController>()?;
     manager::register(m)?;
+    status::register(m)?;
     Ok(())
 }

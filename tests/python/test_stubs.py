@@ -67,3 +67,22 @@ def test_stubs_type_check_manager_usage(tmp_path):
         "m.update(1, lambda: None)  # E: not a name\n",
     )
     assert len(errors) == 1 and "prog.py:11:" in errors[0], errors
+
+
+def test_stubs_type_check_status_usage(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "for e in reconq.status():\n"
+        "    n: int = e['successes'] + e['failures'] + e['consecutive_failures']\n"
+        "    err: 'str | None' = e['last_error']\n"
+        "    t: 'float | None' = e['last_success_time']\n"
+        "    if e['kind'] == 'controller':\n"
+        "        depth: int = e['depth'] + len(e['hanging'])\n"
+        "    else:\n"
+        "        manager: str = e['manager']\n"
+        "table: str = reconq.format_status()\n"
+        "name: str = reconq.Manager(name='jobs').name\n"
+        "reconq.status()[0]['depth']  # E: periodic entries have no depth\n",
+    )
+    assert len(errors) == 1 and "prog.py:12:" in errors[0], errors

@@ -1,0 +1,501 @@
+//! The global status: every live [`Controller`](crate::Controller) and every
+//! named controller of every live [`Manager`](crate::Manager), in one list,
+//! like Cilium's `cilium status --all-controllers`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reconq::{Action, Context, Controller, ReconcileError, status};
+//!
+//! let handle = Controller::new("status-doc", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+//!     Err(ReconcileError::permanent("bad spec"))
+//! })
+//! .start();
+//! handle.enqueue(7);
+//! assert!(handle.wait_idle(Duration::from_secs(10)));
+//!
+//! let entries = status::snapshot();
+//! let mine = entries.iter().find(|e| e.name == "status-doc").unwrap();
+//! assert_eq!((mine.successes, mine.failures, mine.consecutive_failures), (0, 1, 1));
+//! assert_eq!(mine.last_error.as_deref(), Some("bad spec"));
+//! println!("{}", status::format_table(&entries));
+//! assert!(handle.stop_with_drain(Duration::from_secs(10)));
+//! ```
+//!
+//! Objects are found through a registry of weak references: a controller or
+//! manager is listed from its creation until it is dropped. Taking a
+//! snapshot locks each object briefly, one at a time; hanging keys are
+//! cloned under their worker's slot lock (as
+//! [`ControllerHandle::hanging`](crate::ControllerHandle::hanging) does) and
+//! formatted with `Debug` after every lock is released.
+
+use std::any::Any;
+use std::cmp::Ordering;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::visit;
+
+/// One row of the global status: a [`Controller`](crate::Controller), or one
+/// named controller of a [`Manager`](crate::Manager).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusEntry {
+    /// The controller's name (for a periodic controller, its name within
+    /// its manager, see [`PeriodicDetails::manager`]).
+    pub name: String,
+    /// What kind of controller, with the fields only that kind has.
+    pub kind: EntryKind,
+    /// Reconciles that returned `Ok(Action::Done)`; for a periodic
+    /// controller, runs of `do` that succeeded (or exited).
+    pub successes: u64,
+    /// Reconciles that returned an error or panicked; runs of `do` that
+    /// failed.
+    pub failures: u64,
+    /// Failures since the last success, as Cilium counts them: for a
+    /// controller, across all its keys (a success of any key resets it;
+    /// requeues leave it alone).
+    pub consecutive_failures: u64,
+    /// The last failure's message. A controller keeps it after later
+    /// successes (as [`Stats::last_error`](crate::Stats::last_error)); a
+    /// periodic controller clears it on success (as Cilium does).
+    pub last_error: Option<String>,
+    /// When `last_error` was recorded.
+    pub last_error_time: Option<SystemTime>,
+    /// When the last success happened.
+    pub last_success_time: Option<SystemTime>,
+}
+
+/// The two kinds of [`StatusEntry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A [`Controller`](crate::Controller): a pool of workers reconciling
+    /// keys from a queue.
+    Controller(ControllerDetails),
+    /// A named periodic controller of a [`Manager`](crate::Manager).
+    Periodic(PeriodicDetails),
+}
+
+impl EntryKind {
+    /// `"controller"` or `"periodic"`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EntryKind::Controller(_) => "controller",
+            EntryKind::Periodic(_) => "periodic",
+        }
+    }
+
+    fn rank(&self) -> u8 {
+        match self {
+            EntryKind::Controller(_) => 0,
+            EntryKind::Periodic(_) => 1,
+        }
+    }
+}
+
+/// What only a [`Controller`](crate::Controller)'s entry has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerDetails {
+    pub state: RunState,
+    /// Worker threads (configured, before start).
+    pub workers: usize,
+    /// Reconcile calls that returned (or panicked).
+    pub reconciles: u64,
+    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    pub requeues: u64,
+    /// Failures that were panics.
+    pub panics: u64,
+    /// Keys ready to be reconciled (before start: keys enqueued so far).
+    pub depth: usize,
+    /// Keys being reconciled.
+    pub processing: usize,
+    /// Keys waiting for a due time (retries, delayed enqueues).
+    pub waiting: usize,
+    /// Keys in the parked set (failed permanently).
+    pub parked: usize,
+    /// The configured hanging threshold, if any.
+    pub hanging_threshold: Option<Duration>,
+    /// Reconciles running longer than the threshold, longest first (empty
+    /// without a threshold).
+    pub hanging: Vec<HangingKey>,
+}
+
+/// Where a [`Controller`](crate::Controller) is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunState {
+    /// Built, not started yet (keys enqueued wait for the start).
+    NotStarted,
+    Running,
+    /// A stop was requested; some worker has not exited yet.
+    Stopping,
+    /// Every worker has exited (or was detached at a drain's deadline).
+    Stopped,
+}
+
+impl RunState {
+    /// `"not started"`, `"running"`, `"stopping"` or `"stopped"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RunState::NotStarted => "not started",
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+            RunState::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What only a periodic controller's entry has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeriodicDetails {
+    /// The name of the [`Manager`](crate::Manager) it belongs to (see
+    /// [`ManagerBuilder::name`](crate::ManagerBuilder::name)).
+    pub manager: String,
+    /// Whether `do` is running now.
+    pub running: bool,
+    /// How long the last finished run took.
+    pub last_duration: Option<Duration>,
+    /// How long until the next run (`Some(ZERO)`: due or requested), or
+    /// `None` when it waits for an update or trigger, or is running.
+    pub next_run_in: Option<Duration>,
+}
+
+impl PeriodicDetails {
+    /// `"running"`, `"scheduled"` (a next run is due at a known time) or
+    /// `"idle"` (waiting for an update or trigger).
+    pub fn state(&self) -> &'static str {
+        if self.running {
+            "running"
+        } else if self.next_run_in.is_some() {
+            "scheduled"
+        } else {
+            "idle"
+        }
+    }
+}
+
+/// A reconcile running longer than its controller's hanging threshold.
+#[derive(Clone)]
+pub struct HangingKey {
+    /// The key, formatted with `Debug`.
+    pub key: String,
+    /// How long the reconcile has been running (on the controller's clock).
+    pub running: Duration,
+    value: Arc<dyn Any + Send + Sync>,
+}
+
+impl HangingKey {
+    pub(crate) fn new<K: fmt::Debug + Send + Sync + 'static>(key: K, running: Duration) -> Self {
+        Self { key: format!("{key:?}"), running, value: Arc::new(key) }
+    }
+
+    /// The key itself, if the controller's keys are `K`s.
+    pub fn downcast_ref<K: 'static>(&self) -> Option<&K> {
+        self.value.downcast_ref()
+    }
+}
+
+impl fmt::Debug for HangingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HangingKey").field("key", &self.key).field("running", &self.running).finish()
+    }
+}
+
+/// Compares the `Debug` rendering of the keys and the running times.
+impl PartialEq for HangingKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.running == other.running
+    }
+}
+
+impl Eq for HangingKey {}
+
+impl StatusEntry {
+    /// The controller-only fields, if this is a controller.
+    pub fn controller(&self) -> Option<&ControllerDetails> {
+        match &self.kind {
+            EntryKind::Controller(details) => Some(details),
+            EntryKind::Periodic(_) => None,
+        }
+    }
+
+    /// The periodic-only fields, if this is a periodic controller.
+    pub fn periodic(&self) -> Option<&PeriodicDetails> {
+        match &self.kind {
+            EntryKind::Periodic(details) => Some(details),
+            EntryKind::Controller(_) => None,
+        }
+    }
+
+    /// The state as the table shows it: a [`RunState`] for a controller,
+    /// [`PeriodicDetails::state`] for a periodic controller.
+    pub fn state(&self) -> &'static str {
+        match &self.kind {
+            EntryKind::Controller(details) => details.state.as_str(),
+            EntryKind::Periodic(details) => details.state(),
+        }
+    }
+
+    /// `manager/name` for a periodic controller, the name otherwise.
+    pub fn qualified_name(&self) -> String {
+        match &self.kind {
+            EntryKind::Controller(_) => self.name.clone(),
+            EntryKind::Periodic(details) => format!("{}/{}", details.manager, self.name),
+        }
+    }
+
+    fn order(&self, other: &Self) -> Ordering {
+        let manager = |e: &Self| e.periodic().map(|p| p.manager.clone());
+        (self.kind.rank(), &self.name)
+            .cmp(&(other.kind.rank(), &other.name))
+            .then_with(|| manager(self).cmp(&manager(other)))
+    }
+}
+
+/// Every live controller and every named controller of every live manager,
+/// sorted by kind (controllers first), then name (then manager name; entries
+/// equal in all three keep their creation order).
+pub fn snapshot() -> Vec<StatusEntry> {
+    let mut entries = Vec::new();
+    visit(|object| object.collect_status(&mut entries));
+    entries.sort_by(StatusEntry::order);
+    entries
+}
+
+/// The widest last-error message the table shows, in characters.
+const MESSAGE_WIDTH: usize = 60;
+/// The widest hanging key the table shows, in characters.
+const KEY_WIDTH: usize = 32;
+/// How many hanging keys a row lists.
+const KEYS_SHOWN: usize = 3;
+
+/// An aligned text table of `entries`, one row each, under a summary line,
+/// in the manner of `cilium status --all-controllers`:
+///
+/// ```text
+/// reconq status: 1 controller, 2 periodic; 2 failing, 1 hanging
+/// NAME                KIND        STATE      SUCCESS  FAIL  CONSEC  DEPTH  PROC  WAIT  LAST SUCCESS  LAST ERROR  MESSAGE                                       HANGING
+/// status-demo         controller  running    3        4     3       0      1     1     0.2s ago      0.1s ago    ConnectionError: db-0 refused the connection  "stuck" 0.2s
+/// status-demo/gc      periodic    scheduled  0        3     3       -      -     -     never         0.1s ago    OSError: disk /var is full                    -
+/// status-demo/resync  periodic    scheduled  1        0     0       -      -     -     0.2s ago      never       -                                             -
+/// ```
+///
+/// Periodic controllers are named `manager/name`. Ages are measured against
+/// the wall clock now. Messages show their first line, cut to 60 characters;
+/// at most three hanging keys are listed (`Debug`-formatted, cut to 32
+/// characters), then how many more.
+pub fn format_table(entries: &[StatusEntry]) -> String {
+    format_table_at(entries, SystemTime::now())
+}
+
+pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> String {
+    let mut out = String::new();
+    let controllers = entries.iter().filter(|e| e.controller().is_some()).count();
+    let periodic = entries.len() - controllers;
+    let failing = entries.iter().filter(|e| e.consecutive_failures > 0).count();
+    let hanging = entries.iter().filter(|e| e.controller().is_some_and(|c| !c.hanging.is_empty())).count();
+    let _ = writeln!(
+        out,
+        "reconq status: {controllers} controller{}, {periodic} periodic; {failing} failing, {hanging} hanging",
+        if controllers == 1 { "" } else { "s" }
+    );
+    if entries.is_empty() {
+        return out;
+    }
+    const HEADER: [&str; 13] = [
+        "NAME",
+        "KIND",
+        "STATE",
+        "SUCCESS",
+        "FAIL",
+        "CONSEC",
+        "DEPTH",
+        "PROC",
+        "WAIT",
+        "LAST SUCCESS",
+        "LAST ERROR",
+        "MESSAGE",
+        "HANGING",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|h| (*h).to_owned()).collect()];
+    for entry in entries {
+        let (depth, processing, waiting, hanging) = match entry.controller() {
+            Some(c) => (c.depth.to_string(), c.processing.to_string(), c.waiting.to_string(), hanging_cell(&c.hanging)),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        rows.push(vec![
+            entry.qualified_name(),
+            entry.kind.label().to_owned(),
+            entry.state().to_owned(),
+            entry.successes.to_string(),
+            entry.failures.to_string(),
+            entry.consecutive_failures.to_string(),
+            depth,
+            processing,
+            waiting,
+            age_cell(entry.last_success_time, now),
+            age_cell(entry.last_error_time, now),
+            entry.last_error.as_deref().map_or_else(|| "-".to_owned(), |m| truncate(first_line(m), MESSAGE_WIDTH)),
+            hanging,
+        ]);
+    }
+    let mut widths = [0usize; HEADER.len()];
+    // Names and messages may hold tabs or newlines: never in a cell.
+    for cell in rows.iter_mut().flatten() {
+        if cell.chars().any(char::is_control) {
+            *cell = without_control(cell);
+        }
+    }
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = widths[i] - cell.chars().count() + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn age_cell(at: Option<SystemTime>, now: SystemTime) -> String {
+    match at {
+        None => "never".into(),
+        Some(at) => format!("{} ago", format_duration(now.duration_since(at).unwrap_or(Duration::ZERO))),
+    }
+}
+
+fn hanging_cell(hanging: &[HangingKey]) -> String {
+    if hanging.is_empty() {
+        return "-".into();
+    }
+    let mut cell: Vec<String> = hanging
+        .iter()
+        .take(KEYS_SHOWN)
+        .map(|h| format!("{} {}", truncate(&h.key, KEY_WIDTH), format_duration(h.running)))
+        .collect();
+    if hanging.len() > KEYS_SHOWN {
+        cell.push(format!("+{} more", hanging.len() - KEYS_SHOWN));
+    }
+    cell.join(", ")
+}
+
+/// A short human duration: `0.4s`, `12s`, `5m3s`, `2h5m`, `3d4h`.
+fn format_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0..10 => format!("{:.1}s", d.as_secs_f64()),
+        10..60 => format!("{secs}s"),
+        60..3600 => format!("{}m{}s", secs / 60, secs % 60),
+        3600..86400 => format!("{}h{}m", secs / 3600, secs % 3600 / 60),
+        _ => format!("{}d{}h", secs / 86400, secs % 86400 / 3600),
+    }
+}
+
+/// The first line, with ` ...` if there were more.
+fn first_line(text: &str) -> std::borrow::Cow<'_, str> {
+    let text = text.trim();
+    match text.split_once('\n') {
+        None => text.into(),
+        Some((first, _)) => format!("{} ...", first.trim_end()).into(),
+    }
+}
+
+/// Control characters (tabs, newlines) as spaces.
+fn without_control(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+/// At most `width` characters, the last three `...` if cut; control
+/// characters become spaces so columns stay aligned.
+fn truncate(text: impl AsRef<str>, width: usize) -> String {
+    let clean = without_control(text.as_ref());
+    if clean.chars().count() <= width {
+        return clean;
+    }
+    let mut cut: String = clean.chars().take(width.saturating_sub(3)).collect();
+    cut.push_str("...");
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_naturally() {
+        let cases = [
+            (Duration::from_millis(400), "0.4s"),
+            (Duration::from_millis(9_960), "10.0s"),
+            (Duration::from_secs(12), "12s"),
+            (Duration::from_secs(303), "5m3s"),
+            (Duration::from_secs(7_500), "2h5m"),
+            (Duration::from_secs(3 * 86_400 + 4 * 3_600 + 5), "3d4h"),
+        ];
+        for (d, text) in cases {
+            assert_eq!(format_duration(d), text);
+        }
+    }
+
+    #[test]
+    fn messages_are_cut_to_one_line() {
+        assert_eq!(truncate(first_line("boom\n  at line 3"), 60), "boom ...");
+        assert_eq!(truncate("a\tb", 10), "a b");
+        let long = "x".repeat(100);
+        let cut = truncate(&long, 60);
+        assert_eq!(cut.chars().count(), 60);
+        assert!(cut.ends_with("..."));
+        assert_eq!(truncate("é".repeat(61), 60).chars().count(), 60, "counts characters, not bytes");
+    }
+
+    #[test]
+    fn hanging_cell_lists_three_keys_then_a_count() {
+        let keys: Vec<HangingKey> = (0..5).map(|i| HangingKey::new(format!("k{i}"), Duration::from_secs(2))).collect();
+        assert_eq!(hanging_cell(&keys[..1]), "\"k0\" 2.0s");
+        assert_eq!(hanging_cell(&keys), "\"k0\" 2.0s, \"k1\" 2.0s, \"k2\" 2.0s, +2 more");
+        assert_eq!(hanging_cell(&[]), "-");
+        assert_eq!(keys[0].downcast_ref::<String>().map(String::as_str), Some("k0"));
+        assert_eq!(keys[0].downcast_ref::<u32>(), None);
+    }
+
+    #[test]
+    fn control_characters_never_break_a_row() {
+        let entry = StatusEntry {
+            name: "two\nlines\tname".into(),
+            kind: EntryKind::Periodic(PeriodicDetails {
+                manager: "m".into(),
+                running: false,
+                last_duration: None,
+                next_run_in: None,
+            }),
+            successes: 0,
+            failures: 1,
+            consecutive_failures: 1,
+            last_error: Some("bad\r\tthing".into()),
+            last_error_time: Some(SystemTime::UNIX_EPOCH),
+            last_success_time: None,
+        };
+        let table = format_table_at(&[entry], SystemTime::UNIX_EPOCH + Duration::from_secs(90));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[2].starts_with("m/two lines name  periodic  idle "), "{table}");
+        assert!(lines[2].contains("1m30s ago") && lines[2].contains("bad  thing"), "{table}");
+    }
+
+    #[test]
+    fn an_empty_table_is_a_summary_line() {
+        assert_eq!(format_table(&[]), "reconq status: 0 controllers, 0 periodic; 0 failing, 0 hanging\n");
+    }
+}
