@@ -23,7 +23,7 @@
 //!
 //! Run with `cargo test --release --features shuttle --test shuttle_controller`.
 //! `RECONQ_SHUTTLE_ITERATIONS=N` sets the schedules per scheduler and model
-//! (default 1,000).
+//! (default 10,000).
 #![cfg(feature = "shuttle")]
 
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ use shuttle::thread;
 const FOREVER: Duration = Duration::from_secs(3600);
 
 fn iterations() -> usize {
-    std::env::var("RECONQ_SHUTTLE_ITERATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(1000)
+    std::env::var("RECONQ_SHUTTLE_ITERATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000)
 }
 
 /// Runs `model` under the random scheduler and the PCT scheduler (depth 3).
@@ -49,6 +49,25 @@ fn explore(model: fn()) {
     let n = iterations();
     shuttle::check_random(model, n);
     shuttle::check_pct(model, n, 3);
+}
+
+/// Every model is deterministic given its schedule (no hidden real-time or
+/// randomness decides anything), so a failing schedule printed by shuttle
+/// replays exactly.
+#[test]
+fn models_are_deterministic() {
+    let models: [fn(); 7] = [
+        worker_loop_requeue_racing_readds_model,
+        drain_racing_enqueues_and_start_model,
+        stop_cancels_every_reconcile_model,
+        || cancel_racing_completion_model(2),
+        manager_update_racing_remove_and_trigger_model,
+        manager_update_racing_trigger_runs_latest_do_model,
+        manager_self_removal_racing_remove_all_model,
+    ];
+    for model in models {
+        shuttle::check_uncontrolled_nondeterminism(model, 50);
+    }
 }
 
 fn zero_backoff() -> ExponentialBackoff<u8> {
