@@ -5,8 +5,8 @@ back into the engine, runs the model meant to catch it, and restores the file.
     python3 scripts/shuttle-mutants.py [--iterations N] [NAME ...]
 
 For each mutant it prints whether the model failed (caught) and the first
-line of the failure. Not part of CI (each mutant is a release rebuild, about
-half a minute). A mutant whose code no longer matches the source is reported
+line of the failure. Not part of CI (each mutant rebuilds the library and
+runs one model: 15-30 s). A mutant whose code no longer matches the source is reported
 as "stale" so the list can be brought up to date. Run from the repository
 root with a clean work tree for the files it touches (they are restored with
 the original text, not with git).
@@ -206,7 +206,7 @@ def run(m: Mutant, iterations: int) -> tuple[str, str]:
         with open(m.path, "w") as f:
             f.write(original.replace(m.old, m.new))
         env = dict(os.environ, RECONQ_SHUTTLE_ITERATIONS=str(iterations))
-        cmd = ["cargo", "test", "--release", "--features", "shuttle", "--test", m.test_file, "--", "--exact", m.test]
+        cmd = ["cargo", "test", "--features", "shuttle", "--test", m.test_file, "--", "--exact", m.test]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     finally:
         with open(m.path, "w") as f:

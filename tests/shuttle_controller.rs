@@ -21,7 +21,8 @@
 //! a reconcile record violations in the model's log; the model's main thread
 //! asserts there are none.
 //!
-//! Run with `cargo test --release --features shuttle --test shuttle_controller`.
+//! Run with `cargo test --features shuttle --test shuttle_controller` (the
+//! model checker is optimised even in the test profile, see Cargo.toml).
 //! `RECONQ_SHUTTLE_ITERATIONS=N` sets the schedules per scheduler and model
 //! (default 10,000).
 #![cfg(feature = "shuttle")]
