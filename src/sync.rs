@@ -1,47 +1,39 @@
-//! The synchronisation primitives the queue is built on, behind one seam.
+//! The synchronisation primitives the engine is built on, behind one seam.
 //!
 //! Normally these are `parking_lot`'s mutex and condvar (no poisoning, no
-//! spurious wake-ups, cheap uncontended paths). With the internal `shuttle`
-//! feature they become shuttle's instrumented versions, so the model-checking
-//! tests in `tests/model.rs` can explore thread interleavings of the very same
-//! queue code. The API is parking_lot's shape: `lock()` returns a guard and
-//! condvar waits borrow the guard mutably. The spin counter's atomic is
-//! swapped the same way.
+//! spurious wake-ups, cheap uncontended paths) and `std`'s atomics, re-exported
+//! as they are. With the internal `shuttle` feature they become shuttle's
+//! instrumented versions, so the model-checking tests (`tests/shuttle.rs`,
+//! `tests/shuttle_controller.rs`) can explore thread interleavings of the very
+//! same queue, controller and manager code. Threads are swapped the same way
+//! in [`crate::thread`].
+//!
+//! What goes through the seam: every lock, condvar and atomic whose
+//! interleavings matter (the queue's, the controller's life cycle, worker
+//! slots, pending keys, stop and cancel flags, stop signals, the watchdog's,
+//! and the manager's registry and per-controller state). What does not:
+//! locks that are never held across another synchronisation operation
+//! (per-key memory, the parked set, rate limiters, the fake clock, the
+//! observe registry) and plain statistics counters. Under shuttle those are
+//! still real locks, taken and released between two scheduling points, so
+//! they cannot block a model.
+//!
+//! The API is parking_lot's shape: `lock()` returns a guard, condvar waits
+//! borrow the guard mutably and timed waits return a [`WaitTimeoutResult`].
+//!
+//! **Time under shuttle.** shuttle has no clock. A timed wait whose deadline
+//! has already passed when it starts times out at once (after releasing and
+//! retaking the lock, as a real wait would); any other timed wait never times
+//! out. So models use only zero timeouts (deterministic: always passed) or
+//! long ones (deterministic: never reached, and a model that would need the
+//! deadline to make progress deadlocks, which shuttle reports, instead of
+//! passing by luck). Delays that must elapse use a `FakeClock`, whose waits
+//! are untimed and woken by `advance`.
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
-    use std::time::Instant;
-
-    pub(crate) use parking_lot::{Mutex, MutexGuard};
-    pub(crate) use std::sync::atomic::AtomicUsize;
-
-    #[derive(Debug, Default)]
-    pub(crate) struct Condvar(parking_lot::Condvar);
-
-    impl Condvar {
-        pub(crate) fn new() -> Self {
-            Self(parking_lot::Condvar::new())
-        }
-
-        pub(crate) fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
-            self.0.wait(guard);
-        }
-
-        /// Returns whether the wait timed out (rather than being notified).
-        pub(crate) fn wait_until<T>(&self, guard: &mut MutexGuard<'_, T>, deadline: Instant) -> bool {
-            self.0.wait_until(guard, deadline).timed_out()
-        }
-
-        /// Returns whether a waiting thread was woken.
-        pub(crate) fn notify_one(&self) -> bool {
-            self.0.notify_one()
-        }
-
-        /// Returns how many waiting threads were woken.
-        pub(crate) fn notify_all(&self) -> usize {
-            self.0.notify_all()
-        }
-    }
+    pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize};
 }
 
 #[cfg(feature = "shuttle")]
@@ -49,7 +41,7 @@ mod imp {
     use std::ops::{Deref, DerefMut};
     use std::time::Instant;
 
-    pub(crate) use shuttle::sync::atomic::AtomicUsize;
+    pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicUsize};
 
     /// shuttle's mutex behind parking_lot's API (no poisoning to handle).
     #[derive(Debug, Default)]
@@ -67,6 +59,10 @@ mod imp {
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard { mutex: self, inner: Some(self.raw_lock()) }
+        }
+
+        pub(crate) fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(|e| e.into_inner())
         }
 
         fn raw_lock(&self) -> shuttle::sync::MutexGuard<'_, T> {
@@ -97,10 +93,21 @@ mod imp {
         }
     }
 
+    /// Whether a timed wait timed out, as parking_lot's.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct WaitTimeoutResult(bool);
+
+    impl WaitTimeoutResult {
+        pub(crate) fn timed_out(self) -> bool {
+            self.0
+        }
+    }
+
     /// shuttle's condvar, counting its waiters so `notify_*` can report how
-    /// many it woke as parking_lot's does. The count is exact because the
-    /// queue waits and notifies only with its mutex held, shuttle's waits
-    /// never time out and its condvar never wakes spuriously.
+    /// many it woke as parking_lot's does. The count is exact for callers
+    /// that wait and notify with the mutex held (the queue does), because
+    /// shuttle's waits never time out, a timed-out wait here never waited,
+    /// and shuttle's condvar never wakes spuriously.
     #[derive(Debug, Default)]
     pub(crate) struct Condvar {
         inner: shuttle::sync::Condvar,
@@ -119,10 +126,17 @@ mod imp {
             guard.inner = Some(self.inner.wait(inner).unwrap_or_else(|e| e.into_inner()));
         }
 
-        /// shuttle never times a wait out, so the models use no deadlines.
-        pub(crate) fn wait_until<T>(&self, guard: &mut MutexGuard<'_, T>, _deadline: Instant) -> bool {
+        /// Times out at once if `deadline` has passed, else waits untimed
+        /// (see the module's notes on time).
+        pub(crate) fn wait_until<T>(&self, guard: &mut MutexGuard<'_, T>, deadline: Instant) -> WaitTimeoutResult {
+            if Instant::now() >= deadline {
+                // Release and retake the lock, as a real wait does: other
+                // threads may run in between.
+                MutexGuard::unlocked(guard, || ());
+                return WaitTimeoutResult(true);
+            }
             self.wait(guard);
-            false
+            WaitTimeoutResult(false)
         }
 
         pub(crate) fn notify_one(&self) -> bool {
@@ -140,4 +154,4 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{AtomicUsize, Condvar, Mutex, MutexGuard};
+pub(crate) use imp::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard};

@@ -3,10 +3,10 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{AtomicBool, Condvar, Mutex};
 
 /// A one-way flag threads can block on: set once, seen by everyone.
 ///

@@ -38,18 +38,16 @@ mod worker;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
-
-use parking_lot::{Condvar, Mutex};
 
 use crate::clock::{Clock, SystemClock};
 use crate::observe::{self, Observed};
 use crate::queue::WorkQueue;
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
-use crate::thread::{ThreadWrapper, spawn_named};
+use crate::sync::{AtomicBool, Condvar, Mutex};
+use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
 pub use context::{Context, StopSignal};
 pub use handle::{ControllerHandle, Stats, StopReport};

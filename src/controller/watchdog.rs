@@ -9,15 +9,14 @@
 //! before one already running, so a timed sleep is never cut short.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-
-use parking_lot::{Condvar, Mutex};
 
 use super::{ControllerKey, Core, Runtime};
 use crate::clock::Clock;
 use crate::logs;
+use crate::sync::{AtomicBool, Condvar, Mutex};
 
 pub(crate) struct Watchdog {
     threshold: Duration,

@@ -5,12 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
-use parking_lot::Mutex;
-
 use super::context::{Context, StopSignal};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
 use crate::logs;
+use crate::sync::Mutex;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,
 /// hang reports, inspect, stop reports).

@@ -14,14 +14,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::sync::{Arc, Weak};
-use std::thread::{self, JoinHandle};
-
-use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock};
 use crate::observe::status::{EntryKind, PeriodicDetails, StatusEntry};
 use crate::observe::{self, Observed};
-use crate::thread::{ThreadWrapper, spawn_named};
+use crate::sync::Mutex;
+use crate::thread::{self, JoinHandle, ThreadWrapper, spawn_named};
 use worker::Ctl;
 
 pub use params::{ControllerParams, DEFAULT_ERROR_RETRY_BASE, DoError};
@@ -210,14 +208,21 @@ impl Manager {
 
     /// [`update`](Self::update), returning the error if the operating system
     /// refuses a new thread (nothing is changed then).
-    pub fn try_update(&self, name: impl Into<String>, params: ControllerParams) -> io::Result<()> {
+    pub fn try_update(&self, name: impl Into<String>, mut params: ControllerParams) -> io::Result<()> {
         let name = name.into();
         let mut reg = self.inner.registry.lock();
-        if let Some(entry) = reg.controllers.get(&name) {
+        while let Some(entry) = reg.controllers.get(&name) {
             let ctl = Arc::clone(&entry.ctl);
             drop(reg);
-            ctl.update(params);
-            return Ok(());
+            // A `remove` between the lookup and here makes the controller
+            // refuse the update (found by the shuttle model of update racing
+            // remove: the new parameters were silently lost). The name has
+            // left the registry by then: look again.
+            match ctl.update(params) {
+                Ok(()) => return Ok(()),
+                Err(refused) => params = refused,
+            }
+            reg = self.inner.registry.lock();
         }
         let ctl = Ctl::new(
             name.clone(),

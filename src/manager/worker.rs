@@ -11,12 +11,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
 use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
 use crate::logs;
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 pub(crate) struct Ctl {
     name: String,
@@ -110,10 +109,15 @@ impl Ctl {
     }
 
     /// Replaces the parameters (dropping the old `stop` unrun) and requests a
-    /// run.
-    pub(crate) fn update(&self, params: ControllerParams) {
+    /// run. A controller already removed refuses them (its thread may have
+    /// taken its `stop` and exited), handing them back: the update then
+    /// belongs to whatever now holds the name.
+    pub(crate) fn update(&self, params: ControllerParams) -> Result<(), ControllerParams> {
         let old = {
             let mut st = self.state.lock();
+            if st.removed {
+                return Err(params);
+            }
             let old = std::mem::replace(&mut st.params, params);
             st.pending = true;
             self.wake.notify_all();
@@ -121,6 +125,7 @@ impl Ctl {
         };
         // The old closures may own anything; drop them outside the lock.
         drop(old);
+        Ok(())
     }
 
     pub(crate) fn trigger(&self) {

@@ -404,7 +404,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         while g.q.is_draining() && !g.q.drained() {
             match deadline {
                 Some(deadline) => {
-                    if self.shared.drained.wait_until(&mut g, deadline) {
+                    if self.shared.drained.wait_until(&mut g, deadline).timed_out() {
                         return g.q.drained();
                     }
                 }
@@ -535,7 +535,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         }
         g.sleepers += 1;
         let timed_out = match wake_at {
-            Some(at) if self.clock.is_real_time() => self.ready.wait_until(g, at),
+            Some(at) if self.clock.is_real_time() => self.ready.wait_until(g, at).timed_out(),
             _ => {
                 self.ready.wait(g);
                 false

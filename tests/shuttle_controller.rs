@@ -1,0 +1,559 @@
+//! Model checking of the controller and the manager with shuttle.
+//!
+//! With the internal `shuttle` feature every lock, condvar and atomic that
+//! the controller's worker loop, stop/drain, cancel paths and the manager's
+//! controller threads synchronise through is shuttle's (`src/sync.rs`), and
+//! the engine's threads are shuttle threads (`src/thread.rs`): a `Controller`
+//! or `Manager` built inside a model runs entirely under shuttle's scheduler,
+//! which picks the interleaving at every synchronisation point. Each model
+//! below is run under shuttle's random scheduler and its PCT scheduler
+//! (probabilistic concurrency testing: priority-based schedules that find
+//! bugs of small depth with a known probability).
+//!
+//! Time: shuttle has no clock. The models use zero backoff (a retry is an
+//! immediate re-add) and either zero timeouts or hour-long ones; under the
+//! seam, a timed wait whose deadline has passed times out at once and any
+//! other never times out, so a stop or wait that would hang until its
+//! deadline makes shuttle report a deadlock instead of passing by luck. A
+//! model that deadlocks (every thread blocked) fails.
+//!
+//! A reconcile's panics are caught by the worker (G9), so checks made inside
+//! a reconcile record violations in the model's log; the model's main thread
+//! asserts there are none.
+//!
+//! Run with `cargo test --features shuttle --test shuttle_controller` (the
+//! model checker is optimised even in the test profile, see Cargo.toml).
+//! `RECONQ_SHUTTLE_ITERATIONS=N` sets the schedules per scheduler and model
+//! (default 10,000).
+#![cfg(feature = "shuttle")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reconq::{
+    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager,
+    ReconcileError,
+};
+use shuttle::sync::Mutex;
+use shuttle::thread;
+
+/// Long enough never to be reached in a model (see the module docs on time).
+const FOREVER: Duration = Duration::from_secs(3600);
+
+fn iterations() -> usize {
+    std::env::var("RECONQ_SHUTTLE_ITERATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000)
+}
+
+/// Runs `model` under the random scheduler and the PCT scheduler (depth 3).
+fn explore(model: fn()) {
+    let n = iterations();
+    shuttle::check_random(model, n);
+    shuttle::check_pct(model, n, 3);
+}
+
+/// Every model is deterministic given its schedule (no hidden real-time or
+/// randomness decides anything), so a failing schedule printed by shuttle
+/// replays exactly.
+#[test]
+fn models_are_deterministic() {
+    let models: [fn(); 7] = [
+        worker_loop_requeue_racing_readds_model,
+        drain_racing_enqueues_and_start_model,
+        stop_cancels_every_reconcile_model,
+        || cancel_racing_completion_model(2),
+        manager_update_racing_remove_and_trigger_model,
+        manager_update_racing_trigger_runs_latest_do_model,
+        manager_self_removal_racing_remove_all_model,
+    ];
+    for model in models {
+        shuttle::check_uncontrolled_nondeterminism(model, 50);
+    }
+}
+
+fn zero_backoff() -> ExponentialBackoff<u8> {
+    ExponentialBackoff::new(Duration::ZERO, Duration::ZERO)
+}
+
+// ---------------------------------------------------------------------------
+// (a) The worker loop: get / reconcile / settle / done_and_get, with requeues
+// and retries racing a producer that re-adds the key.
+
+/// What the workers and the producer of model (a) share.
+#[derive(Default)]
+struct Versions {
+    /// Bumped by the producer before each enqueue, under this lock.
+    version: HashMap<u8, u32>,
+    /// The version each key's last-started reconcile saw.
+    seen: HashMap<u8, u32>,
+    /// Keys being reconciled right now.
+    busy: HashMap<u8, bool>,
+    started: u64,
+    violations: Vec<String>,
+}
+
+/// **(a) get/done with requeue while a producer re-adds the key.** Two
+/// workers, two keys, zero backoff. Each key's reconcile returns
+/// `Action::Requeue` on its first attempt and a retryable error on its
+/// second (both an immediate re-add, while the key is still processing, so
+/// the queue marks it dirty), and succeeds on the third; a producer bumps a
+/// key's version and enqueues it, racing all that.
+///
+/// Invariants: never two reconciles of one key at once (G2); once
+/// `wait_idle` returns, the last reconcile of each key to start saw its
+/// latest version (G3: an add after a reconcile began is always followed by
+/// another reconcile), `stats()` counts every reconcile that started (the
+/// retry is scheduled and counted before `done`), and the queue is empty;
+/// `stop_with_drain` then finishes and every worker exits.
+#[test]
+fn worker_loop_requeue_racing_readds() {
+    explore(worker_loop_requeue_racing_readds_model);
+}
+
+fn worker_loop_requeue_racing_readds_model() {
+    let log = Arc::new(Mutex::new(Versions::default()));
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            {
+                let mut log = log.lock().unwrap();
+                if log.busy.insert(*key, true) == Some(true) {
+                    log.violations.push(format!("G2: key {key} reconciled by two workers at once"));
+                }
+                let version = log.version.get(key).copied().unwrap_or(0);
+                log.seen.insert(*key, version);
+                log.started += 1;
+            }
+            thread::yield_now();
+            log.lock().unwrap().busy.insert(*key, false);
+            match ctx.attempt() {
+                0 => Ok(Action::Requeue),
+                1 => Err(ReconcileError::new("transient")),
+                _ => Ok(Action::Done),
+            }
+        }
+    };
+    let handle = Controller::new("a", reconcile).workers(2).rate_limiter(zero_backoff()).start();
+    let enqueue = |handle: &ControllerHandle<u8>, log: &Mutex<Versions>, key: u8| {
+        // Under the log lock, so "after the reconcile began" is well defined.
+        let mut log = log.lock().unwrap();
+        *log.version.entry(key).or_default() += 1;
+        handle.enqueue(key);
+    };
+    enqueue(&handle, &log, 0);
+    enqueue(&handle, &log, 1);
+    let producer = {
+        let (handle, log) = (handle.clone(), Arc::clone(&log));
+        thread::spawn(move || {
+            enqueue(&handle, &log, 0);
+            enqueue(&handle, &log, 1);
+            enqueue(&handle, &log, 0);
+        })
+    };
+    producer.join().unwrap();
+    assert!(handle.wait_idle(FOREVER), "wait_idle gave up");
+    {
+        let log = log.lock().unwrap();
+        assert_eq!(log.violations, Vec::<String>::new());
+        for (key, version) in &log.version {
+            assert_eq!(log.seen.get(key), Some(version), "G3: the last update of key {key} was never reconciled");
+        }
+        let stats = handle.stats();
+        assert_eq!(stats.reconciles, log.started, "wait_idle returned before every reconcile was counted");
+        assert_eq!((stats.depth, stats.processing, stats.waiting), (0, 0, 0), "idle, yet keys remain");
+    }
+    assert!(handle.stop_with_drain(FOREVER), "the drain did not finish");
+    assert!(handle.is_stopped());
+}
+
+// ---------------------------------------------------------------------------
+// (b) Stop with drain racing enqueues (and start).
+
+#[derive(Default)]
+struct DrainLog {
+    /// Set (under this lock) just before `stop_with_drain` is called.
+    stop_requested: bool,
+    /// Keys whose enqueue returned before the stop request.
+    must_run: Vec<u8>,
+    /// Reconciles started, by key.
+    ran: HashMap<u8, u32>,
+    /// Set once `stop_with_drain` returned.
+    stop_returned: bool,
+    violations: Vec<String>,
+}
+
+/// **(b) stop with drain racing enqueues, and start racing both.** A
+/// producer enqueues three keys through a handle taken before `start`, so
+/// its enqueues race `start` moving keys enqueued before it into the queue,
+/// then race the drain; one key asks to be requeued once (the drain ignores
+/// that re-add, as any add after shutdown). Two workers.
+///
+/// Invariants: every key whose enqueue returned before the stop request is
+/// reconciled (none is lost between the handle, the pre-start pending list
+/// and the queue); `stop_with_drain` returns, and reports that every worker
+/// finished (with an hour-long timeout that shuttle never reaches, a drain
+/// that hangs is a deadlock here); no reconcile starts after it returned;
+/// the controller is stopped.
+#[test]
+fn drain_racing_enqueues_and_start() {
+    explore(drain_racing_enqueues_and_start_model);
+}
+
+fn drain_racing_enqueues_and_start_model() {
+    let log = Arc::new(Mutex::new(DrainLog::default()));
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            let mut log = log.lock().unwrap();
+            if log.stop_returned {
+                log.violations.push(format!("key {key} reconciled after the drain returned"));
+            }
+            *log.ran.entry(*key).or_default() += 1;
+            Ok(if *key == 1 && ctx.attempt() == 0 { Action::Requeue } else { Action::Done })
+        }
+    };
+    let controller = Controller::new("b", reconcile).workers(2).rate_limiter(zero_backoff());
+    let producer = {
+        let (handle, log) = (controller.handle(), Arc::clone(&log));
+        thread::spawn(move || {
+            for key in 0..3 {
+                handle.enqueue(key);
+                let mut log = log.lock().unwrap();
+                if !log.stop_requested {
+                    log.must_run.push(key);
+                }
+            }
+        })
+    };
+    let handle = controller.start();
+    log.lock().unwrap().stop_requested = true;
+    assert!(handle.stop_with_drain(FOREVER), "the drain did not finish");
+    log.lock().unwrap().stop_returned = true;
+    producer.join().unwrap();
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    for key in &log.must_run {
+        assert!(log.ran.contains_key(key), "key {key} was enqueued before the stop request but never reconciled");
+    }
+    assert!(handle.is_stopped());
+}
+
+/// **(b') an immediate stop racing workers that are starting reconciles.**
+/// Every reconcile blocks until it is cancelled. `stop()` must cancel the
+/// reconciles in flight and every later one (a worker that has taken a key
+/// but not yet registered it in its slot must still see the stop), and the
+/// controller must then stop: `wait_stopped` has no timeout, so a reconcile
+/// that misses its cancel leaves the model deadlocked. A stop racing a
+/// concurrent `stop_with_drain` whose deadline has already passed (timeout
+/// zero) is included: both must return, and then every worker must exit
+/// (`join_timeout` waits for all of them; the drain's deadline having passed
+/// marks the controller stopped without them, so `wait_stopped` alone would
+/// not notice a worker stuck in a reconcile).
+#[test]
+fn stop_cancels_every_reconcile() {
+    explore(stop_cancels_every_reconcile_model);
+}
+
+fn stop_cancels_every_reconcile_model() {
+    let reconcile = |_key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+        ctx.cancel_signal().wait();
+        Ok(Action::Done)
+    };
+    let handle = Controller::new("b2", reconcile).workers(2).rate_limiter(zero_backoff()).start();
+    for key in 0..3 {
+        handle.enqueue(key);
+    }
+    let drainer = {
+        let handle = handle.clone();
+        thread::spawn(move || {
+            handle.stop_with_drain_report(Duration::ZERO);
+        })
+    };
+    handle.stop();
+    assert!(handle.wait_stopped(None));
+    drainer.join().unwrap();
+    assert!(handle.join_timeout(FOREVER), "a worker never exited");
+}
+
+// ---------------------------------------------------------------------------
+// (c) handle.cancel(key) racing the reconcile's return.
+
+#[derive(Default)]
+struct CancelLog {
+    /// Started reconciles, by key.
+    runs: HashMap<u8, u32>,
+    /// What `cancel(A)` returned, once it has.
+    cancel_returned: Option<bool>,
+    violations: Vec<String>,
+}
+
+const A: u8 = 0;
+
+/// **(c) `cancel(key)` racing completion.** Keys A, B, C, with one or two
+/// workers; a canceller calls `handle.cancel(&A)` once, at whatever point
+/// shuttle picks (before A starts, while it runs, as it returns, while the
+/// worker moves on to the next key), then enqueues A again.
+///
+/// Invariants: a cancel never lands on a reconcile it was not aimed at: B
+/// and C are never cancelled, and neither is A's second reconcile (it starts
+/// after the cancel returned); a cancel that returned `true` while A's first
+/// reconcile is still running is seen by it (never lost); one that returned
+/// `false` is not seen by it. Then stop, drain and exit as usual.
+#[test]
+fn cancel_racing_completion_one_worker() {
+    explore(|| cancel_racing_completion_model(1));
+}
+
+#[test]
+fn cancel_racing_completion_two_workers() {
+    explore(|| cancel_racing_completion_model(2));
+}
+
+fn cancel_racing_completion_model(workers: usize) {
+    let log = Arc::new(Mutex::new(CancelLog::default()));
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            let run = {
+                let mut log = log.lock().unwrap();
+                let run = log.runs.entry(*key).or_default();
+                *run += 1;
+                *run
+            };
+            // Let the cancel land anywhere around here.
+            thread::yield_now();
+            let mut log = log.lock().unwrap();
+            // Read after taking the log, so a cancel that returned is visible.
+            let cancelled = ctx.is_cancelled();
+            let violation = if *key != A {
+                cancelled.then(|| format!("key {key} was cancelled, but only A ever was"))
+            } else if run > 1 {
+                cancelled.then(|| format!("A's reconcile #{run} saw the cancel meant for an earlier one"))
+            } else {
+                match log.cancel_returned {
+                    Some(true) => {
+                        (!cancelled).then(|| "cancel(A) returned true, but A's reconcile never saw it".into())
+                    }
+                    Some(false) => cancelled.then(|| "cancel(A) returned false, yet A's reconcile saw a cancel".into()),
+                    None => None,
+                }
+            };
+            log.violations.extend(violation);
+            Ok(Action::Done)
+        }
+    };
+    let controller = Controller::new("c", reconcile).workers(workers).rate_limiter(zero_backoff());
+    let handle = controller.handle();
+    for key in [A, 1, 2] {
+        handle.enqueue(key);
+    }
+    let handle = controller.start();
+    let canceller = {
+        let (handle, log) = (handle.clone(), Arc::clone(&log));
+        thread::spawn(move || {
+            let found = handle.cancel(&A);
+            log.lock().unwrap().cancel_returned = Some(found);
+            handle.enqueue(A);
+        })
+    };
+    canceller.join().unwrap();
+    assert!(handle.wait_idle(FOREVER));
+    {
+        let log = log.lock().unwrap();
+        assert_eq!(log.violations, Vec::<String>::new());
+        // Two runs, or one if the second enqueue found A still waiting.
+        assert!(matches!(log.runs.get(&A), Some(1 | 2)), "A ran {:?} times", log.runs.get(&A));
+    }
+    assert!(handle.stop_with_drain(FOREVER));
+}
+
+// ---------------------------------------------------------------------------
+// (d) The manager: update racing remove and trigger.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Do(u8),
+    Stop(u8),
+    /// `update(.., params(2))` returned.
+    Updated,
+}
+
+type Events = Arc<Mutex<Vec<Event>>>;
+
+fn params(version: u8, events: &Events) -> ControllerParams {
+    let (on_do, on_stop) = (Arc::clone(events), Arc::clone(events));
+    ControllerParams::new(move || -> Result<(), DoError> {
+        on_do.lock().unwrap().push(Event::Do(version));
+        Ok(())
+    })
+    .stop(move || on_stop.lock().unwrap().push(Event::Stop(version)))
+}
+
+fn manager() -> Manager {
+    // A fake clock: no run is ever timed, so no wait depends on real time.
+    Manager::builder().clock(FakeClock::new()).build()
+}
+
+fn count(events: &[Event], event: Event) -> usize {
+    events.iter().filter(|e| **e == event).count()
+}
+
+/// **(d) manager `update` racing `remove` and `trigger`.** A controller
+/// created with parameters 1; then, at once, one thread updates it to
+/// parameters 2, one removes it and one triggers it. The update lands either
+/// on the controller before its removal (one controller, whose parameters
+/// become 2) or after it (creating a second controller with parameters 2),
+/// which the model tells apart afterwards by whether the name still exists.
+/// Finally `remove_all_and_wait`.
+///
+/// Invariants, per controller: `stop` runs exactly once (never twice, never
+/// zero times), only after its `do` ran at least once, and it is the stop
+/// of the latest parameters the controller was given (a replaced stop is
+/// dropped unrun); no `do` runs after its controller's `stop`; once a `do`
+/// of parameters 2 ran, no `do` of parameters 1 runs on that controller;
+/// every controller thread exits (`remove_all_and_wait` joins them; one that
+/// never exits deadlocks the model).
+#[test]
+fn manager_update_racing_remove_and_trigger() {
+    explore(manager_update_racing_remove_and_trigger_model);
+}
+
+fn manager_update_racing_remove_and_trigger_model() {
+    let events: Events = Arc::default();
+    let m = manager();
+    m.update("c", params(1, &events));
+    let updater = {
+        let (m, events) = (m.clone(), Arc::clone(&events));
+        thread::spawn(move || m.update("c", params(2, &events)))
+    };
+    let remover = {
+        let m = m.clone();
+        thread::spawn(move || m.remove("c").expect("the controller exists until removed here"))
+    };
+    let triggerer = {
+        let m = m.clone();
+        thread::spawn(move || {
+            let _ = m.trigger("c"); // unknown if removed before and not re-created yet
+        })
+    };
+    for t in [updater, remover, triggerer] {
+        t.join().unwrap();
+    }
+    // The update created a second controller iff it came after the removal.
+    let two_controllers = m.contains("c");
+    m.remove_all_and_wait();
+    let events = events.lock().unwrap().clone();
+    let pos = |e: Event| events.iter().position(|x| *x == e);
+    let first_do = |v: u8| pos(Event::Do(v));
+    if two_controllers {
+        // Controller 1 only ever had parameters 1; controller 2 parameters 2.
+        for v in [1, 2] {
+            assert_eq!(count(&events, Event::Stop(v)), 1, "controller {v}: stop ran not exactly once: {events:?}");
+            let stop = pos(Event::Stop(v)).unwrap();
+            assert!(first_do(v).is_some_and(|d| d < stop), "controller {v}: stop before any do: {events:?}");
+            assert!(!events[stop..].contains(&Event::Do(v)), "controller {v}: do after stop: {events:?}");
+        }
+    } else {
+        // One controller; its parameters became 2 before the removal.
+        assert_eq!(count(&events, Event::Stop(1)), 0, "a replaced stop ran: {events:?}");
+        assert_eq!(count(&events, Event::Stop(2)), 1, "stop ran not exactly once: {events:?}");
+        assert_eq!(events.last(), Some(&Event::Stop(2)), "something ran after stop: {events:?}");
+        assert!(events.iter().any(|e| matches!(e, Event::Do(_))), "stop before any do: {events:?}");
+        if let Some(d2) = first_do(2) {
+            assert!(!events[d2..].contains(&Event::Do(1)), "the old do ran after the new one: {events:?}");
+        }
+    }
+}
+
+/// **(d') manager `update` racing `trigger` and the first run: the latest
+/// `do` is the one that runs.** A controller created with parameters 1;
+/// one thread updates it to parameters 2 (and logs when `update` returned),
+/// another triggers it. Once the controller is idle again (polled through
+/// `controller_status`), it is removed with `remove_and_wait`.
+///
+/// Invariants: after `update` returned, at most one run of the old `do`
+/// starts (one whose parameters were read before the update), and the last
+/// run is of the new `do` (an update always leads to a run of its `do`); the
+/// stop that runs is the new one, exactly once, last; the thread exits.
+#[test]
+fn manager_update_racing_trigger_runs_latest_do() {
+    explore(manager_update_racing_trigger_runs_latest_do_model);
+}
+
+fn manager_update_racing_trigger_runs_latest_do_model() {
+    let events: Events = Arc::default();
+    let m = manager();
+    m.update("c", params(1, &events));
+    let updater = {
+        let (m, events) = (m.clone(), Arc::clone(&events));
+        thread::spawn(move || {
+            m.update("c", params(2, &events));
+            events.lock().unwrap().push(Event::Updated);
+        })
+    };
+    let triggerer = {
+        let m = m.clone();
+        thread::spawn(move || m.trigger("c").expect("never removed here"))
+    };
+    updater.join().unwrap();
+    triggerer.join().unwrap();
+    loop {
+        let status = m.controller_status("c").unwrap();
+        if !status.running && status.next_run_in.is_none() {
+            break;
+        }
+        thread::yield_now();
+    }
+    m.remove_and_wait("c").unwrap();
+    let events = events.lock().unwrap().clone();
+    let updated = events.iter().position(|e| *e == Event::Updated).unwrap();
+    assert!(count(&events[updated..], Event::Do(1)) <= 1, "the old do kept running after the update: {events:?}");
+    let last_do = events.iter().rev().find(|e| matches!(e, Event::Do(_)));
+    assert_eq!(last_do, Some(&Event::Do(2)), "the new do never ran after the update: {events:?}");
+    assert_eq!(count(&events, Event::Stop(1)), 0, "a replaced stop ran: {events:?}");
+    assert_eq!(count(&events, Event::Stop(2)), 1, "stop ran not exactly once: {events:?}");
+    assert_eq!(events.last(), Some(&Event::Stop(2)), "something ran after stop: {events:?}");
+}
+
+/// **(d'') a controller removing itself from its own `do`**, racing an
+/// outside `remove_all_and_wait`: `remove_and_wait` called on the
+/// controller's own thread must not join itself, `stop` runs once, and both
+/// waits return.
+#[test]
+fn manager_self_removal_racing_remove_all() {
+    explore(manager_self_removal_racing_remove_all_model);
+}
+
+fn manager_self_removal_racing_remove_all_model() {
+    let events: Events = Arc::default();
+    let m = manager();
+    let weak = m.downgrade();
+    let on_do = Arc::clone(&events);
+    let on_stop = Arc::clone(&events);
+    m.update(
+        "self",
+        ControllerParams::new(move || -> Result<(), DoError> {
+            on_do.lock().unwrap().push(Event::Do(1));
+            if let Some(m) = weak.upgrade() {
+                let _ = m.remove_and_wait("self"); // unknown if the outside removal came first
+            }
+            Ok(())
+        })
+        .stop(move || on_stop.lock().unwrap().push(Event::Stop(1))),
+    );
+    let outside = {
+        let m = m.clone();
+        thread::spawn(move || m.remove_all_and_wait())
+    };
+    outside.join().unwrap();
+    m.remove_all_and_wait();
+    // If the controller removed itself first, nobody can join its thread
+    // (it did not join itself): wait for its stop through the log.
+    while !events.lock().unwrap().contains(&Event::Stop(1)) {
+        thread::yield_now();
+    }
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.first(), Some(&Event::Do(1)), "{events:?}");
+    assert_eq!(count(&events, Event::Stop(1)), 1, "stop ran not exactly once: {events:?}");
+    assert_eq!(events.last(), Some(&Event::Stop(1)), "{events:?}");
+}
