@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::attach::attach;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
@@ -521,7 +522,7 @@ impl PyController {
         let handle = &self.handle;
         py.detach(move || {
             handle.add_trigger(key, move |_signal: &StopSignal| -> bool {
-                let fired = Python::try_attach(|py| {
+                let fired = attach(|py| {
                     let event = event.bind(py);
                     let result = trigger.bind(py).call1((event,));
                     let mine = {

@@ -31,6 +31,8 @@ use log::{LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
 use pyo3_log::{Caching, Logger};
 
+use super::attach::attach;
+
 struct Bridge {
     inner: Logger,
 }
@@ -47,7 +49,7 @@ impl Log for Bridge {
         // `try_attach`: `None` while the interpreter finalizes (pyo3-log's
         // own `attach` would hang or kill the thread then); nested inside
         // this, pyo3-log's attach is a no-op.
-        Python::try_attach(|py| {
+        attach(|py| {
             let pending = PyErr::take(py);
             self.inner.log(record);
             // pyo3-log leaves an error raised by Python logging pending.

@@ -30,6 +30,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
+use super::attach::attach;
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::errors::describe;
 use crate::{ControllerParams, ControllerStatus, DoError, Manager, ThreadWrapper, UnknownController, WeakManager};
@@ -70,7 +71,7 @@ fn python_thread_wrapper() -> ThreadWrapper {
             // `try_attach` is `None` while the interpreter finalizes: the
             // body then runs below, unattached, so the thread ends; its
             // callbacks fail to attach and count as failures (caught panics).
-            Python::try_attach(move |py| {
+            attach(move |py| {
                 py.detach(move || {
                     let body = body;
                     *ran = true;
@@ -131,7 +132,7 @@ fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr)
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
 /// into `Err("Type: message")`, logged.
 fn call_logged(f: &Py<PyAny>, what: &str, name: &str) -> Result<(), String> {
-    Python::attach(|py| {
+    attach(|py| {
         // A `PanicException` raised from Python turns back into a panic
         // when fetched; catch it here so it is described and logged too.
         match catch_unwind(AssertUnwindSafe(|| f.call0(py).map(drop))) {
@@ -148,6 +149,7 @@ fn call_logged(f: &Py<PyAny>, what: &str, name: &str) -> Result<(), String> {
             }
         }
     })
+    .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
 }
 
 fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'py, PyDict>> {

@@ -7,6 +7,7 @@
 //! events to Python `logging`). The controller and manager
 //! bindings go in their own modules and register their classes below.
 
+mod attach;
 mod controller;
 mod duration;
 mod errors;

@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
+use super::attach::attach;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
 use crate::{Action, Context, ReconcileError, Reconciler, ThreadWrapper};
@@ -40,7 +41,7 @@ pub(crate) fn python_thread_wrapper() -> ThreadWrapper {
             }
         }
         let mut body = Body(body);
-        let ran = Python::try_attach(|py| {
+        let ran = attach(|py| {
             let body = &mut body;
             py.detach(move || body.run());
         });
@@ -101,7 +102,7 @@ impl Reconciler<PyKey> for PyReconciler {
         let Some(callback) = callback else {
             return Err(ReconcileError::new("the controller was stopped"));
         };
-        Python::try_attach(|py| self.call(py, &callback, key, ctx.attempt()))
+        attach(|py| self.call(py, &callback, key, ctx.attempt()))
             .unwrap_or_else(|| Err(ReconcileError::new("the Python interpreter is shutting down")))
     }
 }
@@ -158,7 +159,7 @@ impl Iterator for PyEvents {
 
     fn next(&mut self) -> Option<Py<PyAny>> {
         let iter = self.iter.as_ref()?;
-        let next = Python::try_attach(|py| match iter.bind(py).clone().next() {
+        let next = attach(|py| match iter.bind(py).clone().next() {
             Some(Ok(event)) => Some(event.unbind()),
             Some(Err(e)) => {
                 let message = describe(py, &e);
@@ -179,7 +180,7 @@ impl PyEvents {
     fn release(&mut self) {
         if let Some(iter) = self.iter.take() {
             // Decref now if we can; otherwise PyO3 defers it.
-            let _ = Python::try_attach(move |_py| drop(iter));
+            let _ = attach(move |_py| drop(iter));
         }
     }
 }
@@ -194,7 +195,7 @@ impl Drop for PyEvents {
 /// event), a `list` giving one key per element. Bad keys and exceptions in
 /// `transform` are logged and skipped.
 pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: Py<PyAny>) -> Vec<PyKey> {
-    Python::try_attach(|py| {
+    attach(|py| {
         let event = event.into_bound(py);
         let value = match transform {
             Some(t) => match t.bind(py).call1((&event,)) {

@@ -155,6 +155,34 @@ def test_exit_with_a_reconcile_that_never_returns():
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.parametrize("run", range(3))
+def test_exit_with_reconciles_returning_while_the_interpreter_finalizes(run):
+    # The exit hook gives up on the reconciles at once; they return to
+    # Python while a slow finalization frees `junk`, and CPython kills their
+    # threads with pthread_exit. Unguarded, the unwind aborted the process
+    # (Fatal Python error: PyGILState_Release) in 10 runs out of 10.
+    proc = spawn(
+        """
+        import threading, time, reconq, reconq._lifecycle
+        junk = [[i] for i in range(3_000_000)]   # makes finalization slow
+        reconq._lifecycle.EXIT_TIMEOUT = 0.05
+        started = threading.Event()
+        def reconcile(key):
+            started.set()
+            time.sleep(0.1)
+        c = reconq.Controller(reconcile, workers=2, name="finalizing")
+        c.start()
+        c.enqueue(1)
+        c.enqueue(2)
+        started.wait(5)
+        print("exiting", flush=True)
+        """
+    )
+    code, out, err = finish(proc, timeout=60)
+    assert code == 0, err
+    assert out.strip() == "exiting"
+
+
 def test_exit_with_an_unreferenced_running_controller():
     proc = spawn(
         """

@@ -1,0 +1,46 @@
+//! Attaching to the interpreter from engine threads, safely at exit.
+//!
+//! On Python < 3.14, a thread that wants the GIL back while the interpreter
+//! finalizes is killed with `pthread_exit` (CPython gh-87135): a *forced
+//! unwind* through our frames. Rust runs their destructors, and PyO3's
+//! attach guard then calls `PyGILState_Release` on a thread state that is no
+//! longer current, which aborts the process ("Fatal Python error:
+//! PyGILState_Release"). That happens whenever a reconcile (or trigger,
+//! watch, `do`) is still running when the exit hook gives up waiting for it
+//! (`reconq._lifecycle.EXIT_TIMEOUT`) and it returns to Python while the
+//! interpreter tears down.
+//!
+//! [`attach`] puts a guard *inside* the attach, around the Python code: its
+//! destructor runs first during such an unwind and parks the thread forever
+//! instead, which is what Python 3.14 itself does (and what PyO3 does when
+//! attaching fails the same way). The process then exits normally; the
+//! parked thread goes with it.
+
+use pyo3::Python;
+
+/// [`Python::try_attach`] (`None` once the interpreter finalizes), with the
+/// thread parked forever rather than unwound if CPython kills it inside `f`.
+pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    Python::try_attach(|py| hang_if_killed(|| f(py)))
+}
+
+/// Runs `f`; if the thread is torn down by a forced unwind (not a Rust panic)
+/// on the way, parks it forever.
+pub(crate) fn hang_if_killed<R>(f: impl FnOnce() -> R) -> R {
+    struct HangOnForcedUnwind;
+    impl Drop for HangOnForcedUnwind {
+        fn drop(&mut self) {
+            // Only reached while unwinding: the normal path forgets the
+            // guard. A Rust panic goes on unwinding (it is caught above).
+            if !std::thread::panicking() {
+                loop {
+                    std::thread::park();
+                }
+            }
+        }
+    }
+    let guard = HangOnForcedUnwind;
+    let result = f();
+    std::mem::forget(guard);
+    result
+}
