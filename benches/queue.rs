@@ -7,6 +7,10 @@
 //! used while idle) are distributions and CPU counts rather than times; they
 //! are printed as a report after the criterion groups.
 //!
+//! `W1_metrics` runs W1 on an unnamed queue (no metrics) and on a named one
+//! (metrics recorded) in back-to-back pairs and prints the throughput ratio
+//! per worker count (a report, like W3 and W4).
+//!
 //! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
 //! group name) narrows it, and `--quick` shortens the criterion groups.
 
@@ -58,7 +62,11 @@ fn drain_with(q: &WorkQueue<u64>, style: WorkerLoop, mut on_key: impl FnMut(u64)
 
 /// W1 through the queue: time from the first add until every key is done.
 fn w1_queue(workers: usize, style: WorkerLoop) -> Duration {
-    let q = WorkQueue::<u64>::new();
+    w1_on(WorkQueue::<u64>::new(), workers, style)
+}
+
+/// W1 through `q`.
+fn w1_on(q: WorkQueue<u64>, workers: usize, style: WorkerLoop) -> Duration {
     let mut started = Instant::now();
     thread::scope(|s| {
         for _ in 0..workers {
@@ -115,6 +123,59 @@ fn w1_throughput(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// W1 on an unnamed queue (no metrics) and on a named one (metrics on),
+/// side by side. The machine is shared and its load drifts, so the two run
+/// in pairs, back to back, alternating which goes first, and the report
+/// gives the median of the per-pair ratios (wall time and process CPU time)
+/// rather than comparing runs made minutes apart.
+/// `RECONQ_W1_PAIRS` sets the number of pairs (default 9, 3 with `--quick`).
+fn w1_metrics_report(quick: bool) {
+    let pairs: usize =
+        std::env::var("RECONQ_W1_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 3 } else { 9 });
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "W1_metrics: unnamed vs named queue, N = {W1_KEYS}, {pairs} pairs; rates are medians, \
+         ratios medians of per-pair named/unnamed throughput (wall) and CPU time per key"
+    );
+    for (style_name, style) in [("done_and_get", WorkerLoop::DoneAndGet), ("get_done", WorkerLoop::GetDone)] {
+        for workers in W1_WORKERS {
+            let (mut off_rates, mut on_rates, mut ratios, mut cpu_ratios) = (vec![], vec![], vec![], vec![]);
+            for pair in 0..pairs {
+                let mut wall = [Duration::ZERO; 2];
+                let mut cpu = [Duration::ZERO; 2];
+                let order = if pair % 2 == 0 { [false, true] } else { [true, false] };
+                for named in order {
+                    let q = if named {
+                        WorkQueue::<u64>::builder().name("bench_w1").build()
+                    } else {
+                        WorkQueue::<u64>::new()
+                    };
+                    let cpu_before = process_cpu_time();
+                    wall[named as usize] = w1_on(q, workers, style);
+                    cpu[named as usize] = process_cpu_time() - cpu_before;
+                }
+                let rate = |d: Duration| W1_KEYS as f64 / d.as_secs_f64();
+                off_rates.push(rate(wall[0]));
+                on_rates.push(rate(wall[1]));
+                ratios.push(wall[0].as_secs_f64() / wall[1].as_secs_f64());
+                cpu_ratios.push(cpu[1].as_secs_f64() / cpu[0].as_secs_f64());
+            }
+            let ratio = median(ratios);
+            println!(
+                "  {style_name:<12} {workers} workers: unnamed {:>6.2} M/s  named {:>6.2} M/s  \
+                 throughput ratio {ratio:.3} ({:+.1}%)  CPU/key ratio {:.3}",
+                median(off_rates) / 1e6,
+                median(on_rates) / 1e6,
+                (ratio - 1.0) * 100.0,
+                median(cpu_ratios),
+            );
+        }
+    }
 }
 
 /// W2: a million adds over a thousand hot keys, four workers. Returns the
@@ -297,6 +358,7 @@ fn main() {
     if wanted("W1_throughput") {
         w1_throughput(&mut c);
     }
+
     if wanted("W2_hot_keys") {
         w2_hot_keys(&mut c);
     }
@@ -309,5 +371,8 @@ fn main() {
     }
     if wanted("W4_idle") {
         w4_idle_report();
+    }
+    if wanted("W1_metrics") {
+        w1_metrics_report(std::env::args().any(|a| a == "--quick"));
     }
 }

@@ -12,6 +12,7 @@ mod clock;
 mod controller;
 mod error;
 mod manager;
+pub mod metrics;
 mod observe;
 mod parallelize;
 #[cfg(feature = "python")]

@@ -30,6 +30,7 @@
 mod context;
 mod handle;
 mod inspect;
+mod metrics;
 mod outcome;
 mod triggers;
 mod watchdog;
@@ -45,6 +46,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::{Condvar, Mutex};
 
 use crate::clock::{Clock, SystemClock};
+use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::WorkQueue;
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
@@ -178,8 +180,12 @@ impl<K: ControllerKey> Controller<K> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
-        let queue =
-            WorkQueue::builder().rate_limiter(Arc::clone(&limiter)).clock(ClockRef(Arc::clone(&self.clock))).build();
+        // Named after the controller, so it records `workqueue_*` metrics.
+        let queue = WorkQueue::builder()
+            .name(self.core.name.clone())
+            .rate_limiter(Arc::clone(&limiter))
+            .clock(ClockRef(Arc::clone(&self.clock)))
+            .build();
         let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
         let rt = Runtime {
             queue,
@@ -411,7 +417,11 @@ pub(crate) struct Core<K> {
     pub(crate) stop_rx: crossbeam_channel::Receiver<()>,
 }
 
-impl<K: ControllerKey> Observed for Core<K> {}
+impl<K: ControllerKey> Observed for Core<K> {
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        metrics::collect(self, out);
+    }
+}
 
 impl<K: ControllerKey> Core<K> {
     /// A core registered for metrics and status for as long as it lives.

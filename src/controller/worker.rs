@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 use parking_lot::Mutex;
 
 use super::context::{Context, StopSignal};
+use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
 
@@ -17,6 +18,8 @@ pub(crate) struct WorkerSlot<K> {
     pub(crate) running: Mutex<Option<Running<K>>>,
     /// Backs the `Context` of this worker's reconciles; reset at each start.
     pub(crate) signal: StopSignal,
+    /// This worker's metrics (written by it alone).
+    pub(crate) metrics: crossbeam_utils::CachePadded<WorkerMetrics>,
 }
 
 pub(crate) struct Running<K> {
@@ -28,7 +31,11 @@ pub(crate) struct Running<K> {
 
 impl<K> WorkerSlot<K> {
     pub(crate) fn new() -> Self {
-        Self { running: Mutex::new(None), signal: StopSignal::new() }
+        Self {
+            running: Mutex::new(None),
+            signal: StopSignal::new(),
+            metrics: crossbeam_utils::CachePadded::new(WorkerMetrics::new()),
+        }
     }
 }
 
@@ -42,10 +49,14 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
+        let started = crate::observe::metrics::ticks::now();
         begin(core, rt, slot, &key);
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
         *slot.running.lock() = None;
-        settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
+        let outcome = Outcome::classify(result);
+        let counted = Counted::of(&outcome);
+        settle(core, rt, &key, ctx.attempt, outcome);
+        slot.metrics.record(started, counted);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
         next = rt.queue.done_and_get(&key);

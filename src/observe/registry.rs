@@ -14,8 +14,14 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::metrics::MetricFamilies;
+
 /// Something that contributes to metrics and status.
-pub(crate) trait Observed: Send + Sync {}
+pub(crate) trait Observed: Send + Sync {
+    /// Adds this object's current metrics to `out`. Called at scrape time,
+    /// with the registry unlocked.
+    fn collect_metrics(&self, _out: &mut MetricFamilies) {}
+}
 
 struct Registry {
     entries: Vec<Weak<dyn Observed>>,
