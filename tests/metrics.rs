@@ -17,8 +17,11 @@ use common::{PATIENCE, ms, secs, wait_for};
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ExponentialBackoff, FakeClock, ReconcileError, WorkQueue};
 
+/// Label names and values, sorted.
+type Labels = Vec<(String, String)>;
+
 /// One parsed exposition: `(metric name, sorted labels) -> value`.
-type Samples = BTreeMap<(String, Vec<(String, String)>), f64>;
+type Samples = BTreeMap<(String, Labels), f64>;
 
 /// Parses the Prometheus text format strictly enough to catch mistakes:
 /// every sample's family has `# HELP` and `# TYPE` lines before it, no
@@ -91,7 +94,7 @@ fn parse_labels(s: &str) -> Vec<(String, String)> {
 fn check_histograms(samples: &Samples, types: &HashMap<String, String>) {
     for (family, _) in types.iter().filter(|(_, t)| *t == "histogram") {
         let bucket = format!("{family}_bucket");
-        let mut by_series: BTreeMap<Vec<(String, String)>, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut by_series: BTreeMap<Labels, Vec<(f64, f64)>> = BTreeMap::new();
         for ((name, labels), value) in samples {
             if *name == bucket {
                 let le = labels.iter().find(|(k, _)| k == "le").expect("le label").1.clone();

@@ -15,12 +15,15 @@ from ._native import (
     FastSlow,
     Manager,
     MaxOf,
+    MetricsServer,
     RateLimiter,
     ShutDown,
     TokenBucket,
     WithMaxWait,
     WorkQueue,
     default_rate_limiter,
+    metrics_text,
+    start_http_server,
 )
 from ._results import PermanentError, Requeue, RetryAfter
 
@@ -33,6 +36,7 @@ __all__ = [
     "FastSlow",
     "Manager",
     "MaxOf",
+    "MetricsServer",
     "PermanentError",
     "RateLimiter",
     "Requeue",
@@ -42,4 +46,6 @@ __all__ = [
     "WithMaxWait",
     "WorkQueue",
     "default_rate_limiter",
+    "metrics_text",
+    "start_http_server",
 ]

@@ -12,6 +12,7 @@ mod errors;
 mod key;
 mod limiters;
 mod manager;
+mod metrics;
 mod queue;
 mod reconciler;
 
@@ -36,5 +37,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add_class::<controller::PyController>()?;
     manager::register(m)?;
+    metrics::register(m)?;
     Ok(())
 }
