@@ -23,29 +23,39 @@ use crate::observe::metrics::{MetricFamilies, ticks};
 
 /// One clock reading shared by everything one locked operation records
 /// (`done_and_get` stamps the `done` and the next `get` alike). Taken
-/// before locking for gets and dones of a named queue, else on first use,
-/// so operations that record nothing never read the clock.
+/// before locking where the operation will most likely record (see
+/// `Shared::stamp`), else on first use, so operations that record nothing
+/// never read the clock.
 #[derive(Default)]
-pub(crate) struct Now(u64);
+pub(crate) struct Now {
+    value: u64,
+    used: bool,
+}
 
 impl Now {
     /// A reading to be taken on first use.
     pub(crate) fn new() -> Self {
-        Self(0)
+        Self { value: 0, used: false }
     }
 
     /// A reading taken now.
     #[inline]
     pub(crate) fn read() -> Self {
-        Self(ticks::now().max(1))
+        Self { value: ticks::now().max(1), used: false }
+    }
+
+    /// Whether anything recorded this reading.
+    pub(crate) fn used(&self) -> bool {
+        self.used
     }
 
     #[inline]
     fn get(&mut self) -> u64 {
-        if self.0 == 0 {
-            self.0 = ticks::now().max(1);
+        if self.value == 0 {
+            self.value = ticks::now().max(1);
         }
-        self.0
+        self.used = true;
+        self.value
     }
 }
 

@@ -43,6 +43,7 @@ use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
 use metrics::{Now, Recorder};
 use state::{Added, Finished, QueueState};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
 pub use state::KeyState;
@@ -124,6 +125,10 @@ struct Shared<K> {
     name: Option<String>,
     /// Lists a named queue for metrics while it lives.
     _registration: Option<observe::Registration>,
+    /// Whether the last add of a named queue needed a clock reading (see
+    /// `add_now`). Padded: read by every add, written only when it flips.
+    /// A hint only (std's atomic even under shuttle: no scheduling point).
+    add_stamps: crossbeam_utils::CachePadded<AtomicBool>,
 }
 
 struct Locked<K> {
@@ -221,6 +226,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 clock: self.clock,
                 _clock_subscription: clock_subscription,
                 _registration: self.name.is_some().then(|| observe::register(weak.clone())),
+                add_stamps: crossbeam_utils::CachePadded::new(AtomicBool::new(true)),
                 name: self.name,
             }
         });
@@ -252,8 +258,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// `add`; `retry` counts it for the metrics' retries (a zero-delay
     /// `add_after`).
     fn add_now(&self, key: K, retry: bool) {
+        // A named queue reads the clock before locking if the previous add
+        // needed a reading (it inserted its key), so a stream of new keys
+        // does not read it inside the serialised section, while a stream
+        // of duplicates (a hot key) does not read it at all.
+        let predicted = self.shared.name.is_some() && self.shared.add_stamps.load(Relaxed);
+        let mut now = if predicted { Now::read() } else { Now::new() };
         let mut g = self.shared.locked.lock();
-        let mut now = Now::new();
         self.shared.sync(&mut g, &mut now);
         if retry {
             g.q.count_retry();
@@ -261,6 +272,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         g.q.add(key, &mut now);
         self.shared.ready_hint.store(g.q.len(), Relaxed);
         self.shared.wake_ready(&mut g);
+        if self.shared.name.is_some() && now.used() != predicted {
+            self.shared.add_stamps.store(now.used(), Relaxed);
+        }
     }
 
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
@@ -493,8 +507,8 @@ fn max_waking() -> usize {
 impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     /// For a named queue, a clock reading taken before locking, so the
     /// (serialised) locked section does not wait for the clock: `get` and
-    /// `done` always record one. Adds read the clock under the lock, and
-    /// only when they insert a key (most adds of a hot key are duplicates).
+    /// `done` always record one. (Adds predict whether they will: see
+    /// `add_now`.)
     #[inline]
     fn stamp(&self) -> Now {
         if self.name.is_some() { Now::read() } else { Now::new() }
