@@ -7,8 +7,11 @@
 //! writer per slot, so plain loads and stores, no contention between
 //! workers); a scrape sums the slots. Reconcile time is measured on the
 //! tick clock (real time even when the controller runs on a `FakeClock`),
-//! from taking the key to having scheduled its retry (as controller-runtime
-//! times its whole `reconcileHandler`), not counting `done`.
+//! from the hand-out of the key to having scheduled its retry (as
+//! controller-runtime times its whole `reconcileHandler`), not counting
+//! `done`. The worker reads the clock once per key: that reading ends one
+//! reconcile's time, stamps `done` and the next hand-out in the queue, and
+//! starts the next reconcile's time.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -16,7 +19,6 @@ use super::outcome::{Outcome, RetryPolicy};
 use super::{ControllerKey, Core};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
-use crate::observe::metrics::ticks;
 
 /// controller-runtime's `result` label values, in `WorkerMetrics::results`
 /// order.
@@ -59,10 +61,10 @@ impl WorkerMetrics {
         }
     }
 
-    /// Records a reconcile that started at tick `started`. Called only by
-    /// the slot's own worker.
-    pub(crate) fn record(&self, started: u64, counted: Counted) {
-        self.reconcile_time.observe_single_writer(ticks::since(started, ticks::now()));
+    /// Records a reconcile that took `ticks`. Called only by the slot's own
+    /// worker.
+    pub(crate) fn record(&self, ticks: u64, counted: Counted) {
+        self.reconcile_time.observe_single_writer(ticks);
         bump(&self.results[counted.result]);
         if counted.terminal {
             bump(&self.terminal);

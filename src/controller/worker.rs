@@ -11,6 +11,7 @@ use super::context::{Context, StopSignal};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
+use crate::observe::metrics::ticks;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,
 /// hang reports, inspect, stop reports).
@@ -45,21 +46,24 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let slot = &rt.slots[index];
     let mut ctx = Context { attempt: 0, signal: slot.signal.clone() };
     let mut next = rt.queue.get();
+    let mut started = ticks::now();
     while let Some(key) = next {
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
-        let started = crate::observe::metrics::ticks::now();
         begin(core, rt, slot, &key);
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
         *slot.running.lock() = None;
         let outcome = Outcome::classify(result);
         let counted = Counted::of(&outcome);
         settle(core, rt, &key, ctx.attempt, outcome);
-        slot.metrics.record(started, counted);
+        // One clock reading ends this reconcile's time and stamps `done`
+        // and the next hand-out, which starts the next reconcile's time.
+        let finished = ticks::now();
+        slot.metrics.record(ticks::since(started, finished), counted);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
-        next = rt.queue.done_and_get(&key);
+        (next, started) = rt.queue.done_and_get_stamped(&key, finished);
     }
 }
 

@@ -44,6 +44,19 @@ impl Now {
         Self { value: ticks::now().max(1), used: false }
     }
 
+    /// A reading taken by the caller.
+    pub(crate) fn at(stamp: u64) -> Self {
+        Self { value: stamp.max(1), used: false }
+    }
+
+    /// The reading, taken now if it was not yet.
+    pub(crate) fn reading(&mut self) -> u64 {
+        let used = self.used;
+        let value = self.get();
+        self.used = used;
+        value
+    }
+
     /// Whether anything recorded this reading.
     pub(crate) fn used(&self) -> bool {
         self.used

@@ -364,6 +364,19 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.next(&mut g, None, &mut now).ok()
     }
 
+    /// [`done_and_get`](Self::done_and_get) with the caller's clock reading
+    /// `stamp` (raw ticks, see `observe::metrics::ticks`); also returns the
+    /// reading the hand-out of the next key was stamped with, so a worker
+    /// that times its reconciles reads the clock once per key in all.
+    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<K>, u64) {
+        let mut now = Now::at(stamp);
+        let mut g = self.shared.locked.lock();
+        self.shared.finish(&mut g, key, &mut now);
+        let next = self.shared.next(&mut g, None, &mut now).ok();
+        drop(g);
+        (next, now.reading())
+    }
+
     /// Number of ready keys (not counting processing or delayed ones).
     pub fn len(&self) -> usize {
         self.shared.lock_synced().q.len()
