@@ -126,53 +126,49 @@ fn w1_throughput(c: &mut Criterion) {
 }
 
 /// W1 on an unnamed queue (no metrics) and on a named one (metrics on),
-/// side by side. The machine is shared and its load drifts, so the two run
-/// in pairs, back to back, alternating which goes first, and the report
-/// gives the median of the per-pair ratios (wall time and process CPU time)
-/// rather than comparing runs made minutes apart.
-/// `RECONQ_W1_PAIRS` sets the number of pairs (default 9, 3 with `--quick`).
+/// side by side. The machine is shared and its load drifts, so runs are
+/// made in rounds of three back to back (unnamed, named, and a second
+/// unnamed as a control), rotating their order, and the report gives the
+/// median of the per-round ratios: named / unnamed is the overhead, the
+/// control unnamed / unnamed shows how far noise alone moves that median.
+/// `RECONQ_W1_ROUNDS` sets the number of rounds (default 9, 3 with
+/// `--quick`).
 fn w1_metrics_report(quick: bool) {
-    let pairs: usize =
-        std::env::var("RECONQ_W1_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 3 } else { 9 });
+    let rounds: usize =
+        std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 3 } else { 9 });
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
-        "W1_metrics: unnamed vs named queue, N = {W1_KEYS}, {pairs} pairs; rates are medians, \
-         ratios medians of per-pair named/unnamed throughput (wall) and CPU time per key"
+        "W1_metrics: unnamed vs named queue, N = {W1_KEYS}, {rounds} rounds; rates are medians (M keys/s), \
+         ratios medians of per-round throughput ratios"
     );
     for (style_name, style) in [("done_and_get", WorkerLoop::DoneAndGet), ("get_done", WorkerLoop::GetDone)] {
         for workers in W1_WORKERS {
-            let (mut off_rates, mut on_rates, mut ratios, mut cpu_ratios) = (vec![], vec![], vec![], vec![]);
-            for pair in 0..pairs {
-                let mut wall = [Duration::ZERO; 2];
-                let mut cpu = [Duration::ZERO; 2];
-                let order = if pair % 2 == 0 { [false, true] } else { [true, false] };
-                for named in order {
-                    let q = if named {
+            // Per round: throughput of [unnamed, named, control].
+            let mut rates: Vec<[f64; 3]> = Vec::new();
+            for round in 0..rounds {
+                let mut rate = [0.0; 3];
+                for i in 0..3 {
+                    let which = (i + round) % 3;
+                    let q = if which == 1 {
                         WorkQueue::<u64>::builder().name("bench_w1").build()
                     } else {
                         WorkQueue::<u64>::new()
                     };
-                    let cpu_before = process_cpu_time();
-                    wall[named as usize] = w1_on(q, workers, style);
-                    cpu[named as usize] = process_cpu_time() - cpu_before;
+                    rate[which] = W1_KEYS as f64 / w1_on(q, workers, style).as_secs_f64();
                 }
-                let rate = |d: Duration| W1_KEYS as f64 / d.as_secs_f64();
-                off_rates.push(rate(wall[0]));
-                on_rates.push(rate(wall[1]));
-                ratios.push(wall[0].as_secs_f64() / wall[1].as_secs_f64());
-                cpu_ratios.push(cpu[1].as_secs_f64() / cpu[0].as_secs_f64());
+                rates.push(rate);
             }
-            let ratio = median(ratios);
+            let ratio = median(rates.iter().map(|r| r[1] / r[0]).collect());
+            let control = median(rates.iter().map(|r| r[2] / r[0]).collect());
             println!(
-                "  {style_name:<12} {workers} workers: unnamed {:>6.2} M/s  named {:>6.2} M/s  \
-                 throughput ratio {ratio:.3} ({:+.1}%)  CPU/key ratio {:.3}",
-                median(off_rates) / 1e6,
-                median(on_rates) / 1e6,
+                "  {style_name:<12} {workers} workers: unnamed {:>6.2}  named {:>6.2}  \
+                 named/unnamed {ratio:.3} ({:+.1}%)  control {control:.3}",
+                median(rates.iter().map(|r| r[0] / 1e6).collect()),
+                median(rates.iter().map(|r| r[1] / 1e6).collect()),
                 (ratio - 1.0) * 100.0,
-                median(cpu_ratios),
             );
         }
     }

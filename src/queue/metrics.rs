@@ -1,6 +1,7 @@
-//! What a named queue records, under the queue's own lock: plain counters,
-//! two tick histograms and the start stamps of the keys being processed.
-//! No atomics, no extra lock, no call through a pointer per item.
+//! What a named queue records, under the queue's own lock: two tick
+//! histograms, the start stamps of the keys being processed and a couple of
+//! rare counters. No atomics, no extra lock, no call through a pointer per
+//! item, and nothing written by an add but the stamp in its key's slot.
 //!
 //! Semantics are client-go's (`workqueue/metrics.go`):
 //! * an *add* is an add that was not deduplicated: the key became ready, or
@@ -18,7 +19,9 @@
 //! The stamps are raw clock ticks ([`ticks`]); a queue records only if it has
 //! a name, and an unnamed queue never reads the clock for metrics.
 
-use crate::observe::metrics::histogram::{TickHistogram, WORKQUEUE_BUCKETS, WORKQUEUE_N};
+use crossbeam_utils::CachePadded;
+
+use crate::observe::metrics::histogram::{HistogramSnapshot, TickBounds, TickCounts, WORKQUEUE_BUCKETS, WORKQUEUE_N};
 use crate::observe::metrics::{MetricFamilies, ticks};
 
 /// One clock reading shared by everything one locked operation records
@@ -75,25 +78,45 @@ impl Now {
 /// A queue's metrics if it is named, nothing otherwise.
 pub(crate) struct Recorder(Option<Box<QueueMetrics>>);
 
+/// Laid out for the lock's sake: whatever a `get` or `done` writes sits in
+/// one padded block (`hot`, a few cache lines that move between cores with
+/// the lock, like the rest of the queue's state), apart from the read-only
+/// bounds and from anything else. An add writes nothing here at all: the
+/// add count is derived (see [`Recorder::snapshot`]); the add stamp goes in
+/// the key's slot, which the add writes anyway.
 pub(crate) struct QueueMetrics {
-    adds: u64,
+    bounds: TickBounds<WORKQUEUE_N>,
+    hot: CachePadded<Hot>,
+    /// Calls of the `add_after` family (rare next to gets).
     retries: u64,
-    queue_duration: TickHistogram<WORKQUEUE_N>,
-    work_duration: TickHistogram<WORKQUEUE_N>,
-    /// Start stamps of the keys being processed, indexed by the `run` the
-    /// key's slot keeps; a free entry holds `NOT_A_STAMP`. Its length is the
-    /// most keys ever processed at once, so a scrape is O(workers).
-    starts: Vec<u64>,
-    free: Vec<u32>,
+    /// Adds whose keys were dropped without being handed out
+    /// (`shut_down_now`).
+    discarded: u64,
 }
+
+struct Hot {
+    queue_duration: TickCounts<WORKQUEUE_N>,
+    work_duration: TickCounts<WORKQUEUE_N>,
+    /// Start stamps of the keys being processed, indexed by the `run` their
+    /// slot keeps. A free entry holds `FREE | next free index`: the free
+    /// list lives in the slab itself. Its length is the most keys ever
+    /// processed at once, so a scrape is O(workers).
+    starts: Vec<u64>,
+    /// First free entry of `starts`, or `NO_RUN`.
+    free: u32,
+}
+
+/// Tags a free `starts` entry (stamps never have the top bit set).
+const FREE: u64 = 1 << 63;
+const NO_RUN: u32 = u32::MAX;
 
 /// A named queue's values at one moment.
 pub(crate) struct QueueSnapshot {
     pub(crate) depth: usize,
     pub(crate) adds: u64,
     pub(crate) retries: u64,
-    pub(crate) queue_duration: crate::observe::metrics::histogram::HistogramSnapshot,
-    pub(crate) work_duration: crate::observe::metrics::histogram::HistogramSnapshot,
+    pub(crate) queue_duration: HistogramSnapshot,
+    pub(crate) work_duration: HistogramSnapshot,
     pub(crate) unfinished_seconds: f64,
     pub(crate) longest_seconds: f64,
 }
@@ -106,26 +129,23 @@ impl Recorder {
     pub(crate) fn on() -> Self {
         ticks::init();
         Self(Some(Box::new(QueueMetrics {
-            adds: 0,
+            bounds: TickBounds::new(&WORKQUEUE_BUCKETS),
+            hot: CachePadded::new(Hot {
+                queue_duration: TickCounts::new(),
+                work_duration: TickCounts::new(),
+                starts: Vec::new(),
+                free: NO_RUN,
+            }),
             retries: 0,
-            queue_duration: TickHistogram::new(&WORKQUEUE_BUCKETS),
-            work_duration: TickHistogram::new(&WORKQUEUE_BUCKETS),
-            starts: Vec::new(),
-            free: Vec::new(),
+            discarded: 0,
         })))
     }
 
     /// A key was added (not deduplicated); returns its add stamp (0 when not
     /// recording).
     #[inline]
-    pub(crate) fn on_add(&mut self, now: &mut Now) -> u64 {
-        match self.0.as_deref_mut() {
-            Some(m) => {
-                m.adds += 1;
-                now.get()
-            }
-            None => 0,
-        }
+    pub(crate) fn on_add(&self, now: &mut Now) -> u64 {
+        if self.0.is_some() { now.get() } else { 0 }
     }
 
     /// A key added at `added` is handed out; returns the index of its start
@@ -136,15 +156,18 @@ impl Recorder {
             return 0;
         };
         let now = now.get();
-        m.queue_duration.observe(ticks::since(added, now));
-        match m.free.pop() {
-            Some(run) => {
-                m.starts[run as usize] = now;
-                run
+        let hot = &mut *m.hot;
+        hot.queue_duration.observe(&m.bounds, ticks::since(added, now));
+        match hot.free {
+            NO_RUN => {
+                hot.starts.push(now);
+                (hot.starts.len() - 1) as u32
             }
-            None => {
-                m.starts.push(now);
-                (m.starts.len() - 1) as u32
+            run => {
+                let entry = &mut hot.starts[run as usize];
+                hot.free = *entry as u32;
+                *entry = now;
+                run
             }
         }
     }
@@ -155,9 +178,10 @@ impl Recorder {
         let Some(m) = self.0.as_deref_mut() else {
             return;
         };
-        let start = std::mem::replace(&mut m.starts[run as usize], ticks::NOT_A_STAMP);
-        m.work_duration.observe(ticks::since(start, now.get()));
-        m.free.push(run);
+        let hot = &mut *m.hot;
+        let start = std::mem::replace(&mut hot.starts[run as usize], FREE | u64::from(hot.free));
+        hot.free = run;
+        hot.work_duration.observe(&m.bounds, ticks::since(start, now.get()));
     }
 
     #[inline]
@@ -167,26 +191,36 @@ impl Recorder {
         }
     }
 
-    #[cfg(test)]
-    pub(crate) fn starts_len(&self) -> usize {
-        self.0.as_ref().map_or(0, |m| m.starts.len())
+    /// `keys` added keys were dropped without being handed out.
+    pub(crate) fn on_discard(&mut self, keys: usize) {
+        if let Some(m) = self.0.as_deref_mut() {
+            m.discarded += keys as u64;
+        }
     }
 
+    #[cfg(test)]
+    pub(crate) fn starts_len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.hot.starts.len())
+    }
+
+    /// `depth` is the number of added keys not handed out yet: every add
+    /// ends up handed out (counted by the queue-duration histogram),
+    /// dropped, or still waiting, so that is also how adds are counted.
     pub(crate) fn snapshot(&self, depth: usize) -> Option<QueueSnapshot> {
         let m = self.0.as_deref()?;
         let now = ticks::now();
         let (mut total, mut longest) = (0u128, 0u64);
-        for &start in m.starts.iter().filter(|&&s| s != ticks::NOT_A_STAMP) {
+        for &start in m.hot.starts.iter().filter(|&&s| s & FREE == 0) {
             let age = ticks::since(start, now);
             total += u128::from(age);
             longest = longest.max(age);
         }
         Some(QueueSnapshot {
             depth,
-            adds: m.adds,
+            adds: m.hot.queue_duration.count() + depth as u64 + m.discarded,
             retries: m.retries,
-            queue_duration: m.queue_duration.snapshot(),
-            work_duration: m.work_duration.snapshot(),
+            queue_duration: m.hot.queue_duration.snapshot(&m.bounds),
+            work_duration: m.hot.work_duration.snapshot(&m.bounds),
             unfinished_seconds: ticks::to_seconds(total),
             longest_seconds: ticks::to_seconds(u128::from(longest)),
         })

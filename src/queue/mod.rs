@@ -576,8 +576,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
                 // Whatever the spin saw, re-check everything under the lock:
                 // a key or a shutdown may have come while it was released.
                 spun = true;
-                self.spin(g);
-                *now = Now::new();
+                self.spin(g, now);
                 continue;
             }
             self.park(g, deadline);
@@ -587,13 +586,15 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// Spins briefly with the lock released, until a key looks ready or the
     /// spin budget runs out. The caller re-checks under the lock either way.
-    fn spin(&self, g: &mut Guard<'_, K>) {
+    /// A spin that released the lock renews `now` before taking it again.
+    fn spin(&self, g: &mut Guard<'_, K>, now: &mut Now) {
         if self.spinners.fetch_add(1, Relaxed) < max_spinners() {
             MutexGuard::unlocked(g, || {
                 let backoff = crossbeam_utils::Backoff::new();
                 while self.ready_hint.load(Relaxed) == 0 && !backoff.is_completed() {
                     backoff.snooze();
                 }
+                *now = self.stamp();
             });
         }
         self.spinners.fetch_sub(1, Relaxed);

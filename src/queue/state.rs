@@ -339,6 +339,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// Drops every ready key as well (an immediate stop). Keys being processed
     /// are untouched; `done` will finish them without re-queueing.
     pub(crate) fn discard_ready(&mut self) {
+        self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
         for key in self.ready.drain(..) {
             self.slots.remove(&key);
         }
@@ -536,6 +537,25 @@ mod tests {
         assert_eq!((s.longest_seconds, s.unfinished_seconds, s.work_duration.count()), (0.0, 0.0, 2));
         q.take(n());
         assert_eq!(q.recorder.starts_len(), 2, "freed start slots are reused");
+    }
+
+    #[test]
+    fn discarded_keys_stay_counted_as_adds() {
+        let mut q = QueueState::new(Recorder::on());
+        let t0 = Instant::now();
+        for key in ["a", "b", "c"] {
+            q.add(key, n());
+        }
+        q.take(n());
+        q.add("a", n()); // dirty while processing
+        let adds = |q: &QueueState<&str>| q.metrics_snapshot().unwrap().adds;
+        assert_eq!(adds(&q), 4);
+        q.shut_down(false);
+        q.discard_ready();
+        assert_eq!(q.metrics_snapshot().unwrap().depth, 0);
+        assert_eq!(adds(&q), 4, "dropped keys were still added");
+        assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
+        assert_eq!(adds(&q), 4);
     }
 
     #[test]

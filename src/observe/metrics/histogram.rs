@@ -86,27 +86,45 @@ impl HistogramSnapshot {
     }
 }
 
-/// A histogram in plain integers, for use under a lock.
-pub(crate) struct TickHistogram<const N: usize> {
-    bounds: [u64; N],
-    counts: [u64; N],
-    sum: u128,
+/// Bucket bounds in ticks: read-only once made, so they can sit apart
+/// from the counts (which move between cores with the lock that guards
+/// them) and be shared by several histograms.
+pub(crate) struct TickBounds<const N: usize> {
+    ticks: [u64; N],
     seconds: &'static [f64],
 }
 
-impl<const N: usize> TickHistogram<N> {
+impl<const N: usize> TickBounds<N> {
     pub(crate) fn new(seconds: &'static [f64]) -> Self {
-        Self { bounds: tick_bounds(seconds), counts: [0; N], sum: 0, seconds }
+        Self { ticks: tick_bounds(seconds), seconds }
+    }
+}
+
+/// A histogram's counts in plain integers, for use under a lock; its
+/// bounds are a [`TickBounds`] kept elsewhere.
+pub(crate) struct TickCounts<const N: usize> {
+    counts: [u64; N],
+    sum: u128,
+}
+
+impl<const N: usize> TickCounts<N> {
+    pub(crate) fn new() -> Self {
+        Self { counts: [0; N], sum: 0 }
     }
 
     #[inline(always)]
-    pub(crate) fn observe(&mut self, ticks: u64) {
-        self.counts[bucket(&self.bounds, ticks)] += 1;
+    pub(crate) fn observe(&mut self, bounds: &TickBounds<N>, ticks: u64) {
+        self.counts[bucket(&bounds.ticks, ticks)] += 1;
         self.sum += u128::from(ticks);
     }
 
-    pub(crate) fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot { bounds: self.seconds, counts: self.counts.to_vec(), sum: ticks::to_seconds(self.sum) }
+    /// Number of observations.
+    pub(crate) fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub(crate) fn snapshot(&self, bounds: &TickBounds<N>) -> HistogramSnapshot {
+        HistogramSnapshot { bounds: bounds.seconds, counts: self.counts.to_vec(), sum: ticks::to_seconds(self.sum) }
     }
 }
 
@@ -158,12 +176,14 @@ mod tests {
 
     #[test]
     fn values_land_in_le_buckets() {
-        let mut h = TickHistogram::<WORKQUEUE_N>::new(&WORKQUEUE_BUCKETS);
-        h.observe(0);
-        h.observe(ticks::from_seconds(0.5)); // <= 1 s
-        h.observe(ticks::from_seconds(1000.0)); // +Inf
-        h.observe(u64::MAX);
-        let s = h.snapshot();
+        let bounds = TickBounds::<WORKQUEUE_N>::new(&WORKQUEUE_BUCKETS);
+        let mut h = TickCounts::new();
+        h.observe(&bounds, 0);
+        h.observe(&bounds, ticks::from_seconds(0.5)); // <= 1 s
+        h.observe(&bounds, ticks::from_seconds(1000.0)); // +Inf
+        h.observe(&bounds, u64::MAX);
+        assert_eq!(h.count(), 4);
+        let s = h.snapshot(&bounds);
         assert_eq!(s.count(), 4);
         assert_eq!(s.counts[0], 1);
         assert_eq!(s.counts[8], 1, "0.5 s is in the le=1 bucket");

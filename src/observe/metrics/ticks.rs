@@ -60,7 +60,7 @@ pub(crate) fn init() {
     clock();
 }
 
-/// The current raw tick count, never [`NOT_A_STAMP`]. Call [`init`] first
+/// The current raw tick count, at most [`MAX_STAMP`]. Call [`init`] first
 /// (a named queue and a controller do when built); before it, stamps come
 /// from the slower path.
 #[inline(always)]
@@ -68,18 +68,19 @@ pub(crate) fn now() -> u64 {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     if RDTSC.load(Relaxed) {
         // SAFETY: as in `reads_tsc`.
-        return unsafe { core::arch::x86_64::_rdtsc() }.min(NOT_A_STAMP - 1);
+        return unsafe { core::arch::x86_64::_rdtsc() }.min(MAX_STAMP);
     }
     slow_now()
 }
 
 #[inline(never)]
 fn slow_now() -> u64 {
-    clock().clock.raw().min(NOT_A_STAMP - 1)
+    clock().clock.raw().min(MAX_STAMP)
 }
 
-/// A value no stamp takes, for "no stamp here".
-pub(crate) const NOT_A_STAMP: u64 = u64::MAX;
+/// The largest stamp: the top bit is never set (a counter would need a
+/// century of uptime to reach it), so it can tag values that are no stamp.
+pub(crate) const MAX_STAMP: u64 = (1 << 63) - 1;
 
 /// `ticks` as seconds.
 pub(crate) fn to_seconds(ticks: u128) -> f64 {
