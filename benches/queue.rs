@@ -7,6 +7,10 @@
 //! used while idle) are distributions and CPU counts rather than times; they
 //! are printed as a report after the criterion groups.
 //!
+//! `W1_metrics` runs W1 on an unnamed queue (no metrics) and on a named one
+//! (metrics recorded) in back-to-back pairs and prints the throughput ratio
+//! per worker count (a report, like W3 and W4).
+//!
 //! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
 //! group name) narrows it, and `--quick` shortens the criterion groups.
 
@@ -58,7 +62,11 @@ fn drain_with(q: &WorkQueue<u64>, style: WorkerLoop, mut on_key: impl FnMut(u64)
 
 /// W1 through the queue: time from the first add until every key is done.
 fn w1_queue(workers: usize, style: WorkerLoop) -> Duration {
-    let q = WorkQueue::<u64>::new();
+    w1_on(WorkQueue::<u64>::new(), workers, style)
+}
+
+/// W1 through `q`.
+fn w1_on(q: WorkQueue<u64>, workers: usize, style: WorkerLoop) -> Duration {
     let mut started = Instant::now();
     thread::scope(|s| {
         for _ in 0..workers {
@@ -115,6 +123,55 @@ fn w1_throughput(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// W1 on an unnamed queue (no metrics) and on a named one (metrics on),
+/// side by side. The machine is shared and its load drifts, so runs are
+/// made in rounds of three back to back (unnamed, named, and a second
+/// unnamed as a control), rotating their order, and the report gives the
+/// median of the per-round ratios: named / unnamed is the overhead, the
+/// control unnamed / unnamed shows how far noise alone moves that median.
+/// `RECONQ_W1_ROUNDS` sets the number of rounds (default 9, 3 with
+/// `--quick`).
+fn w1_metrics_report(quick: bool) {
+    let rounds: usize =
+        std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 3 } else { 9 });
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "W1_metrics: unnamed vs named queue, N = {W1_KEYS}, {rounds} rounds; rates are medians (M keys/s), \
+         ratios medians of per-round throughput ratios"
+    );
+    for (style_name, style) in [("done_and_get", WorkerLoop::DoneAndGet), ("get_done", WorkerLoop::GetDone)] {
+        for workers in W1_WORKERS {
+            // Per round: throughput of [unnamed, named, control].
+            let mut rates: Vec<[f64; 3]> = Vec::new();
+            for round in 0..rounds {
+                let mut rate = [0.0; 3];
+                for i in 0..3 {
+                    let which = (i + round) % 3;
+                    let q = if which == 1 {
+                        WorkQueue::<u64>::builder().name("bench_w1").build()
+                    } else {
+                        WorkQueue::<u64>::new()
+                    };
+                    rate[which] = W1_KEYS as f64 / w1_on(q, workers, style).as_secs_f64();
+                }
+                rates.push(rate);
+            }
+            let ratio = median(rates.iter().map(|r| r[1] / r[0]).collect());
+            let control = median(rates.iter().map(|r| r[2] / r[0]).collect());
+            println!(
+                "  {style_name:<12} {workers} workers: unnamed {:>6.2}  named {:>6.2}  \
+                 named/unnamed {ratio:.3} ({:+.1}%)  control {control:.3}",
+                median(rates.iter().map(|r| r[0] / 1e6).collect()),
+                median(rates.iter().map(|r| r[1] / 1e6).collect()),
+                (ratio - 1.0) * 100.0,
+            );
+        }
+    }
 }
 
 /// W2: a million adds over a thousand hot keys, four workers. Returns the
@@ -297,6 +354,7 @@ fn main() {
     if wanted("W1_throughput") {
         w1_throughput(&mut c);
     }
+
     if wanted("W2_hot_keys") {
         w2_hot_keys(&mut c);
     }
@@ -309,5 +367,8 @@ fn main() {
     }
     if wanted("W4_idle") {
         w4_idle_report();
+    }
+    if wanted("W1_metrics") {
+        w1_metrics_report(std::env::args().any(|a| a == "--quick"));
     }
 }

@@ -11,6 +11,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
     .venv/bin/python -m pip install --quiet "maturin>=1.9.4,<2" pytest pytest-timeout mypy hypothesis
 fi
+# Test tools added since the venv was made.
+.venv/bin/python -c "import prometheus_client" 2>/dev/null || .venv/bin/python -m pip install --quiet prometheus_client
 # shellcheck disable=SC1091
 source .venv/bin/activate
 if [ "${RELEASE:-0}" = 1 ]; then

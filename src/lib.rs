@@ -13,6 +13,7 @@ mod controller;
 mod error;
 mod logs;
 mod manager;
+pub mod metrics;
 mod observe;
 mod parallelize;
 #[cfg(feature = "python")]

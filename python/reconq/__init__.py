@@ -15,6 +15,7 @@ from ._native import (
     FastSlow,
     Manager,
     MaxOf,
+    MetricsServer,
     RateLimiter,
     ShutDown,
     TokenBucket,
@@ -23,6 +24,8 @@ from ._native import (
     default_rate_limiter,
     format_status,
     status,
+    metrics_text,
+    start_http_server,
 )
 from ._results import PermanentError, Requeue, RetryAfter
 
@@ -39,6 +42,7 @@ __all__ = [
     "FastSlow",
     "Manager",
     "MaxOf",
+    "MetricsServer",
     "PermanentError",
     "RateLimiter",
     "Requeue",
@@ -50,4 +54,6 @@ __all__ = [
     "default_rate_limiter",
     "format_status",
     "status",
+    "metrics_text",
+    "start_http_server",
 ]

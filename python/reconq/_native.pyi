@@ -12,6 +12,7 @@ __all__ = [
     "FastSlow",
     "Manager",
     "MaxOf",
+    "MetricsServer",
     "RateLimiter",
     "ShutDown",
     "TokenBucket",
@@ -20,6 +21,8 @@ __all__ = [
     "default_rate_limiter",
     "format_status",
     "status",
+    "metrics_text",
+    "start_http_server",
 ]
 
 _Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
@@ -62,7 +65,7 @@ def default_rate_limiter() -> MaxOf: ...
 
 @final
 class WorkQueue:
-    def __new__(cls, rate_limiter: Optional[RateLimiter] = None) -> Self: ...
+    def __new__(cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None) -> Self: ...
     def add(self, key: _Key) -> None: ...
     def add_after(self, key: _Key, seconds: _Seconds) -> None: ...
     def add_rate_limited(self, key: _Key) -> None: ...
@@ -236,3 +239,23 @@ def status() -> List[_StatusEntry]:
 
 def format_status() -> str:
     """``status()`` as an aligned text table under a summary line."""
+# --- Metrics (issue 6) ---
+
+def metrics_text() -> str:
+    """Every live named queue's and controller's metrics, Prometheus text format 0.0.4."""
+
+@final
+class MetricsServer:
+    """A running ``GET /metrics`` endpoint (see ``start_http_server``)."""
+
+    @property
+    def port(self) -> int: ...
+    @property
+    def addr(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_args: object) -> None: ...
+
+def start_http_server(port: int = 0, addr: str = "127.0.0.1") -> MetricsServer: ...

@@ -30,6 +30,7 @@
 mod context;
 mod handle;
 mod inspect;
+mod metrics;
 mod outcome;
 mod status;
 mod triggers;
@@ -43,6 +44,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
+use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::WorkQueue;
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
@@ -187,8 +189,12 @@ impl<K: ControllerKey> Controller<K> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
-        let queue =
-            WorkQueue::builder().rate_limiter(Arc::clone(&limiter)).clock(ClockRef(Arc::clone(&self.clock))).build();
+        // Named after the controller, so it records `workqueue_*` metrics.
+        let queue = WorkQueue::builder()
+            .name(self.core.name.clone())
+            .rate_limiter(Arc::clone(&limiter))
+            .clock(ClockRef(Arc::clone(&self.clock)))
+            .build();
         let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
         let rt = Runtime {
             queue,
@@ -432,6 +438,10 @@ pub(crate) struct Core<K> {
 impl<K: ControllerKey> Observed for Core<K> {
     fn collect_status(&self, out: &mut Vec<observe::status::StatusEntry>) {
         out.push(self.status_entry());
+    }
+
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        metrics::collect(self, out);
     }
 }
 

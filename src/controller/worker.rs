@@ -6,9 +6,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use super::context::{Context, StopSignal};
+use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
 use crate::logs;
+use crate::observe::metrics::ticks;
 use crate::sync::Mutex;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,
@@ -17,6 +19,8 @@ pub(crate) struct WorkerSlot<K> {
     pub(crate) running: Mutex<Option<Running<K>>>,
     /// Backs the `Context` of this worker's reconciles; reset at each start.
     pub(crate) signal: StopSignal,
+    /// This worker's metrics (written by it alone).
+    pub(crate) metrics: crossbeam_utils::CachePadded<WorkerMetrics>,
 }
 
 pub(crate) struct Running<K> {
@@ -28,7 +32,11 @@ pub(crate) struct Running<K> {
 
 impl<K> WorkerSlot<K> {
     pub(crate) fn new() -> Self {
-        Self { running: Mutex::new(None), signal: StopSignal::new() }
+        Self {
+            running: Mutex::new(None),
+            signal: StopSignal::new(),
+            metrics: crossbeam_utils::CachePadded::new(WorkerMetrics::new()),
+        }
     }
 }
 
@@ -38,6 +46,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let slot = &rt.slots[index];
     let mut ctx = Context { attempt: 0, signal: slot.signal.clone() };
     let mut next = rt.queue.get();
+    let mut started = ticks::now();
     while let Some(key) = next {
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
@@ -50,11 +59,17 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         let entered = span.enter();
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
         *slot.running.lock() = None;
-        settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
+        let outcome = Outcome::classify(result);
+        let counted = Counted::of(&outcome);
+        settle(core, rt, &key, ctx.attempt, outcome);
         drop(entered);
+        // One clock reading ends this reconcile's time and stamps `done`
+        // and the next hand-out, which starts the next reconcile's time.
+        let finished = ticks::now();
+        slot.metrics.record(ticks::since(started, finished), counted);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
-        next = rt.queue.done_and_get(&key);
+        (next, started) = rt.queue.done_and_get_stamped(&key, finished);
     }
 }
 

@@ -24,12 +24,17 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::status::StatusEntry;
 
+use super::metrics::MetricFamilies;
+
 /// Something that contributes to metrics and status.
 pub(crate) trait Observed: Send + Sync {
     /// Appends this object's rows to the global status
     /// ([`status::snapshot`](super::status::snapshot)). Called with no
     /// registry lock held; must not call user code under its own locks.
     fn collect_status(&self, _out: &mut Vec<StatusEntry>) {}
+    /// Adds this object's current metrics to `out`. Called at scrape time,
+    /// with the registry unlocked.
+    fn collect_metrics(&self, _out: &mut MetricFamilies) {}
 }
 
 struct Registry {

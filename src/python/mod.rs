@@ -15,6 +15,7 @@ mod key;
 mod limiters;
 mod logs;
 mod manager;
+mod metrics;
 mod queue;
 mod reconciler;
 mod status;
@@ -43,5 +44,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<controller::PyController>()?;
     manager::register(m)?;
     status::register(m)?;
+    metrics::register(m)?;
     Ok(())
 }

@@ -82,11 +82,17 @@ enum Got {
 
 #[pymethods]
 impl PyWorkQueue {
+    /// `name` turns on the queue's metrics (`workqueue_*{name=...}`, see
+    /// `reconq.metrics_text()`); an unnamed queue records none.
     #[new]
-    #[pyo3(signature = (rate_limiter=None))]
-    fn new(rate_limiter: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (rate_limiter=None, name=None))]
+    fn new(rate_limiter: Option<&Bound<'_, PyAny>>, name: Option<String>) -> PyResult<Self> {
         let limiter = optional_limiter_from_py(rate_limiter)?;
-        Ok(Self { queue: WorkQueue::builder().rate_limiter(limiter).build() })
+        let mut builder = WorkQueue::builder().rate_limiter(limiter);
+        if let Some(name) = name {
+            builder = builder.name(name);
+        }
+        Ok(Self { queue: builder.build() })
     }
 
     /// Marks `key` as needing processing now. Ignored once shut down.

@@ -28,6 +28,7 @@
 //!   delayed key is handed out within a wake-up latency of its due time.
 
 mod delay_heap;
+mod metrics;
 mod state;
 
 use std::fmt;
@@ -36,9 +37,13 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, deadline_after};
+use crate::observe::metrics::MetricFamilies;
+use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
+use metrics::{Now, Recorder};
 use state::{Added, Finished, QueueState};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
 pub use state::KeyState;
@@ -116,6 +121,14 @@ struct Shared<K> {
     clock: Arc<dyn Clock>,
     /// Keeps a fake clock's wake-up callback alive (see `build`).
     _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The metrics label; only named queues record metrics.
+    name: Option<String>,
+    /// Lists a named queue for metrics while it lives.
+    _registration: Option<observe::Registration>,
+    /// Whether the last add of a named queue needed a clock reading (see
+    /// `add_now`). Padded: read by every add, written only when it flips.
+    /// A hint only (std's atomic even under shuttle: no scheduling point).
+    add_stamps: crossbeam_utils::CachePadded<AtomicBool>,
 }
 
 struct Locked<K> {
@@ -152,6 +165,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Default for WorkQueue<K> {
 pub struct WorkQueueBuilder<K> {
     limiter: Option<Box<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
+    name: Option<String>,
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
@@ -168,7 +182,17 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
         self
     }
 
+    /// Names the queue, which turns its metrics on (`workqueue_*{name=...}`,
+    /// see [`crate::metrics`]). As in client-go, an unnamed queue records no
+    /// metrics and reads no clock for them. Queues with the same name add up
+    /// into one series.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     pub fn build(self) -> WorkQueue<K> {
+        let recorder = if self.name.is_some() { Recorder::on() } else { Recorder::off() };
         let shared = Arc::new_cyclic(|weak: &Weak<Shared<K>>| {
             // A fake clock's time jumps: wake every getter to re-check due
             // times. The callback holds the queue weakly and the queue holds
@@ -186,7 +210,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
             });
             Shared {
                 locked: Mutex::new(Locked {
-                    q: QueueState::new(),
+                    q: QueueState::new(recorder),
                     sleepers: 0,
                     waking: 0,
                     timekeeper: None,
@@ -201,6 +225,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 limiter: self.limiter.unwrap_or_else(|| Box::new(default_rate_limiter())),
                 clock: self.clock,
                 _clock_subscription: clock_subscription,
+                _registration: self.name.is_some().then(|| observe::register(weak.clone())),
+                add_stamps: crossbeam_utils::CachePadded::new(AtomicBool::new(true)),
+                name: self.name,
             }
         });
         WorkQueue { shared }
@@ -220,23 +247,41 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     pub fn builder() -> WorkQueueBuilder<K> {
-        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock) }
+        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None }
     }
 
     /// Marks `key` as needing processing now. Ignored once shut down.
     pub fn add(&self, key: K) {
+        self.add_now(key, false);
+    }
+
+    /// `add`; `retry` counts it for the metrics' retries (a zero-delay
+    /// `add_after`).
+    fn add_now(&self, key: K, retry: bool) {
+        // A named queue reads the clock before locking if the previous add
+        // needed a reading (it inserted its key), so a stream of new keys
+        // does not read it inside the serialised section, while a stream
+        // of duplicates (a hot key) does not read it at all.
+        let predicted = self.shared.name.is_some() && self.shared.add_stamps.load(Relaxed);
+        let mut now = if predicted { Now::read() } else { Now::new() };
         let mut g = self.shared.locked.lock();
-        self.shared.sync(&mut g);
-        g.q.add(key);
+        self.shared.sync(&mut g, &mut now);
+        if retry {
+            g.q.count_retry();
+        }
+        g.q.add(key, &mut now);
         self.shared.ready_hint.store(g.q.len(), Relaxed);
         self.shared.wake_ready(&mut g);
+        if self.shared.name.is_some() && now.used() != predicted {
+            self.shared.add_stamps.store(now.used(), Relaxed);
+        }
     }
 
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
     /// is [`add`](Self::add).
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
-            return self.add(key);
+            return self.add_now(key, true);
         }
         let now = self.shared.clock.now();
         self.add_at_instant(key, deadline_after(now, delay), now);
@@ -249,8 +294,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     fn add_at_instant(&self, key: K, due: Instant, now: Instant) {
         let mut g = self.shared.locked.lock();
-        self.shared.sync(&mut g);
-        if let Added::Scheduled(due) = g.q.add_at(key, due, now) {
+        let mut stamp = Now::new();
+        self.shared.sync(&mut g, &mut stamp);
+        g.q.count_retry();
+        if let Added::Scheduled(due) = g.q.add_at(key, due, now, &mut stamp) {
             self.shared.on_scheduled(&mut g, due);
         }
         self.shared.ready_hint.store(g.q.len(), Relaxed);
@@ -277,38 +324,57 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// shut down and nothing is ready (G7). Pair every key with
     /// [`done`](Self::done).
     pub fn get(&self) -> Option<K> {
+        let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.next(&mut g, None).ok()
+        self.shared.next(&mut g, None, &mut now).ok()
     }
 
     /// Like [`get`](Self::get), waiting at most `timeout` (on the queue's
     /// clock).
     pub fn get_timeout(&self, timeout: Duration) -> Result<K, GetError> {
         let deadline = deadline_after(self.shared.clock.now(), timeout);
+        let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.next(&mut g, Some(deadline))
+        self.shared.next(&mut g, Some(deadline), &mut now)
     }
 
     /// Hands out a key if one is ready now, without blocking.
     pub fn try_get(&self) -> Option<K> {
+        let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.take(&mut g)
+        self.shared.take(&mut g, &mut now)
     }
 
     /// Marks the processing of `key` finished. If `key` was added meanwhile,
     /// it becomes ready again. A key not being processed is left alone.
     pub fn done(&self, key: &K) {
+        let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.finish(&mut g, key);
+        self.shared.finish(&mut g, key, &mut now);
         self.shared.wake_ready(&mut g);
     }
 
     /// [`done`](Self::done) for `key`, then [`get`](Self::get), under one
-    /// lock acquisition: the worker loop's fast path.
+    /// lock acquisition: the worker loop's fast path. (A named queue reads
+    /// the clock once for both.)
     pub fn done_and_get(&self, key: &K) -> Option<K> {
+        let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.finish(&mut g, key);
-        self.shared.next(&mut g, None).ok()
+        self.shared.finish(&mut g, key, &mut now);
+        self.shared.next(&mut g, None, &mut now).ok()
+    }
+
+    /// [`done_and_get`](Self::done_and_get) with the caller's clock reading
+    /// `stamp` (raw ticks, see `observe::metrics::ticks`); also returns the
+    /// reading the hand-out of the next key was stamped with, so a worker
+    /// that times its reconciles reads the clock once per key in all.
+    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<K>, u64) {
+        let mut now = Now::at(stamp);
+        let mut g = self.shared.locked.lock();
+        self.shared.finish(&mut g, key, &mut now);
+        let next = self.shared.next(&mut g, None, &mut now).ok();
+        drop(g);
+        (next, now.reading())
     }
 
     /// Number of ready keys (not counting processing or delayed ones).
@@ -348,7 +414,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         let mut g = self.shared.locked.lock();
         loop {
-            self.shared.sync(&mut g);
+            self.shared.sync(&mut g, &mut Now::new());
             self.shared.wake_ready(&mut g);
             if g.q.is_idle() {
                 return true;
@@ -452,11 +518,20 @@ fn max_waking() -> usize {
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
+    /// For a named queue, a clock reading taken before locking, so the
+    /// (serialised) locked section does not wait for the clock: `get` and
+    /// `done` always record one. (Adds predict whether they will: see
+    /// `add_now`.)
+    #[inline]
+    fn stamp(&self) -> Now {
+        if self.name.is_some() { Now::read() } else { Now::new() }
+    }
+
     /// Promotes keys whose due time has come (the caller wakes getters for
     /// them).
-    fn sync(&self, g: &mut Guard<'_, K>) {
+    fn sync(&self, g: &mut Guard<'_, K>, now: &mut Now) {
         if g.q.has_timers() {
-            g.q.promote_due(self.clock.now());
+            g.q.promote_due(self.clock.now(), now);
             self.ready_hint.store(g.q.len(), Relaxed);
         }
     }
@@ -464,15 +539,15 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     /// Locks, syncs and wakes getters for the keys that became ready.
     fn lock_synced(&self) -> Guard<'_, K> {
         let mut g = self.locked.lock();
-        self.sync(&mut g);
+        self.sync(&mut g, &mut Now::new());
         self.wake_ready(&mut g);
         g
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
-    fn take(&self, g: &mut Guard<'_, K>) -> Option<K> {
-        self.sync(g);
-        let key = g.q.take();
+    fn take(&self, g: &mut Guard<'_, K>, now: &mut Now) -> Option<K> {
+        self.sync(g, now);
+        let key = g.q.take(now);
         self.ready_hint.store(g.q.len(), Relaxed);
         // Keys remain beyond this one: keep the waking chain going.
         self.wake_ready(g);
@@ -483,10 +558,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         key
     }
 
-    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>) -> Result<K, GetError> {
+    /// `now` may hold a reading from earlier in this lock hold; once the
+    /// lock was released (spinning, parking) a fresh one is taken.
+    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>, now: &mut Now) -> Result<K, GetError> {
         let mut spun = false;
         loop {
-            if let Some(key) = self.take(g) {
+            if let Some(key) = self.take(g, now) {
                 return Ok(key);
             }
             if g.q.is_shutting_down() {
@@ -499,22 +576,25 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
                 // Whatever the spin saw, re-check everything under the lock:
                 // a key or a shutdown may have come while it was released.
                 spun = true;
-                self.spin(g);
+                self.spin(g, now);
                 continue;
             }
             self.park(g, deadline);
+            *now = Now::new();
         }
     }
 
     /// Spins briefly with the lock released, until a key looks ready or the
     /// spin budget runs out. The caller re-checks under the lock either way.
-    fn spin(&self, g: &mut Guard<'_, K>) {
+    /// A spin that released the lock renews `now` before taking it again.
+    fn spin(&self, g: &mut Guard<'_, K>, now: &mut Now) {
         if self.spinners.fetch_add(1, Relaxed) < max_spinners() {
             MutexGuard::unlocked(g, || {
                 let backoff = crossbeam_utils::Backoff::new();
                 while self.ready_hint.load(Relaxed) == 0 && !backoff.is_completed() {
                     backoff.snooze();
                 }
+                *now = self.stamp();
             });
         }
         self.spinners.fetch_sub(1, Relaxed);
@@ -555,9 +635,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     /// Ends processing of `key`. Waking getters for a re-queued key is left
     /// to the caller: `done_and_get` takes a key right after, and waking a
     /// sleeper for the key it is about to take itself would be wasted.
-    fn finish(&self, g: &mut Guard<'_, K>, key: &K) {
-        self.sync(g);
-        match g.q.done(key, || self.clock.now()) {
+    fn finish(&self, g: &mut Guard<'_, K>, key: &K, now: &mut Now) {
+        self.sync(g, now);
+        match g.q.done(key, || self.clock.now(), now) {
             Finished::Requeued => self.ready_hint.store(g.q.len(), Relaxed),
             Finished::Waiting(due) => self.on_scheduled(g, due),
             Finished::Removed | Finished::NotProcessing => {}
@@ -620,6 +700,16 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         let woken = self.ready.notify_all();
         g.sleepers -= woken;
         g.waking += woken;
+    }
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> Observed for Shared<K> {
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        let Some(name) = &self.name else { return };
+        let snapshot = self.lock_synced().q.metrics_snapshot();
+        if let Some(snapshot) = snapshot {
+            snapshot.collect(name, out);
+        }
     }
 }
 

@@ -1,0 +1,146 @@
+//! A controller's metrics, with controller-runtime's names and semantics:
+//! results counted by label (`success`, `error` — errors and panics —,
+//! `requeue`, `requeue_after`), errors, terminal (permanent) errors,
+//! panics, reconcile time, active workers and the configured worker count.
+//!
+//! Each worker records into its own cache-padded [`WorkerMetrics`] (one
+//! writer per slot, so plain loads and stores, no contention between
+//! workers); a scrape sums the slots. Reconcile time is measured on the
+//! tick clock (real time even when the controller runs on a `FakeClock`),
+//! from the hand-out of the key to having scheduled its retry (as
+//! controller-runtime times its whole `reconcileHandler`), not counting
+//! `done`. The worker reads the clock once per key: that reading ends one
+//! reconcile's time, stamps `done` and the next hand-out in the queue, and
+//! starts the next reconcile's time.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::outcome::{Outcome, RetryPolicy};
+use super::{ControllerKey, Core};
+use crate::observe::metrics::MetricFamilies;
+use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
+
+/// controller-runtime's `result` label values, in `WorkerMetrics::results`
+/// order.
+const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
+
+/// How one reconcile is counted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counted {
+    /// Index into [`RESULTS`].
+    result: usize,
+    /// A permanent error (controller-runtime's terminal error).
+    terminal: bool,
+}
+
+impl Counted {
+    pub(crate) fn of(outcome: &Outcome) -> Self {
+        let (result, terminal) = match outcome {
+            Outcome::Success => (0, false),
+            Outcome::Failure { retry, .. } => (1, *retry == RetryPolicy::Never),
+            Outcome::Requeue => (2, false),
+            Outcome::RequeueAfter(_) => (3, false),
+        };
+        Self { result, terminal }
+    }
+}
+
+/// One worker's counts; only that worker writes them.
+pub(crate) struct WorkerMetrics {
+    reconcile_time: WorkerHistogram<RECONCILE_N>,
+    results: [AtomicU64; 4],
+    terminal: AtomicU64,
+}
+
+impl WorkerMetrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            reconcile_time: WorkerHistogram::new(&RECONCILE_BUCKETS),
+            results: [const { AtomicU64::new(0) }; 4],
+            terminal: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a reconcile that took `ticks`. Called only by the slot's own
+    /// worker.
+    pub(crate) fn record(&self, ticks: u64, counted: Counted) {
+        self.reconcile_time.observe_single_writer(ticks);
+        bump(&self.results[counted.result]);
+        if counted.terminal {
+            bump(&self.terminal);
+        }
+    }
+}
+
+/// `+1` by the only writer: a load and a store, no read-modify-write.
+fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Relaxed) + 1, Relaxed);
+}
+
+/// Adds `core`'s samples, labelled `controller`.
+pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies) {
+    let controller = core.name.as_str();
+    let labels = [("controller", controller)];
+    let mut results = [0u64; 4];
+    let mut terminal = 0;
+    let mut active = 0;
+    let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
+    let workers = match core.rt.get() {
+        Some(rt) => {
+            for slot in &rt.slots {
+                for (total, count) in results.iter_mut().zip(&slot.metrics.results) {
+                    *total += count.load(Relaxed);
+                }
+                terminal += slot.metrics.terminal.load(Relaxed);
+                reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
+                active += usize::from(slot.running.lock().is_some());
+            }
+            rt.workers
+        }
+        None => core.configured_workers(),
+    };
+    for (result, count) in RESULTS.iter().zip(results) {
+        out.counter(
+            "controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller",
+            &[("controller", controller), ("result", result)],
+            count as f64,
+        );
+    }
+    out.counter(
+        "controller_runtime_reconcile_errors_total",
+        "Total number of reconciliation errors per controller",
+        &labels,
+        results[1] as f64,
+    );
+    out.counter(
+        "controller_runtime_terminal_reconcile_errors_total",
+        "Total number of terminal reconciliation errors per controller",
+        &labels,
+        terminal as f64,
+    );
+    out.counter(
+        "controller_runtime_reconcile_panics_total",
+        "Total number of reconciliation panics per controller",
+        &labels,
+        core.counters.panics.load(Relaxed) as f64,
+    );
+    out.histogram(
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+        &labels,
+        reconcile_time,
+    );
+    out.gauge(
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+        &labels,
+        active as f64,
+    );
+    out.gauge(
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+        &labels,
+        workers as f64,
+    );
+}

@@ -1,0 +1,124 @@
+//! A minimal scrape endpoint: `GET /metrics` on a blocking `TcpListener`,
+//! answered one connection at a time by one thread. Idle, the thread is
+//! blocked in `accept` and uses no CPU; there is no async runtime.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How long a connection may take to send its request or read the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests with a longer head are answered from what was read.
+const MAX_HEAD: usize = 8 * 1024;
+
+/// A running metrics endpoint (see [`serve`](crate::metrics::serve)).
+/// Dropping it, or [`close`](Self::close), stops the server thread.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub(crate) fn serve(addr: impl ToSocketAddrs) -> io::Result<MetricsServer> {
+    let listener = TcpListener::bind(addr)?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = Arc::clone(&stop);
+        thread::Builder::new().name("reconq-metrics".into()).spawn(move || accept_loop(&listener, &stop))?
+    };
+    Ok(MetricsServer { addr, stop, thread: Some(thread) })
+}
+
+impl MetricsServer {
+    /// The address the server listens on (with the port chosen by the OS if
+    /// port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Stops accepting connections and waits for the server thread to exit
+    /// (at most a few seconds, if a slow client is being answered).
+    /// Closing twice is fine.
+    pub fn close(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocked `accept` with a connection of our own.
+        let target = match self.addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), self.addr.port()),
+            IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), self.addr.port()),
+            _ => self.addr,
+        };
+        if TcpStream::connect_timeout(&target, IO_TIMEOUT).is_ok() {
+            let _ = thread.join();
+        }
+        // Otherwise the thread stays blocked in accept (its listener open)
+        // and exits at its next connection; it is detached, not leaked
+        // into anything else.
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn accept_loop(listener: &TcpListener, stop: &AtomicBool) {
+    for connection in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match connection {
+            Ok(stream) => {
+                let _ = answer(stream);
+            }
+            // Out of file descriptors and the like: do not spin on it.
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn answer(mut stream: TcpStream) -> io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let request_line = head.lines().next().unwrap_or("");
+    let mut parts = request_line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, content_type, body) = if matches!(method, "GET" | "HEAD") && path == "/metrics" {
+        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", super::render())
+    } else {
+        ("404 Not Found", "text/plain; charset=utf-8", "404 page not found\n".to_owned())
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        response.push_str(&body);
+    }
+    stream.write_all(response.as_bytes())?;
+    stream.flush()
+}

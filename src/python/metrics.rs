@@ -1,0 +1,85 @@
+//! `reconq.metrics_text()`, `reconq.start_http_server()` and the
+//! `MetricsServer` it returns: the Rust exposition (`crate::metrics`) for
+//! Python. Rendering never calls into Python, so it runs detached (other
+//! Python threads keep running while a scrape walks the queues).
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+use crate::metrics::{self, MetricsServer};
+
+/// The metrics of every live named queue and controller, in the Prometheus
+/// text format 0.0.4.
+#[pyfunction]
+fn metrics_text(py: Python<'_>) -> String {
+    py.detach(metrics::render)
+}
+
+/// Serves `GET /metrics` on `addr:port` from one background thread (no CPU
+/// while idle). `port=0` picks a free port (see `.port`). Returns a
+/// `MetricsServer`; `close()` it (or use it as a context manager) to stop.
+#[pyfunction]
+#[pyo3(signature = (port=0, addr="127.0.0.1"))]
+fn start_http_server(py: Python<'_>, port: u16, addr: &str) -> PyResult<PyMetricsServer> {
+    let addr = addr.to_owned();
+    let server = py.detach(move || metrics::serve((addr.as_str(), port)))?;
+    Ok(PyMetricsServer { addr: server.local_addr(), server: Mutex::new(Some(server)) })
+}
+
+/// A running metrics endpoint; stops on `close()` or when collected.
+#[pyclass(name = "MetricsServer", module = "reconq", frozen)]
+pub(crate) struct PyMetricsServer {
+    addr: std::net::SocketAddr,
+    server: Mutex<Option<MetricsServer>>,
+}
+
+#[pymethods]
+impl PyMetricsServer {
+    /// The port the server listens on.
+    #[getter]
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The address the server listens on.
+    #[getter]
+    fn addr(&self) -> String {
+        self.addr.ip().to_string()
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.server.lock().is_none()
+    }
+
+    /// Stops the server (waits for its thread, a few seconds at most if a
+    /// slow client is being answered). Closing twice is fine.
+    fn close(&self, py: Python<'_>) {
+        let server = self.server.lock().take();
+        if let Some(mut server) = server {
+            py.detach(move || server.close());
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { "closed" } else { "serving" };
+        format!("<reconq.MetricsServer http://{}/metrics {state}>", self.addr)
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMetricsServer>()?;
+    m.add_function(wrap_pyfunction!(metrics_text, m)?)?;
+    m.add_function(wrap_pyfunction!(start_http_server, m)?)?;
+    Ok(())
+}
