@@ -2,11 +2,9 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::inspect::{KeyInfo, KeyStatus};
-use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, When};
 use crate::clock::deadline_after;
 use crate::logs;
@@ -152,48 +150,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Counters, queue sizes, hangs and the last error.
     pub fn stats(&self) -> Stats {
-        let c = &self.core.counters;
-        let (last_error, last_error_time) = match c.last_error.lock().clone() {
-            Some((e, t)) => (Some(e), Some(t)),
-            None => (None, None),
-        };
-        let mut stats = Stats {
-            reconciles: c.reconciles.load(Ordering::Relaxed),
-            successes: c.successes.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
-            requeues: c.requeues.load(Ordering::Relaxed),
-            panics: c.panics.load(Ordering::Relaxed),
-            parked: self.core.parked.len(),
-            last_error,
-            last_error_time,
-            ..Stats::default()
-        };
-        match self.core.rt.get() {
-            Some(rt) => {
-                let counts = rt.queue.counts();
-                stats.depth = counts.ready;
-                stats.processing = counts.processing;
-                stats.waiting = counts.delayed;
-                stats.hanging = self.hanging().len();
-            }
-            None => stats.depth = self.core.pending.lock().len(),
-        }
-        stats
+        self.core.stats_and_hanging().0
     }
 
     /// Reconciles running longer than the hanging threshold, longest first,
     /// with how long they have run (on the controller's clock). Empty when
     /// no threshold is configured.
     pub fn hanging(&self) -> Vec<(K, Duration)> {
-        let Some(rt) = self.core.rt.get() else {
-            return Vec::new();
-        };
-        let Some(threshold) = rt.hanging_threshold else {
-            return Vec::new();
-        };
-        let found = scan(rt, threshold);
-        log_hangs(&self.core.name, &found.newly);
-        found.hanging
+        self.core.hanging()
     }
 
     /// Where `key` stands: its state, attempts, last error and next run.

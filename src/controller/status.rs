@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::watchdog::{log_hangs, scan};
-use super::{ControllerKey, Core, Counters};
+use super::{ControllerKey, Core, Counters, Stats};
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry};
 
 impl Counters {
@@ -28,10 +28,59 @@ impl Counters {
 }
 
 impl<K: ControllerKey> Core<K> {
-    /// Takes the controller's locks one at a time, briefly; formats hanging
-    /// keys after releasing them. The queue is read before the counters, so
-    /// the counters include every reconcile the queue shows as finished
-    /// (the worker counts before it marks the key done).
+    /// The counters, the queue's sizes and the hanging reconciles, as
+    /// [`ControllerHandle::stats`](super::ControllerHandle::stats) and the
+    /// status report them. The queue is read before the counters, so the
+    /// counters include every reconcile the queue shows as finished (the
+    /// worker counts before it marks the key done). Locks are taken one at
+    /// a time, briefly.
+    pub(crate) fn stats_and_hanging(&self) -> (Stats, Vec<(K, Duration)>) {
+        let (depth, processing, waiting) = match self.rt.get() {
+            Some(rt) => {
+                let counts = rt.queue.counts();
+                (counts.ready, counts.processing, counts.delayed)
+            }
+            None => (self.pending.lock().len(), 0, 0),
+        };
+        let hanging = self.hanging();
+        let c = &self.counters;
+        let (last_error, last_error_time) = match c.last_error.lock().clone() {
+            Some((e, t)) => (Some(e), Some(t)),
+            None => (None, None),
+        };
+        let stats = Stats {
+            reconciles: c.reconciles.load(Ordering::Relaxed),
+            successes: c.successes.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            requeues: c.requeues.load(Ordering::Relaxed),
+            panics: c.panics.load(Ordering::Relaxed),
+            depth,
+            processing,
+            waiting,
+            hanging: hanging.len(),
+            parked: self.parked.len(),
+            last_error,
+            last_error_time,
+        };
+        (stats, hanging)
+    }
+
+    /// Reconciles running longer than the hanging threshold, longest first;
+    /// logs the ones not reported yet.
+    pub(crate) fn hanging(&self) -> Vec<(K, Duration)> {
+        let Some(rt) = self.rt.get() else {
+            return Vec::new();
+        };
+        let Some(threshold) = rt.hanging_threshold else {
+            return Vec::new();
+        };
+        let found = scan(rt, threshold);
+        log_hangs(&self.name, &found.newly);
+        found.hanging
+    }
+
+    /// This controller's row in the global status. Hanging keys are
+    /// formatted after every lock is released.
     pub(crate) fn status_entry(&self) -> StatusEntry {
         let state = {
             let life = self.life.lock();
@@ -45,51 +94,36 @@ impl<K: ControllerKey> Core<K> {
                 RunState::Running
             }
         };
-        let (workers, hanging_threshold, depth, processing, waiting, hanging) = match self.rt.get() {
-            Some(rt) => {
-                let counts = rt.queue.counts();
-                let hanging = match rt.hanging_threshold {
-                    Some(threshold) => {
-                        let found = scan(rt, threshold);
-                        log_hangs(&self.name, &found.newly);
-                        found.hanging
-                    }
-                    None => Vec::new(),
-                };
-                (rt.workers, rt.hanging_threshold, counts.ready, counts.processing, counts.delayed, hanging)
-            }
+        let (workers, hanging_threshold) = match self.rt.get() {
+            Some(rt) => (rt.workers, rt.hanging_threshold),
             None => {
-                let config = self.config.lock().clone();
-                (config.workers, config.hanging_threshold, self.pending.lock().len(), 0, 0, Vec::new())
+                let config = self.config.lock();
+                (config.workers, config.hanging_threshold)
             }
         };
-        let c = &self.counters;
-        let (last_error, last_error_time) = match c.last_error.lock().clone() {
-            Some((e, t)) => (Some(e), Some(t)),
-            None => (None, None),
-        };
+        let (stats, hanging) = self.stats_and_hanging();
         let details = ControllerDetails {
             state,
             workers,
-            reconciles: c.reconciles.load(Ordering::Relaxed),
-            requeues: c.requeues.load(Ordering::Relaxed),
-            panics: c.panics.load(Ordering::Relaxed),
-            depth,
-            processing,
-            waiting,
-            parked: self.parked.len(),
+            reconciles: stats.reconciles,
+            requeues: stats.requeues,
+            panics: stats.panics,
+            depth: stats.depth,
+            processing: stats.processing,
+            waiting: stats.waiting,
+            parked: stats.parked,
             hanging_threshold,
             hanging: hanging.into_iter().map(|(key, running)| HangingKey::new(key, running)).collect(),
         };
         StatusEntry {
             name: self.name.clone(),
             kind: EntryKind::Controller(details),
-            successes: c.successes.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
-            consecutive_failures: c.consecutive_failures.load(Ordering::Relaxed),
-            last_error,
-            last_error_time,
-            last_success_time: c.last_success_time(),
+            successes: stats.successes,
+            failures: stats.failures,
+            consecutive_failures: self.counters.consecutive_failures.load(Ordering::Relaxed),
+            last_error: stats.last_error,
+            last_error_time: stats.last_error_time,
+            last_success_time: self.counters.last_success_time(),
         }
     }
 }

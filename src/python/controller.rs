@@ -418,7 +418,7 @@ impl PyController {
     /// Counters, queue sizes, hanging reconciles, the last error.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let handle = &self.handle;
-        let (stats, hanging) = py.detach(|| (handle.stats(), handle.hanging()));
+        let (stats, hanging) = py.detach(|| handle.core.stats_and_hanging());
         let d = PyDict::new(py);
         d.set_item("name", &*self.name)?;
         d.set_item("workers", self.workers)?;
