@@ -354,7 +354,6 @@ fn main() {
     if wanted("W1_throughput") {
         w1_throughput(&mut c);
     }
-
     if wanted("W2_hot_keys") {
         w2_hot_keys(&mut c);
     }
