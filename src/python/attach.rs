@@ -1,4 +1,6 @@
-//! Attaching to the interpreter from engine threads, safely at exit.
+//! Attaching to the interpreter from engine threads: once for each thread's
+//! life ([`python_thread_wrapper`]), around each callback ([`attach`]), and
+//! safely at exit.
 //!
 //! On Python < 3.14, a thread that wants the GIL back while the interpreter
 //! finalizes is killed with `pthread_exit` (CPython gh-87135): a *forced
@@ -16,7 +18,11 @@
 //! attaching fails the same way). The process then exits normally; the
 //! parked thread goes with it.
 
+use std::sync::Arc;
+
 use pyo3::Python;
+
+use crate::ThreadWrapper;
 
 /// [`Python::try_attach`] (`None` once the interpreter finalizes), with the
 /// thread parked forever rather than unwound if CPython kills it inside `f`.
@@ -43,4 +49,30 @@ pub(crate) fn hang_if_killed<R>(f: impl FnOnce() -> R) -> R {
     let result = f();
     std::mem::forget(guard);
     result
+}
+
+/// Runs each engine thread attached to the interpreter once for its whole
+/// life (one `PyThreadState`, so `threading.local` persists and callbacks
+/// attach cheaply), detached while the engine code runs.
+pub(crate) fn python_thread_wrapper() -> ThreadWrapper {
+    Arc::new(|body: &mut dyn FnMut()| {
+        struct Body<'a>(&'a mut dyn FnMut());
+        // SAFETY: `py.detach` runs the closure on this same thread; the
+        // body never leaves it.
+        unsafe impl Send for Body<'_> {}
+        impl Body<'_> {
+            fn run(&mut self) {
+                (self.0)()
+            }
+        }
+        let mut body = Body(body);
+        let ran = attach(|py| {
+            let body = &mut body;
+            py.detach(move || body.run());
+        });
+        if ran.is_none() {
+            // The interpreter is finalizing: run detached; callbacks fail.
+            body.run();
+        }
+    })
 }

@@ -24,11 +24,12 @@ use pyo3::types::{PyBool, PyDict, PyList, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
+use super::attach::python_thread_wrapper;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
-use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, python_thread_wrapper};
+use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log};
 use crate::clock::deadline_after;
 use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
 

@@ -30,10 +30,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use super::attach::attach;
+use super::attach::{attach, python_thread_wrapper};
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::errors::describe;
-use crate::{ControllerParams, ControllerStatus, DoError, Manager, ThreadWrapper, UnknownController, WeakManager};
+use crate::{ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
 
 /// How long the exit hook waits for controller threads to finish.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -53,36 +53,6 @@ static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 #[pyclass(name = "Manager", module = "reconq", frozen)]
 pub(crate) struct PyManager {
     manager: Manager,
-}
-
-/// `&mut dyn FnMut()` is not `Send`, which `py.detach` wants; the body runs
-/// on the same thread that holds it, so passing it through is sound.
-struct SameThread<'a>(&'a mut dyn FnMut());
-// SAFETY: only ever used on the thread that created it (see above).
-unsafe impl Send for SameThread<'_> {}
-
-/// Each controller thread attaches once and runs detached (see `thread.rs`).
-fn python_thread_wrapper() -> ThreadWrapper {
-    Arc::new(|body: &mut dyn FnMut()| {
-        let mut ran = false;
-        {
-            let body = SameThread(&mut *body);
-            let ran = &mut ran;
-            // `try_attach` is `None` while the interpreter finalizes: the
-            // body then runs below, unattached, so the thread ends; its
-            // callbacks fail to attach and count as failures (caught panics).
-            attach(move |py| {
-                py.detach(move || {
-                    let body = body;
-                    *ran = true;
-                    (body.0)();
-                })
-            });
-        }
-        if !ran {
-            body();
-        }
-    })
 }
 
 fn unknown_to_py(e: UnknownController) -> PyErr {

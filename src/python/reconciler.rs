@@ -20,37 +20,11 @@ use pyo3::types::{PyDict, PyIterator, PyList};
 use super::attach::attach;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
-use crate::{Action, Context, ReconcileError, Reconciler, ThreadWrapper};
+use crate::{Action, Context, ReconcileError, Reconciler};
 
 /// The Python callable a controller calls; emptied when the controller stops
 /// (or is garbage-collected), which breaks reference cycles through it.
 pub(crate) type CallbackCell = Mutex<Option<Arc<Py<PyAny>>>>;
-
-/// Runs each engine thread attached to the interpreter once for its whole
-/// life (one `PyThreadState`, so `threading.local` persists and callbacks
-/// attach cheaply), detached while the engine code runs.
-pub(crate) fn python_thread_wrapper() -> ThreadWrapper {
-    Arc::new(|body: &mut dyn FnMut()| {
-        struct Body<'a>(&'a mut dyn FnMut());
-        // SAFETY: `py.detach` runs the closure on this same thread; the
-        // body never leaves it.
-        unsafe impl Send for Body<'_> {}
-        impl Body<'_> {
-            fn run(&mut self) {
-                (self.0)()
-            }
-        }
-        let mut body = Body(body);
-        let ran = attach(|py| {
-            let body = &mut body;
-            py.detach(move || body.run());
-        });
-        if ran.is_none() {
-            // The interpreter is finalizing: run detached; callbacks fail.
-            body.run();
-        }
-    })
-}
 
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
