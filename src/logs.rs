@@ -171,3 +171,13 @@ pub(crate) fn manager_run_failed(
 pub(crate) fn manager_stop_panicked(manager: &str, controller: &str, error: &str) {
     tracing::error!(target: MANAGER, manager = %manager, controller = %controller, error, "stop panicked");
 }
+
+/// A controller's group function failed for a key; the key goes to group
+/// None (once per key; call with no lock held).
+pub(crate) fn group_failed<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
+    tracing::error!(
+        target: CONTROLLER,
+        controller = %controller, key = ?key, error,
+        "group function failed; the key is in group None"
+    );
+}

@@ -92,13 +92,33 @@ impl fmt::Debug for StopSignal {
 pub struct Context {
     pub(crate) attempt: u32,
     pub(crate) signal: StopSignal,
+    pub(crate) priority: i32,
+    pub(crate) fencing_token: Option<u64>,
 }
 
 impl Context {
     /// A context not tied to any controller (never cancelled), for calling a
     /// reconciler directly in unit tests.
     pub fn detached(attempt: u32) -> Self {
-        Self { attempt, signal: StopSignal::new() }
+        Self::with_signal(attempt, StopSignal::new())
+    }
+
+    /// A context at priority 0 with no fencing token, cancelled by `signal`.
+    pub(crate) fn with_signal(attempt: u32, signal: StopSignal) -> Self {
+        Self { attempt, signal, priority: 0, fencing_token: None }
+    }
+
+    /// The priority the key was handed out with (spec §8): retries re-add it
+    /// with this priority.
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// The fencing token of the leadership this reconcile runs under (spec
+    /// §10): pass it to writes so a deposed leader's late writes can be
+    /// refused. `None` without leader election.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 
     /// Tries of this key since its last success or forget: 0 on the first
@@ -110,9 +130,10 @@ impl Context {
     }
 
     /// Whether the controller wants this reconcile to end early: it is
-    /// stopping (at once, or a drain's deadline passed), or
+    /// stopping (at once, or a drain's deadline passed),
     /// [`ControllerHandle::cancel`](super::ControllerHandle::cancel) was
-    /// called for this key. Cancellation is cooperative: check it in long
+    /// called for this key, or its [`timeout`](super::Controller::timeout)
+    /// passed. Cancellation is cooperative: check it in long
     /// loops, or block with [`wait_cancelled`](Self::wait_cancelled).
     pub fn is_cancelled(&self) -> bool {
         self.signal.is_set()
@@ -133,6 +154,11 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context").field("attempt", &self.attempt).field("cancelled", &self.is_cancelled()).finish()
+        f.debug_struct("Context")
+            .field("attempt", &self.attempt)
+            .field("priority", &self.priority)
+            .field("cancelled", &self.is_cancelled())
+            .field("fencing_token", &self.fencing_token)
+            .finish()
     }
 }

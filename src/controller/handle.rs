@@ -51,6 +51,9 @@ pub struct Stats {
     pub processing: usize,
     /// Keys waiting for a due time (retries, delayed enqueues).
     pub waiting: usize,
+    /// Ready keys per priority, highest first (priorities with no ready key
+    /// left out; before start, every pending key counts as ready).
+    pub by_priority: Vec<(i32, usize)>,
     /// Reconciles running longer than the hanging threshold (0 if none is
     /// configured).
     pub hanging: usize,
@@ -91,7 +94,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Asks for `key` to be reconciled. Ignored once stopped.
     pub fn enqueue(&self, key: K) {
-        self.core.route(key, When::Now);
+        self.core.route(key, When::Now, 0);
     }
 
     /// Asks for `key` to be reconciled `delay` from now (the earliest of
@@ -99,13 +102,32 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// start, the delay counts from the enqueue in real time, or from start
     /// on a fake clock.
     pub fn enqueue_after(&self, key: K, delay: Duration) {
-        self.core.route(key, When::After(delay, Instant::now()));
+        self.core.route(key, When::After(delay, Instant::now()), 0);
     }
 
     /// Asks for `key` to be reconciled at `at`, an instant on the
     /// controller's clock.
     pub fn enqueue_at(&self, key: K, at: Instant) {
-        self.core.route(key, When::At(at));
+        self.core.route(key, When::At(at), 0);
+    }
+
+    /// [`enqueue`](Self::enqueue) at `priority` (spec §8): ready keys are
+    /// reconciled highest priority first (P1); a key already waiting with a
+    /// lower priority is raised to it, a higher one stays (P2); retries keep
+    /// the priority a key was handed out with (P3). Plain enqueues are 0.
+    pub fn enqueue_with_priority(&self, key: K, priority: i32) {
+        self.core.route(key, When::Now, priority);
+    }
+
+    /// [`enqueue_after`](Self::enqueue_after) at `priority`: the key keeps it
+    /// while it waits.
+    pub fn enqueue_after_with_priority(&self, key: K, delay: Duration, priority: i32) {
+        self.core.route(key, When::After(delay, Instant::now()), priority);
+    }
+
+    /// [`enqueue_at`](Self::enqueue_at) at `priority`.
+    pub fn enqueue_at_with_priority(&self, key: K, at: Instant, priority: i32) {
+        self.core.route(key, When::At(at), priority);
     }
 
     /// Cancels the reconcile of `key` if one is running (its
@@ -153,6 +175,23 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.stats_and_hanging().0
     }
 
+    /// Keys being reconciled per group (spec §8), for a controller built
+    /// with [`group`](super::Controller::group) returning `G`; `None` is
+    /// the group of keys whose group function panicked. Empty without
+    /// groups, before start, or if `G` is not the controller's group type.
+    pub fn in_flight_by_group<G>(&self) -> Vec<(Option<G>, usize)>
+    where
+        G: Eq + std::hash::Hash + Clone + 'static,
+    {
+        let Some(rt) = self.core.rt.get() else { return Vec::new() };
+        let Some(table) =
+            rt.grouping.as_ref().and_then(|g| g.as_any().downcast_ref::<super::groups::GroupTable<K, G>>())
+        else {
+            return Vec::new();
+        };
+        table.name_ids(&rt.queue.in_flight_by_group())
+    }
+
     /// Reconciles running longer than the hanging threshold, longest first,
     /// with how long they have run (on the controller's clock). Empty when
     /// no threshold is configured.
@@ -170,7 +209,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
             next_run: None,
         };
         let Some(rt) = self.core.rt.get() else {
-            if self.core.pending.lock().iter().any(|(k, _)| k == key) {
+            if self.core.pending.lock().iter().any(|(k, _, _)| k == key) {
                 info.state = KeyStatus::Ready;
             }
             return info;

@@ -125,6 +125,14 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
         &labels,
         core.counters.panics.load(Relaxed) as f64,
     );
+    if core.rt.get().is_some_and(|rt| rt.timeout.is_some()) {
+        out.counter(
+            "controller_runtime_reconcile_timeouts_total",
+            "Total number of reconciliations cancelled at their timeout per controller",
+            &labels,
+            core.counters.timeouts.load(Relaxed) as f64,
+        );
+    }
     out.histogram(
         "controller_runtime_reconcile_time_seconds",
         "Length of time per reconciliation per controller",

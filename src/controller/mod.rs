@@ -8,7 +8,9 @@
 //! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
 //! * `inspect` keeps per-key memory and the parked set.
 //! * `triggers` runs Consul-style triggers and watches.
-//! * `watchdog` reports reconciles that run too long.
+//! * `watchdog` reports reconciles that run too long and cancels those past
+//!   their timeout.
+//! * `groups` turns the `group` option into the queue's group ids.
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -28,6 +30,7 @@
 //! ```
 
 mod context;
+mod groups;
 mod handle;
 mod inspect;
 mod metrics;
@@ -46,7 +49,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::clock::{Clock, SystemClock};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
-use crate::queue::WorkQueue;
+use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
@@ -57,6 +60,7 @@ pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
 pub use triggers::TriggerOutcome;
 
+use groups::{GroupFn, GroupTable, Grouping};
 use inspect::{KeyMemory, ParkedSet};
 use watchdog::Watchdog;
 use worker::{ExitGuard, WorkerSlot};
@@ -87,6 +91,7 @@ pub struct Controller<K: ControllerKey> {
     reconciler: Arc<dyn Reconciler<K>>,
     limiter: Option<Arc<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
+    grouping: Option<Arc<dyn Grouping<K>>>,
 }
 
 impl<K: ControllerKey> Controller<K> {
@@ -98,6 +103,7 @@ impl<K: ControllerKey> Controller<K> {
             reconciler: Arc::new(reconciler),
             limiter: None,
             clock: Arc::new(SystemClock),
+            grouping: None,
         }
     }
 
@@ -174,6 +180,65 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Cancels a reconcile still running `timeout` after it began (its
+    /// [`Context::is_cancelled`] turns true; nothing is killed). When it
+    /// returns, whatever it returned, it counts as a failure
+    /// (`TimeoutError: reconcile timed out after S s`) and is retried with
+    /// the rate limiter; `controller_runtime_reconcile_timeouts_total`
+    /// counts it. A reconcile that ignores its context runs to its end. The
+    /// hang watchdog's one sleeping thread keeps the deadlines: no thread
+    /// per reconcile. Off by default.
+    ///
+    /// # Panics
+    /// If `timeout` is zero.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        assert!(!timeout.is_zero(), "a reconcile timeout must be positive");
+        self.core.config.lock().timeout = Some(timeout);
+        self
+    }
+
+    /// Puts every key in the group `group(key)` gives (spec §8): among ready
+    /// keys of one priority, keys are handed out round-robin across groups
+    /// (P4), so a group with many keys cannot starve one with few. The
+    /// function is called on the enqueuing thread when a key is enqueued;
+    /// a key keeps the group it entered the queue with until it leaves (its
+    /// retries keep it). A panic puts the key in group `None` (logged once
+    /// per key). Group values are remembered for the controller's life, so
+    /// use a bounded set (tenants, namespaces).
+    pub fn group<G, F>(self, group: F) -> Self
+    where
+        F: Fn(&K) -> G + Send + Sync + 'static,
+        G: Eq + Hash + Clone + Send + Sync + 'static,
+    {
+        self.group_fallible::<G>(Box::new(move |key: &K| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| group(key)))
+                .map(Some)
+                .map_err(|panic| outcome::panic_message(&*panic))
+        }))
+    }
+
+    /// [`group`](Self::group) with a function that reports its failures
+    /// (the Python bindings' `group=`): `Ok(None)` is group None.
+    pub(crate) fn group_fallible<G>(mut self, group: Box<GroupFn<K, G>>) -> Self
+    where
+        G: Eq + Hash + Clone + Send + Sync + 'static,
+    {
+        self.grouping = Some(GroupTable::new(group));
+        self
+    }
+
+    /// At most `n` keys of one [`group`](Self::group) are reconciled at once
+    /// (P5). Keys of a full group wait in the queue without holding a
+    /// worker, and keys of other groups go ahead. Needs `group`.
+    ///
+    /// # Panics
+    /// If `n` is 0; [`start`](Self::start) panics if no `group` was set.
+    pub fn max_in_flight_per_group(self, n: usize) -> Self {
+        assert!(n >= 1, "max_in_flight_per_group must be at least 1");
+        self.core.config.lock().max_in_flight_per_group = Some(n);
+        self
+    }
+
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
@@ -184,18 +249,28 @@ impl<K: ControllerKey> Controller<K> {
     /// stopped through a handle before this, nothing is spawned.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread.
+    /// If the OS refuses to spawn a thread, or `max_in_flight_per_group`
+    /// was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
+        assert!(
+            config.max_in_flight_per_group.is_none() || self.grouping.is_some(),
+            "controller {:?}: max_in_flight_per_group needs a group function",
+            self.core.name
+        );
         let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
         // Named after the controller, so it records `workqueue_*` metrics.
-        let queue = WorkQueue::builder()
+        let mut queue = WorkQueue::builder()
             .name(self.core.name.clone())
             .rate_limiter(Arc::clone(&limiter))
-            .clock(ClockRef(Arc::clone(&self.clock)))
-            .build();
-        let watchdog = config.hanging_threshold.map(|threshold| Watchdog::new(threshold, &self.clock));
+            .clock(ClockRef(Arc::clone(&self.clock)));
+        if self.grouping.is_some() {
+            queue = queue.groups(config.max_in_flight_per_group);
+        }
+        let queue = queue.build();
+        let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
+            .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
         let rt = Runtime {
             queue,
             limiter,
@@ -203,9 +278,11 @@ impl<K: ControllerKey> Controller<K> {
             slots: (0..config.workers).map(|_| WorkerSlot::new()).collect(),
             jitter: config.jitter,
             hanging_threshold: config.hanging_threshold,
+            timeout: config.timeout,
             watchdog,
             workers: config.workers,
             log_errors: config.log_errors,
+            grouping: self.grouping,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -224,8 +301,8 @@ impl<K: ControllerKey> Controller<K> {
         // Keys enqueued before start. Enqueuers check `rt` under this lock,
         // so none is lost between here and the `set` above.
         let pending = std::mem::take(&mut *core.pending.lock());
-        for (key, when) in pending {
-            rt.apply(key, when);
+        for (key, when, priority) in pending {
+            core.apply(rt, key, when, priority);
         }
         {
             // Only now is the queue the whole story (see `wait_idle`).
@@ -299,6 +376,8 @@ struct Config {
     workers: usize,
     wrapper: Option<ThreadWrapper>,
     hanging_threshold: Option<Duration>,
+    timeout: Option<Duration>,
+    max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
 }
@@ -341,32 +420,28 @@ pub(crate) struct Runtime<K> {
     pub(crate) slots: Vec<WorkerSlot<K>>,
     pub(crate) jitter: Option<Jitter>,
     pub(crate) hanging_threshold: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     pub(crate) watchdog: Option<Arc<Watchdog>>,
     pub(crate) workers: usize,
     /// Log failed reconciles that returned an error (panics always are).
     pub(crate) log_errors: bool,
+    pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
-    pub(crate) fn apply(&self, key: K, when: When) {
-        match when {
-            When::Now => self.queue.add(key),
-            When::After(delay, asked) => {
-                let delay = if self.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
-                self.queue.add_after(key, delay)
-            }
-            When::At(at) => self.queue.add_at(key, at),
-        }
+    /// Re-adds a key being reconciled after `delay`, at the priority it was
+    /// handed out with (P3; its group stays the one it has in the queue).
+    pub(crate) fn retry_after(&self, key: &K, delay: Duration, priority: Priority) {
+        self.queue.add_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
     }
 
-    pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32) {
-        match &self.jitter {
-            None => self.queue.add_rate_limited(key.clone()),
-            Some(jitter) => {
-                let delay = self.limiter.when(key);
-                self.queue.add_after(key.clone(), jitter.apply(key, attempt, delay));
-            }
-        }
+    pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32, priority: Priority) {
+        let delay = self.limiter.when(key);
+        let delay = match &self.jitter {
+            None => delay,
+            Some(jitter) => jitter.apply(key, attempt, delay),
+        };
+        self.retry_after(key, delay, priority);
     }
 
     pub(crate) fn jittered(&self, key: &K, attempt: u32, delay: Duration) -> Duration {
@@ -384,6 +459,8 @@ pub(crate) struct Counters {
     pub(crate) failures: AtomicU64,
     pub(crate) requeues: AtomicU64,
     pub(crate) panics: AtomicU64,
+    /// Reconciles cancelled at their timeout.
+    pub(crate) timeouts: AtomicU64,
     pub(crate) last_error: Mutex<Option<(String, SystemTime)>>,
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
@@ -417,7 +494,7 @@ pub(crate) struct Core<K> {
     pub(crate) name: String,
     config: Mutex<Config>,
     pub(crate) rt: OnceLock<Runtime<K>>,
-    pub(crate) pending: Mutex<Vec<(K, When)>>,
+    pub(crate) pending: Mutex<Vec<(K, When, Priority)>>,
     pub(crate) counters: Counters,
     pub(crate) memory: KeyMemory<K>,
     pub(crate) parked: ParkedSet<K>,
@@ -456,6 +533,8 @@ impl<K: ControllerKey> Core<K> {
                 workers: 1,
                 wrapper: None,
                 hanging_threshold: None,
+                timeout: None,
+                max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
             }),
@@ -485,17 +564,32 @@ impl<K: ControllerKey> Core<K> {
     }
 
     /// Routes an enqueue to the queue, or keeps it until start.
-    pub(crate) fn route(&self, key: K, when: When) {
+    pub(crate) fn route(&self, key: K, when: When, priority: Priority) {
         if let Some(rt) = self.rt.get() {
-            return rt.apply(key, when);
+            return self.apply(rt, key, when, priority);
         }
         let mut pending = self.pending.lock();
         if let Some(rt) = self.rt.get() {
             drop(pending);
-            return rt.apply(key, when);
+            return self.apply(rt, key, when, priority);
         }
         if !self.stopping.load(Ordering::SeqCst) {
-            pending.push((key, when));
+            pending.push((key, when, priority));
+        }
+    }
+
+    /// Adds an enqueued key to the queue, in its group (asked here, with no
+    /// engine lock held: see `groups`).
+    fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
+        let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, &key));
+        let place = Place { prio: priority, group };
+        match when {
+            When::Now => rt.queue.add_placed(key, place),
+            When::After(delay, asked) => {
+                let delay = if rt.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
+                rt.queue.add_after_placed(key, delay, place)
+            }
+            When::At(at) => rt.queue.add_at_placed(key, at, place),
         }
     }
 

@@ -176,6 +176,13 @@ impl Outcome {
             }
         }
     }
+
+    /// A reconcile cancelled at its timeout, whatever it returned: a failure
+    /// retried with the rate limiter (spec §7).
+    pub(crate) fn timed_out(timeout: Duration) -> Self {
+        let message = format!("TimeoutError: reconcile timed out after {} s", timeout.as_secs_f64());
+        Outcome::Failure { retry: RetryPolicy::RateLimited, message, panicked: false }
+    }
 }
 
 /// The message of a panic payload (`panic!("...")` gives a `&str` or a

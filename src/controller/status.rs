@@ -35,12 +35,19 @@ impl<K: ControllerKey> Core<K> {
     /// worker counts before it marks the key done). Locks are taken one at
     /// a time, briefly.
     pub(crate) fn stats_and_hanging(&self) -> (Stats, Vec<(K, Duration)>) {
-        let (depth, processing, waiting) = match self.rt.get() {
+        let (depth, processing, waiting, by_priority) = match self.rt.get() {
             Some(rt) => {
                 let counts = rt.queue.counts();
-                (counts.ready, counts.processing, counts.delayed)
+                (counts.ready, counts.processing, counts.delayed, rt.queue.len_by_priority())
             }
-            None => (self.pending.lock().len(), 0, 0),
+            None => {
+                let pending = self.pending.lock();
+                let mut by_priority = std::collections::BTreeMap::<i32, usize>::new();
+                for (_, _, priority) in pending.iter() {
+                    *by_priority.entry(*priority).or_default() += 1;
+                }
+                (pending.len(), 0, 0, by_priority.into_iter().rev().collect())
+            }
         };
         let hanging = self.hanging();
         let c = &self.counters;
@@ -57,6 +64,7 @@ impl<K: ControllerKey> Core<K> {
             depth,
             processing,
             waiting,
+            by_priority,
             hanging: hanging.len(),
             parked: self.parked.len(),
             last_error,
@@ -74,7 +82,7 @@ impl<K: ControllerKey> Core<K> {
         let Some(threshold) = rt.hanging_threshold else {
             return Vec::new();
         };
-        let found = scan(rt, threshold);
+        let found = scan(rt, Some(threshold), rt.timeout);
         log_hangs(&self.name, &found.newly);
         found.hanging
     }

@@ -28,6 +28,9 @@ pub(crate) struct Running<K> {
     pub(crate) since: Instant,
     /// The hang warning for this reconcile was logged.
     pub(crate) hang_logged: bool,
+    /// The watchdog cancelled it at its timeout: it counts as a failure
+    /// whatever it returns.
+    pub(crate) timed_out: bool,
 }
 
 impl<K> WorkerSlot<K> {
@@ -44,13 +47,14 @@ impl<K> WorkerSlot<K> {
 pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reconciler<K>, index: usize) {
     let rt = core.rt.get().expect("the runtime is set before workers start");
     let slot = &rt.slots[index];
-    let mut ctx = Context { attempt: 0, signal: slot.signal.clone() };
-    let mut next = rt.queue.get();
+    let mut ctx = Context::with_signal(0, slot.signal.clone());
+    let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
-    while let Some(key) = next {
+    while let Some((key, priority)) = next {
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
+        ctx.priority = priority;
         begin(core, rt, slot, &key);
         // The reconcile and the handling of its result run in the span; the
         // queue calls around them do not (no logging under engine locks:
@@ -58,10 +62,16 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         let span = logs::reconcile_span(&core.name, &key, ctx.attempt);
         let entered = span.enter();
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
-        *slot.running.lock() = None;
-        let outcome = Outcome::classify(result);
+        let timed_out = slot.running.lock().take().is_some_and(|run| run.timed_out);
+        let outcome = match rt.timeout {
+            Some(timeout) if timed_out => {
+                core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                Outcome::timed_out(timeout)
+            }
+            _ => Outcome::classify(result),
+        };
         let counted = Counted::of(&outcome);
-        settle(core, rt, &key, ctx.attempt, outcome);
+        settle(core, rt, &key, &ctx, outcome, timed_out);
         drop(entered);
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
@@ -76,7 +86,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
 fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
     {
         let mut running = slot.running.lock();
-        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false });
+        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false, timed_out: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
         slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));
@@ -86,9 +96,18 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
     }
 }
 
-/// Acts on a finished reconcile (spec §4's table).
-fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u32, outcome: Outcome) {
+/// Acts on a finished reconcile (spec §4's table). Retries keep the priority
+/// the key was handed out with (P3).
+fn settle<K: ControllerKey>(
+    core: &Core<K>,
+    rt: &Runtime<K>,
+    key: &K,
+    ctx: &Context,
+    outcome: Outcome,
+    timed_out: bool,
+) {
     let counters = &core.counters;
+    let (attempt, priority) = (ctx.attempt, ctx.priority);
     match outcome {
         Outcome::Success => {
             // At attempt 0 the limiter was not asked about the key since the
@@ -103,30 +122,30 @@ fn settle<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, key: &K, attempt: u
         }
         Outcome::Requeue => {
             core.memory.bump(key, None);
-            rt.retry_rate_limited(key, attempt);
+            rt.retry_rate_limited(key, attempt, priority);
             counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::RequeueAfter(delay) => {
             core.memory.clear(key);
             rt.queue.forget(key);
-            rt.queue.add_after(key.clone(), delay);
+            rt.retry_after(key, delay, priority);
             counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {
                 counters.panics.fetch_add(1, Ordering::Relaxed);
             }
-            if panicked || rt.log_errors {
+            if panicked || timed_out || rt.log_errors {
                 logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked);
             }
             match retry {
                 RetryPolicy::RateLimited => {
                     core.memory.bump(key, Some(message.clone()));
-                    rt.retry_rate_limited(key, attempt);
+                    rt.retry_rate_limited(key, attempt, priority);
                 }
                 RetryPolicy::After(delay) => {
                     core.memory.bump(key, Some(message.clone()));
-                    rt.queue.add_after(key.clone(), rt.jittered(key, attempt, delay));
+                    rt.retry_after(key, rt.jittered(key, attempt, delay), priority);
                 }
                 RetryPolicy::Never => {
                     core.memory.clear(key);

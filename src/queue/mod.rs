@@ -29,6 +29,7 @@
 
 mod delay_heap;
 mod metrics;
+mod ready;
 mod state;
 
 use std::fmt;
@@ -42,6 +43,9 @@ use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
 use metrics::{Now, Recorder};
+use ready::ReadySet;
+pub(crate) use ready::{GroupId, Priority};
+pub(crate) use state::Place;
 use state::{Added, Finished, QueueState};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -87,6 +91,14 @@ impl std::error::Error for GetError {}
 /// [`done`](Self::done) (G2, G3); ready keys come out first-in first-out
 /// (G4); delays only ever advance a key, and a plain add cancels its delay
 /// (G5).
+///
+/// Priorities (spec §8): [`add_with_priority`](Self::add_with_priority)
+/// and [`add_after_with_priority`](Self::add_after_with_priority) give a
+/// key an `i32` priority (plain adds give 0). Ready keys come out highest
+/// priority first, first-in first-out within one (P1); a key's priority
+/// only rises while it is in the queue, whatever the add does to its timing
+/// (P2), and a key added while processing comes back with the highest
+/// priority it was given.
 ///
 /// ```
 /// use reconq::WorkQueue;
@@ -166,6 +178,8 @@ pub struct WorkQueueBuilder<K> {
     limiter: Option<Box<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
     name: Option<String>,
+    /// `Some(limit)`: serve groups round-robin (see `ready.rs`).
+    groups: Option<Option<usize>>,
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
@@ -191,8 +205,20 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
         self
     }
 
+    /// Hands ready keys of one priority out round-robin across the groups
+    /// the adds give them (P4), at most `limit` keys of one group in flight
+    /// (P5). The controller's `group` option; plain adds put keys in group 0.
+    pub(crate) fn groups(mut self, limit: Option<usize>) -> Self {
+        self.groups = Some(limit);
+        self
+    }
+
     pub fn build(self) -> WorkQueue<K> {
         let recorder = if self.name.is_some() { Recorder::on() } else { Recorder::off() };
+        let ready = match self.groups {
+            Some(limit) => ReadySet::fair(limit),
+            None => ReadySet::new(),
+        };
         let shared = Arc::new_cyclic(|weak: &Weak<Shared<K>>| {
             // A fake clock's time jumps: wake every getter to re-check due
             // times. The callback holds the queue weakly and the queue holds
@@ -210,7 +236,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
             });
             Shared {
                 locked: Mutex::new(Locked {
-                    q: QueueState::new(recorder),
+                    q: QueueState::new(recorder, ready),
                     sleepers: 0,
                     waking: 0,
                     timekeeper: None,
@@ -247,17 +273,52 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     pub fn builder() -> WorkQueueBuilder<K> {
-        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None }
+        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None }
     }
 
     /// Marks `key` as needing processing now. Ignored once shut down.
     pub fn add(&self, key: K) {
-        self.add_now(key, false);
+        self.add_now(key, false, Place::default());
+    }
+
+    /// [`add`](Self::add) with priority `priority` (P1, P2): a key already
+    /// waiting with a lower priority is raised to it; a higher one stays.
+    pub fn add_with_priority(&self, key: K, priority: i32) {
+        self.add_now(key, false, Place { prio: priority, group: 0 });
+    }
+
+    /// [`add_after`](Self::add_after) with priority `priority`: the key
+    /// keeps it while it waits (P2).
+    pub fn add_after_with_priority(&self, key: K, delay: Duration, priority: i32) {
+        self.add_after_placed(key, delay, Place { prio: priority, group: 0 });
+    }
+
+    /// [`add_at`](Self::add_at) with priority `priority`.
+    pub fn add_at_with_priority(&self, key: K, due: Instant, priority: i32) {
+        self.add_at_instant(key, due, self.shared.clock.now(), Place { prio: priority, group: 0 });
+    }
+
+    /// An add with a priority and a group (the group is kept only if the
+    /// key is not in the queue yet).
+    pub(crate) fn add_placed(&self, key: K, place: Place) {
+        self.add_now(key, false, place);
+    }
+
+    pub(crate) fn add_after_placed(&self, key: K, delay: Duration, place: Place) {
+        if delay.is_zero() {
+            return self.add_now(key, true, place);
+        }
+        let now = self.shared.clock.now();
+        self.add_at_instant(key, deadline_after(now, delay), now, place);
+    }
+
+    pub(crate) fn add_at_placed(&self, key: K, due: Instant, place: Place) {
+        self.add_at_instant(key, due, self.shared.clock.now(), place);
     }
 
     /// `add`; `retry` counts it for the metrics' retries (a zero-delay
     /// `add_after`).
-    fn add_now(&self, key: K, retry: bool) {
+    fn add_now(&self, key: K, retry: bool, place: Place) {
         // A named queue reads the clock before locking if the previous add
         // needed a reading (it inserted its key), so a stream of new keys
         // does not read it inside the serialised section, while a stream
@@ -269,8 +330,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         if retry {
             g.q.count_retry();
         }
-        g.q.add(key, &mut now);
-        self.shared.ready_hint.store(g.q.len(), Relaxed);
+        g.q.add(key, place, &mut now);
+        self.shared.ready_hint.store(g.q.available(), Relaxed);
         self.shared.wake_ready(&mut g);
         if self.shared.name.is_some() && now.used() != predicted {
             self.shared.add_stamps.store(now.used(), Relaxed);
@@ -280,27 +341,23 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
     /// is [`add`](Self::add).
     pub fn add_after(&self, key: K, delay: Duration) {
-        if delay.is_zero() {
-            return self.add_now(key, true);
-        }
-        let now = self.shared.clock.now();
-        self.add_at_instant(key, deadline_after(now, delay), now);
+        self.add_after_placed(key, delay, Place::default());
     }
 
     /// Marks `key` as needing processing at `due` on the queue's clock.
     pub fn add_at(&self, key: K, due: Instant) {
-        self.add_at_instant(key, due, self.shared.clock.now());
+        self.add_at_instant(key, due, self.shared.clock.now(), Place::default());
     }
 
-    fn add_at_instant(&self, key: K, due: Instant, now: Instant) {
+    fn add_at_instant(&self, key: K, due: Instant, now: Instant, place: Place) {
         let mut g = self.shared.locked.lock();
         let mut stamp = Now::new();
         self.shared.sync(&mut g, &mut stamp);
         g.q.count_retry();
-        if let Added::Scheduled(due) = g.q.add_at(key, due, now, &mut stamp) {
+        if let Added::Scheduled(due) = g.q.add_at(key, due, now, &mut stamp, place) {
             self.shared.on_scheduled(&mut g, due);
         }
-        self.shared.ready_hint.store(g.q.len(), Relaxed);
+        self.shared.ready_hint.store(g.q.available(), Relaxed);
         self.shared.wake_ready(&mut g);
     }
 
@@ -324,6 +381,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// shut down and nothing is ready (G7). Pair every key with
     /// [`done`](Self::done).
     pub fn get(&self) -> Option<K> {
+        self.get_with_priority().map(|(key, _)| key)
+    }
+
+    /// [`get`](Self::get), also returning the priority the key was handed
+    /// out with (to re-add it with on a retry, P3).
+    pub fn get_with_priority(&self) -> Option<(K, i32)> {
         let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
         self.shared.next(&mut g, None, &mut now).ok()
@@ -335,14 +398,14 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let deadline = deadline_after(self.shared.clock.now(), timeout);
         let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.next(&mut g, Some(deadline), &mut now)
+        self.shared.next(&mut g, Some(deadline), &mut now).map(|(key, _)| key)
     }
 
     /// Hands out a key if one is ready now, without blocking.
     pub fn try_get(&self) -> Option<K> {
         let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
-        self.shared.take(&mut g, &mut now)
+        self.shared.take(&mut g, &mut now).map(|(key, _)| key)
     }
 
     /// Marks the processing of `key` finished. If `key` was added meanwhile,
@@ -361,14 +424,15 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let mut now = self.shared.stamp();
         let mut g = self.shared.locked.lock();
         self.shared.finish(&mut g, key, &mut now);
-        self.shared.next(&mut g, None, &mut now).ok()
+        self.shared.next(&mut g, None, &mut now).ok().map(|(key, _)| key)
     }
 
     /// [`done_and_get`](Self::done_and_get) with the caller's clock reading
     /// `stamp` (raw ticks, see `observe::metrics::ticks`); also returns the
     /// reading the hand-out of the next key was stamped with, so a worker
-    /// that times its reconciles reads the clock once per key in all.
-    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<K>, u64) {
+    /// that times its reconciles reads the clock once per key in all. The
+    /// next key comes with its priority.
+    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
         let mut now = Now::at(stamp);
         let mut g = self.shared.locked.lock();
         self.shared.finish(&mut g, key, &mut now);
@@ -394,6 +458,17 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// Number of keys waiting for a due time.
     pub fn delayed_len(&self) -> usize {
         self.shared.lock_synced().q.delayed_len()
+    }
+
+    /// Ready keys per priority, highest first (priorities with none left
+    /// out).
+    pub fn len_by_priority(&self) -> Vec<(i32, usize)> {
+        self.shared.lock_synced().q.by_priority()
+    }
+
+    /// Keys being processed per group id (empty for a queue without groups).
+    pub(crate) fn in_flight_by_group(&self) -> Vec<(GroupId, usize)> {
+        self.shared.locked.lock().q.in_flight_by_group()
     }
 
     /// The ready, processing and delayed counts at one instant.
@@ -532,7 +607,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn sync(&self, g: &mut Guard<'_, K>, now: &mut Now) {
         if g.q.has_timers() {
             g.q.promote_due(self.clock.now(), now);
-            self.ready_hint.store(g.q.len(), Relaxed);
+            self.ready_hint.store(g.q.available(), Relaxed);
         }
     }
 
@@ -545,10 +620,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
-    fn take(&self, g: &mut Guard<'_, K>, now: &mut Now) -> Option<K> {
+    fn take(&self, g: &mut Guard<'_, K>, now: &mut Now) -> Option<(K, Priority)> {
         self.sync(g, now);
         let key = g.q.take(now);
-        self.ready_hint.store(g.q.len(), Relaxed);
+        self.ready_hint.store(g.q.available(), Relaxed);
         // Keys remain beyond this one: keep the waking chain going.
         self.wake_ready(g);
         if key.is_some() && g.timekeeper.is_none() && g.q.has_timers() {
@@ -560,7 +635,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// `now` may hold a reading from earlier in this lock hold; once the
     /// lock was released (spinning, parking) a fresh one is taken.
-    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>, now: &mut Now) -> Result<K, GetError> {
+    fn next(
+        &self,
+        g: &mut Guard<'_, K>,
+        deadline: Option<Instant>,
+        now: &mut Now,
+    ) -> Result<(K, Priority), GetError> {
         let mut spun = false;
         loop {
             if let Some(key) = self.take(g, now) {
@@ -638,8 +718,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn finish(&self, g: &mut Guard<'_, K>, key: &K, now: &mut Now) {
         self.sync(g, now);
         match g.q.done(key, || self.clock.now(), now) {
-            Finished::Requeued => self.ready_hint.store(g.q.len(), Relaxed),
+            Finished::Requeued => self.ready_hint.store(g.q.available(), Relaxed),
             Finished::Waiting(due) => self.on_scheduled(g, due),
+            // A full group may have got room: its keys became takeable.
+            Finished::Removed if g.q.has_groups() => self.ready_hint.store(g.q.available(), Relaxed),
             Finished::Removed | Finished::NotProcessing => {}
         }
         if g.q.is_draining() && g.q.drained() {
@@ -682,7 +764,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     /// a key never waits for a busy worker while another sleeps.
     fn wake_ready(&self, g: &mut Guard<'_, K>) {
         let claimed = self.spinners.load(Relaxed) + g.waking;
-        let unclaimed = g.q.len().saturating_sub(claimed);
+        let unclaimed = g.q.available().saturating_sub(claimed);
         let room = max_waking().saturating_sub(g.waking);
         for _ in 0..unclaimed.min(room).min(g.sleepers) {
             self.wake_one(g);

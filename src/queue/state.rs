@@ -9,36 +9,54 @@
 //! operation instead of two or three, and the invariants are checked by the
 //! type instead of by convention:
 //!
-//! * a key is in the ready FIFO exactly when its slot is `Ready`;
+//! * a key is in the ready set exactly when its slot is `Ready`, at the
+//!   priority and in the group its slot holds (the set's order is
+//!   `ready.rs`'s business);
 //! * a key has a live delay-heap entry exactly when its slot holds a `Timer`;
 //! * a `Processing` key is never in the FIFO (G2), and what happens to it at
 //!   `done` (nothing, ready again, or wait for a due time) is in its slot (G3).
+//!
+//! A key's priority only rises while it is in the queue (P2): every add
+//! raises it to the add's priority if that is higher, whatever the add does
+//! to the key's timing. A key being processed remembers, in `again`, the
+//! highest priority it was added with meanwhile, and comes back with it. Its
+//! group is fixed when it enters the queue (absent → present) and kept
+//! until it leaves.
 //!
 //! A named queue also records metrics here (see `metrics.rs`): a ready key's
 //! slot keeps its add stamp, a processing key's slot the index of its start
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Instant;
 
 use super::delay_heap::{DelayHeap, Timer};
 use super::metrics::{Now, QueueSnapshot, Recorder};
+use super::ready::{GroupId, Priority, ReadySet};
 
 type Hasher = foldhash::fast::RandomState;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
-    /// In the ready FIFO. `owed` marks a key re-queued by `done` during a
+    /// In the ready set. `owed` marks a key re-queued by `done` during a
     /// drain: the drain waits for it to be processed too. `added` is the
     /// metrics' add stamp.
-    Ready { owed: bool, added: u64 },
+    Ready { owed: bool, added: u64, prio: Priority, group: GroupId },
     /// Waiting in the delay heap.
-    Delayed(Timer),
+    Delayed { timer: Timer, prio: Priority, group: GroupId },
     /// Handed out to a worker; `then` is what `done` does with it, `run`
-    /// where the metrics keep its start stamp.
-    Processing { then: Then, run: u32 },
+    /// where the metrics keep its start stamp, `again` the priority it comes
+    /// back with if `then` brings it back.
+    Processing { then: Then, run: u32, group: GroupId, again: Priority },
+}
+
+/// Where an added key goes: its priority and group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Place {
+    pub(crate) prio: Priority,
+    pub(crate) group: GroupId,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +73,7 @@ enum Then {
 /// What an add did, so the caller knows whether to wake a getter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Added {
-    /// The key joined the ready FIFO.
+    /// The key joined the ready set.
     Ready,
     /// The key got a (new, earlier) due time.
     Scheduled(Instant),
@@ -69,7 +87,7 @@ pub(crate) enum Added {
 pub(crate) enum Finished {
     /// The key left the queue.
     Removed,
-    /// The key was dirty and joined the ready FIFO.
+    /// The key was dirty and joined the ready set.
     Requeued,
     /// The key waits for its due time.
     Waiting(Instant),
@@ -82,7 +100,7 @@ pub(crate) enum Finished {
 pub enum KeyState {
     /// The queue does not know the key.
     Absent,
-    /// Waiting in the ready FIFO.
+    /// Waiting in the ready set.
     Ready,
     /// Waiting for its due time.
     Waiting { due: Instant },
@@ -94,7 +112,7 @@ pub enum KeyState {
 
 pub(crate) struct QueueState<K> {
     slots: HashMap<K, Slot, Hasher>,
-    ready: VecDeque<K>,
+    ready: ReadySet<K>,
     delays: DelayHeap<K>,
     /// Number of slots holding a live timer (`Delayed` or `Processing(Wait)`).
     timers: usize,
@@ -116,10 +134,11 @@ pub(crate) struct QueueState<K> {
 const SHRINK_ABOVE: usize = 1024;
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
-    pub(crate) fn new(recorder: Recorder) -> Self {
+    /// A queue state handing keys out from `ready` (plain or fair).
+    pub(crate) fn new(recorder: Recorder, ready: ReadySet<K>) -> Self {
         Self {
             slots: HashMap::with_hasher(Hasher::default()),
-            ready: VecDeque::new(),
+            ready,
             delays: DelayHeap::new(),
             timers: 0,
             delayed: 0,
@@ -134,7 +153,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Marks `key` as needing processing now (G1, G2, G5's "add cancels the
     /// delay").
-    pub(crate) fn add(&mut self, key: K, now: &mut Now) -> Added {
+    pub(crate) fn add(&mut self, key: K, place: Place, now: &mut Now) -> Added {
         if self.shutting_down {
             return Added::Unchanged;
         }
@@ -142,32 +161,46 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         match self.slots.entry(key) {
             Entry::Vacant(vacant) => {
                 let added = self.recorder.on_add(now);
-                self.ready.push_back(vacant.key().clone());
-                vacant.insert(Slot::Ready { owed: false, added });
+                self.ready.push(vacant.key().clone(), place.prio, place.group);
+                vacant.insert(Slot::Ready { owed: false, added, prio: place.prio, group: place.group });
                 Added::Ready
             }
             Entry::Occupied(mut occupied) => match *occupied.get() {
-                Slot::Delayed(_) => {
+                Slot::Delayed { prio, group, .. } => {
                     let added = self.recorder.on_add(now);
-                    occupied.insert(Slot::Ready { owed: false, added });
+                    let prio = prio.max(place.prio);
+                    occupied.insert(Slot::Ready { owed: false, added, prio, group });
                     self.timers -= 1;
                     self.delayed -= 1;
-                    self.ready.push_back(occupied.key().clone());
+                    self.ready.push(occupied.key().clone(), prio, group);
                     Added::Ready
                 }
-                Slot::Processing { then: Then::Requeue { .. }, .. } | Slot::Ready { .. } => Added::Unchanged,
-                Slot::Processing { then, run } => {
-                    if let Then::Wait(_) = then {
+                Slot::Ready { owed, added, prio, group } if place.prio > prio => {
+                    self.ready.raise(occupied.key().clone(), prio, place.prio, group);
+                    occupied.insert(Slot::Ready { owed, added, prio: place.prio, group });
+                    Added::Unchanged
+                }
+                Slot::Ready { .. } => Added::Unchanged,
+                Slot::Processing { then: then @ Then::Requeue { .. }, run, group, again } => {
+                    occupied.insert(Slot::Processing { then, run, group, again: again.max(place.prio) });
+                    Added::Unchanged
+                }
+                Slot::Processing { then, run, group, again } => {
+                    let again = if let Then::Wait(_) = then {
                         self.timers -= 1;
-                    }
+                        again.max(place.prio)
+                    } else {
+                        place.prio
+                    };
                     let added = self.recorder.on_add(now);
                     self.requeue_after_done += 1;
-                    occupied.insert(Slot::Processing { then: Then::Requeue { added }, run });
+                    occupied.insert(Slot::Processing { then: Then::Requeue { added }, run, group, again });
                     Added::Unchanged
                 }
             },
         }
     }
+
 
     /// Counts an `add_after`-style call for the metrics' retries (client-go
     /// counts every one made before shutdown).
@@ -180,9 +213,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// Marks `key` as needing processing at `due` (G5): the earliest due time
     /// wins, and a key that is already ready (or will be, after `done`) is
     /// left as it is. A due time not after `now` is a plain [`add`](Self::add).
-    pub(crate) fn add_at(&mut self, key: K, due: Instant, now: Instant, stamp: &mut Now) -> Added {
+    pub(crate) fn add_at(&mut self, key: K, due: Instant, now: Instant, stamp: &mut Now, place: Place) -> Added {
         if due <= now {
-            return self.add(key, stamp);
+            return self.add(key, place, stamp);
         }
         if self.shutting_down {
             return Added::Unchanged;
@@ -191,30 +224,51 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         match self.slots.get(&key).copied() {
             None => {
                 let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Delayed(timer));
+                self.slots.insert(key, Slot::Delayed { timer, prio: place.prio, group: place.group });
                 self.timers += 1;
                 self.delayed += 1;
             }
-            Some(Slot::Delayed(old)) if earlier(&old) => {
+            Some(Slot::Delayed { timer: old, prio, group }) if earlier(&old) => {
                 let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Delayed(timer));
+                self.slots.insert(key, Slot::Delayed { timer, prio: prio.max(place.prio), group });
             }
-            Some(Slot::Processing { then: Then::Finish, run }) => {
+            Some(Slot::Processing { then: Then::Finish, run, group, .. }) => {
                 let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run });
+                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run, group, again: place.prio });
                 self.timers += 1;
             }
-            Some(Slot::Processing { then: Then::Wait(old), run }) if earlier(&old) => {
+            Some(Slot::Processing { then: Then::Wait(old), run, group, again }) if earlier(&old) => {
                 let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run });
+                let again = again.max(place.prio);
+                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run, group, again });
             }
-            Some(_) => return Added::Unchanged,
+            Some(_) => {
+                // The timing stays; the priority may still rise (P2).
+                self.raise(&key, place.prio);
+                return Added::Unchanged;
+            }
         }
         self.compact_delays();
         Added::Scheduled(due)
     }
 
-    /// Moves every key whose due time has come into the ready FIFO (or marks
+    /// Raises the priority `key` has, or comes back with, to `to` if that is
+    /// higher (P2). A key being processed that will not come back keeps
+    /// nothing.
+    fn raise(&mut self, key: &K, to: Priority) {
+        let Some(slot) = self.slots.get_mut(key) else { return };
+        match slot {
+            Slot::Ready { prio, group, .. } if to > *prio => {
+                self.ready.raise(key.clone(), *prio, to, *group);
+                *prio = to;
+            }
+            Slot::Delayed { prio, .. } => *prio = (*prio).max(to),
+            Slot::Processing { then: Then::Wait(_) | Then::Requeue { .. }, again, .. } => *again = (*again).max(to),
+            Slot::Ready { .. } | Slot::Processing { then: Then::Finish, .. } => {}
+        }
+    }
+
+    /// Moves every key whose due time has come into the ready set (or marks
     /// it dirty if it is being processed). Returns how many became ready.
     /// Each counts as an add for the metrics, stamped now, as client-go's
     /// delaying queue adds a key when its time comes.
@@ -223,15 +277,16 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         while let Some((key, timer)) = self.delays.pop_due(now) {
             let Some(slot) = self.slots.get_mut(&key) else { continue };
             match *slot {
-                Slot::Delayed(live) if live == timer => {
-                    *slot = Slot::Ready { owed: false, added: self.recorder.on_add(stamp) };
+                Slot::Delayed { timer: live, prio, group } if live == timer => {
+                    *slot = Slot::Ready { owed: false, added: self.recorder.on_add(stamp), prio, group };
                     self.timers -= 1;
                     self.delayed -= 1;
-                    self.ready.push_back(key);
+                    self.ready.push(key, prio, group);
                     promoted += 1;
                 }
-                Slot::Processing { then: Then::Wait(live), run } if live == timer => {
-                    *slot = Slot::Processing { then: Then::Requeue { added: self.recorder.on_add(stamp) }, run };
+                Slot::Processing { then: Then::Wait(live), run, group, again } if live == timer => {
+                    let then = Then::Requeue { added: self.recorder.on_add(stamp) };
+                    *slot = Slot::Processing { then, run, group, again };
                     self.requeue_after_done += 1;
                     self.timers -= 1;
                 }
@@ -253,19 +308,19 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.delays.peek_live(|key, timer| is_live(slots, key, timer)).map(|t| t.due)
     }
 
-    /// Hands out the oldest ready key (G4) and marks it processing (G2).
-    pub(crate) fn take(&mut self, now: &mut Now) -> Option<K> {
-        let key = self.ready.pop_front()?;
+    /// Hands out the next ready key (G4, P1, P4, P5: see `ready.rs`) with
+    /// its priority, and marks it processing (G2).
+    pub(crate) fn take(&mut self, now: &mut Now) -> Option<(K, Priority)> {
+        let (key, prio, group) = self.ready.pop()?;
         let slot = self.slots.get_mut(&key).expect("every ready key has a slot");
-        let Slot::Ready { owed, added } = *slot else { unreachable!("a key in the ready FIFO has a Ready slot") };
+        let Slot::Ready { owed, added, .. } = *slot else { unreachable!("a key in the ready set has a Ready slot") };
         if owed {
             self.owed -= 1;
         }
         let run = self.recorder.on_get(added, now);
-        *slot = Slot::Processing { then: Then::Finish, run };
+        *slot = Slot::Processing { then: Then::Finish, run, group, again: prio };
         self.processing += 1;
-        shrink_if_sparse(&mut self.ready);
-        Some(key)
+        Some((key, prio))
     }
 
     /// Ends the processing of `key`. `now` is asked only when the key waits
@@ -276,12 +331,14 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         let Some((key, slot)) = self.slots.remove_entry(key) else {
             return Finished::NotProcessing;
         };
-        let Slot::Processing { then, run } = slot else {
+        let Slot::Processing { then, run, group, again } = slot else {
             self.slots.insert(key, slot);
             return Finished::NotProcessing;
         };
         self.processing -= 1;
         self.recorder.on_done(run, stamp);
+        // Before any re-queue below, so a full group's own key is not held.
+        self.ready.finished(group);
         match then {
             Then::Finish => {
                 if self.slots.capacity() > SHRINK_ABOVE && self.slots.len() * 8 < self.slots.capacity() {
@@ -290,7 +347,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 Finished::Removed
             }
             Then::Wait(timer) if timer.due > now() => {
-                self.slots.insert(key, Slot::Delayed(timer));
+                self.slots.insert(key, Slot::Delayed { timer, prio: again, group });
                 self.delayed += 1;
                 Finished::Waiting(timer.due)
             }
@@ -308,8 +365,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 };
                 let owed = self.draining;
                 self.owed += usize::from(owed);
-                self.ready.push_back(key.clone());
-                self.slots.insert(key, Slot::Ready { owed, added });
+                self.ready.push(key.clone(), again, group);
+                self.slots.insert(key, Slot::Ready { owed, added, prio: again, group });
                 Finished::Requeued
             }
         }
@@ -324,7 +381,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             return;
         }
         self.slots.retain(|_, slot| match slot {
-            Slot::Delayed(_) => false,
+            Slot::Delayed { .. } => false,
             Slot::Processing { then: then @ Then::Wait(_), .. } => {
                 *then = Then::Finish;
                 true
@@ -340,7 +397,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// are untouched; `done` will finish them without re-queueing.
     pub(crate) fn discard_ready(&mut self) {
         self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
-        for key in self.ready.drain(..) {
+        for key in self.ready.drain() {
             self.slots.remove(&key);
         }
         for slot in self.slots.values_mut() {
@@ -350,7 +407,6 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
         self.owed = 0;
         self.requeue_after_done = 0;
-        self.ready.shrink_to_fit();
     }
 
     /// Whether a drain has nothing left to wait for: no key is being
@@ -371,7 +427,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         match self.slots.get(key) {
             None => KeyState::Absent,
             Some(Slot::Ready { .. }) => KeyState::Ready,
-            Some(Slot::Delayed(timer)) => KeyState::Waiting { due: timer.due },
+            Some(Slot::Delayed { timer, .. }) => KeyState::Waiting { due: timer.due },
             Some(Slot::Processing { then, .. }) => KeyState::Processing {
                 again: match then {
                     Then::Finish => None,
@@ -398,6 +454,27 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.ready.len()
     }
 
+    /// Number of ready keys a getter could take now (not those of a full
+    /// group).
+    pub(crate) fn available(&self) -> usize {
+        self.ready.available()
+    }
+
+    /// Whether keys are served by group (a fair ready set).
+    pub(crate) fn has_groups(&self) -> bool {
+        self.ready.has_groups()
+    }
+
+    /// Ready keys per priority, highest first.
+    pub(crate) fn by_priority(&self) -> Vec<(Priority, usize)> {
+        self.ready.by_priority()
+    }
+
+    /// Keys being processed per group (empty without groups).
+    pub(crate) fn in_flight_by_group(&self) -> Vec<(GroupId, usize)> {
+        self.ready.in_flight_by_group()
+    }
+
     pub(crate) fn processing_len(&self) -> usize {
         self.processing
     }
@@ -420,13 +497,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 }
 
 fn is_live<K: Eq + Hash>(slots: &HashMap<K, Slot, Hasher>, key: &K, timer: Timer) -> bool {
-    matches!(slots.get(key), Some(Slot::Delayed(t) | Slot::Processing { then: Then::Wait(t), .. }) if *t == timer)
-}
-
-fn shrink_if_sparse<T>(deque: &mut VecDeque<T>) {
-    if deque.capacity() > SHRINK_ABOVE && deque.len() * 8 < deque.capacity() {
-        deque.shrink_to(deque.len() * 2);
-    }
+    matches!(slots.get(key), Some(Slot::Delayed { timer: t, .. } | Slot::Processing { then: Then::Wait(t), .. }) if *t == timer)
 }
 
 #[cfg(test)]
@@ -434,6 +505,8 @@ mod tests {
     use super::*;
     use crate::queue::delay_heap::COMPACT_SLACK;
     use std::time::Duration;
+
+    const P0: Place = Place { prio: 0, group: 0 };
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -446,14 +519,14 @@ mod tests {
 
     #[test]
     fn dirty_key_returns_only_after_done() {
-        let mut q = QueueState::new(Recorder::off());
-        assert_eq!(q.add("a", n()), Added::Ready);
-        assert_eq!(q.take(n()), Some("a"));
-        assert_eq!(q.add("a", n()), Added::Unchanged);
-        assert_eq!(q.take(n()), None, "a is processing: not handed out twice");
+        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
+        assert_eq!(q.add("a", P0, n()), Added::Ready);
+        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
+        assert_eq!(q.add("a", P0, n()), Added::Unchanged);
+        assert_eq!(q.take(n()).map(|t| t.0), None, "a is processing: not handed out twice");
         let t0 = Instant::now();
         assert_eq!(q.done(&"a", || t0, n()), Finished::Requeued);
-        assert_eq!(q.take(n()), Some("a"));
+        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
         assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
         assert_eq!(q.done(&"a", || t0, n()), Finished::NotProcessing);
         assert_eq!(q.len(), 0);
@@ -461,24 +534,24 @@ mod tests {
 
     #[test]
     fn delayed_while_processing_waits_after_done() {
-        let mut q = QueueState::new(Recorder::off());
+        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
         let t0 = Instant::now();
-        q.add("a", n());
-        q.take(n());
-        assert_eq!(q.add_at("a", t0 + ms(10), t0, n()), Added::Scheduled(t0 + ms(10)));
+        q.add("a", P0, n());
+        q.take(n()).map(|t| t.0);
+        assert_eq!(q.add_at("a", t0 + ms(10), t0, n(), P0), Added::Scheduled(t0 + ms(10)));
         assert_eq!(q.done(&"a", || t0, n()), Finished::Waiting(t0 + ms(10)));
         assert_eq!(q.delayed_len(), 1);
         assert_eq!(q.promote_due(t0 + ms(10), n()), 1);
-        assert_eq!(q.take(n()), Some("a"));
+        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
     }
 
     #[test]
     fn stale_heap_entries_are_compacted() {
-        let mut q = QueueState::new(Recorder::off());
+        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
         let t0 = Instant::now();
         for i in 0..10_000u64 {
             // Each earlier due time leaves the previous entry stale.
-            q.add_at("a", t0 + Duration::from_secs(1_000_000 - i), t0, n());
+            q.add_at("a", t0 + Duration::from_secs(1_000_000 - i), t0, n(), P0);
         }
         assert!(q.delays.len() <= 2 * q.timers + COMPACT_SLACK + 1);
         assert_eq!(q.next_due(), Some(t0 + Duration::from_secs(1_000_000 - 9_999)));
@@ -486,32 +559,32 @@ mod tests {
 
     #[test]
     fn metrics_count_adds_like_client_go() {
-        let mut q = QueueState::new(Recorder::on());
+        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
         let t0 = Instant::now();
         let snap = |q: &QueueState<&str>| {
             let s = q.metrics_snapshot().expect("named");
             (s.adds, s.depth, s.queue_duration.count(), s.work_duration.count(), s.retries)
         };
-        q.add("a", n());
-        q.add("a", n()); // deduplicated
+        q.add("a", P0, n());
+        q.add("a", P0, n()); // deduplicated
         assert_eq!(snap(&q), (1, 1, 0, 0, 0));
-        assert_eq!(q.take(n()), Some("a"));
+        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
         assert_eq!(snap(&q), (1, 0, 1, 0, 0));
-        q.add("a", n()); // dirty while processing: an add, and depth
-        q.add("a", n()); // deduplicated
+        q.add("a", P0, n()); // dirty while processing: an add, and depth
+        q.add("a", P0, n()); // deduplicated
         assert_eq!(snap(&q), (2, 1, 1, 0, 0));
         assert!(q.metrics_snapshot().unwrap().longest_seconds >= 0.0);
         assert_eq!(q.done(&"a", || t0, n()), Finished::Requeued);
         assert_eq!(snap(&q), (2, 1, 1, 1, 0), "requeued by done: still the same add");
-        assert_eq!(q.take(n()), Some("a"));
+        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
         q.count_retry();
-        q.add_at("a", t0 + ms(10), t0, n()); // waits after done: not an add yet
+        q.add_at("a", t0 + ms(10), t0, n(), P0); // waits after done: not an add yet
         assert_eq!(q.done(&"a", || t0, n()), Finished::Waiting(t0 + ms(10)));
         assert_eq!(snap(&q), (2, 0, 2, 2, 1));
         assert_eq!(q.promote_due(t0 + ms(10), n()), 1);
         assert_eq!(snap(&q), (3, 1, 2, 2, 1), "promotion is an add");
-        q.add_at("b", t0 + ms(20), t0, n());
-        q.add("b", n()); // a plain add of a delayed key makes it ready: an add
+        q.add_at("b", t0 + ms(20), t0, n(), P0);
+        q.add("b", P0, n()); // a plain add of a delayed key makes it ready: an add
         assert_eq!(snap(&q), (4, 2, 2, 2, 1));
         q.shut_down(false);
         q.count_retry();
@@ -520,13 +593,13 @@ mod tests {
 
     #[test]
     fn unfinished_work_follows_processing_keys() {
-        let mut q = QueueState::new(Recorder::on());
+        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
         let t0 = Instant::now();
         for key in ["a", "b", "c"] {
-            q.add(key, n());
+            q.add(key, P0, n());
         }
-        q.take(n());
-        q.take(n());
+        q.take(n()).map(|t| t.0);
+        q.take(n()).map(|t| t.0);
         std::thread::sleep(ms(5));
         let s = q.metrics_snapshot().unwrap();
         assert!(s.longest_seconds >= 0.004 && s.unfinished_seconds >= 2.0 * 0.004, "{}", s.unfinished_seconds);
@@ -535,19 +608,19 @@ mod tests {
         q.done(&"b", || t0, n());
         let s = q.metrics_snapshot().unwrap();
         assert_eq!((s.longest_seconds, s.unfinished_seconds, s.work_duration.count()), (0.0, 0.0, 2));
-        q.take(n());
+        q.take(n()).map(|t| t.0);
         assert_eq!(q.recorder.starts_len(), 2, "freed start slots are reused");
     }
 
     #[test]
     fn discarded_keys_stay_counted_as_adds() {
-        let mut q = QueueState::new(Recorder::on());
+        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
         let t0 = Instant::now();
         for key in ["a", "b", "c"] {
-            q.add(key, n());
+            q.add(key, P0, n());
         }
-        q.take(n());
-        q.add("a", n()); // dirty while processing
+        q.take(n()).map(|t| t.0);
+        q.add("a", P0, n()); // dirty while processing
         let adds = |q: &QueueState<&str>| q.metrics_snapshot().unwrap().adds;
         assert_eq!(adds(&q), 4);
         q.shut_down(false);
@@ -560,8 +633,8 @@ mod tests {
 
     #[test]
     fn unnamed_queue_records_nothing() {
-        let mut q = QueueState::new(Recorder::off());
-        q.add("a", n());
+        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
+        q.add("a", P0, n());
         assert!(q.metrics_snapshot().is_none());
     }
 }
