@@ -10,6 +10,7 @@ a ``str`` subclass as a plain ``str``.
 
 from . import _lifecycle  # noqa: F401  (atexit: stop running controllers)
 from ._native import (
+    Context,
     Controller,
     ExponentialBackoff,
     FastSlow,
@@ -21,6 +22,7 @@ from ._native import (
     TokenBucket,
     WithMaxWait,
     WorkQueue,
+    context,
     default_rate_limiter,
     format_status,
     status,
@@ -37,6 +39,7 @@ from ._results import PermanentError, Requeue, RetryAfter
 # table for a small demo (reconq/status.py).
 
 __all__ = [
+    "Context",
     "Controller",
     "ExponentialBackoff",
     "FastSlow",
@@ -51,6 +54,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "context",
     "default_rate_limiter",
     "format_status",
     "status",

@@ -4,9 +4,10 @@ from threading import Event
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type, TypedDict, Union, final
 
-from typing_extensions import Self, TypeAlias, disjoint_base
+from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
 __all__ = [
+    "Context",
     "Controller",
     "ExponentialBackoff",
     "FastSlow",
@@ -18,6 +19,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "context",
     "default_rate_limiter",
     "format_status",
     "status",
@@ -66,8 +68,8 @@ def default_rate_limiter() -> MaxOf: ...
 @final
 class WorkQueue:
     def __new__(cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None) -> Self: ...
-    def add(self, key: _Key) -> None: ...
-    def add_after(self, key: _Key, seconds: _Seconds) -> None: ...
+    def add(self, key: _Key, priority: int = 0) -> None: ...
+    def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
     def add_rate_limited(self, key: _Key) -> None: ...
     def forget(self, key: _Key) -> None: ...
     def num_requeues(self, key: _Key) -> int: ...
@@ -111,6 +113,7 @@ class Manager:
         interval: Optional[_Seconds] = None,
         error_retry_base: _Seconds = 1.0,
         no_error_retry: bool = False,
+        max_retry_interval: Optional[_Seconds] = None,
     ) -> None: ...
     def trigger(self, name: str) -> None: ...
     def remove(self, name: str, wait: bool = False) -> None: ...
@@ -121,6 +124,33 @@ class Manager:
     def __contains__(self, key: object, /) -> bool: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
+
+# --- The reconcile context (spec §7) ---
+
+@final
+class Context:
+    """What a reconcile (or a Manager ``do``) sees besides its key; see ``context()``."""
+
+    @property
+    def key(self) -> Any:
+        """The key being reconciled; in a Manager ``do``, the controller's name."""
+    @property
+    def attempt(self) -> int:
+        """Tries since the last success or forget: 0 on the first."""
+    @property
+    def priority(self) -> int:
+        """The priority the key was handed out with."""
+    @property
+    def fencing_token(self) -> Optional[int]:
+        """The fencing token of the leadership this runs under; None without one."""
+    @property
+    def cancelled(self) -> bool:
+        """Read live: stop(), cancel(key), a timeout; for a ``do``: remove, replace, stop."""
+    def wait_cancelled(self, timeout: Optional[_Seconds] = None) -> bool:
+        """Sleeps (GIL released) until cancelled or ``timeout``; returns whether cancelled."""
+
+def context() -> Context:
+    """The context of the reconcile or Manager ``do`` running on this thread (RuntimeError elsewhere)."""
 
 # --- Controller (spec §4, §5) ---
 
@@ -140,6 +170,8 @@ class _ControllerStats(TypedDict):
     hanging: Dict[_Key, float]
     last_error: Optional[str]
     last_error_time: Optional[float]
+    by_priority: Dict[int, int]
+    in_flight_by_group: NotRequired[Dict[Optional[_Key], int]]
 
 class _KeyInfo(TypedDict):
     state: Literal["unknown", "ready", "waiting", "running", "parked"]
@@ -157,14 +189,17 @@ class Controller:
         rate_limiter: Optional[RateLimiter] = None,
         name: str = "controller",
         hanging_threshold: Optional[_Seconds] = None,
+        timeout: Optional[_Seconds] = None,
+        group: Optional[Callable[[Any], Optional[_Key]]] = None,
+        max_in_flight_per_group: Optional[int] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
     @property
     def workers(self) -> int: ...
-    def enqueue(self, key: _Key) -> None: ...
-    def enqueue_after(self, key: _Key, seconds: _Seconds) -> None: ...
-    def enqueue_at(self, key: _Key, t: _Seconds) -> None: ...
+    def enqueue(self, key: _Key, priority: int = 0) -> None: ...
+    def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
+    def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None: ...
     def start(self) -> None: ...
     def run(self) -> None: ...
     def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool: ...

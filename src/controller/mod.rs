@@ -55,12 +55,13 @@ use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
 pub use context::{Context, StopSignal};
+pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
 pub use triggers::TriggerOutcome;
 
-use groups::{GroupFn, GroupTable, Grouping};
+use groups::{GroupTable, Grouping};
 use inspect::{KeyMemory, ParkedSet};
 use watchdog::Watchdog;
 use worker::{ExitGuard, WorkerSlot};

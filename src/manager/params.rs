@@ -6,8 +6,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The `do` function of a named controller.
-pub(crate) type DoFn = Arc<dyn Fn() -> Result<(), DoError> + Send + Sync>;
+use crate::Context;
+
+/// The `do` function of a named controller, given the run's [`Context`].
+pub(crate) type DoFn = Arc<dyn Fn(&Context) -> Result<(), DoError> + Send + Sync>;
 /// The `stop` function of a named controller; it runs at most once.
 pub(crate) type StopFn = Box<dyn FnOnce() + Send>;
 
@@ -147,6 +149,32 @@ impl ControllerParams {
     /// update or trigger; retries after `n * 1 s` after the n-th consecutive
     /// failure; no `stop` function.
     pub fn new(do_fn: impl Fn() -> Result<(), DoError> + Send + Sync + 'static) -> Self {
+        Self::with_context(move |_: &Context| do_fn())
+    }
+
+    /// [`new`](Self::new) with a `do` that sees its run's [`Context`]:
+    /// `attempt()` is the number of consecutive failures before this run,
+    /// and it is cancelled when the controller is removed, replaced by an
+    /// update, or its manager dropped (as Cilium cancels a running
+    /// `DoFunc`'s context). Cancellation is cooperative: a long `do` should
+    /// check [`Context::is_cancelled`] or sleep with
+    /// [`Context::wait_cancelled`].
+    ///
+    /// ```
+    /// use reconq::{ControllerParams, DoError};
+    /// use std::time::Duration;
+    ///
+    /// let params = ControllerParams::with_context(|ctx| -> Result<(), DoError> {
+    ///     for _ in 0..10 {
+    ///         if ctx.wait_cancelled(Duration::from_millis(10)) {
+    ///             return Err(DoError::exit("cancelled"));
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// });
+    /// # drop(params);
+    /// ```
+    pub fn with_context(do_fn: impl Fn(&Context) -> Result<(), DoError> + Send + Sync + 'static) -> Self {
         Self {
             do_fn: Arc::new(do_fn),
             stop_fn: None,

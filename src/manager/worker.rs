@@ -16,6 +16,7 @@ use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
 use crate::logs;
 use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::{Context, StopSignal};
 
 pub(crate) struct Ctl {
     name: String,
@@ -38,6 +39,9 @@ struct State {
     removed: bool,
     ran_once: bool,
     running: bool,
+    /// The cancellation of the run in progress (set while `running`): an
+    /// update or a removal cancels it.
+    run_cancel: Option<StopSignal>,
     /// When the next run is due, or `None` to wait for an update or trigger.
     next_run: Option<Instant>,
     successes: u64,
@@ -92,6 +96,7 @@ impl Ctl {
                     removed: false,
                     ran_once: false,
                     running: false,
+                    run_cancel: None,
                     next_run: None,
                     successes: 0,
                     failures: 0,
@@ -120,6 +125,8 @@ impl Ctl {
             }
             let old = std::mem::replace(&mut st.params, params);
             st.pending = true;
+            // The running `do` is the replaced one: cancel it.
+            cancel_run(&st);
             self.wake.notify_all();
             old
         };
@@ -137,6 +144,7 @@ impl Ctl {
     pub(crate) fn remove(&self) {
         let mut st = self.state.lock();
         st.removed = true;
+        cancel_run(&st);
         self.wake.notify_all();
     }
 
@@ -172,6 +180,10 @@ impl Ctl {
             st.running = true;
             st.next_run = None;
             let do_fn = Arc::clone(&st.params.do_fn);
+            let cancel = StopSignal::new();
+            st.run_cancel = Some(cancel.clone());
+            let attempt = u32::try_from(st.consecutive_failures).unwrap_or(u32::MAX);
+            let ctx = Context::with_signal(attempt, cancel);
             // For the failure log, as `record` will count it.
             let failures_if_failed = st.consecutive_failures + 1;
             let retry_if_failed = st.params.retry_delay(failures_if_failed);
@@ -179,7 +191,7 @@ impl Ctl {
                 let span = logs::manager_run_span(&self.manager, &self.name);
                 let _entered = span.enter();
                 let started = self.clock.now();
-                let (outcome, panicked) = match catch_unwind(AssertUnwindSafe(|| do_fn())) {
+                let (outcome, panicked) = match catch_unwind(AssertUnwindSafe(|| do_fn(&ctx))) {
                     Ok(Ok(())) => (Outcome::Success, false),
                     Ok(Err(e)) => match e.exit_reason() {
                         Some(reason) => (Outcome::Exit(reason.to_owned()), false),
@@ -248,6 +260,7 @@ impl Ctl {
     fn record(&self, st: &mut State, outcome: Outcome, started: Instant, finished: Instant) {
         let now = SystemTime::now();
         st.running = false;
+        st.run_cancel = None;
         st.ran_once = true;
         st.last_duration = Some(finished.saturating_duration_since(started));
         let next = match outcome {
@@ -278,6 +291,13 @@ impl Ctl {
             }
         };
         st.next_run = next.map(|delay| deadline_after(finished, delay));
+    }
+}
+
+/// Cancels the run in progress, if any.
+fn cancel_run(st: &State) {
+    if let Some(cancel) = &st.run_cancel {
+        cancel.set();
     }
 }
 

@@ -31,6 +31,7 @@ use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log};
 use crate::clock::deadline_after;
+use crate::controller::GroupFn;
 use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
@@ -63,6 +64,8 @@ pub(crate) struct PyController {
     triggers: Arc<Mutex<TriggerEvents>>,
     started: AtomicBool,
     stop_called: AtomicBool,
+    /// Built with `group=`: `stats()` reports `in_flight_by_group`.
+    grouped: bool,
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -96,6 +99,42 @@ fn instant_to_wall(at: Instant) -> f64 {
     let now = Instant::now();
     let wall = wall_now();
     if at >= now { wall + (at - now).as_secs_f64() } else { wall - (now - at).as_secs_f64() }
+}
+
+/// `timeout=`: positive seconds or None (spec §7).
+fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+    let timeout = timeout_from_py(obj)?;
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err(PyValueError::new_err("timeout must be positive"));
+    }
+    Ok(timeout)
+}
+
+fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Py<PyAny>>> {
+    match obj {
+        Some(f) if !f.is_none() => {
+            if !f.is_callable() {
+                return Err(PyTypeError::new_err(format!("{what} must be callable or None, not {}", type_name(f))));
+            }
+            Ok(Some(f.clone().unbind()))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A Python `group(key)` as the controller's fallible group function: its
+/// result must be a valid key (str, int, bytes, tuples); None is group
+/// None. An exception or a bad value puts the key in group None (logged
+/// once per key by the controller).
+fn python_group_fn(group: Py<PyAny>) -> Box<GroupFn<PyKey, PyKey>> {
+    Box::new(move |key: &PyKey| {
+        attach(|py| {
+            let called = key.to_py(py).and_then(|k| group.bind(py).call1((k,)));
+            let value = called.and_then(|v| if v.is_none() { Ok(None) } else { PyKey::from_py(&v).map(Some) });
+            value.map_err(|e| super::errors::describe(py, &e))
+        })
+        .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
+    })
 }
 
 fn lifecycle(py: Python<'_>, what: &str, controller: &Bound<'_, PyController>) -> PyResult<()> {
@@ -225,13 +264,20 @@ impl PyController {
 #[pymethods]
 impl PyController {
     #[new]
-    #[pyo3(signature = (reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None))]
+    #[allow(clippy::too_many_arguments)] // the Python signature (spec §4, §7, §8)
+    #[pyo3(signature = (
+        reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
+        timeout=None, group=None, max_in_flight_per_group=None,
+    ))]
     fn new(
         reconcile: &Bound<'_, PyAny>,
         workers: i64,
         rate_limiter: Option<&Bound<'_, PyAny>>,
         name: &str,
         hanging_threshold: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        group: Option<&Bound<'_, PyAny>>,
+        max_in_flight_per_group: Option<i64>,
     ) -> PyResult<Self> {
         if !reconcile.is_callable() {
             return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
@@ -248,6 +294,18 @@ impl PyController {
             Some(t) if !t.is_none() => Some(non_negative_from_py(t, "hanging_threshold")?),
             _ => None,
         };
+        let timeout = reconcile_timeout_from_py(timeout)?;
+        let group = optional_callable(group, "group")?;
+        let max_in_flight_per_group = match max_in_flight_per_group {
+            None => None,
+            Some(n) if n < 1 => {
+                return Err(PyValueError::new_err(format!("max_in_flight_per_group must be at least 1, got {n}")));
+            }
+            Some(_) if group.is_none() => {
+                return Err(PyValueError::new_err("max_in_flight_per_group needs a group function"));
+            }
+            Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?),
+        };
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -260,6 +318,16 @@ impl PyController {
         if let Some(threshold) = threshold {
             builder = builder.hanging_threshold(threshold);
         }
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
+        let grouped = group.is_some();
+        if let Some(group) = group {
+            builder = builder.group_fallible(python_group_fn(group));
+        }
+        if let Some(n) = max_in_flight_per_group {
+            builder = builder.max_in_flight_per_group(n);
+        }
         let handle = builder.handle();
         Ok(Self {
             name,
@@ -270,6 +338,7 @@ impl PyController {
             triggers: Arc::new(Mutex::new(TriggerEvents::default())),
             started: AtomicBool::new(false),
             stop_called: AtomicBool::new(false),
+            grouped,
         })
     }
 
@@ -285,28 +354,33 @@ impl PyController {
         self.workers
     }
 
-    /// Asks for `key` to be reconciled. Ignored once stopped.
-    fn enqueue(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Asks for `key` to be reconciled, at `priority` (higher first; an
+    /// enqueue raises a waiting key's priority, never lowers it). Ignored
+    /// once stopped.
+    #[pyo3(signature = (key, priority=0))]
+    fn enqueue(&self, key: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         if !self.stopping() {
-            self.handle.enqueue(key);
+            self.handle.enqueue_with_priority(key, priority);
         }
         Ok(())
     }
 
     /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
-    fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (key, seconds, priority=0))]
+    fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
         if !self.stopping() {
-            self.handle.enqueue_after(key, delay);
+            self.handle.enqueue_after_with_priority(key, delay, priority);
         }
         Ok(())
     }
 
     /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
     /// time in the past means now).
-    fn enqueue_at(&self, key: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (key, t, priority=0))]
+    fn enqueue_at(&self, key: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let t = timestamp_from_py(t, "t")?;
         let now = Instant::now();
@@ -320,7 +394,7 @@ impl PyController {
                 .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {t}")))?
         };
         if !self.stopping() {
-            self.handle.enqueue_at(key, at);
+            self.handle.enqueue_at_with_priority(key, at, priority);
         }
         Ok(())
     }
@@ -438,13 +512,29 @@ impl PyController {
             hang.set_item(key.to_py(py)?, to_secs(running))?;
         }
         d.set_item("hanging", hang)?;
+        let by_priority = PyDict::new(py);
+        for (priority, ready) in stats.by_priority {
+            by_priority.set_item(priority, ready)?;
+        }
+        d.set_item("by_priority", by_priority)?;
+        if self.grouped {
+            let by_group = PyDict::new(py);
+            for (group, running) in handle.in_flight_by_group::<PyKey>() {
+                let group = match group {
+                    Some(g) => g.to_py(py)?,
+                    None => py.None().into_bound(py),
+                };
+                by_group.set_item(group, running)?;
+            }
+            d.set_item("in_flight_by_group", by_group)?;
+        }
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
         Ok(d)
     }
 
-    /// Cancels the running reconcile of `key` (Rust reconcilers see it;
-    /// Python ones run to completion); returns whether one was running.
+    /// Cancels the running reconcile of `key` (cooperatively: it sees
+    /// `reconq.context().cancelled`); returns whether one was running.
     fn cancel(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.handle.cancel(&PyKey::from_py(key)?))
     }

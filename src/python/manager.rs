@@ -32,8 +32,9 @@ use pyo3::types::{PyDict, PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::context::with_scope;
 use super::errors::describe;
-use crate::{ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
+use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
 
 /// How long the exit hook waits for controller threads to finish.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -100,12 +101,18 @@ fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr)
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
-/// into `Err("Type: message")`, logged.
-fn call_logged(f: &Py<PyAny>, what: &str, name: &str) -> Result<(), String> {
+/// into `Err("Type: message")`, logged. With `ctx` (a `do`),
+/// `reconq.context()` inside `f` answers it, keyed by the controller's name.
+fn call_logged(f: &Py<PyAny>, what: &str, name: &str, ctx: Option<&Context>) -> Result<(), String> {
     attach(|py| {
+        let call = || f.call0(py).map(drop);
+        let call = || match ctx {
+            Some(ctx) => with_scope(PyString::new(py, name).as_any(), ctx, call),
+            None => call(),
+        };
         // A `PanicException` raised from Python turns back into a panic
         // when fetched; catch it here so it is described and logged too.
-        match catch_unwind(AssertUnwindSafe(|| f.call0(py).map(drop))) {
+        match catch_unwind(AssertUnwindSafe(call)) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
                 let level = if what == "stop" { "error" } else { "warning" };
@@ -163,11 +170,15 @@ impl PyManager {
     /// (`None` or 0: only on the next update or trigger). `stop()` runs once
     /// when the controller is removed, after `do` ran at least once; only the
     /// latest `stop` given runs. `error_retry_base=0` means the default, 1 s.
+    /// `max_retry_interval` caps the wait after a failure (None or 0: no
+    /// cap), as Cilium's `MaxRetryInterval`. Inside `do`,
+    /// `reconq.context()` gives the run's context: cancelled when the
+    /// controller is removed, replaced by an update, or its manager stopped.
     #[allow(clippy::too_many_arguments)] // the Python signature (spec §5)
     // `error_retry_base=None` is accepted too and means the default, 1.0.
     #[pyo3(
-        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false),
-        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False)"
+        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),
+        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
     )]
     fn update(
         &self,
@@ -178,6 +189,7 @@ impl PyManager {
         interval: Option<&Bound<'_, PyAny>>,
         error_retry_base: Option<&Bound<'_, PyAny>>,
         no_error_retry: bool,
+        max_retry_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         // Check everything before changing anything.
         let name = name_from_py(name)?;
@@ -194,18 +206,23 @@ impl PyManager {
             Some(b) if !b.is_none() => non_negative_from_py(b, "error_retry_base")?,
             _ => crate::DEFAULT_ERROR_RETRY_BASE,
         };
+        let max_retry_interval = match max_retry_interval {
+            Some(m) if !m.is_none() => Some(non_negative_from_py(m, "max_retry_interval")?),
+            _ => None,
+        };
 
         let do_name = name.clone();
-        let mut params = ControllerParams::new(move || -> Result<(), DoError> {
-            call_logged(&do_fn, "do", &do_name).map_err(DoError::new)
+        let mut params = ControllerParams::with_context(move |ctx| -> Result<(), DoError> {
+            call_logged(&do_fn, "do", &do_name, Some(ctx)).map_err(DoError::new)
         })
         .run_interval(interval)
         .error_retry_base(retry_base)
+        .max_retry_interval(max_retry_interval)
         .no_error_retry(no_error_retry);
         if let Some(stop_fn) = stop_fn {
             let stop_name = name.clone();
             params = params.stop(move || {
-                let _ = call_logged(&stop_fn, "stop", &stop_name);
+                let _ = call_logged(&stop_fn, "stop", &stop_name, None);
             });
         }
         let manager = &self.manager;

@@ -8,6 +8,7 @@
 //! bindings go in their own modules and register their classes below.
 
 mod attach;
+mod context;
 mod controller;
 mod duration;
 mod errors;
@@ -42,6 +43,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
 
     m.add_class::<controller::PyController>()?;
+    context::register(m)?;
     manager::register(m)?;
     status::register(m)?;
     metrics::register(m)?;

@@ -95,17 +95,22 @@ impl PyWorkQueue {
         Ok(Self { queue: builder.build() })
     }
 
-    /// Marks `key` as needing processing now. Ignored once shut down.
-    fn add(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.queue.add(PyKey::from_py(key)?);
+    /// Marks `key` as needing processing now, at `priority` (higher is
+    /// handed out first; adding a waiting key raises its priority, never
+    /// lowers it). Ignored once shut down.
+    #[pyo3(signature = (key, priority=0))]
+    fn add(&self, key: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+        self.queue.add_with_priority(PyKey::from_py(key)?, priority);
         Ok(())
     }
 
-    /// Marks `key` as needing processing `seconds` from now (<= 0: now).
-    fn add_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Marks `key` as needing processing `seconds` from now (<= 0: now); it
+    /// keeps `priority` when it becomes ready.
+    #[pyo3(signature = (key, seconds, priority=0))]
+    fn add_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
-        self.queue.add_after(key, delay);
+        self.queue.add_after_with_priority(key, delay, priority);
         Ok(())
     }
 

@@ -18,6 +18,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
 use super::attach::attach;
+use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
 use crate::{Action, Context, ReconcileError, Reconciler};
@@ -76,18 +77,19 @@ impl Reconciler<PyKey> for PyReconciler {
         let Some(callback) = callback else {
             return Err(ReconcileError::new("the controller was stopped"));
         };
-        attach(|py| self.call(py, &callback, key, ctx.attempt()))
+        attach(|py| self.call(py, &callback, key, ctx))
             .unwrap_or_else(|| Err(ReconcileError::new("the Python interpreter is shutting down")))
     }
 }
 
 impl PyReconciler {
-    fn call(&self, py: Python<'_>, callback: &Py<PyAny>, key: &PyKey, attempt: u32) -> Result<Action, ReconcileError> {
+    fn call(&self, py: Python<'_>, callback: &Py<PyAny>, key: &PyKey, ctx: &Context) -> Result<Action, ReconcileError> {
+        let attempt = ctx.attempt();
         let key_obj = match key.to_py(py) {
             Ok(k) => k,
             Err(e) => return Err(ReconcileError::new(describe(py, &e))),
         };
-        let result = callback.bind(py).call1((&key_obj,));
+        let result = with_scope(&key_obj, ctx, || callback.bind(py).call1((&key_obj,)));
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
             let args =
