@@ -527,3 +527,54 @@ fn weak_manager_lets_a_drop_stop_the_controllers() {
     rx.recv_timeout(TIMEOUT).expect("stop ran after the last handle dropped");
     assert!(weak.upgrade().is_none());
 }
+
+/// A `do` that reports its attempt, then blocks until its context is
+/// cancelled and reports that it was.
+fn cancellable_do(tx: mpsc::Sender<(u32, bool)>) -> ControllerParams {
+    let tx = Mutex::new(tx);
+    ControllerParams::with_context(move |ctx| {
+        let cancelled = ctx.wait_cancelled(TIMEOUT);
+        tx.lock().unwrap().send((ctx.attempt(), cancelled)).unwrap();
+        Ok(())
+    })
+}
+
+#[test]
+fn a_running_do_is_cancelled_by_remove_update_and_drop() {
+    let m = Manager::new();
+    let (tx, rx) = mpsc::channel();
+    m.update("removed", cancellable_do(tx.clone()));
+    wait_for("the do to run", || status(&m, "removed").running);
+    m.remove("removed").unwrap();
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), (0, true));
+
+    m.update("replaced", cancellable_do(tx.clone()));
+    wait_for("the do to run", || status(&m, "replaced").running);
+    m.update("replaced", ControllerParams::new(|| Ok(())));
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), (0, true));
+
+    m.update("dropped", cancellable_do(tx));
+    wait_for("the do to run", || status(&m, "dropped").running);
+    drop(m);
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), (0, true));
+}
+
+#[test]
+fn a_trigger_does_not_cancel_a_running_do_and_attempt_counts_failures() {
+    let (m, clock) = fake();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&attempts);
+    m.update(
+        "flaky",
+        ControllerParams::with_context(move |ctx| {
+            seen.lock().unwrap().push((ctx.attempt(), ctx.is_cancelled()));
+            Err("down".into())
+        }),
+    );
+    wait_runs(&m, "flaky", 1);
+    m.trigger("flaky").unwrap();
+    wait_runs(&m, "flaky", 2);
+    clock.advance(2 * SEC);
+    wait_runs(&m, "flaky", 3);
+    assert_eq!(*attempts.lock().unwrap(), vec![(0, false), (1, false), (2, false)]);
+}

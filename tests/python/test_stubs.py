@@ -86,3 +86,24 @@ def test_stubs_type_check_status_usage(tmp_path):
         "reconq.status()[0]['depth']  # E: periodic entries have no depth\n",
     )
     assert len(errors) == 1 and "prog.py:12:" in errors[0], errors
+
+
+def test_stubs_type_check_context_and_scheduling_usage(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "def reconcile(key: object) -> None:\n"
+        "    ctx = reconq.context()\n"
+        "    n: int = ctx.attempt + ctx.priority\n"
+        "    token: 'int | None' = ctx.fencing_token\n"
+        "    if ctx.cancelled or ctx.wait_cancelled(timeout=0.5):\n"
+        "        return\n"
+        "c = reconq.Controller(reconcile, workers=4, timeout=30, group=lambda key: key[0], max_in_flight_per_group=2)\n"
+        "c.enqueue(('tenant', 'x'), priority=10)\n"
+        "c.enqueue_after('y', 1.5, priority=-1)\n"
+        "ready: int = sum(c.stats()['by_priority'].values())\n"
+        "reconq.WorkQueue().add('z', priority=3)\n"
+        "reconq.Manager().update('m', lambda: None, max_retry_interval=10)\n"
+        "c.enqueue('k', priority='high')  # E: not an int\n",
+    )
+    assert len(errors) == 1 and "prog.py:14:" in errors[0], errors
