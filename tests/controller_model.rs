@@ -47,7 +47,15 @@
 //! (`controller_concurrency.rs`, `shuttle.rs`), the queue on its own
 //! (`model.rs`), drain deadlines and hung reconciles (`controller_stop.rs`),
 //! jitter, other limiters, triggers, the hang watchdog, the Python surface,
-//! G8 (`idle_cpu.rs`).
+//! G8 (`idle_cpu.rs`), groups (`groups.rs`, `shuttle_controller.rs`).
+//!
+//! Priorities (spec §8, P1-P3) are part of the model: enqueues carry a
+//! priority in 0..3, every call records the priority it was handed out
+//! with, and the model hands out the highest priority first, FIFO by the
+//! time a key became ready (or was raised) within one; adds raise, never
+//! lower (P2); a key added while processed comes back with the highest
+//! priority given meanwhile; retries and requeues re-add with the priority
+//! handed out (P3).
 
 mod common;
 
@@ -88,10 +96,11 @@ enum Res {
 /// reconcile is in flight).
 #[derive(Debug, Clone)]
 enum Inner {
-    Enqueue(u32),
-    EnqueueAfter(u32, u64),
+    /// Key and priority.
+    Enqueue(u32, i32),
+    EnqueueAfter(u32, u64, i32),
     /// Offset in seconds from the clock's now (negative: in the past).
-    EnqueueAt(u32, i64),
+    EnqueueAt(u32, i64, i32),
     Advance(u64),
     /// Advance to the earliest due time (no-op if none): keeps retry chains
     /// going, so long backoff sequences are reached.
@@ -123,6 +132,11 @@ fn key() -> impl Strategy<Value = u32> {
     0..KEYS
 }
 
+/// Mostly the default priority, so FIFO order still gets exercised.
+fn priority() -> impl Strategy<Value = i32> {
+    prop_oneof![3 => Just(0), 1 => Just(1), 1 => Just(2)]
+}
+
 fn res() -> impl Strategy<Value = Res> {
     prop_oneof![
         2 => Just(Res::Done),
@@ -137,9 +151,9 @@ fn res() -> impl Strategy<Value = Res> {
 
 fn inner() -> impl Strategy<Value = Inner> {
     prop_oneof![
-        3 => key().prop_map(Inner::Enqueue),
-        2 => (key(), 0..6u64).prop_map(|(k, d)| Inner::EnqueueAfter(k, d)),
-        1 => (key(), -3..6i64).prop_map(|(k, o)| Inner::EnqueueAt(k, o)),
+        3 => (key(), priority()).prop_map(|(k, p)| Inner::Enqueue(k, p)),
+        2 => (key(), 0..6u64, priority()).prop_map(|(k, d, p)| Inner::EnqueueAfter(k, d, p)),
+        1 => (key(), -3..6i64, priority()).prop_map(|(k, o, p)| Inner::EnqueueAt(k, o, p)),
         2 => (0..9u64).prop_map(Inner::Advance),
         2 => Just(Inner::AdvanceToNext),
         5 => (key(), prop::collection::vec(res(), 1..5)).prop_map(|(k, r)| Inner::SetResults(k, r)),
@@ -176,6 +190,7 @@ struct Call {
     key: u32,
     attempt: u32,
     cancelled: bool,
+    priority: i32,
 }
 
 #[derive(Default)]
@@ -215,7 +230,12 @@ impl Reconciler<u32> for Rec {
         let res = self.0.script.lock().get_mut(key).and_then(VecDeque::pop_front).unwrap_or(Res::Done);
         let index = {
             let mut calls = self.0.calls.lock();
-            calls.push(Call { key: *key, attempt: ctx.attempt(), cancelled: ctx.is_cancelled() });
+            calls.push(Call {
+                key: *key,
+                attempt: ctx.attempt(),
+                cancelled: ctx.is_cancelled(),
+                priority: ctx.priority(),
+            });
             calls.len() - 1
         };
         match res {
@@ -262,10 +282,13 @@ enum Then {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
-    Ready,
-    /// Due time and scheduling sequence (ties come out in scheduling order).
-    Delayed(u64, u64),
-    Processing(Then),
+    /// Its priority.
+    Ready(i32),
+    /// Due time, scheduling sequence (ties come out in scheduling order)
+    /// and priority.
+    Delayed(u64, u64, i32),
+    /// What follows, and the priority it comes back with.
+    Processing(Then, i32),
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -282,7 +305,10 @@ struct Model {
     now: u64,
     seq: u64,
     slots: HashMap<u32, Slot>,
-    ready: VecDeque<u32>,
+    /// Ready keys with their priority and the order they became ready (or
+    /// were raised) in: handed out highest priority first, then oldest.
+    ready: Vec<(i32, u64, u32)>,
+    ready_seq: u64,
     shutting_down: bool,
     /// Tries since the last success or forget (`Context::attempt`).
     attempts: HashMap<u32, u32>,
@@ -298,43 +324,62 @@ struct Model {
 }
 
 impl Model {
-    fn add(&mut self, k: u32) {
+    fn push_ready(&mut self, k: u32, p: i32) {
+        self.ready.retain(|&(_, _, r)| r != k);
+        self.ready_seq += 1;
+        self.ready.push((p, self.ready_seq, k));
+        self.slots.insert(k, Slot::Ready(p));
+    }
+
+    fn add(&mut self, k: u32, p: i32) {
         if self.shutting_down {
             return;
         }
         match self.slots.get(&k).copied() {
-            None | Some(Slot::Delayed(..)) => {
-                self.slots.insert(k, Slot::Ready);
-                self.ready.push_back(k);
+            None => self.push_ready(k, p),
+            Some(Slot::Delayed(_, _, old)) => self.push_ready(k, old.max(p)),
+            // A raise moves the key to the back of its new priority.
+            Some(Slot::Ready(old)) if p > old => self.push_ready(k, p),
+            Some(Slot::Ready(_)) => {}
+            Some(Slot::Processing(Then::Finish, _)) => {
+                self.slots.insert(k, Slot::Processing(Then::Requeue, p));
             }
-            Some(Slot::Processing(_)) => {
-                self.slots.insert(k, Slot::Processing(Then::Requeue));
+            Some(Slot::Processing(Then::Wait(..) | Then::Requeue, again)) => {
+                self.slots.insert(k, Slot::Processing(Then::Requeue, again.max(p)));
             }
-            Some(Slot::Ready) => {}
         }
     }
 
-    fn add_at(&mut self, k: u32, due: u64) {
+    fn add_at(&mut self, k: u32, due: u64, p: i32) {
         if due <= self.now {
-            return self.add(k);
+            return self.add(k, p);
         }
         if self.shutting_down {
             return;
         }
-        let seq = self.seq;
+        let seq = self.seq + 1;
         let new = match self.slots.get(&k).copied() {
-            None => Slot::Delayed(due, seq),
-            Some(Slot::Delayed(old, _)) if due < old => Slot::Delayed(due, seq),
-            Some(Slot::Processing(Then::Finish)) => Slot::Processing(Then::Wait(due, seq)),
-            Some(Slot::Processing(Then::Wait(old, _))) if due < old => Slot::Processing(Then::Wait(due, seq)),
-            _ => return,
+            None => Slot::Delayed(due, seq, p),
+            Some(Slot::Delayed(old, _, q)) if due < old => Slot::Delayed(due, seq, q.max(p)),
+            Some(Slot::Processing(Then::Finish, _)) => Slot::Processing(Then::Wait(due, seq), p),
+            Some(Slot::Processing(Then::Wait(old, _), q)) if due < old => {
+                Slot::Processing(Then::Wait(due, seq), q.max(p))
+            }
+            // The timing stays; the priority may still rise (P2).
+            Some(Slot::Ready(old)) if p > old => return self.push_ready(k, p),
+            Some(Slot::Delayed(t, q, old)) => Slot::Delayed(t, q, old.max(p)),
+            Some(Slot::Processing(then, old)) => Slot::Processing(then, old.max(p)),
+            Some(Slot::Ready(_)) => return,
         };
-        self.seq += 1;
+        // Only a new due time takes a sequence number.
+        if matches!(new, Slot::Delayed(_, q, _) | Slot::Processing(Then::Wait(_, q), _) if q == seq) {
+            self.seq = seq;
+        }
         self.slots.insert(k, new);
     }
 
-    fn add_after(&mut self, k: u32, d: u64) {
-        self.add_at(k, self.now + d);
+    fn add_after(&mut self, k: u32, d: u64, p: i32) {
+        self.add_at(k, self.now + d, p);
     }
 
     fn advance(&mut self, d: u64) {
@@ -343,41 +388,38 @@ impl Model {
             .slots
             .iter()
             .filter_map(|(&k, s)| match *s {
-                Slot::Delayed(t, q) | Slot::Processing(Then::Wait(t, q)) if t <= self.now => Some((t, q, k)),
+                Slot::Delayed(t, q, _) | Slot::Processing(Then::Wait(t, q), _) if t <= self.now => Some((t, q, k)),
                 _ => None,
             })
             .collect();
         due.sort_unstable();
         for (_, _, k) in due {
             match self.slots[&k] {
-                Slot::Delayed(..) => {
-                    self.slots.insert(k, Slot::Ready);
-                    self.ready.push_back(k);
+                Slot::Delayed(_, _, p) => self.push_ready(k, p),
+                Slot::Processing(_, again) => {
+                    self.slots.insert(k, Slot::Processing(Then::Requeue, again));
                 }
-                _ => {
-                    self.slots.insert(k, Slot::Processing(Then::Requeue));
-                }
+                Slot::Ready(_) => unreachable!(),
             }
         }
     }
 
-    fn take(&mut self) -> Option<u32> {
-        let k = self.ready.pop_front()?;
-        self.slots.insert(k, Slot::Processing(Then::Finish));
-        self.parked.retain(|(p, _)| *p != k);
-        Some(k)
+    /// Hands out the next key; returns it with its priority.
+    fn take(&mut self) -> Option<(u32, i32)> {
+        let best = (0..self.ready.len()).max_by_key(|&i| (self.ready[i].0, std::cmp::Reverse(self.ready[i].1)))?;
+        let (p, _, k) = self.ready.remove(best);
+        self.slots.insert(k, Slot::Processing(Then::Finish, p));
+        self.parked.retain(|(q, _)| *q != k);
+        Some((k, p))
     }
 
     fn done(&mut self, k: u32) {
         match self.slots.remove(&k) {
-            Some(Slot::Processing(Then::Finish)) => {}
-            Some(Slot::Processing(Then::Requeue)) => {
-                self.slots.insert(k, Slot::Ready);
-                self.ready.push_back(k);
-            }
-            Some(Slot::Processing(Then::Wait(t, q))) => {
+            Some(Slot::Processing(Then::Finish, _)) => {}
+            Some(Slot::Processing(Then::Requeue, again)) => self.push_ready(k, again),
+            Some(Slot::Processing(Then::Wait(t, q), again)) => {
                 assert!(t > self.now, "model: a due wait is promoted before done");
-                self.slots.insert(k, Slot::Delayed(t, q));
+                self.slots.insert(k, Slot::Delayed(t, q, again));
             }
             other => panic!("model: done({k}) while {other:?}"),
         }
@@ -409,12 +451,13 @@ impl Model {
         self.global_last_error = Some(msg);
     }
 
-    /// One reconcile of `k` (already taken), as spec §4's table says.
-    fn reconcile(&mut self, k: u32, cancelled: bool) {
+    /// One reconcile of `k` (already taken at priority `p`), as spec §4's
+    /// table says; every re-add keeps `p` (P3).
+    fn reconcile(&mut self, k: u32, p: i32, cancelled: bool) {
         let attempt = self.attempts.get(&k).copied().unwrap_or(0);
         let res = self.script.get_mut(&k).and_then(VecDeque::pop_front).unwrap_or(Res::Done);
         let index = self.calls.len();
-        self.calls.push(Call { key: k, attempt, cancelled });
+        self.calls.push(Call { key: k, attempt, cancelled, priority: p });
         match res {
             Res::Done => {
                 self.forget(k);
@@ -423,12 +466,12 @@ impl Model {
             Res::Requeue => {
                 self.bump(k, None);
                 let d = self.backoff(k);
-                self.add_after(k, d);
+                self.add_after(k, d, p);
                 self.counts.requeues += 1;
             }
             Res::RequeueAfter(d) => {
                 self.forget(k);
-                self.add_after(k, d);
+                self.add_after(k, d, p);
                 self.counts.requeues += 1;
             }
             Res::Fail | Res::Panic => {
@@ -436,7 +479,7 @@ impl Model {
                 let msg = message(kind, k, index);
                 self.bump(k, Some(msg.clone()));
                 let d = self.backoff(k);
-                self.add_after(k, d);
+                self.add_after(k, d, p);
                 if res == Res::Panic {
                     self.counts.panics += 1;
                 }
@@ -445,7 +488,7 @@ impl Model {
             Res::RetryAfter(d) => {
                 let msg = message("retry", k, index);
                 self.bump(k, Some(msg.clone()));
-                self.add_after(k, d);
+                self.add_after(k, d, p);
                 self.fail(msg);
             }
             Res::Permanent => {
@@ -462,8 +505,8 @@ impl Model {
 
     /// The single worker, until nothing is ready.
     fn run(&mut self) {
-        while let Some(k) = self.take() {
-            self.reconcile(k, false);
+        while let Some((k, p)) = self.take() {
+            self.reconcile(k, p, false);
         }
     }
 
@@ -473,14 +516,14 @@ impl Model {
         self.shutting_down = true;
         self.slots.retain(|_, s| !matches!(s, Slot::Delayed(..)));
         for s in self.slots.values_mut() {
-            if let Slot::Processing(then) = s
+            if let Slot::Processing(then, _) = s
                 && (discard || matches!(then, Then::Wait(..)))
             {
                 *then = Then::Finish;
             }
         }
         if discard {
-            for k in self.ready.drain(..) {
+            for (_, _, k) in self.ready.drain(..) {
                 self.slots.remove(&k);
             }
         }
@@ -490,7 +533,7 @@ impl Model {
         self.slots
             .values()
             .filter_map(|s| match *s {
-                Slot::Delayed(t, _) | Slot::Processing(Then::Wait(t, _)) => Some(t),
+                Slot::Delayed(t, _, _) | Slot::Processing(Then::Wait(t, _), _) => Some(t),
                 _ => None,
             })
             .min()
@@ -541,20 +584,20 @@ impl Harness {
     /// Applies an operation to both sides. Nothing here waits for the worker.
     fn apply(&mut self, op: &Inner) {
         match *op {
-            Inner::Enqueue(k) => {
-                self.h.enqueue(k);
-                self.m.add(k);
+            Inner::Enqueue(k, p) => {
+                self.h.enqueue_with_priority(k, p);
+                self.m.add(k, p);
             }
-            Inner::EnqueueAfter(k, d) => {
-                self.h.enqueue_after(k, secs(d));
-                self.m.add_after(k, d);
+            Inner::EnqueueAfter(k, d, p) => {
+                self.h.enqueue_after_with_priority(k, secs(d), p);
+                self.m.add_after(k, d, p);
             }
-            Inner::EnqueueAt(k, off) => {
+            Inner::EnqueueAt(k, off, p) => {
                 let now = reconq::Clock::now(&self.clock);
                 let at = if off >= 0 { now + secs(off as u64) } else { now - secs(off.unsigned_abs()) };
-                self.h.enqueue_at(k, at);
+                self.h.enqueue_at_with_priority(k, at, p);
                 // A past instant is now.
-                self.m.add_at(k, self.m.now.saturating_add_signed(off.max(0)));
+                self.m.add_at(k, self.m.now.saturating_add_signed(off.max(0)), p);
             }
             Inner::Advance(d) => {
                 self.clock.advance(secs(d));
@@ -574,11 +617,11 @@ impl Harness {
                 assert_eq!(self.h.requeue_parked(&k), was, "requeue_parked({k})");
                 if was {
                     self.m.parked.retain(|(p, _)| *p != k);
-                    self.m.add(k);
+                    self.m.add(k, 0);
                 }
             }
             Inner::Cancel(k) => {
-                let running = matches!(self.m.slots.get(&k), Some(Slot::Processing(_)));
+                let running = matches!(self.m.slots.get(&k), Some(Slot::Processing(..)));
                 assert_eq!(self.h.cancel(&k), running, "cancel({k})");
             }
         }
@@ -638,7 +681,7 @@ impl Harness {
                     Some(e) => KeyInfo { state: KeyStatus::Parked, attempts, last_error: Some(e), next_run: None },
                     None => KeyInfo { state: KeyStatus::Unknown, attempts, last_error: memory_error, next_run: None },
                 },
-                Some(&Slot::Delayed(t, _)) => KeyInfo {
+                Some(&Slot::Delayed(t, _, _)) => KeyInfo {
                     state: KeyStatus::Waiting { until: self.at(t) },
                     attempts,
                     last_error: memory_error,
@@ -651,25 +694,29 @@ impl Harness {
     }
 
     /// Enqueues `k`, blocks its reconcile, and applies the batch meanwhile.
-    fn gate(&mut self, k: u32, batch: &[Inner]) {
+    /// Returns the priority it was handed out with (a delayed key keeps its
+    /// own if higher).
+    fn gate(&mut self, k: u32, batch: &[Inner]) -> i32 {
         assert!(self.m.ready.is_empty());
         self.rec.arm(k);
         self.h.enqueue(k);
-        self.m.add(k);
-        assert_eq!(self.m.take(), Some(k), "model: the gated key is handed out first");
+        self.m.add(k, 0);
+        let (taken, p) = self.m.take().expect("model: the gated key is ready");
+        assert_eq!(taken, k, "model: the gated key is handed out first");
         self.rec.wait_entered();
         for op in batch {
             self.apply(op);
         }
+        p
     }
 
     fn run_op(&mut self, op: &Op) {
         match op {
             Op::Do(inner) => self.apply(inner),
             Op::Gate(k, batch) => {
-                self.gate(*k, batch);
+                let p = self.gate(*k, batch);
                 self.rec.release();
-                self.m.reconcile(*k, batch.iter().any(|o| matches!(o, Inner::Cancel(c) if c == k)));
+                self.m.reconcile(*k, p, batch.iter().any(|o| matches!(o, Inner::Cancel(c) if c == k)));
             }
         }
         self.settle_and_check();
@@ -686,14 +733,14 @@ impl Harness {
                 self.m.shut_down(false);
             }
             End::StopGated(k, batch) => {
-                self.gate(*k, batch);
+                let p = self.gate(*k, batch);
                 self.h.stop();
                 self.m.shut_down(true);
                 self.rec.release();
-                self.m.reconcile(*k, true);
+                self.m.reconcile(*k, p, true);
             }
             End::DrainGated(k, batch) => {
-                self.gate(*k, batch);
+                let p = self.gate(*k, batch);
                 let cancelled = batch.iter().any(|o| matches!(o, Inner::Cancel(c) if c == k));
                 // A far-off key whose disappearance shows the drain began.
                 self.h.enqueue_after(SENTINEL, secs(1_000_000));
@@ -704,7 +751,7 @@ impl Harness {
                 });
                 self.m.shut_down(false);
                 self.rec.release();
-                self.m.reconcile(*k, cancelled);
+                self.m.reconcile(*k, p, cancelled);
                 assert!(drain.join().unwrap(), "drain finished in time");
             }
         }
