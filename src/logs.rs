@@ -114,6 +114,22 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
+/// A stop dropped keys without reconciling them (call with no lock held).
+/// Nothing is logged when it dropped none.
+pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {
+    /// How many of the dropped keys the message names.
+    const NAMED: usize = 20;
+    if dropped.is_empty() {
+        return;
+    }
+    let named = &dropped[..dropped.len().min(NAMED)];
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, dropped = dropped.len(), keys = ?named,
+        "stop dropped keys waiting on a delay, a retry or the queue without reconciling them"
+    );
+}
+
 /// A trigger function panicked (call with no lock held).
 pub(crate) fn trigger_panicked<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
     tracing::error!(target: CONTROLLER, controller = %controller, key = ?key, error, "trigger panicked");

@@ -479,3 +479,29 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
         ]
     );
 }
+
+#[test]
+fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
+    let logs = Logs::new();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let h = Controller::new("logs-drop", move |key: &u32, _: &Context| -> Res {
+        if *key == 0 {
+            released.lock().recv_timeout(PATIENCE).unwrap();
+        }
+        Ok(Action::Done)
+    })
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue(0);
+    common::wait_for("key 0 to run", || h.stats().processing == 1);
+    h.enqueue(1);
+    h.enqueue_after(2, Duration::from_secs(3600));
+    tracing::dispatcher::with_default(&logs.dispatch, || h.stop());
+    release.send(()).unwrap();
+    let warning = logs.on("reconq::controller").pop().expect("a warning");
+    assert_eq!((warning.level, warning.fields["dropped"].as_str()), (Level::WARN, "2"), "{warning:#?}");
+    assert!(warning.message.starts_with("stop dropped keys"), "{warning:#?}");
+    let keys = &warning.fields["keys"];
+    assert!(keys == "[1, 2]" || keys == "[2, 1]", "{keys}");
+}

@@ -76,6 +76,10 @@ pub struct StopReport<K> {
     /// Trigger and watch threads still running at the deadline, detached
     /// (typically a watch blocked on an iterator that never yields).
     pub detached_threads: usize,
+    /// Keys the stop dropped without reconciling them: keys waiting on a
+    /// delay or a retry back-off, and ready keys left at the deadline.
+    /// Enqueue them again after a restart if they matter.
+    pub dropped: Vec<K>,
 }
 
 impl<K: ControllerKey> ControllerHandle<K> {
@@ -271,6 +275,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.cancel_everything();
         if let Some(rt) = self.core.rt.get() {
             rt.queue.shut_down_now();
+            logs::stop_dropped(&self.core.name, &rt.queue.take_dropped());
         }
     }
 
@@ -297,7 +302,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0 };
+        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
         if let Some(rt) = self.core.rt.get() {
             rt.queue.shut_down_with_drain_timeout(timeout);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
@@ -315,6 +320,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 }
                 logs::drain_deadline_passed(&self.core.name, &report.unfinished);
             }
+            report.dropped = rt.queue.take_dropped();
+            logs::stop_dropped(&self.core.name, &report.dropped);
         }
         if self.wait_life(deadline, |life| life.live_aux == 0) {
             self.join_aux();

@@ -555,6 +555,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         g.q.drained()
     }
 
+    /// The keys shutdowns dropped since the last call: delayed keys and
+    /// keys waiting to retry (any shutdown), and ready keys (an immediate
+    /// one, or a drain cut short). A stopping controller reports them.
+    pub(crate) fn take_dropped(&self) -> Vec<K> {
+        self.shared.locked.lock().q.take_dropped()
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shared.locked.lock().q.is_shutting_down()
     }
