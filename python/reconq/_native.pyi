@@ -10,6 +10,7 @@ __all__ = [
     "Context",
     "Controller",
     "ExponentialBackoff",
+    "FakeClock",
     "FastSlow",
     "Manager",
     "MaxOf",
@@ -31,6 +32,16 @@ _Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
 """A queue key: str, int (signed 64-bit; bool counts), bytes, or tuples of these."""
 
 _Seconds: TypeAlias = Union[int, float]
+
+@final
+class FakeClock:
+    """A clock that moves only when told to; give it to ``Controller(clock=)`` or ``WorkQueue(clock=)``."""
+
+    def __new__(cls) -> Self: ...
+    def now(self) -> float:
+        """Seconds since the clock was made (starts at 0.0)."""
+    def advance(self, seconds: _Seconds) -> None:
+        """Moves forward; returns once what became due is ready."""
 
 class ShutDown(Exception):
     """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
@@ -67,7 +78,9 @@ def default_rate_limiter() -> MaxOf: ...
 
 @final
 class WorkQueue:
-    def __new__(cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None) -> Self: ...
+    def __new__(
+        cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None, clock: Optional[FakeClock] = None
+    ) -> Self: ...
     def add(self, key: _Key, priority: int = 0) -> None: ...
     def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
     def add_rate_limited(self, key: _Key) -> None: ...
@@ -173,6 +186,11 @@ class _ControllerStats(TypedDict):
     by_priority: Dict[int, int]
     in_flight_by_group: NotRequired[Dict[Optional[_Key], int]]
 
+class _StopReport(TypedDict):
+    finished: bool
+    unfinished: List[_Key]
+    dropped: List[_Key]
+
 class _KeyInfo(TypedDict):
     state: Literal["unknown", "ready", "waiting", "running", "parked"]
     attempts: int
@@ -192,6 +210,9 @@ class Controller:
         timeout: Optional[_Seconds] = None,
         group: Optional[Callable[[Any], Optional[_Key]]] = None,
         max_in_flight_per_group: Optional[int] = None,
+        clock: Optional[FakeClock] = None,
+        jitter: Optional[Tuple[float, int]] = None,
+        parked_capacity: Optional[int] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
@@ -203,6 +224,7 @@ class Controller:
     def start(self) -> None: ...
     def run(self) -> None: ...
     def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool: ...
+    def stop_with_report(self, timeout: Optional[_Seconds] = None) -> _StopReport: ...
     def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool: ...
     def stats(self) -> _ControllerStats: ...
     def cancel(self, key: _Key) -> bool: ...

@@ -25,6 +25,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
 use super::attach::python_thread_wrapper;
+use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
@@ -32,7 +33,7 @@ use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log};
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
-use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
+use crate::{Controller, ControllerHandle, KeyStatus, StopReport, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -101,6 +102,22 @@ fn instant_to_wall(at: Instant) -> f64 {
     if at >= now { wall + (at - now).as_secs_f64() } else { wall - (now - at).as_secs_f64() }
 }
 
+/// `jitter=(fraction, seed)`: `0 <= fraction <= 1`, a seed that fits u64.
+fn jitter_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<(f64, u64)>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let (fraction, seed): (f64, u64) = obj.extract().map_err(|e: PyErr| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyOverflowError::new_err("jitter seed is out of range (0 to 2**64 - 1)")
+        } else {
+            PyTypeError::new_err(format!("jitter must be a (fraction, seed) tuple, not {}", type_name(obj)))
+        }
+    })?;
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(PyValueError::new_err(format!("jitter fraction must be within 0 and 1, got {fraction}")));
+    }
+    Ok(Some((fraction, seed)))
+}
+
 /// `timeout=`: positive seconds or None (spec §7).
 fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     let timeout = timeout_from_py(obj)?;
@@ -163,25 +180,33 @@ impl PyController {
         drop(callback);
     }
 
-    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
+    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
         // The drain runs on a helper thread (no Python in it) so that this
         // thread can wait in interruptible slices.
         let (tx, rx) = crossbeam_channel::bounded(1);
         let helper = self.handle.clone();
         let limit = timeout.unwrap_or(Duration::MAX);
         let spawned = std::thread::Builder::new().name(format!("reconq-{}-stop", self.name)).spawn(move || {
-            let _ = tx.send(helper.stop_with_drain(limit));
+            let _ = tx.send(helper.stop_with_drain_report(limit));
         });
         if spawned.is_err() {
             let handle = &self.handle;
-            return Ok(py.detach(|| handle.stop_with_drain(limit)));
+            return Ok(py.detach(|| handle.stop_with_drain_report(limit)));
         }
+        // The report, when the helper cannot give it: the workers' state
+        // only (its dropped keys were logged by the helper).
+        let bare = |finished: bool| StopReport {
+            finished,
+            unfinished: Vec::new(),
+            detached_threads: self.handle.background_threads(),
+            dropped: Vec::new(),
+        };
         let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
         let waited = wait_interruptibly(py, None, |slice| {
             let slice = slice.unwrap_or(Duration::from_millis(500));
             match rx.recv_timeout(slice) {
-                Ok(finished) => Some(finished),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(self.workers_exited()),
+                Ok(report) => Some(report),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(bare(self.workers_exited())),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     // The helper also waits for trigger and watch threads
                     // (until the deadline, or forever without a timeout);
@@ -190,7 +215,7 @@ impl PyController {
                     if self.workers_exited() {
                         let first = *workers_done_at.lock().get_or_insert_with(Instant::now);
                         if first.elapsed() >= AUX_GRACE {
-                            return Some(true);
+                            return Some(bare(true));
                         }
                     }
                     None
@@ -198,7 +223,7 @@ impl PyController {
             }
         });
         match waited {
-            Ok(finished) => Ok(finished.unwrap_or(false)),
+            Ok(report) => Ok(report.unwrap_or_else(|| bare(false))),
             Err(e) => {
                 // Interrupted (Ctrl-C): give up the drain, stop at once.
                 self.handle.stop();
@@ -243,6 +268,45 @@ impl PyController {
             .is_some_and(|index| index < self.workers)
     }
 
+    /// `stop` and `stop_with_report`: stops, and reports what was left.
+    fn stop_reporting(slf: &Bound<'_, Self>, drain: bool, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
+        let py = slf.py();
+        let this = slf.get();
+        if !drain {
+            // Before the flag, so "stopping" means no new key is taken.
+            this.handle.stop();
+        }
+        this.stop_called.store(true, Ordering::SeqCst);
+        this.close_triggers(py);
+        let unstarted = this.builder.lock().take();
+        if let Some(builder) = unstarted {
+            // Never started: nothing to drain.
+            this.handle.stop();
+            drop(builder);
+        }
+        let result = if this.on_own_worker() {
+            // Called from a reconcile of this controller: waiting for the
+            // workers would wait for ourselves. Start the stop and return.
+            if drain {
+                let handle = this.handle.clone();
+                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
+            }
+            Ok(StopReport { finished: false, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() })
+        } else if drain {
+            this.stop_drain(py, timeout)
+        } else {
+            this.stop_now(py, timeout).map(|finished| StopReport {
+                finished,
+                unfinished: Vec::new(),
+                detached_threads: 0,
+                dropped: Vec::new(),
+            })
+        };
+        this.release_callback();
+        lifecycle(py, "untrack", slf)?;
+        result
+    }
+
     /// `stop()` was called: enqueues from Python are ignored from then on.
     fn stopping(&self) -> bool {
         self.stop_called.load(Ordering::SeqCst)
@@ -267,7 +331,7 @@ impl PyController {
     #[allow(clippy::too_many_arguments)] // the Python signature (spec §4, §7, §8)
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
-        timeout=None, group=None, max_in_flight_per_group=None,
+        timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
     ))]
     fn new(
         reconcile: &Bound<'_, PyAny>,
@@ -278,6 +342,9 @@ impl PyController {
         timeout: Option<&Bound<'_, PyAny>>,
         group: Option<&Bound<'_, PyAny>>,
         max_in_flight_per_group: Option<i64>,
+        clock: Option<&Bound<'_, PyAny>>,
+        jitter: Option<&Bound<'_, PyAny>>,
+        parked_capacity: Option<i64>,
     ) -> PyResult<Self> {
         if !reconcile.is_callable() {
             return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
@@ -306,6 +373,13 @@ impl PyController {
             }
             Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?),
         };
+        let clock = fake_clock_from_py(clock)?;
+        let jitter = jitter_from_py(jitter)?;
+        let parked_capacity = match parked_capacity {
+            None => None,
+            Some(n) if n < 1 => return Err(PyValueError::new_err(format!("parked_capacity must be at least 1, got {n}"))),
+            Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("parked_capacity is out of range"))?),
+        };
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -327,6 +401,15 @@ impl PyController {
         }
         if let Some(n) = max_in_flight_per_group {
             builder = builder.max_in_flight_per_group(n);
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock);
+        }
+        if let Some((fraction, seed)) = jitter {
+            builder = builder.jitter(fraction, seed);
+        }
+        if let Some(capacity) = parked_capacity {
+            builder = builder.parked_capacity(capacity);
         }
         let handle = builder.handle();
         Ok(Self {
@@ -444,37 +527,28 @@ impl PyController {
     /// returns False at once (it cannot wait for itself).
     #[pyo3(signature = (drain=true, timeout=None))]
     fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let py = slf.py();
-        let this = slf.get();
         let timeout = timeout_from_py(timeout)?;
-        if !drain {
-            // Before the flag, so "stopping" means no new key is taken.
-            this.handle.stop();
-        }
-        this.stop_called.store(true, Ordering::SeqCst);
-        this.close_triggers(py);
-        let unstarted = this.builder.lock().take();
-        if let Some(builder) = unstarted {
-            // Never started: nothing to drain.
-            this.handle.stop();
-            drop(builder);
-        }
-        let result = if this.on_own_worker() {
-            // Called from a reconcile of this controller: waiting for the
-            // workers would wait for ourselves. Start the stop and return.
-            if drain {
-                let handle = this.handle.clone();
-                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
-            }
-            Ok(false)
-        } else if drain {
-            this.stop_drain(py, timeout)
-        } else {
-            this.stop_now(py, timeout)
+        Ok(Self::stop_reporting(slf, drain, timeout)?.finished)
+    }
+
+    /// `stop(drain=True, timeout)` that also says what it left: a dict with
+    /// `finished` (every worker finished in time), `unfinished` (keys whose
+    /// reconcile was still running at the deadline) and `dropped` (keys
+    /// dropped without a reconcile: waiting on a delay or a retry, or ready
+    /// at the deadline).
+    #[pyo3(signature = (timeout=None))]
+    fn stop_with_report<'py>(slf: &Bound<'py, Self>, timeout: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyDict>> {
+        let py = slf.py();
+        let timeout = timeout_from_py(timeout)?;
+        let report = Self::stop_reporting(slf, true, timeout)?;
+        let keys = |keys: &[PyKey]| -> PyResult<Bound<'py, PyList>> {
+            PyList::new(py, keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?)
         };
-        this.release_callback();
-        lifecycle(py, "untrack", slf)?;
-        result
+        let d = PyDict::new(py);
+        d.set_item("finished", report.finished)?;
+        d.set_item("unfinished", keys(&report.unfinished)?)?;
+        d.set_item("dropped", keys(&report.dropped)?)?;
+        Ok(d)
     }
 
     /// Blocks until nothing is ready, being reconciled or waiting for a due

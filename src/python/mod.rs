@@ -8,6 +8,7 @@
 //! bindings go in their own modules and register their classes below.
 
 mod attach;
+mod clock;
 mod context;
 mod controller;
 mod duration;
@@ -33,6 +34,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
 
     m.add_class::<queue::PyWorkQueue>()?;
+    m.add_class::<clock::PyFakeClock>()?;
 
     m.add_class::<limiters::PyRateLimiter>()?;
     m.add_class::<limiters::ExponentialBackoff>()?;

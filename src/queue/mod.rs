@@ -220,14 +220,17 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
             None => ReadySet::new(),
         };
         let shared = Arc::new_cyclic(|weak: &Weak<Shared<K>>| {
-            // A fake clock's time jumps: wake every getter to re-check due
-            // times. The callback holds the queue weakly and the queue holds
-            // the callback, so it lives exactly as long as the queue.
+            // A fake clock's time jumps: promote what became due before
+            // `advance` returns (so a test sees it ready at once), then wake
+            // every getter to re-check due times. The callback holds the
+            // queue weakly and the queue holds the callback, so it lives
+            // exactly as long as the queue.
             let clock_subscription = (!self.clock.is_real_time()).then(|| {
                 let weak = weak.clone();
                 let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
                     if let Some(shared) = weak.upgrade() {
                         let mut g = shared.locked.lock();
+                        shared.sync(&mut g, &mut Now::new());
                         shared.wake_all(&mut g);
                     }
                 });
