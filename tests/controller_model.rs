@@ -25,7 +25,7 @@
 //! * Result table: `Done` forgets (attempt and limiter reset, memory
 //!   cleared), success. `Requeue` is a rate-limited add (delay = the key's
 //!   backoff sequence 1, 2, 4, ... s), requeue, attempt + 1. `RequeueAfter(d)`
-//!   forgets and adds after `d`, requeue. An error is a rate-limited add,
+//!   forgets and adds after `d`, success. An error is a rate-limited add,
 //!   failure; a panic is the same plus `panics` (G9: the worker goes on).
 //!   `retry_after(d)` adds after `d`, failure, attempt + 1 without asking the
 //!   limiter. `permanent` forgets, parks the key (no retry), failure. A parked
@@ -470,9 +470,10 @@ impl Model {
                 self.counts.requeues += 1;
             }
             Res::RequeueAfter(d) => {
+                // Work done, a resync asked for: a success.
                 self.forget(k);
                 self.add_after(k, d, p);
-                self.counts.requeues += 1;
+                self.counts.successes += 1;
             }
             Res::Fail | Res::Panic => {
                 let kind = if res == Res::Fail { "fail" } else { "panic" };

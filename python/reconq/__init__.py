@@ -23,6 +23,7 @@ from ._native import (
     TokenBucket,
     WithMaxWait,
     WorkQueue,
+    __version__,
     context,
     default_rate_limiter,
     format_status,
@@ -31,6 +32,7 @@ from ._native import (
     start_http_server,
 )
 from ._results import PermanentError, Requeue, RetryAfter
+from ._types import Key
 
 # At exit, hooks stop running controllers (reconq._lifecycle) and remove
 # every live manager's controllers (registered by the extension).
@@ -41,6 +43,7 @@ from ._results import PermanentError, Requeue, RetryAfter
 
 __all__ = [
     "Context",
+    "Key",
     "Controller",
     "ExponentialBackoff",
     "FakeClock",
@@ -56,6 +59,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "__version__",
     "context",
     "default_rate_limiter",
     "format_status",

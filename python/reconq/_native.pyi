@@ -6,6 +6,8 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple
 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
+from ._results import Requeue
+
 __all__ = [
     "Context",
     "Controller",
@@ -20,6 +22,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "__version__",
     "context",
     "default_rate_limiter",
     "format_status",
@@ -32,6 +35,8 @@ _Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
 """A queue key: str, int (signed 64-bit; bool counts), bytes, or tuples of these."""
 
 _Seconds: TypeAlias = Union[int, float]
+
+__version__: str
 
 @final
 class FakeClock:
@@ -121,7 +126,7 @@ class Manager:
     def update(
         self,
         name: str,
-        do: Callable[[], object],
+        do: Callable[[], None],
         stop: Optional[Callable[[], object]] = None,
         interval: Optional[_Seconds] = None,
         error_retry_base: _Seconds = 1.0,
@@ -202,7 +207,7 @@ class _KeyInfo(TypedDict):
 class Controller:
     def __new__(
         cls,
-        reconcile: Callable[[Any], object],
+        reconcile: Callable[[Any], Optional[Requeue]],
         workers: int = 1,
         rate_limiter: Optional[RateLimiter] = None,
         name: str = "controller",

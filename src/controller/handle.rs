@@ -37,11 +37,13 @@ impl<K: ControllerKey> fmt::Debug for ControllerHandle<K> {
 pub struct Stats {
     /// Reconcile calls that returned (or panicked).
     pub reconciles: u64,
-    /// Calls that returned `Ok(Action::Done)`.
+    /// Calls that returned `Ok(Action::Done)` or `Ok(Action::RequeueAfter(_))`
+    /// (work done, a resync asked for).
     pub successes: u64,
     /// Calls that returned an error or panicked.
     pub failures: u64,
-    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    /// Calls that returned `Ok(Action::Requeue)` (a rate-limited retry that
+    /// is not an error).
     pub requeues: u64,
     /// Failures that were panics.
     pub panics: u64,
@@ -154,7 +156,9 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// Blocks until nothing is ready, being reconciled or waiting for a due
     /// time, for at most `timeout` of real time; returns whether that
     /// happened. A controller not started yet is idle only if nothing was
-    /// enqueued.
+    /// enqueued. Keys waiting for a retry or an `Action::RequeueAfter`
+    /// resync count as busy (a test can then wait for a whole retry chain),
+    /// so a controller that resyncs never becomes idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = deadline_after(Instant::now(), timeout);
         if self.core.rt.get().is_none() {

@@ -42,6 +42,7 @@ mod worker;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -94,6 +95,10 @@ pub struct Controller<K: ControllerKey> {
     clock: Arc<dyn Clock>,
     grouping: Option<Arc<dyn Grouping<K>>>,
 }
+
+/// How long a failed [`Controller::try_start`] waits for the workers it did
+/// spawn to exit.
+const FAILED_START_JOIN: Duration = Duration::from_secs(5);
 
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
@@ -250,9 +255,25 @@ impl<K: ControllerKey> Controller<K> {
     /// stopped through a handle before this, nothing is spawned.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread, or `max_in_flight_per_group`
-    /// was set without `group`.
+    /// If the OS refuses to spawn a thread (see [`try_start`](Self::try_start)
+    /// for an error instead), or `max_in_flight_per_group` was set without
+    /// `group`.
     pub fn start(self) -> ControllerHandle<K> {
+        let name = self.core.name.clone();
+        self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
+    }
+
+    /// [`start`](Self::start), with the OS refusing a thread (a thread or
+    /// memory limit: each worker needs a stack) reported as an error. Then
+    /// nothing is left running: the workers already spawned are stopped
+    /// and joined (a reconcile one of them already began is cancelled and
+    /// waited for up to 5 s, then detached), the controller is stopped
+    /// (enqueues are ignored), and the error says how many threads could
+    /// be made.
+    ///
+    /// # Panics
+    /// If `max_in_flight_per_group` was set without `group`.
+    pub fn try_start(self) -> io::Result<ControllerHandle<K>> {
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         assert!(
@@ -295,7 +316,7 @@ impl<K: ControllerKey> Controller<K> {
             if life.stop_requested {
                 drop(life);
                 rt.queue.shut_down_now();
-                return handle;
+                return Ok(handle);
             }
             life.live_workers = config.workers;
         }
@@ -323,21 +344,28 @@ impl<K: ControllerKey> Controller<K> {
             match spawned {
                 Ok(thread) => threads.push(thread),
                 Err(e) => {
-                    // Account for the workers that will never run, stop the
-                    // ones that did, and report.
+                    // Account for the workers that will never run, then stop
+                    // and join the ones that did.
                     core.life.lock().live_workers -= config.workers - index;
                     drop(threads);
                     handle.stop();
-                    panic!("controller {:?}: cannot spawn worker thread: {e}", core.name);
+                    handle.join_timeout(FAILED_START_JOIN);
+                    let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
+                    return Err(io::Error::new(e.kind(), message));
                 }
             }
         }
         drop(threads);
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
-            self.core.spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+            let spawned = self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+            if let Err(e) = spawned {
+                handle.stop();
+                handle.join_timeout(FAILED_START_JOIN);
+                return Err(io::Error::new(e.kind(), format!("cannot spawn the watchdog thread: {e}")));
+            }
         }
-        handle
+        Ok(handle)
     }
 
     /// [`start`](Self::start), then blocks until a handle stops the
@@ -629,6 +657,18 @@ impl<K: ControllerKey> Core<K> {
     /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
     /// for.
     pub(crate) fn spawn_aux(self: &Arc<Self>, name: String, body: impl FnOnce(&Arc<Core<K>>) + Send + 'static) {
+        if let Err(e) = self.try_spawn_aux(name, body) {
+            panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
+        }
+    }
+
+    /// Spawns a trigger, watch or watchdog thread, counted in `live_aux`
+    /// until it exits.
+    pub(crate) fn try_spawn_aux(
+        self: &Arc<Self>,
+        name: String,
+        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
+    ) -> io::Result<()> {
         let wrapper = self.wrapper();
         self.life.lock().live_aux += 1;
         let core = Arc::clone(self);
@@ -638,14 +678,16 @@ impl<K: ControllerKey> Core<K> {
             let guard = ExitGuard { core, worker: false };
             body(&guard.core);
         }) {
-            Ok(thread) => threads.push(thread),
+            Ok(thread) => {
+                threads.push(thread);
+                Ok(())
+            }
             Err(e) => {
                 drop(threads);
                 let mut life = self.life.lock();
                 life.live_aux -= 1;
                 self.life_cv.notify_all();
-                drop(life);
-                panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
+                Err(e)
             }
         }
     }

@@ -126,10 +126,14 @@ fn settle<K: ControllerKey>(
             counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::RequeueAfter(delay) => {
+            // The reconcile did its work and asks for a periodic resync: a
+            // success (controller-runtime counts it apart from errors; its
+            // metric label stays `requeue_after`).
             core.memory.clear(key);
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
-            counters.requeues.fetch_add(1, Ordering::Relaxed);
+            counters.record_success();
+            counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {

@@ -18,13 +18,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
 use super::attach::python_thread_wrapper;
+use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::key::PyKey;
@@ -130,9 +131,7 @@ fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<
 fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Py<PyAny>>> {
     match obj {
         Some(f) if !f.is_none() => {
-            if !f.is_callable() {
-                return Err(PyTypeError::new_err(format!("{what} must be callable or None, not {}", type_name(f))));
-            }
+            check_sync_callable(f, what)?;
             Ok(Some(f.clone().unbind()))
         }
         _ => Ok(None),
@@ -346,9 +345,7 @@ impl PyController {
         jitter: Option<&Bound<'_, PyAny>>,
         parked_capacity: Option<i64>,
     ) -> PyResult<Self> {
-        if !reconcile.is_callable() {
-            return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
-        }
+        check_sync_callable(reconcile, "reconcile")?;
         if workers < 1 {
             return Err(PyValueError::new_err(format!("workers must be at least 1, got {workers}")));
         }
@@ -483,7 +480,10 @@ impl PyController {
     }
 
     /// Starts the worker threads and returns at once. Starting twice, or
-    /// after stop, does nothing.
+    /// after stop, does nothing. Raises RuntimeError, with nothing left
+    /// running and the controller stopped, if the OS refuses a thread (each
+    /// worker needs a stack: thousands of workers can exceed a memory or
+    /// thread limit).
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
@@ -495,8 +495,14 @@ impl PyController {
             return Ok(());
         }
         // Spawning takes engine locks; the new threads attach at once.
-        py.detach(move || drop(builder.start()));
+        let started = py.detach(move || builder.try_start().map(drop));
         this.started.store(true, Ordering::SeqCst);
+        if let Err(e) = started {
+            // Nothing runs: the controller is stopped, as after stop().
+            this.stop_called.store(true, Ordering::SeqCst);
+            this.release_callback();
+            return Err(PyRuntimeError::new_err(format!("controller {:?} could not start: {e}", &*this.name)));
+        }
         lifecycle(py, "track", slf)
     }
 
@@ -554,6 +560,8 @@ impl PyController {
     /// Blocks until nothing is ready, being reconciled or waiting for a due
     /// time; returns False if `timeout` seconds passed first. Once it
     /// returns True, `stats()` counts every reconcile that has returned.
+    /// Keys waiting for a retry or a `Requeue(after=)` resync count as
+    /// busy, so a controller that resyncs never becomes idle.
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
@@ -658,9 +666,7 @@ impl PyController {
     #[pyo3(name = "add_trigger")]
     fn add_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>, r#fn: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
-        if !r#fn.is_callable() {
-            return Err(PyTypeError::new_err(format!("fn must be callable, not {}", type_name(r#fn))));
-        }
+        check_sync_callable(r#fn, "fn")?;
         let event = py.import("threading")?.getattr("Event")?.call0()?;
         let (id, replaced) = {
             let mut reg = self.triggers.lock();
@@ -738,18 +744,7 @@ impl PyController {
     /// ends the watch. Ignored once stopped.
     #[pyo3(signature = (iterable, transform=None))]
     fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let transform = match transform {
-            Some(t) if !t.is_none() => {
-                if !t.is_callable() {
-                    return Err(PyTypeError::new_err(format!(
-                        "transform must be callable or None, not {}",
-                        type_name(t)
-                    )));
-                }
-                Some(t.clone().unbind())
-            }
-            _ => None,
-        };
+        let transform = optional_callable(transform, "transform")?;
         let iter = iterable.try_iter()?.unbind();
         if self.stop_called.load(Ordering::SeqCst) {
             return Ok(());

@@ -32,6 +32,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::callables::check_sync_callable;
 use super::context::with_scope;
 use super::errors::describe;
 use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
@@ -73,9 +74,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
-    if !obj.is_callable() {
-        return Err(PyTypeError::new_err(format!("{what} must be callable, not {}", type_name(obj))));
-    }
+    check_sync_callable(obj, what)?;
     Ok(Arc::new(obj.clone().unbind()))
 }
 

@@ -8,6 +8,7 @@
 //! bindings go in their own modules and register their classes below.
 
 mod attach;
+mod callables;
 mod clock;
 mod context;
 mod controller;
@@ -31,6 +32,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The engine's own log events go to Python `logging` (see `logs`).
     logs::install(py)?;
 
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
 
     m.add_class::<queue::PyWorkQueue>()?;

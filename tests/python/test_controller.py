@@ -107,7 +107,7 @@ def test_requeue_after_forgets_and_delays(make):
     c.start()
     c.enqueue("k")
     assert c.wait_idle(PATIENCE)
-    assert counts(c) == {"reconciles": 3, "successes": 1, "failures": 1, "requeues": 1}
+    assert counts(c) == {"reconciles": 3, "successes": 2, "failures": 1, "requeues": 0}  # a resync is a success
     assert seen == [0, 1, 0]  # Requeue(after=) forgot the failure
     t = rec.times["k"]
     assert t[2] - t[1] >= 0.045
@@ -654,3 +654,26 @@ def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
     assert results == [False]
     wait_for(lambda: c.stats()["state"] == "stopped")
     assert c.stop(timeout=PATIENCE) is True
+
+
+# --- callables that cannot work ------------------------------------------------------
+
+
+async def async_reconcile(key: Any) -> None:
+    pass
+
+
+def test_coroutine_functions_are_refused_with_a_clear_type_error():
+    with pytest.raises(TypeError, match="coroutine function"):
+        reconq.Controller(async_reconcile)
+    with pytest.raises(TypeError, match="coroutine function"):
+        reconq.Controller(lambda key: None, group=async_reconcile)
+    m = reconq.Manager()
+    with pytest.raises(TypeError, match="coroutine function"):
+        m.update("x", async_reconcile)
+    assert len(m) == 0
+
+
+def test_the_package_has_a_version_and_a_key_alias():
+    assert reconq.__version__.count(".") == 2
+    assert reconq.Key is not None and "Key" in reconq.__all__

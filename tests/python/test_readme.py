@@ -24,3 +24,10 @@ def test_the_testing_your_reconcile_example_passes():
     namespace: Dict[str, object] = {}
     exec(compile(block_defining(name), "README.md", "exec"), namespace)
     namespace[name]()  # type: ignore[operator]
+
+
+def test_the_first_python_example_finishes_and_counts_its_work(capsys):
+    (block,) = [b for b in python_blocks() if 'name="sync"' in b]
+    exec(compile(block, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "'successes': 3" in printed and "'failures': 1" in printed, printed

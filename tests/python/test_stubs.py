@@ -107,3 +107,18 @@ def test_stubs_type_check_context_and_scheduling_usage(tmp_path):
         "c.enqueue('k', priority='high')  # E: not an int\n",
     )
     assert len(errors) == 1 and "prog.py:14:" in errors[0], errors
+
+
+def test_stubs_reject_reconciles_returning_the_wrong_thing(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "def ok(key: reconq.Key) -> 'reconq.Requeue | None':\n"
+        "    return reconq.Requeue(after=60)\n"
+        "def wrong(key: object) -> int:\n"
+        "    return 1\n"
+        "reconq.Controller(ok)\n"
+        "reconq.Controller(wrong)  # E: returns int\n"
+        "v: str = reconq.__version__\n",
+    )
+    assert len(errors) == 1 and "prog.py:7:" in errors[0], errors
