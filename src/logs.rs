@@ -114,6 +114,16 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
+/// A stop is still waiting for these reconciles to return (call with no
+/// lock held).
+pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, running = ?running,
+        "stop waiting for reconciles to return"
+    );
+}
+
 /// A stop dropped keys without reconciling them (call with no lock held).
 /// Nothing is logged when it dropped none.
 pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {

@@ -32,6 +32,10 @@ from typing import Any, Set
 #: Seconds the exit hook waits for running controllers to drain, in total.
 EXIT_TIMEOUT = 5.0
 
+#: Seconds leaving a ``with Controller(...)`` block drains before it stops
+#: the rest at once (running reconciles are cancelled and left to return).
+WITH_EXIT_TIMEOUT = 30.0
+
 _lock = threading.Lock()
 _running: Set[Any] = set()
 

@@ -67,6 +67,14 @@ pub struct Stats {
     pub last_error_time: Option<SystemTime>,
 }
 
+/// How often a stop waiting for reconciles logs which ones it waits for.
+const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
+
+/// The keys whose reconcile is running now.
+fn running_keys<K: Clone>(rt: &super::Runtime<K>) -> Vec<K> {
+    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect()
+}
+
 /// What [`ControllerHandle::stop_with_drain_report`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopReport<K> {
@@ -308,15 +316,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.request_stop();
         let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
         if let Some(rt) = self.core.rt.get() {
-            rt.queue.shut_down_with_drain_timeout(timeout);
+            self.drain_naming_waits(rt, deadline);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
             if report.finished {
                 self.join_workers();
             } else {
                 self.core.cancel_everything();
                 rt.queue.shut_down_now();
-                report.unfinished =
-                    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect();
+                report.unfinished = running_keys(rt);
                 {
                     let mut life = self.core.life.lock();
                     life.abandoned = true;
@@ -377,6 +384,21 @@ impl<K: ControllerKey> ControllerHandle<K> {
             self.join_aux();
         }
         all_exited
+    }
+
+    /// Shuts the queue down with drain and waits until every key handed out
+    /// is done or `deadline` passed; meanwhile logs a WARNING naming the
+    /// reconciles still running every [`STOP_WAIT_LOG_INTERVAL`], so a stop
+    /// held up by a slow reconcile says what it waits for.
+    fn drain_naming_waits(&self, rt: &super::Runtime<K>, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            let slice = deadline.min(deadline_after(now, STOP_WAIT_LOG_INTERVAL)).saturating_duration_since(now);
+            if rt.queue.shut_down_with_drain_timeout(slice) || Instant::now() >= deadline {
+                return;
+            }
+            logs::stop_waiting(&self.core.name, &running_keys(rt));
+        }
     }
 
     fn wait_life(&self, deadline: Instant, done: impl Fn(&super::Life) -> bool) -> bool {

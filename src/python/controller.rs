@@ -74,6 +74,46 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
+/// While `run()` waits: SIGTERM (the stop signal of systemd, Docker and
+/// Kubernetes) raises KeyboardInterrupt as Ctrl-C does, so it drains too.
+/// Only on the main thread (the only one Python lets set handlers) and only
+/// if SIGTERM has its default disposition: a program's own handler wins.
+/// The previous handler is put back on drop.
+struct SigtermAsInterrupt {
+    previous: Option<Py<PyAny>>,
+}
+
+impl SigtermAsInterrupt {
+    fn install(py: Python<'_>) -> PyResult<Self> {
+        if !super::queue::on_main_thread() {
+            return Ok(Self { previous: None });
+        }
+        let signal = py.import("signal")?;
+        let sigterm = signal.getattr("SIGTERM")?;
+        let previous = signal.call_method1("getsignal", (&sigterm,))?;
+        if !previous.eq(signal.getattr("SIG_DFL")?)? {
+            return Ok(Self { previous: None });
+        }
+        signal.call_method1("signal", (&sigterm, signal.getattr("default_int_handler")?))?;
+        Ok(Self { previous: Some(previous.unbind()) })
+    }
+}
+
+impl Drop for SigtermAsInterrupt {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            attach(|py| {
+                let restored = py
+                    .import("signal")
+                    .and_then(|signal| signal.call_method1("signal", (signal.getattr("SIGTERM")?, previous)).map(drop));
+                if let Err(e) = restored {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    }
+}
+
 /// A `time.time()` timestamp, checked.
 fn timestamp_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() {
@@ -507,16 +547,40 @@ impl PyController {
     }
 
     /// Starts, then blocks until the controller is stopped (by `stop()` from
-    /// another thread). Ctrl-C stops it with drain and returns normally.
-    fn run(slf: &Bound<'_, Self>) -> PyResult<()> {
+    /// another thread). Ctrl-C (SIGINT) or SIGTERM (when it has no handler
+    /// of the program's own) stops it with drain, for at most `stop_timeout`
+    /// seconds (None: until the reconciles return); a second signal during
+    /// the drain stops at once (running reconciles are cancelled and left
+    /// to return on their own). Either way `run()` then returns normally;
+    /// the keys it left are logged.
+    #[pyo3(signature = (stop_timeout=None))]
+    fn run(slf: &Bound<'_, Self>, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
+        let stop_timeout = timeout_from_py(stop_timeout)?;
         let handle = &slf.get().handle;
+        let _sigterm = SigtermAsInterrupt::install(py)?;
         // A Ctrl-C may land while start() runs Python code, too.
         let waited = Self::start(slf)
             .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
         match waited {
             Ok(_) => Ok(()),
-            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Self::stop(slf, true, None).map(drop),
+            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
+                log(py, "warning", ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name), None);
+                match Self::stop_reporting(slf, true, stop_timeout) {
+                    Ok(report) if report.finished => Ok(()),
+                    Ok(report) => {
+                        let left = report.unfinished.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+                        log(py, "warning", ("controller %r: stop_timeout passed; left running: %r", &*slf.get().name, left), None);
+                        Ok(())
+                    }
+                    Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
+                        // The drain was cut short and the workers cancelled.
+                        log(py, "warning", ("controller %r: second signal; stopped without waiting for running reconciles", &*slf.get().name), None);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => {
                 let _ = Self::stop(slf, true, None);
                 Err(e)
@@ -770,7 +834,10 @@ impl PyController {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        Self::stop(slf, true, None).map(drop)
+        // Bounded, so leaving the block cannot hang on a stuck reconcile.
+        let bound = slf.py().import("reconq._lifecycle")?.getattr("WITH_EXIT_TIMEOUT")?;
+        let bound = non_negative_from_py(&bound, "reconq._lifecycle.WITH_EXIT_TIMEOUT")?;
+        Self::stop_reporting(slf, true, Some(bound)).map(drop)
     }
 
     fn __repr__(&self) -> String {

@@ -74,6 +74,7 @@ impl MetricsServer {
     /// a handle whose owner is gone without closing it (Python's
     /// `start_http_server(...)` called on its own line, as
     /// prometheus_client users write it).
+    #[cfg(feature = "python")]
     pub(crate) fn detach(mut self) {
         drop(self.thread.take());
     }
