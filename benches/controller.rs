@@ -1,4 +1,4 @@
-//! Controller benchmarks (spec §6, §12): W1 through the full `Controller`
+//! Controller benchmarks (guarantees §6): W1 through the full `Controller`
 //! and through the bare `WorkQueue` side by side (the controller's overhead
 //! is the ratio), W1 with priorities and groups on (`scheduled`: the cost of
 //! the fair ready set against `controller`), W5 retries, and the W9
@@ -135,9 +135,10 @@ fn spin_for(d: Duration) {
     }
 }
 
-/// W9 (spec §12): 100,000 ready keys of group A, then 100 of group B; 4
-/// workers, reconcile = 100 µs of work. Returns the time from the first B
-/// enqueue until every B key is done, with or without `group`.
+/// W9 (guarantees, "Benchmarks of scheduling"): 100,000 ready keys of
+/// group A, then 100 of group B; 4 workers, reconcile = 100 µs of work.
+/// Returns the time from the first B enqueue until every B key is done,
+/// with or without `group`.
 fn w9_once(grouped: bool, a_keys: u32) -> Duration {
     const B_KEYS: u32 = 100;
     let b_left = Arc::new(AtomicU64::new(u64::from(B_KEYS)));

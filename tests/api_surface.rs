@@ -1,4 +1,4 @@
-//! The Rust surface of the contract (API.md §2–§3), spelled exactly as the
+//! The Rust surface of the contract (guarantees §2–§3), spelled exactly as the
 //! contract writes it. If a name or signature drifts, this file stops
 //! compiling; the assertions check the behaviour the contract attaches.
 

@@ -1,7 +1,7 @@
 //! State-machine property test of the `Controller` (reliability issue):
 //! random operation sequences on a one-worker controller with a `FakeClock`
 //! and `ExponentialBackoff(1 s, 1000 s)` over keys 0..4, checked after every
-//! step against a reference model of spec §1 (G1-G5, G7, G9) and §4's result
+//! step against a reference model of guarantees §1 (G1-G5, G7, G9) and §4's result
 //! table.
 //!
 //! One worker makes the order deterministic. After each operation the test
@@ -49,7 +49,7 @@
 //! jitter, other limiters, triggers, the hang watchdog, the Python surface,
 //! G8 (`idle_cpu.rs`), groups (`groups.rs`, `shuttle_controller.rs`).
 //!
-//! Priorities (spec §8, P1-P3) are part of the model: enqueues carry a
+//! Priorities (guarantees §8, P1-P3) are part of the model: enqueues carry a
 //! priority in 0..3, every call records the priority it was handed out
 //! with, and the model hands out the highest priority first, FIFO by the
 //! time a key became ready (or was raised) within one; adds raise, never
@@ -451,7 +451,7 @@ impl Model {
         self.global_last_error = Some(msg);
     }
 
-    /// One reconcile of `k` (already taken at priority `p`), as spec §4's
+    /// One reconcile of `k` (already taken at priority `p`), as guarantees §4's
     /// table says; every re-add keeps `p` (P3).
     fn reconcile(&mut self, k: u32, p: i32, cancelled: bool) {
         let attempt = self.attempts.get(&k).copied().unwrap_or(0);

@@ -1,4 +1,4 @@
-//! Every row of the reconcile result table (spec §4), attempt numbers,
+//! Every row of the reconcile result table (guarantees §4), attempt numbers,
 //! panics, the parked set and per-key inspection. Fake clock throughout:
 //! retries only come back when the test moves time.
 

@@ -1,4 +1,4 @@
-"""Python benchmarks (spec §6): reconq against the pure-Python baseline.
+"""Python benchmarks (guarantees §6): reconq against the pure-Python baseline.
 
     python benches/python/bench.py            # P1 (queue and controller), P2, P3
     python benches/python/bench.py w9 --w9-a-keys 20000   # W9 fairness (not in the default set)
@@ -24,10 +24,11 @@ nothing useful.
   the pure baseline logs nothing, so that logger is silenced (level
   CRITICAL) for a like-for-like comparison.
 
-* W9 (spec §12): 100,000 ready keys of group A, then 100 of group B; 4
-  workers, reconcile = 100 µs of work (a busy loop, so it holds the GIL as
-  real Python work does); time until every B key is done, with
-  ``group=`` against without (reconq only: the baseline has no groups).
+* W9 (guarantees, "Benchmarks of scheduling"): 100,000 ready keys of
+  group A, then 100 of group B; 4 workers, reconcile = 100 µs of work (a
+  busy loop, so it holds the GIL as real Python work does); time until
+  every B key is done, with ``group=`` against without (reconq only: the
+  baseline has no groups).
 
 Every line prints reconq, the pure-Python baseline and their ratio (> 1:
 reconq is better).

@@ -99,7 +99,7 @@ class WorkQueue:
     @property
     def shutting_down(self) -> bool: ...
 
-# --- Manager (spec §5) ---
+# --- Manager (guarantees §5) ---
 
 from typing import Callable, TypedDict
 
@@ -143,7 +143,7 @@ class Manager:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
 
-# --- The reconcile context (spec §7) ---
+# --- The reconcile context (guarantees §7) ---
 
 @final
 class Context:
@@ -170,7 +170,7 @@ class Context:
 def context() -> Context:
     """The context of the reconcile or Manager ``do`` running on this thread (RuntimeError elsewhere)."""
 
-# --- Controller (spec §4, §5) ---
+# --- Controller (guarantees §4, §5) ---
 
 class _ControllerStats(TypedDict):
     name: str

@@ -125,7 +125,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.route(key, When::At(at), 0);
     }
 
-    /// [`enqueue`](Self::enqueue) at `priority` (spec §8): ready keys are
+    /// [`enqueue`](Self::enqueue) at `priority` (guarantees §8): ready keys are
     /// reconciled highest priority first (P1); a key already waiting with a
     /// lower priority is raised to it, a higher one stays (P2); retries keep
     /// the priority a key was handed out with (P3). Plain enqueues are 0.
@@ -191,7 +191,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.stats_and_hanging().0
     }
 
-    /// Keys being reconciled per group (spec §8), for a controller built
+    /// Keys being reconciled per group (guarantees §8), for a controller built
     /// with [`group`](super::Controller::group) returning `G`; `None` is
     /// the group of keys whose group function panicked. Empty without
     /// groups, before start, or if `G` is not the controller's group type.

@@ -1,4 +1,4 @@
-//! The reconcile loop (spec §3, §4, §5): a fixed pool of OS worker threads
+//! The reconcile loop (guarantees §3, §4, §5): a fixed pool of OS worker threads
 //! taking keys from a [`WorkQueue`] and calling a [`Reconciler`].
 //!
 //! * [`Controller`] (this file) is the builder; `start` spawns the threads.
@@ -113,6 +113,36 @@ impl<K: ControllerKey> Controller<K> {
         }
     }
 
+    /// A controller whose reconcile is a closure, with its argument and
+    /// return types inferred: no annotations needed. Return
+    /// `Ok(Action::..)`, `Err(ReconcileError::..)`, or use `?` on any error
+    /// (a rate-limited retry). [`new`](Self::new) takes any [`Reconciler`]
+    /// (a struct, or a closure with its own error type).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reconq::{Action, Controller, ReconcileError};
+    ///
+    /// let handle = Controller::from_fn("sizes", |path, ctx| {
+    ///     let size = std::fs::metadata(path)?.len(); // an io::Error is retried
+    ///     if size == 0 && ctx.attempt() < 3 {
+    ///         return Err(ReconcileError::new("empty file, not written yet?"));
+    ///     }
+    ///     Ok(Action::Done)
+    /// })
+    /// .start();
+    /// handle.enqueue(std::path::PathBuf::from("Cargo.toml"));
+    /// assert!(handle.wait_idle(Duration::from_secs(10)));
+    /// assert_eq!(handle.stats().successes, 1);
+    /// handle.stop();
+    /// ```
+    pub fn from_fn<F>(name: impl Into<String>, reconcile: F) -> Self
+    where
+        F: Fn(&K, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static,
+    {
+        Self::new(name, reconcile)
+    }
+
     /// Number of worker threads (default 1).
     ///
     /// # Panics
@@ -203,7 +233,7 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
-    /// Puts every key in the group `group(key)` gives (spec §8): among ready
+    /// Puts every key in the group `group(key)` gives (guarantees §8): among ready
     /// keys of one priority, keys are handed out round-robin across groups
     /// (P4), so a group with many keys cannot starve one with few. The
     /// function is called on the enqueuing thread when a key is enqueued;

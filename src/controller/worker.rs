@@ -96,7 +96,7 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
     }
 }
 
-/// Acts on a finished reconcile (spec §4's table). Retries keep the priority
+/// Acts on a finished reconcile (guarantees §4's table). Retries keep the priority
 /// the key was handed out with (P3).
 fn settle<K: ControllerKey>(
     core: &Core<K>,

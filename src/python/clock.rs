@@ -1,4 +1,4 @@
-//! `reconq.FakeClock` (spec §7.1): the Rust [`FakeClock`] for Python tests,
+//! `reconq.FakeClock` (guarantees §7.1): the Rust [`FakeClock`] for Python tests,
 //! so a reconcile's back-offs, `enqueue_after` delays, hang thresholds and
 //! timeouts can be stepped through without sleeping. There is one
 //! implementation: this class only converts seconds.

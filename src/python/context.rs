@@ -1,4 +1,4 @@
-//! `reconq.context()` (spec §7): what a Python reconcile or Manager `do`
+//! `reconq.context()` (guarantees §7): what a Python reconcile or Manager `do`
 //! sees besides its key, read from a function as `contextvars`-style code
 //! does, so the reconcile's signature stays `reconcile(key)`.
 //!

@@ -1,5 +1,5 @@
 //! `reconq.Controller`: the Rust controller with a Python reconcile function
-//! (spec §4), triggers, watches, `enqueue_at` and hang reports (spec §5).
+//! (guarantees §4), triggers, watches, `enqueue_at` and hang reports (guarantees §5).
 //!
 //! * Every engine thread attaches once for its life (see
 //!   [`python_thread_wrapper`]); reconcile calls attach around the call only.
@@ -159,7 +159,7 @@ fn jitter_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<(f64, u64)>
     Ok(Some((fraction, seed)))
 }
 
-/// `timeout=`: positive seconds or None (spec §7).
+/// `timeout=`: positive seconds or None (guarantees §7).
 fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     let timeout = timeout_from_py(obj)?;
     if timeout.is_some_and(|t| t.is_zero()) {
@@ -367,7 +367,7 @@ impl PyController {
 #[pymethods]
 impl PyController {
     #[new]
-    #[allow(clippy::too_many_arguments)] // the Python signature (spec §4, §7, §8)
+    #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §4, §7, §8)
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,

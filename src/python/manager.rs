@@ -1,4 +1,4 @@
-//! `reconq.Manager`: named periodic controllers (spec §5, Cilium's
+//! `reconq.Manager`: named periodic controllers (guarantees §5, Cilium's
 //! `pkg/controller`) with Python `do` / `stop` callables.
 //!
 //! GIL discipline:
@@ -173,7 +173,7 @@ impl PyManager {
     /// cap), as Cilium's `MaxRetryInterval`. Inside `do`,
     /// `reconq.context()` gives the run's context: cancelled when the
     /// controller is removed, replaced by an update, or its manager stopped.
-    #[allow(clippy::too_many_arguments)] // the Python signature (spec §5)
+    #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §5)
     // `error_retry_base=None` is accepted too and means the default, 1.0.
     #[pyo3(
         signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),

@@ -1,4 +1,4 @@
-//! The `reconq._native` extension module (spec §4), built by maturin with the
+//! The `reconq._native` extension module (guarantees §4), built by maturin with the
 //! `python` feature. `python/reconq/__init__.py` re-exports everything.
 //!
 //! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds

@@ -1,6 +1,6 @@
 //! The glue between the Rust controller and Python callables: the thread
 //! wrapper that attaches every engine thread once, the [`Reconciler`] that
-//! calls a Python `reconcile(key)` and maps its result onto the spec §4
+//! calls a Python `reconcile(key)` and maps its result onto the guarantees §4
 //! table, Python iterators as watch sources, and logging to the `reconq`
 //! Python logger.
 //!
@@ -65,7 +65,7 @@ where
     }
 }
 
-/// Calls a Python `reconcile(key)` (spec §4's table).
+/// Calls a Python `reconcile(key)` (guarantees §4's table).
 pub(crate) struct PyReconciler {
     pub(crate) callback: Arc<CallbackCell>,
     pub(crate) name: Arc<str>,

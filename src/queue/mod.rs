@@ -1,4 +1,4 @@
-//! The rate-limiting work queue (spec §1, §3).
+//! The rate-limiting work queue (guarantees §1, §3).
 //!
 //! One mutex guards a [`QueueState`] (ready FIFO, per-key slots, delay heap);
 //! getters block on a condvar. What makes it fast is avoiding what costs far
@@ -85,14 +85,14 @@ impl std::error::Error for GetError {}
 
 /// A deduplicating, delaying, rate-limiting work queue, shared by cloning.
 ///
-/// Guarantees (spec §1): a key waiting to be handed out is handed out once
+/// Guarantees (guarantees §1): a key waiting to be handed out is handed out once
 /// however often it is added (G1); a key is never handed to two getters at
 /// once, and one added while it is processed is handed out again after
 /// [`done`](Self::done) (G2, G3); ready keys come out first-in first-out
 /// (G4); delays only ever advance a key, and a plain add cancels its delay
 /// (G5).
 ///
-/// Priorities (spec §8): [`add_with_priority`](Self::add_with_priority)
+/// Priorities (guarantees §8): [`add_with_priority`](Self::add_with_priority)
 /// and [`add_after_with_priority`](Self::add_after_with_priority) give a
 /// key an `i32` priority (plain adds give 0). Ready keys come out highest
 /// priority first, first-in first-out within one (P1); a key's priority

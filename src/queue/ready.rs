@@ -1,4 +1,4 @@
-//! The ready set: which ready key is handed out next (G4, spec §8 P1–P5).
+//! The ready set: which ready key is handed out next (G4, guarantees §8 P1–P5).
 //!
 //! [`QueueState`](super::state::QueueState) decides *whether* a key is ready
 //! (its slot); this module decides *in which order* ready keys leave. The

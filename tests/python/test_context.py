@@ -1,4 +1,4 @@
-"""reconq.context() and per-reconcile timeouts (spec §7)."""
+"""reconq.context() and per-reconcile timeouts (guarantees §7)."""
 
 from __future__ import annotations
 

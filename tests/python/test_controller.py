@@ -1,4 +1,4 @@
-"""reconq.Controller (spec §4): the result table, bad input, stats, stopping."""
+"""reconq.Controller (guarantees §4): the result table, bad input, stats, stopping."""
 
 from __future__ import annotations
 

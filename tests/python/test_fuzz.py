@@ -5,7 +5,7 @@ Every call must either work or raise one of the documented exception types,
 and a refused call must change nothing observable: `len(q)`,
 `q.num_requeues(k)`, a limiter's memory, a controller's `stats()` counts.
 The expected outcome of each call is computed by a small oracle that
-mirrors the contract (API.md §4: keys, durations, timeouts), so a call that
+mirrors the contract (guarantees §4: keys, durations, timeouts), so a call that
 *works* when it should have been refused fails the test too.
 
 Runtime is bounded (`max_examples`, short state machines, `get(timeout=0)`),

@@ -1,4 +1,4 @@
-"""Everything the Rust controller can do, from Python (spec §7.1): the fake
+"""Everything the Rust controller can do, from Python (guarantees §7.1): the fake
 clock, seeded jitter, the parked capacity, the stop report and the Manager's
 back-off cap. Nothing here sleeps: time moves only when a test advances it."""
 

@@ -1,4 +1,4 @@
-"""Priorities, fairness and per-group limits from Python (spec §8, P1–P5)."""
+"""Priorities, fairness and per-group limits from Python (guarantees §8, P1–P5)."""
 
 from __future__ import annotations
 
