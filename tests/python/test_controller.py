@@ -35,21 +35,6 @@ class Recorder:
             return len(self.times.get(key, []))
 
 
-@pytest.fixture
-def make():
-    """Builds controllers and stops them at the end of the test."""
-    made: List[reconq.Controller] = []
-
-    def factory(reconcile: Callable[[Any], Any], **kw: Any) -> reconq.Controller:
-        c = reconq.Controller(reconcile, **kw)
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.stop(drain=False, timeout=5)
-
-
 def counts(c: reconq.Controller) -> Dict[str, int]:
     s = c.stats()
     return {k: s[k] for k in ("reconciles", "successes", "failures", "requeues")}

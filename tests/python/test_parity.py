@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
 
@@ -15,20 +15,6 @@ from waiting import PATIENCE, wait_for
 
 #: A step well below any delay under test, to show a key is not due early.
 EPSILON = 1e-6
-
-
-@pytest.fixture
-def make():
-    made: List[reconq.Controller] = []
-
-    def factory(reconcile: Callable[[Any], Any], **kw: Any) -> reconq.Controller:
-        c = reconq.Controller(reconcile, **kw)
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.stop(drain=False, timeout=5)
 
 
 # --- FakeClock ----------------------------------------------------------------------
