@@ -393,8 +393,12 @@ impl<K: ControllerKey> ControllerHandle<K> {
     fn drain_naming_waits(&self, rt: &super::Runtime<K>, deadline: Instant) {
         loop {
             let now = Instant::now();
-            let slice = deadline.min(deadline_after(now, STOP_WAIT_LOG_INTERVAL)).saturating_duration_since(now);
-            if rt.queue.shut_down_with_drain_timeout(slice) || Instant::now() >= deadline {
+            let slice_end = deadline.min(deadline_after(now, STOP_WAIT_LOG_INTERVAL));
+            let drained = rt.queue.shut_down_with_drain_timeout(slice_end.saturating_duration_since(now));
+            // Back before its slice ended without draining: the queue is not
+            // draining (an immediate stop came first); nothing to wait for.
+            let gave_up = Instant::now() < slice_end;
+            if drained || gave_up || Instant::now() >= deadline {
                 return;
             }
             logs::stop_waiting(&self.core.name, &running_keys(rt));

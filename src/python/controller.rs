@@ -31,7 +31,7 @@ use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_s
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
-use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log};
+use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::{Controller, ControllerHandle, KeyStatus, StopReport, StopSignal};
@@ -73,6 +73,10 @@ pub(crate) struct PyController {
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
+
+/// After a second signal, how long `run()` waits for the cancelled
+/// reconciles to return before it returns anyway.
+const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
 
 /// While `run()` waits: SIGTERM (the stop signal of systemd, Docker and
 /// Kubernetes) raises KeyboardInterrupt as Ctrl-C does, so it drains too.
@@ -565,8 +569,13 @@ impl PyController {
         match waited {
             Ok(_) => Ok(()),
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
-                log(py, "warning", ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name), None);
-                match Self::stop_reporting(slf, true, stop_timeout) {
+                let draining = ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name);
+                // A second signal may land in the logging call itself.
+                let stopped = match try_log(py, "warning", draining, None) {
+                    Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
+                    _ => Self::stop_reporting(slf, true, stop_timeout),
+                };
+                match stopped {
                     Ok(report) if report.finished => Ok(()),
                     Ok(report) => {
                         let left = report.unfinished.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
@@ -574,8 +583,24 @@ impl PyController {
                         Ok(())
                     }
                     Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
-                        // The drain was cut short and the workers cancelled.
-                        log(py, "warning", ("controller %r: second signal; stopped without waiting for running reconciles", &*slf.get().name), None);
+                        // The drain was cut short (or never began): stop at
+                        // once, cancelling the running reconciles, and give
+                        // those that heed it a moment to return (a third
+                        // signal cuts this short too).
+                        if !slf.get().stop_called.load(Ordering::SeqCst) {
+                            Self::stop_reporting(slf, false, Some(Duration::ZERO))?;
+                        }
+                        let deadline = deadline_after(Instant::now(), SECOND_SIGNAL_GRACE);
+                        let returned = wait_interruptibly(py, Some(deadline), |slice| {
+                            handle.wait_stopped(slice).then_some(())
+                        });
+                        let returned = matches!(returned, Ok(Some(())));
+                        let what = if returned {
+                            "controller %r: second signal; stopped at once (running reconciles were cancelled and returned)"
+                        } else {
+                            "controller %r: second signal; stopped without waiting for running reconciles"
+                        };
+                        log(py, "warning", (what, &*slf.get().name), None);
                         Ok(())
                     }
                     Err(e) => Err(e),

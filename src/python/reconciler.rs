@@ -36,7 +36,18 @@ pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&Py
 where
     A: pyo3::call::PyCallArgs<'py>,
 {
-    let result = (|| -> PyResult<()> {
+    if let Err(e) = try_log(py, level, args, exc) {
+        e.write_unraisable(py, None);
+    }
+}
+
+/// [`log`], returning what the logging call raised: a caller on the main
+/// thread must not swallow a KeyboardInterrupt that landed in it.
+pub(crate) fn try_log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>) -> PyResult<()>
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    (|| -> PyResult<()> {
         let logger = LOGGER.get_or_try_init(py, || {
             Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
         })?;
@@ -59,10 +70,7 @@ where
         }
         logger.call_method(level, args, Some(&kwargs))?;
         Ok(())
-    })();
-    if let Err(e) = result {
-        e.write_unraisable(py, None);
-    }
+    })()
 }
 
 /// Calls a Python `reconcile(key)` (guarantees §4's table).

@@ -566,8 +566,10 @@ class ControllerMachine(RuleBasedStateMachine):
             what = plan.popleft() if plan else "ok"
             self.did["reconciles"] += 1
             outcome = {"ok": "successes", "reenter": "successes", "other": "successes"}.get(what, "failures")
-            if what in ("requeue", "requeue_after"):
+            if what == "requeue":
                 outcome = "requeues"
+            elif what == "requeue_after":
+                outcome = "successes"  # a resync: the work was done"
             self.did[outcome] += 1
             if what in ("reenter", "other"):
                 target = key if what == "reenter" else ("other", repr(key))
