@@ -51,7 +51,9 @@
 
 mod clock;
 mod controller;
+mod coordination;
 mod error;
+mod etcd;
 mod logs;
 mod manager;
 pub mod metrics;
@@ -69,7 +71,9 @@ pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
     Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
 };
+pub use coordination::{LeaderElection, OnLost};
 pub use error::InvalidArgument;
+pub use etcd::EtcdError;
 pub use manager::{
     ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DEFAULT_MANAGER_NAME, DoError, Manager,
     ManagerBuilder, UnknownController, WeakManager,

@@ -114,6 +114,24 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
+/// Target of the leader election's events.
+const ELECTION: &str = "reconq::election";
+
+/// Talking to etcd failed; the campaign retries after `backoff`.
+pub(crate) fn election_error(election: &str, error: &str, backoff: Duration) {
+    tracing::warn!(target: ELECTION, election = %election, error, retry_in = ?backoff, "etcd unreachable; standing by");
+}
+
+/// This process became leader.
+pub(crate) fn election_won(election: &str, identity: &str, token: u64) {
+    tracing::info!(target: ELECTION, election = %election, identity, fencing_token = token, "became leader");
+}
+
+/// This process lost its leadership.
+pub(crate) fn election_lost(election: &str, token: u64, why: &str) {
+    tracing::warn!(target: ELECTION, election = %election, fencing_token = token, why, "lost leadership");
+}
+
 /// A stop is still waiting for these reconciles to return (call with no
 /// lock held).
 pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {

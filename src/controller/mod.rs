@@ -48,6 +48,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
+use crate::coordination::LeaderElection;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
@@ -275,6 +276,18 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Reconciles only while this process leads `election` (guarantees
+    /// §10): a standby's queue, triggers and watches run as usual, its
+    /// workers wait without CPU, and every reconcile's
+    /// [`Context::fencing_token`] is the leadership's token. When
+    /// leadership is lost, running reconciles are cancelled and no new one
+    /// starts. Starting the controller starts the campaign; one election
+    /// can serve several controllers.
+    pub fn leader_election(self, election: LeaderElection) -> Self {
+        self.core.config.lock().leader = Some(election);
+        self
+    }
+
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
@@ -323,6 +336,16 @@ impl<K: ControllerKey> Controller<K> {
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
+        let on_lost = config.leader.as_ref().map(|election| {
+            let core = Arc::downgrade(&self.core);
+            let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                if let Some(core) = core.upgrade() {
+                    core.cancel_running();
+                }
+            });
+            election.when_lost(&on_lost);
+            on_lost
+        });
         let rt = Runtime {
             queue,
             limiter,
@@ -335,6 +358,8 @@ impl<K: ControllerKey> Controller<K> {
             workers: config.workers,
             log_errors: config.log_errors,
             grouping: self.grouping,
+            leader: config.leader.clone(),
+            _on_lost: on_lost,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -386,6 +411,9 @@ impl<K: ControllerKey> Controller<K> {
             }
         }
         drop(threads);
+        if let Some(election) = &rt.leader {
+            election.start();
+        }
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
             let spawned = self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
@@ -439,6 +467,7 @@ struct Config {
     max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
+    leader: Option<LeaderElection>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -485,6 +514,11 @@ pub(crate) struct Runtime<K> {
     /// Log failed reconciles that returned an error (panics always are).
     pub(crate) log_errors: bool,
     pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
+    /// Reconcile only while this process leads (guarantees §10).
+    pub(crate) leader: Option<LeaderElection>,
+    /// Cancels the running reconciles when leadership is lost; held here
+    /// so the election's weak reference lives as long as the controller.
+    _on_lost: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -596,6 +630,7 @@ impl<K: ControllerKey> Core<K> {
                 max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
+                leader: None,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
@@ -653,6 +688,19 @@ impl<K: ControllerKey> Core<K> {
     }
 
     /// Cancels every in-flight reconcile and every later one.
+    /// Cancels the reconciles running now (leadership was lost); later
+    /// ones are not affected.
+    pub(crate) fn cancel_running(&self) {
+        if let Some(rt) = self.rt.get() {
+            for slot in &rt.slots {
+                let running = slot.running.lock();
+                if running.is_some() {
+                    slot.signal.set();
+                }
+            }
+        }
+    }
+
     pub(crate) fn cancel_everything(&self) {
         self.cancel_all.store(true, Ordering::SeqCst);
         if let Some(rt) = self.rt.get() {
@@ -679,6 +727,10 @@ impl<K: ControllerKey> Core<K> {
             triggers::stop_all(self);
             if let Some(watchdog) = self.rt.get().and_then(|rt| rt.watchdog.as_ref()) {
                 watchdog.shut_down();
+            }
+            // Workers waiting for leadership look again, and exit.
+            if let Some(election) = self.rt.get().and_then(|rt| rt.leader.as_ref()) {
+                election.wake();
             }
         }
         first

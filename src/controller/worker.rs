@@ -9,6 +9,8 @@ use super::context::{Context, StopSignal};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
+use crate::coordination::LeaderElection;
+use crate::queue::Priority;
 use crate::logs;
 use crate::observe::metrics::ticks;
 use crate::sync::Mutex;
@@ -51,6 +53,16 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
     while let Some((key, priority)) = next {
+        if let Some(election) = &rt.leader {
+            match election.token() {
+                Some(token) => ctx.fencing_token = Some(token),
+                None => {
+                    next = stand_by(core, rt, election, key, priority);
+                    started = ticks::now();
+                    continue;
+                }
+            }
+        }
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
@@ -81,6 +93,24 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // `wait_idle` that sees the queue idle also sees the stats.
         (next, started) = rt.queue.done_and_get_stamped(&key, finished);
     }
+}
+
+/// A key was handed out while this process does not lead: put it back
+/// (it stays ready, at its priority), wait for leadership without CPU, and
+/// take the next key. `None` once the controller stops.
+fn stand_by<K: ControllerKey>(
+    core: &Core<K>,
+    rt: &Runtime<K>,
+    election: &LeaderElection,
+    key: K,
+    priority: Priority,
+) -> Option<(K, Priority)> {
+    // An add while the key is processing marks it dirty; `done` makes it
+    // ready again.
+    rt.queue.add_with_priority(key.clone(), priority);
+    rt.queue.done(&key);
+    election.wait_token(|| core.stopping.load(Ordering::SeqCst))?;
+    rt.queue.get_with_priority()
 }
 
 fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
