@@ -72,6 +72,9 @@ pub use controller::{
     Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
 };
 pub use coordination::{LeaderElection, OnLost};
+/// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,
+/// re-exported so a program uses the same version.
+pub use crossbeam_channel;
 pub use error::InvalidArgument;
 pub use etcd::EtcdError;
 pub use manager::{
@@ -85,9 +88,6 @@ pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
 pub use thread::ThreadWrapper;
-/// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,
-/// re-exported so a program uses the same version.
-pub use crossbeam_channel;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -69,15 +69,14 @@ fn g8_idle_getters_use_no_cpu_with_an_empty_queue_or_a_far_delayed_key() {
     let used = cpu_while_idle(&delayed, secs(1));
     assert!(used < BUDGET, "key due in 10 min: {used:?} of CPU in 1 s idle");
 
-    let scheduled = Controller::new("idle", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
-        Ok(Action::Done)
-    })
-    .workers(4)
-    .group(|k: &u32| k % 3)
-    .max_in_flight_per_group(1)
-    .hanging_threshold(secs(1))
-    .timeout(secs(5))
-    .start();
+    let scheduled =
+        Controller::new("idle", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .workers(4)
+            .group(|k: &u32| k % 3)
+            .max_in_flight_per_group(1)
+            .hanging_threshold(secs(1))
+            .timeout(secs(5))
+            .start();
     for k in 0..100 {
         scheduled.enqueue_with_priority(k, (k % 4) as i32);
     }

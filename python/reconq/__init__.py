@@ -15,6 +15,7 @@ from ._native import (
     ExponentialBackoff,
     FakeClock,
     FastSlow,
+    LeaderElection,
     Manager,
     MaxOf,
     MetricsServer,
@@ -44,6 +45,7 @@ from ._types import Key
 __all__ = [
     "Context",
     "Key",
+    "LeaderElection",
     "Controller",
     "ExponentialBackoff",
     "FakeClock",

@@ -14,6 +14,7 @@ __all__ = [
     "ExponentialBackoff",
     "FakeClock",
     "FastSlow",
+    "LeaderElection",
     "Manager",
     "MaxOf",
     "MetricsServer",
@@ -143,6 +144,33 @@ class Manager:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
 
+# --- Leader election (guarantees §10) ---
+
+@final
+class LeaderElection:
+    """A campaign for leadership of ``name`` on etcd; pass it to ``Controller(leader_election=)``."""
+
+    def __new__(
+        cls,
+        endpoints: Union[str, List[str]],
+        name: str,
+        ttl: Optional[_Seconds] = None,
+        identity: Optional[str] = None,
+        on_lost: Literal["standby", "exit"] = "standby",
+    ) -> Self: ...
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def leader(self) -> Optional[str]: ...
+    @property
+    def fencing_token(self) -> Optional[int]: ...
+    @property
+    def last_error(self) -> Optional[str]: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+def _stop_elections() -> None: ...
+
 # --- The reconcile context (guarantees §7) ---
 
 @final
@@ -218,6 +246,7 @@ class Controller:
         clock: Optional[FakeClock] = None,
         jitter: Optional[Tuple[float, int]] = None,
         parked_capacity: Optional[int] = None,
+        leader_election: Optional[LeaderElection] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...

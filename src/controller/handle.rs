@@ -314,7 +314,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
+        let mut report =
+            StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
         if let Some(rt) = self.core.rt.get() {
             self.drain_naming_waits(rt, deadline);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);

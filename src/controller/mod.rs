@@ -416,7 +416,8 @@ impl<K: ControllerKey> Controller<K> {
         }
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
-            let spawned = self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+            let spawned =
+                self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
             if let Err(e) = spawned {
                 handle.stop();
                 handle.join_timeout(FAILED_START_JOIN);

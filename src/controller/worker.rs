@@ -10,9 +10,9 @@ use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
 use crate::coordination::LeaderElection;
-use crate::queue::Priority;
 use crate::logs;
 use crate::observe::metrics::ticks;
+use crate::queue::Priority;
 use crate::sync::Mutex;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,

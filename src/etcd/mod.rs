@@ -86,11 +86,8 @@ pub(crate) fn check_endpoint(endpoint: &str) -> Result<String, String> {
 impl EtcdClient {
     /// A client for `endpoints` (already checked with [`check_endpoint`]).
     pub(crate) fn new(endpoints: Vec<String>) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(CALL_TIMEOUT))
-            .http_status_as_error(true)
-            .build()
-            .into();
+        let agent =
+            ureq::Agent::config_builder().timeout_global(Some(CALL_TIMEOUT)).http_status_as_error(true).build().into();
         Self { endpoints, agent }
     }
 
@@ -217,16 +214,15 @@ impl EtcdClient {
                     Err(e) if is_timeout(&e) => return Ok(false),
                     Err(e) => return Err(EtcdError(format!("etcd watch: {e}"))),
                 };
-                let event: Value = serde_json::from_str(&line)
-                    .map_err(|e| EtcdError(format!("etcd watch: bad event {line}: {e}")))?;
+                let event: Value =
+                    serde_json::from_str(&line).map_err(|e| EtcdError(format!("etcd watch: bad event {line}: {e}")))?;
                 let result = event.get("result").unwrap_or(&event);
                 if result.get("canceled").and_then(Value::as_bool) == Some(true) {
                     return Err(EtcdError(format!("etcd watch canceled: {result}")));
                 }
-                let deleted = result
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .is_some_and(|events| events.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE")));
+                let deleted = result.get("events").and_then(Value::as_array).is_some_and(|events| {
+                    events.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE"))
+                });
                 if deleted {
                     return Ok(true);
                 }

@@ -55,9 +55,7 @@ pub(crate) fn with_scope<'a, R>(key: &'a Bound<'a, PyAny>, ctx: &'a Context, cal
 pub(crate) fn context(py: Python<'_>) -> PyResult<PyContext> {
     let pointer = CURRENT.with(Cell::get);
     if pointer.is_null() {
-        return Err(PyRuntimeError::new_err(
-            "reconq.context() called outside a reconcile or a Manager do",
-        ));
+        return Err(PyRuntimeError::new_err("reconq.context() called outside a reconcile or a Manager do"));
     }
     // SAFETY: non-null means a `with_scope` frame on this thread is live
     // (see its invariant), and we are called from inside it.

@@ -28,6 +28,7 @@ use super::attach::python_thread_wrapper;
 use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
+use super::election::PyLeaderElection;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
@@ -375,6 +376,7 @@ impl PyController {
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
+        leader_election=None,
     ))]
     fn new(
         reconcile: &Bound<'_, PyAny>,
@@ -388,6 +390,7 @@ impl PyController {
         clock: Option<&Bound<'_, PyAny>>,
         jitter: Option<&Bound<'_, PyAny>>,
         parked_capacity: Option<i64>,
+        leader_election: Option<PyRef<'_, PyLeaderElection>>,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile")?;
         if workers < 1 {
@@ -412,14 +415,20 @@ impl PyController {
             Some(_) if group.is_none() => {
                 return Err(PyValueError::new_err("max_in_flight_per_group needs a group function"));
             }
-            Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?),
+            Some(n) => Some(
+                usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?,
+            ),
         };
         let clock = fake_clock_from_py(clock)?;
         let jitter = jitter_from_py(jitter)?;
         let parked_capacity = match parked_capacity {
             None => None,
-            Some(n) if n < 1 => return Err(PyValueError::new_err(format!("parked_capacity must be at least 1, got {n}"))),
-            Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("parked_capacity is out of range"))?),
+            Some(n) if n < 1 => {
+                return Err(PyValueError::new_err(format!("parked_capacity must be at least 1, got {n}")));
+            }
+            Some(n) => {
+                Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("parked_capacity is out of range"))?)
+            }
         };
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
@@ -451,6 +460,9 @@ impl PyController {
         }
         if let Some(capacity) = parked_capacity {
             builder = builder.parked_capacity(capacity);
+        }
+        if let Some(election) = leader_election {
+            builder = builder.leader_election(election.inner.clone());
         }
         let handle = builder.handle();
         Ok(Self {
@@ -569,7 +581,8 @@ impl PyController {
         match waited {
             Ok(_) => Ok(()),
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
-                let draining = ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name);
+                let draining =
+                    ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name);
                 // A second signal may land in the logging call itself.
                 let stopped = match try_log(py, "warning", draining, None) {
                     Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
@@ -579,7 +592,12 @@ impl PyController {
                     Ok(report) if report.finished => Ok(()),
                     Ok(report) => {
                         let left = report.unfinished.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
-                        log(py, "warning", ("controller %r: stop_timeout passed; left running: %r", &*slf.get().name, left), None);
+                        log(
+                            py,
+                            "warning",
+                            ("controller %r: stop_timeout passed; left running: %r", &*slf.get().name, left),
+                            None,
+                        );
                         Ok(())
                     }
                     Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
@@ -591,9 +609,8 @@ impl PyController {
                             Self::stop_reporting(slf, false, Some(Duration::ZERO))?;
                         }
                         let deadline = deadline_after(Instant::now(), SECOND_SIGNAL_GRACE);
-                        let returned = wait_interruptibly(py, Some(deadline), |slice| {
-                            handle.wait_stopped(slice).then_some(())
-                        });
+                        let returned =
+                            wait_interruptibly(py, Some(deadline), |slice| handle.wait_stopped(slice).then_some(()));
                         let returned = matches!(returned, Ok(Some(())));
                         let what = if returned {
                             "controller %r: second signal; stopped at once (running reconciles were cancelled and returned)"
@@ -632,7 +649,10 @@ impl PyController {
     /// dropped without a reconcile: waiting on a delay or a retry, or ready
     /// at the deadline).
     #[pyo3(signature = (timeout=None))]
-    fn stop_with_report<'py>(slf: &Bound<'py, Self>, timeout: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyDict>> {
+    fn stop_with_report<'py>(
+        slf: &Bound<'py, Self>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let py = slf.py();
         let timeout = timeout_from_py(timeout)?;
         let report = Self::stop_reporting(slf, true, timeout)?;

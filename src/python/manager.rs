@@ -31,9 +31,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
-use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::callables::check_sync_callable;
 use super::context::with_scope;
+use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::errors::describe;
 use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
 

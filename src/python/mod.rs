@@ -13,6 +13,7 @@ mod clock;
 mod context;
 mod controller;
 mod duration;
+mod election;
 mod errors;
 mod key;
 mod limiters;
@@ -48,6 +49,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add_class::<controller::PyController>()?;
     context::register(m)?;
+    election::register(m)?;
     manager::register(m)?;
     status::register(m)?;
     metrics::register(m)?;

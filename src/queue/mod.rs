@@ -645,12 +645,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// `now` may hold a reading from earlier in this lock hold; once the
     /// lock was released (spinning, parking) a fresh one is taken.
-    fn next(
-        &self,
-        g: &mut Guard<'_, K>,
-        deadline: Option<Instant>,
-        now: &mut Now,
-    ) -> Result<(K, Priority), GetError> {
+    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>, now: &mut Now) -> Result<(K, Priority), GetError> {
         let mut spun = false;
         loop {
             if let Some(key) = self.take(g, now) {

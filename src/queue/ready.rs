@@ -216,12 +216,7 @@ impl<K: Eq + Hash + Clone> Level<K> {
         }
     }
 
-    fn pop(
-        &mut self,
-        prio: Priority,
-        stale: &mut Stale<K>,
-        groups: &mut Option<Groups>,
-    ) -> Option<(K, GroupId)> {
+    fn pop(&mut self, prio: Priority, stale: &mut Stale<K>, groups: &mut Option<Groups>) -> Option<(K, GroupId)> {
         match self {
             Level::Plain(fifo) => fifo.pop(prio, 0, stale).map(|key| (key, 0)),
             Level::Fair(fair) => {

@@ -27,8 +27,8 @@
 //! slot keeps its add stamp, a processing key's slot the index of its start
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::time::Instant;
 
@@ -205,7 +205,6 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             },
         }
     }
-
 
     /// Counts an `add_after`-style call for the metrics' retries (client-go
     /// counts every one made before shutdown).
