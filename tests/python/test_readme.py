@@ -64,3 +64,12 @@ def test_the_first_example_counts_its_work(capsys: pytest.CaptureFixture[str]) -
 
 def test_every_python_example_is_collected() -> None:
     assert len(BLOCKS) >= 6
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    """The guarantees live in docs/guarantees.md: no README line or doc
+    comment may send a reader to a file a clone does not have."""
+    root = README.parent
+    files = [README, *root.glob("src/**/*.rs"), *root.glob("python/reconq/*.py*"), *root.glob("docs/*.md")]
+    offenders = [str(f.relative_to(root)) for f in files if "shared/spec" in f.read_text(errors="replace")]
+    assert offenders == []
