@@ -20,6 +20,7 @@ mod parallelize;
 mod python;
 mod queue;
 mod rate_limit;
+mod store;
 mod sync;
 mod thread;
 
@@ -35,6 +36,7 @@ pub use manager::{
 };
 pub use observe::status;
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
+pub use store::{SCHEMA_VERSION, SqliteStore, StoreError, StoreKey, StoredKey, StoredState, decode_key, encode_key};
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
