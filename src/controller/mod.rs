@@ -11,6 +11,7 @@
 //! * `watchdog` reports reconciles that run too long and cancels those past
 //!   their timeout.
 //! * `groups` turns the `group` option into the queue's group ids.
+//! * `persist` is the controller's side of the store seam (`crate::store`).
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -35,6 +36,7 @@ mod handle;
 mod inspect;
 mod metrics;
 mod outcome;
+mod persist;
 mod status;
 mod triggers;
 mod watchdog;
@@ -51,6 +53,7 @@ use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::store::{Persister, SqliteStore, StoreError, StoreKey, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
@@ -93,6 +96,25 @@ pub struct Controller<K: ControllerKey> {
     limiter: Option<Arc<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
     grouping: Option<Arc<dyn Grouping<K>>>,
+    store: Option<Box<ClaimFn<K>>>,
+}
+
+/// Claims the controller's name in its store at start (the key type's
+/// encoding is known only where `store` is called).
+type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, StoreError> + Send;
+
+impl<K: ControllerKey + StoreKey> Controller<K> {
+    /// Keeps this controller's pending, delayed and parked keys, failure
+    /// counts and priorities in `store` under its name (API.md section 9):
+    /// [`try_start`](Self::try_start) restores them before any worker runs
+    /// and a flusher thread writes changes at least every flush interval
+    /// and at stop.
+    pub fn store(mut self, store: SqliteStore) -> Self {
+        self.store = Some(Box::new(move |name: &str| {
+            Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
+        }));
+        self
+    }
 }
 
 impl<K: ControllerKey> Controller<K> {
@@ -105,6 +127,7 @@ impl<K: ControllerKey> Controller<K> {
             limiter: None,
             clock: Arc::new(SystemClock),
             grouping: None,
+            store: None,
         }
     }
 
@@ -253,6 +276,18 @@ impl<K: ControllerKey> Controller<K> {
     /// If the OS refuses to spawn a thread, or `max_in_flight_per_group`
     /// was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
+        let name = self.core.name.clone();
+        self.try_start().unwrap_or_else(|err| panic!("controller {name:?}: cannot start: {err}"))
+    }
+
+    /// [`start`](Self::start), returning the store's error (its name held by
+    /// another live controller: [`StoreError::Locked`], or an unreadable
+    /// file) instead of panicking; nothing is changed then.
+    pub fn try_start(mut self) -> Result<ControllerHandle<K>, StoreError> {
+        let store = match self.store.take() {
+            Some(claim) => Some(claim(&self.core.name)?),
+            None => None,
+        };
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         assert!(
@@ -284,6 +319,7 @@ impl<K: ControllerKey> Controller<K> {
             workers: config.workers,
             log_errors: config.log_errors,
             grouping: self.grouping,
+            store,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -295,9 +331,12 @@ impl<K: ControllerKey> Controller<K> {
             if life.stop_requested {
                 drop(life);
                 rt.queue.shut_down_now();
-                return handle;
+                return Ok(handle);
             }
             life.live_workers = config.workers;
+        }
+        if let Some(link) = &rt.store {
+            persist::restore(core, rt, link);
         }
         // Keys enqueued before start. Enqueuers check `rt` under this lock,
         // so none is lost between here and the `set` above.
@@ -337,7 +376,11 @@ impl<K: ControllerKey> Controller<K> {
             let watchdog = Arc::clone(watchdog);
             self.core.spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
         }
-        handle
+        if let Some(link) = &rt.store {
+            let link = Arc::clone(link);
+            self.core.spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core));
+        }
+        Ok(handle)
     }
 
     /// [`start`](Self::start), then blocks until a handle stops the
@@ -427,6 +470,8 @@ pub(crate) struct Runtime<K> {
     /// Log failed reconciles that returned an error (panics always are).
     pub(crate) log_errors: bool,
     pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
+    /// The store seam: told of every key change (`mark`).
+    pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -584,6 +629,7 @@ impl<K: ControllerKey> Core<K> {
     fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
         let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, &key));
         let place = Place { prio: priority, group };
+        let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
             When::After(delay, asked) => {
@@ -591,6 +637,9 @@ impl<K: ControllerKey> Core<K> {
                 rt.queue.add_after_placed(key, delay, place)
             }
             When::At(at) => rt.queue.add_at_placed(key, at, place),
+        }
+        if let Some((store, key)) = marked {
+            store.mark(&key);
         }
     }
 
@@ -616,6 +665,11 @@ impl<K: ControllerKey> Core<K> {
             first
         };
         if first {
+            if let Some(store) = self.rt.get().and_then(|rt| rt.store.as_ref()) {
+                // Before the queue drops its keys, so their rows stay.
+                store.flush_now(self);
+                store.wake();
+            }
             self.pending.lock().clear();
             self.stop_tx.lock().take();
             triggers::stop_all(self);

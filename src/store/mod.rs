@@ -5,13 +5,19 @@
 //! * `key` is the documented, stable key encoding (Rust and Python alike).
 //! * `lock` is the claim a live controller holds on its name (S3).
 //! * `db` is the SQLite file: schema version, validation, batched writes.
+//! * `dirty` is the set of keys changed since the last flush.
+//! * `persist` is the seam to the controller: restore, flusher, status.
 
 mod db;
+mod dirty;
 mod key;
 mod lock;
+mod persist;
 
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub use lock::StoreClaim;
+pub use persist::StoreStats;
+pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
 pub use key::{StoreKey, decode_key, encode_key};
 
 use std::fmt;
