@@ -109,7 +109,8 @@ fn s2_stop_and_restart_keep_every_key_state() {
 
     let calls2 = Calls::default();
     let store = open(&dir.db());
-    let restarted = controller(store, &calls2).workers(1);
+    // Two workers: `block` blocks one again until the stop.
+    let restarted = controller(store, &calls2).workers(2);
     let handle2 = restarted.handle();
     let handle2_started = restarted.start();
     // Delayed keys keep their due time, the failure count continues.
