@@ -230,7 +230,7 @@ fn rust_and_python_shapes_share_one_encoding() {
     // The bytes a Python ("ns", 3) key encodes to (tests/python/test_store.py
     // checks the same bytes from Python).
     let key = ("ns".to_string(), 3i64);
-    assert_eq!(reconq::encode_key(&key), [4, 2, 1, 0, 0, 0, 2, b'n', b's', 2, 0, 0, 0, 0, 0, 0, 0, 3]);
+    assert_eq!(reconq::encode_key(&key), [4, 0, 0, 0, 2, 1, 0, 0, 0, 2, b'n', b's', 2, 0, 0, 0, 0, 0, 0, 0, 3]);
 }
 
 /// The crash child: reconciles keys `0..CRASH_KEYS` under load, failing

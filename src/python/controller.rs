@@ -267,9 +267,11 @@ impl PyController {
     #[allow(clippy::too_many_arguments)] // the Python signature (spec §4, §7, §8)
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
-        timeout=None, group=None, max_in_flight_per_group=None,
+        timeout=None, group=None, max_in_flight_per_group=None, store=None,
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         reconcile: &Bound<'_, PyAny>,
         workers: i64,
         rate_limiter: Option<&Bound<'_, PyAny>>,
@@ -278,6 +280,7 @@ impl PyController {
         timeout: Option<&Bound<'_, PyAny>>,
         group: Option<&Bound<'_, PyAny>>,
         max_in_flight_per_group: Option<i64>,
+        store: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         if !reconcile.is_callable() {
             return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
@@ -306,6 +309,10 @@ impl PyController {
             }
             Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?),
         };
+        let store = match store {
+            Some(store) if !store.is_none() => Some(super::store::store_from_py(py, store)?),
+            _ => None,
+        };
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -327,6 +334,9 @@ impl PyController {
         }
         if let Some(n) = max_in_flight_per_group {
             builder = builder.max_in_flight_per_group(n);
+        }
+        if let Some(store) = store {
+            builder = builder.store(store);
         }
         let handle = builder.handle();
         Ok(Self {
@@ -411,8 +421,9 @@ impl PyController {
             drop(builder);
             return Ok(());
         }
-        // Spawning takes engine locks; the new threads attach at once.
-        py.detach(move || drop(builder.start()));
+        // Spawning takes engine locks; the new threads attach at once. A
+        // store's claim and restore happen here too (file I/O).
+        py.detach(move || builder.try_start().map(drop)).map_err(super::store::store_error)?;
         this.started.store(true, Ordering::SeqCst);
         lifecycle(py, "track", slf)
     }
@@ -530,6 +541,11 @@ impl PyController {
         }
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
+        if let Some(store) = stats.store {
+            d.set_item("store_pending", store.pending)?;
+            d.set_item("last_flush_time", store.last_flush_time.map(unix_timestamp))?;
+            d.set_item("store_error", store.error)?;
+        }
         Ok(d)
     }
 

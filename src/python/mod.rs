@@ -20,6 +20,7 @@ mod metrics;
 mod queue;
 mod reconciler;
 mod status;
+mod store;
 
 use pyo3::prelude::*;
 
@@ -31,6 +32,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install(py)?;
 
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
+    m.add("StoreLocked", py.get_type::<store::StoreLocked>())?;
+    m.add_class::<store::PySqliteStore>()?;
 
     m.add_class::<queue::PyWorkQueue>()?;
 

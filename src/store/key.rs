@@ -9,7 +9,7 @@
 //! | `0x01` | string           | u32 big-endian byte length, then UTF-8 bytes   |
 //! | `0x02` | integer          | i64 big-endian (Rust's unsigned types too)     |
 //! | `0x03` | bytes            | u32 big-endian length, then the bytes          |
-//! | `0x04` | tuple            | u8 arity, then each element encoded            |
+//! | `0x04` | tuple            | u32 big-endian arity, then each element        |
 //!
 //! A Python `str`, `int`, `bytes` or `tuple` of these maps to the same tag
 //! as Rust's `String`/`&str`, integer types, `Vec<u8>` and tuples. The
@@ -29,7 +29,7 @@ pub trait StoreKey: Sized {
 pub(crate) const TAG_STR: u8 = 0x01;
 pub(crate) const TAG_INT: u8 = 0x02;
 pub(crate) const TAG_BYTES: u8 = 0x03;
-pub(crate) const TAG_TUPLE: u8 = 0x04;
+const TAG_TUPLE: u8 = 0x04;
 
 /// Encodes `key` into a fresh buffer.
 pub fn encode_key<K: StoreKey>(key: &K) -> Vec<u8> {
@@ -54,7 +54,7 @@ fn take<'a>(input: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     Some(head)
 }
 
-fn expect_tag(input: &mut &[u8], tag: u8) -> Option<()> {
+pub(crate) fn expect_tag(input: &mut &[u8], tag: u8) -> Option<()> {
     (take(input, 1)?[0] == tag).then_some(())
 }
 
@@ -64,7 +64,7 @@ pub(crate) fn encode_len_prefixed(tag: u8, bytes: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(bytes);
 }
 
-fn decode_len_prefixed<'a>(tag: u8, input: &mut &'a [u8]) -> Option<&'a [u8]> {
+pub(crate) fn decode_len_prefixed<'a>(tag: u8, input: &mut &'a [u8]) -> Option<&'a [u8]> {
     expect_tag(input, tag)?;
     let len = u32::from_be_bytes(take(input, 4)?.try_into().ok()?) as usize;
     take(input, len)
@@ -75,7 +75,7 @@ pub(crate) fn encode_int(value: i64, out: &mut Vec<u8>) {
     out.extend_from_slice(&value.to_be_bytes());
 }
 
-fn decode_int(input: &mut &[u8]) -> Option<i64> {
+pub(crate) fn decode_int(input: &mut &[u8]) -> Option<i64> {
     expect_tag(input, TAG_INT)?;
     Some(i64::from_be_bytes(take(input, 8)?.try_into().ok()?))
 }
@@ -116,19 +116,28 @@ macro_rules! int_key {
 }
 int_key!(i8, i16, i32, i64, u8, u16, u32, u64, isize, usize);
 
+pub(crate) fn encode_tuple_header(arity: usize, out: &mut Vec<u8>) {
+    out.push(TAG_TUPLE);
+    out.extend_from_slice(&(arity as u32).to_be_bytes());
+}
+
+/// Reads a tuple's tag and arity.
+pub(crate) fn decode_tuple_header(input: &mut &[u8]) -> Option<usize> {
+    expect_tag(input, TAG_TUPLE)?;
+    Some(u32::from_be_bytes(take(input, 4)?.try_into().ok()?) as usize)
+}
+
 macro_rules! tuple_key {
     ($n:expr; $($name:ident),+) => {
         impl<$($name: StoreKey),+> StoreKey for ($($name,)+) {
             #[allow(non_snake_case)]
             fn encode(&self, out: &mut Vec<u8>) {
                 let ($($name,)+) = self;
-                out.push(TAG_TUPLE);
-                out.push($n);
+                encode_tuple_header($n, out);
                 $($name.encode(out);)+
             }
             fn decode(input: &mut &[u8]) -> Option<Self> {
-                expect_tag(input, TAG_TUPLE)?;
-                (take(input, 1)?[0] == $n).then_some(())?;
+                (decode_tuple_header(input)? == $n).then_some(())?;
                 Some(($($name::decode(input)?,)+))
             }
         }
@@ -148,7 +157,7 @@ mod tests {
         assert_eq!(encode_key(&"ab".to_string()), [1, 0, 0, 0, 2, b'a', b'b']);
         assert_eq!(encode_key(&-2i32), [2, 255, 255, 255, 255, 255, 255, 255, 254]);
         assert_eq!(encode_key(&vec![7u8]), [3, 0, 0, 0, 1, 7]);
-        assert_eq!(encode_key(&(1u8, "x".to_string())), [4, 2, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, b'x']);
+        assert_eq!(encode_key(&(1u8, "x".to_string())), [4, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, b'x']);
     }
 
     #[test]

@@ -52,3 +52,8 @@ impl From<io::Error> for StoreError {
         StoreError::Io(err)
     }
 }
+#[cfg(feature = "python")]
+pub(crate) use key::{
+    TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
+    encode_len_prefixed, encode_tuple_header,
+};
