@@ -8,7 +8,6 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::duration::non_negative_from_py;
 use super::key::PyKey;
 use crate::store::{
     SqliteStore, StoreError, StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed,
@@ -41,15 +40,12 @@ pub(crate) struct PySqliteStore {
 #[pymethods]
 impl PySqliteStore {
     #[new]
-    #[pyo3(signature = (path, flush_interval=None))]
-    fn new(py: Python<'_>, path: PathBuf, flush_interval: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let interval = match flush_interval {
-            Some(seconds) => non_negative_from_py(seconds, "flush_interval")?,
-            None => Duration::from_secs(1),
-        };
-        if interval.is_zero() {
-            return Err(PyValueError::new_err("flush_interval must be positive"));
-        }
+    #[pyo3(signature = (path, flush_interval=1.0))]
+    fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
+        let interval = Duration::try_from_secs_f64(flush_interval)
+            .ok()
+            .filter(|interval| !interval.is_zero())
+            .ok_or_else(|| PyValueError::new_err(format!("flush_interval must be a positive number of seconds, got {flush_interval}")))?;
         let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(store_error)?;
         Ok(Self { store })
     }
