@@ -353,3 +353,65 @@ fn calls_in(log: &Path) -> Vec<(u64, u32)> {
         })
         .collect()
 }
+
+const DISK_FULL_ENV: &str = "RECONQ_STORE_DISK_FULL_CHILD";
+
+fn set_file_size_limit(bytes: libc::rlim_t) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on this (child) process with a valid struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
+        limit.rlim_cur = bytes.min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+    }
+}
+
+/// In a child: a file size limit makes flushes fail (disk full); the
+/// error shows in stats, nothing is dropped, and once the limit is lifted
+/// the next flush writes every key.
+fn disk_full_child(dir: &Path) {
+    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
+    let handle = Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
+        Ok(Action::Done)
+    })
+    .store(store)
+    .start();
+    set_file_size_limit(64 * 1024);
+    const N: usize = 3000;
+    for i in 0..N {
+        handle.enqueue_after(format!("{i:0>100}"), HOUR);
+    }
+    wait_for("a failed flush reported", || handle.stats().store.is_some_and(|s| s.error.is_some()));
+    let stats = handle.stats().store.unwrap();
+    assert!(stats.pending > 0, "the failed keys stay pending: {stats:?}");
+    assert_eq!(handle.stats().waiting, N, "nothing dropped from memory");
+    set_file_size_limit(libc::RLIM_INFINITY);
+    wait_for("a flush after the limit is lifted", || {
+        handle.stats().store.is_some_and(|s| s.error.is_none() && s.pending == 0)
+    });
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(open(&dir.join("state.db")).load("full").unwrap().len(), N);
+    println!("disk-full-ok");
+}
+
+#[test]
+fn disk_full_is_reported_and_retried_with_nothing_lost() {
+    if let Ok(dir) = std::env::var(DISK_FULL_ENV) {
+        return disk_full_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "disk_full_is_reported_and_retried_with_nothing_lost", "--nocapture", "--test-threads=1"])
+        .env(DISK_FULL_ENV, &dir.0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("disk-full-ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
