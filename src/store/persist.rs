@@ -3,8 +3,8 @@
 //! at start, runs the flusher and keeps the flush status.
 //!
 //! Invariants:
-//! * Every key whose stored row may be stale is in the dirty set or in the
-//!   batch being written: a flush takes the set *before* it samples, so a
+//! * Every key whose stored row may be stale is in the dirty set, in
+//!   `aged` or in the batch being written: a flush takes the set *before* it samples, so a
 //!   change after the sample marks the key again for the next flush; a
 //!   failed write marks its keys again (nothing is dropped).
 //! * `written` holds exactly the keys with a row in the file for this
@@ -83,6 +83,8 @@ pub(crate) struct Persister<K> {
     /// Released after the final flush.
     claim: Mutex<Option<StoreClaim>>,
     dirty: DirtySet<K>,
+    /// Keys taken from `dirty` at the last tick, written at the next.
+    aged: Mutex<Vec<K>>,
     /// Read at claim, handed out once by `restore`.
     loaded: Mutex<Vec<StoredKey>>,
     written: Mutex<HashSet<K, foldhash::fast::RandomState>>,
@@ -103,6 +105,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             name: name.to_string(),
             claim: Mutex::new(Some(claim)),
             dirty: DirtySet::new(),
+            aged: Mutex::new(Vec::new()),
             loaded: Mutex::new(loaded),
             written: Mutex::new(HashSet::default()),
             status: Mutex::new((None, None)),
@@ -113,9 +116,8 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
 
     /// Writes the changed keys in one transaction; on failure they stay
     /// marked for the next flush.
-    fn flush(&self, source: &dyn KeySource<K>) {
+    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>) {
         let _one_at_a_time = self.flushing.lock();
-        let keys = self.dirty.take();
         if keys.is_empty() {
             return;
         }
@@ -203,39 +205,42 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         }
     }
 
+    /// Flushes in half-interval ticks, each writing the keys marked before
+    /// the previous tick: a key is written at most `flush_interval` after
+    /// its change, and a key that completes within half an interval of
+    /// its last change is never written (most keys of a busy queue).
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
-        let interval = self.store.flush_interval();
-        let mut last = Instant::now();
+        let tick = self.store.flush_interval() / 2;
+        let stopping = || self.stopped.load(Ordering::Acquire) || source.stopping();
         loop {
             // Asleep until something changes (G8) or a stop.
-            while self.dirty.len() == 0 && !self.stopped.load(Ordering::Acquire) && !source.stopping() {
+            while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() {
                 std::thread::park();
             }
-            if self.stopped.load(Ordering::Acquire) || source.stopping() {
-                break;
-            }
-            let next = last + interval;
-            while !self.stopped.load(Ordering::Acquire) && !source.stopping() {
+            let next = Instant::now() + tick;
+            while !stopping() {
                 let now = Instant::now();
                 if now >= next {
                     break;
                 }
                 std::thread::park_timeout(next - now);
             }
-            if self.stopped.load(Ordering::Acquire) || source.stopping() {
+            if stopping() {
                 break;
             }
-            last = Instant::now();
-            self.flush(source);
+            let aged = std::mem::replace(&mut *self.aged.lock(), self.dirty.take());
+            self.flush(source, aged);
         }
         source.wait_workers_exited();
-        self.flush(source);
+        self.flush_now(source);
         self.claim.lock().take();
     }
 
     fn flush_now(&self, source: &dyn KeySource<K>) {
-        self.flush(source);
+        let mut keys = std::mem::take(&mut *self.aged.lock());
+        keys.extend(self.dirty.take());
+        self.flush(source, keys);
     }
 
     fn wake(&self) {
@@ -245,6 +250,6 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn stats(&self) -> StoreStats {
         let (last_flush_time, error) = self.status.lock().clone();
-        StoreStats { pending: self.dirty.len(), last_flush_time, error }
+        StoreStats { pending: self.dirty.len() + self.aged.lock().len(), last_flush_time, error }
     }
 }
