@@ -1,14 +1,16 @@
-//! Controller benchmarks (spec §6): W1 through the full `Controller` and
-//! through the bare `WorkQueue` side by side (the controller's overhead is
-//! the ratio), and W5 retries.
+//! Controller benchmarks (guarantees §6): W1 through the full `Controller`
+//! and through the bare `WorkQueue` side by side (the controller's overhead
+//! is the ratio), W1 with priorities and groups on (`scheduled`: the cost of
+//! the fair ready set against `controller`), W5 retries, and the W9
+//! fairness report (printed after the criterion groups).
 //!
-//! `cargo bench --bench controller -- --quick`
+//! `cargo bench --bench controller -- --quick` (`-- W9` for the report only)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use reconq::{Action, Context, Controller, ExponentialBackoff, ReconcileError, WorkQueue};
 
 type Res = Result<Action, ReconcileError>;
@@ -17,12 +19,20 @@ type Res = Result<Action, ReconcileError>;
 const N: u64 = 200_000;
 
 /// W1 through the controller: one producer enqueues 0..N, W workers run a
-/// no-op reconcile; time until all N are reconciled.
-fn w1_controller(workers: usize) -> Duration {
-    let h = Controller::new("w1", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(workers).start();
+/// no-op reconcile; time until all N are reconciled. `scheduled` turns on
+/// priorities (four levels, `k % 4`) and groups (sixteen, `k % 16`).
+fn w1_controller(workers: usize, scheduled: bool) -> Duration {
+    let controller = Controller::new("w1", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(workers);
+    let h = if scheduled { controller.group(|k: &u64| k % 16) } else { controller }.start();
     let start = Instant::now();
-    for k in 0..N {
-        h.enqueue(k);
+    if scheduled {
+        for k in 0..N {
+            h.enqueue_with_priority(k, (k % 4) as i32);
+        }
+    } else {
+        for k in 0..N {
+            h.enqueue(k);
+        }
     }
     assert!(h.wait_idle(Duration::from_secs(600)));
     let took = start.elapsed();
@@ -68,7 +78,10 @@ fn w1(c: &mut Criterion) {
     group.sample_size(10);
     for workers in [1, 2, 4, 8] {
         group.bench_with_input(BenchmarkId::new("controller", workers), &workers, |b, &w| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_controller(w)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1_controller(w, false)).sum())
+        });
+        group.bench_with_input(BenchmarkId::new("scheduled", workers), &workers, |b, &w| {
+            b.iter_custom(|iters| (0..iters).map(|_| w1_controller(w, true)).sum())
         });
         group.bench_with_input(BenchmarkId::new("queue", workers), &workers, |b, &w| {
             b.iter_custom(|iters| (0..iters).map(|_| w1_queue(w)).sum())
@@ -113,5 +126,84 @@ fn w5(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, w1, w5);
-criterion_main!(benches);
+/// Spins for `d`: W9's "100 µs of work" keeps a worker busy, as real work
+/// would (a sleep would hand the core to the others).
+fn spin_for(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// W9 (guarantees, "Benchmarks of scheduling"): 100,000 ready keys of
+/// group A, then 100 of group B; 4 workers, reconcile = 100 µs of work.
+/// Returns the time from the first B enqueue until every B key is done,
+/// with or without `group`.
+fn w9_once(grouped: bool, a_keys: u32) -> Duration {
+    const B_KEYS: u32 = 100;
+    let b_left = Arc::new(AtomicU64::new(u64::from(B_KEYS)));
+    let b_done_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let (left, done_at) = (Arc::clone(&b_left), Arc::clone(&b_done_at));
+    let controller = Controller::new("w9", move |k: &(u8, u32), _: &Context| -> Res {
+        spin_for(Duration::from_micros(100));
+        if k.0 == b'B' && left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *done_at.lock().unwrap() = Some(Instant::now());
+        }
+        Ok(Action::Done)
+    })
+    .workers(4);
+    let controller = if grouped { controller.group(|k: &(u8, u32)| k.0) } else { controller };
+    // Enqueued before start, so all of A is ready when the workers begin.
+    let h = controller.handle();
+    for i in 0..a_keys {
+        h.enqueue((b'A', i));
+    }
+    let h = controller.start();
+    let start = Instant::now();
+    for i in 0..B_KEYS {
+        h.enqueue((b'B', i));
+    }
+    while b_left.load(Ordering::Acquire) > 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = b_done_at.lock().unwrap().expect("every B key done").duration_since(start);
+    h.stop();
+    h.join_timeout(Duration::from_secs(60));
+    took
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn w9_report(quick: bool) {
+    let (rounds, a_keys) = if quick { (3, 20_000) } else { (5, 100_000) };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        with.push(w9_once(true, a_keys));
+        without.push(w9_once(false, a_keys));
+    }
+    let (with, without) = (median(with), median(without));
+    println!(
+        "W9 fairness: {a_keys} A keys then 100 B keys, 4 workers, 100 us each; every B key done after \
+         {with:.1?} with group, {without:.1?} without (medians of {rounds}; {:.0}x)",
+        without.as_secs_f64() / with.as_secs_f64()
+    );
+}
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let mut c = Criterion::default().configure_from_args();
+    if wanted("W1") {
+        w1(&mut c);
+    }
+    if wanted("W5") {
+        w5(&mut c);
+    }
+    c.final_summary();
+    if wanted("W9") {
+        w9_report(std::env::args().any(|a| a == "--quick"));
+    }
+}

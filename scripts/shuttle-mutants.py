@@ -35,16 +35,36 @@ class Mutant:
 
 MUTANTS = [
     Mutant(
+        "group-room-not-freed",
+        "fair ready set: a finished key of a full group does not unblock the group's held keys",
+        "src/queue/ready.rs",
+        """        if !was_full {
+            return;
+        }""",
+        """        if !was_full || true {
+            return;
+        }""",
+        "shuttle_controller",
+        "group_limit_racing_finish",
+    ),
+    Mutant(
+        "group-limit-off-by-one",
+        "fair ready set: a group counts as full only above its limit",
+        "src/queue/ready.rs",
+        "self.in_flight.get(&group).is_some_and(|&n| n >= self.limit)",
+        "self.in_flight.get(&group).is_some_and(|&n| n > self.limit)",
+        "shuttle_controller",
+        "group_limit_racing_finish",
+    ),
+    Mutant(
         "settle-after-done",
         "worker loop: the retry is scheduled and counted after `done`, not before",
         "src/controller/worker.rs",
-        """        settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
-        // The retry is scheduled and the stats counted before `done`, so a
-        // `wait_idle` that sees the queue idle also sees the stats.
-        next = rt.queue.done_and_get(&key);""",
+        """        settle(core, rt, &key, &ctx, outcome, timed_out);
+        drop(entered);""",
         """        rt.queue.done(&key);
-        settle(core, rt, &key, ctx.attempt, Outcome::classify(result));
-        next = rt.queue.get();""",
+        settle(core, rt, &key, &ctx, outcome, timed_out);
+        drop(entered);""",
         "shuttle_controller",
         "worker_loop_requeue_racing_readds",
     ),
@@ -52,10 +72,10 @@ MUTANTS = [
         "dirty-dropped",
         "queue: an add while the key is processing is dropped instead of marking it dirty",
         "src/queue/state.rs",
-        """                    occupied.insert(Slot::Processing(Then::Requeue));
-                    Added::Unchanged""",
-        """                    occupied.insert(Slot::Processing(then));
-                    Added::Unchanged""",
+        """                    self.requeue_after_done += 1;
+                    occupied.insert(Slot::Processing { then: Then::Requeue { added }, run, group, again });""",
+        """                    let _ = (added, then);
+                    occupied.insert(Slot::Processing { then: Then::Finish, run, group, again });""",
         "shuttle_controller",
         "worker_loop_requeue_racing_readds",
     ),
@@ -66,7 +86,7 @@ MUTANTS = [
         """        let mut pending = self.pending.lock();
         if let Some(rt) = self.rt.get() {
             drop(pending);
-            return rt.apply(key, when);
+            return self.apply(rt, key, when, priority);
         }""",
         """        let mut pending = self.pending.lock();""",
         "shuttle_controller",
@@ -88,14 +108,14 @@ MUTANTS = [
         "cancel-all-read-outside-slot-lock",
         "begin: the stop flag is read before the slot lock is taken",
         "src/controller/worker.rs",
-        """        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false });
+        """        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false, timed_out: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
         slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));""",
         """        let cancel_all = core.cancel_all.load(Ordering::SeqCst);
         drop(running);
         running = slot.running.lock();
-        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false });
+        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false, timed_out: false });
         slot.signal.reset_to(cancel_all);""",
         "shuttle_controller",
         "stop_cancels_every_reconcile",
@@ -161,8 +181,10 @@ MUTANTS = [
         "manager: remove marks the controller removed without waking its thread",
         "src/manager/worker.rs",
         """        st.removed = true;
+        cancel_run(&st);
         self.wake.notify_all();""",
-        """        st.removed = true;""",
+        """        st.removed = true;
+        cancel_run(&st);""",
         "shuttle_controller",
         "manager_update_racing_remove_and_trigger",
     ),

@@ -84,7 +84,9 @@ impl FakeClock {
         Self::default()
     }
 
-    /// Moves the clock forward by `by` and wakes every subscriber.
+    /// Moves the clock forward by `by` and wakes every subscriber. When it
+    /// returns, every queue on this clock has made the keys that became due
+    /// ready (workers may not have taken them yet).
     pub fn advance(&self, by: Duration) {
         {
             let mut now = self.inner.now.lock();

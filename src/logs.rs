@@ -114,6 +114,50 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
+/// Target of the leader election's events.
+const ELECTION: &str = "reconq::election";
+
+/// Talking to etcd failed; the campaign retries after `backoff`.
+pub(crate) fn election_error(election: &str, error: &str, backoff: Duration) {
+    tracing::warn!(target: ELECTION, election = %election, error, retry_in = ?backoff, "etcd unreachable; standing by");
+}
+
+/// This process became leader.
+pub(crate) fn election_won(election: &str, identity: &str, token: u64) {
+    tracing::info!(target: ELECTION, election = %election, identity, fencing_token = token, "became leader");
+}
+
+/// This process lost its leadership.
+pub(crate) fn election_lost(election: &str, token: u64, why: &str) {
+    tracing::warn!(target: ELECTION, election = %election, fencing_token = token, why, "lost leadership");
+}
+
+/// A stop is still waiting for these reconciles to return (call with no
+/// lock held).
+pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, running = ?running,
+        "stop waiting for reconciles to return"
+    );
+}
+
+/// A stop dropped keys without reconciling them (call with no lock held).
+/// Nothing is logged when it dropped none.
+pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {
+    /// How many of the dropped keys the message names.
+    const NAMED: usize = 20;
+    if dropped.is_empty() {
+        return;
+    }
+    let named = &dropped[..dropped.len().min(NAMED)];
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, dropped = dropped.len(), keys = ?named,
+        "stop dropped keys waiting on a delay, a retry or the queue without reconciling them"
+    );
+}
+
 /// A trigger function panicked (call with no lock held).
 pub(crate) fn trigger_panicked<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
     tracing::error!(target: CONTROLLER, controller = %controller, key = ?key, error, "trigger panicked");

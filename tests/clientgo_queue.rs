@@ -284,7 +284,7 @@ fn drain_hands_out_a_dirty_key_again_and_waits_for_it() {
 }
 
 /// A drain started while a dirty key is processing also waits for the key to
-/// be taken again (spec §3: "the drain waits for them too"), not only for the
+/// be taken again (guarantees §3: "the drain waits for them too"), not only for the
 /// processing set to empty as client-go does.
 #[test]
 fn drain_is_pending_while_a_requeued_key_is_not_yet_taken() {

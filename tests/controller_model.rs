@@ -1,7 +1,7 @@
 //! State-machine property test of the `Controller` (reliability issue):
 //! random operation sequences on a one-worker controller with a `FakeClock`
 //! and `ExponentialBackoff(1 s, 1000 s)` over keys 0..4, checked after every
-//! step against a reference model of spec §1 (G1-G5, G7, G9) and §4's result
+//! step against a reference model of guarantees §1 (G1-G5, G7, G9) and §4's result
 //! table.
 //!
 //! One worker makes the order deterministic. After each operation the test
@@ -25,7 +25,7 @@
 //! * Result table: `Done` forgets (attempt and limiter reset, memory
 //!   cleared), success. `Requeue` is a rate-limited add (delay = the key's
 //!   backoff sequence 1, 2, 4, ... s), requeue, attempt + 1. `RequeueAfter(d)`
-//!   forgets and adds after `d`, requeue. An error is a rate-limited add,
+//!   forgets and adds after `d`, success. An error is a rate-limited add,
 //!   failure; a panic is the same plus `panics` (G9: the worker goes on).
 //!   `retry_after(d)` adds after `d`, failure, attempt + 1 without asking the
 //!   limiter. `permanent` forgets, parks the key (no retry), failure. A parked
@@ -49,7 +49,7 @@
 //! jitter, other limiters, triggers, the hang watchdog, the Python surface,
 //! G8 (`idle_cpu.rs`), groups (`groups.rs`, `shuttle_controller.rs`).
 //!
-//! Priorities (spec §8, P1-P3) are part of the model: enqueues carry a
+//! Priorities (guarantees §8, P1-P3) are part of the model: enqueues carry a
 //! priority in 0..3, every call records the priority it was handed out
 //! with, and the model hands out the highest priority first, FIFO by the
 //! time a key became ready (or was raised) within one; adds raise, never
@@ -451,7 +451,7 @@ impl Model {
         self.global_last_error = Some(msg);
     }
 
-    /// One reconcile of `k` (already taken at priority `p`), as spec §4's
+    /// One reconcile of `k` (already taken at priority `p`), as guarantees §4's
     /// table says; every re-add keeps `p` (P3).
     fn reconcile(&mut self, k: u32, p: i32, cancelled: bool) {
         let attempt = self.attempts.get(&k).copied().unwrap_or(0);
@@ -470,9 +470,10 @@ impl Model {
                 self.counts.requeues += 1;
             }
             Res::RequeueAfter(d) => {
+                // Work done, a resync asked for: a success.
                 self.forget(k);
                 self.add_after(k, d, p);
-                self.counts.requeues += 1;
+                self.counts.successes += 1;
             }
             Res::Fail | Res::Panic => {
                 let kind = if res == Res::Fail { "fail" } else { "panic" };

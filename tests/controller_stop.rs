@@ -74,7 +74,8 @@ fn drain_reconciles_ready_and_dirty_keys_without_cancelling() {
     wait_for("drain started", || h.stats().waiting == 0);
     release_tx.send(()).unwrap();
     let report = stopper.join().unwrap();
-    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0 });
+    let dropped = vec!["delayed".to_string()];
+    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped });
     let seen = seen.lock().clone();
     assert_eq!(
         seen,
@@ -216,4 +217,20 @@ fn dropping_handles_does_not_stop_the_controller() {
     assert!(keep.wait_idle(PATIENCE));
     assert_eq!(count.load(Ordering::SeqCst), 1);
     assert!(keep.stop_with_drain(PATIENCE));
+}
+
+#[test]
+fn a_drain_reports_the_keys_it_dropped_and_an_immediate_stop_drops_ready_ones_too() {
+    let h = Controller::new("dropper", |k: &String, _: &Context| -> Res {
+        if k == "failing" { Err(ReconcileError::new("down")) } else { Ok(Action::Done) }
+    })
+    .rate_limiter(ExponentialBackoff::new(Duration::from_secs(3600), Duration::from_secs(3600)))
+    .start();
+    h.enqueue("failing".to_string());
+    h.enqueue_after("later".to_string(), Duration::from_secs(3600));
+    wait_for("the failure's retry to be scheduled", || h.stats().waiting == 2);
+    let mut report = h.stop_with_drain_report(PATIENCE);
+    report.dropped.sort();
+    assert!(report.finished);
+    assert_eq!(report.dropped, ["failing", "later"], "a retry in back-off and a delayed key");
 }

@@ -1,4 +1,7 @@
-//! G8: an idle queue uses no CPU. This binary holds a single test because it
+//! G8: an idle queue, and an idle controller with every scheduling option on
+//! (priorities, groups with a limit, a hang threshold and a timeout, whose
+//! watchdog must sleep untimed while nothing runs), use no CPU. This binary
+//! holds a single test because it
 //! measures the CPU time of the whole process (`getrusage(RUSAGE_SELF)`), and
 //! tests in one binary run in parallel threads of one process.
 
@@ -9,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{ms, secs};
-use reconq::WorkQueue;
+use reconq::{Action, Context, Controller, ReconcileError, WorkQueue};
 
 /// User + system CPU time of this process so far.
 fn process_cpu_time() -> Duration {
@@ -65,4 +68,23 @@ fn g8_idle_getters_use_no_cpu_with_an_empty_queue_or_a_far_delayed_key() {
     delayed.add_after(1, secs(600));
     let used = cpu_while_idle(&delayed, secs(1));
     assert!(used < BUDGET, "key due in 10 min: {used:?} of CPU in 1 s idle");
+
+    let scheduled =
+        Controller::new("idle", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .workers(4)
+            .group(|k: &u32| k % 3)
+            .max_in_flight_per_group(1)
+            .hanging_threshold(secs(1))
+            .timeout(secs(5))
+            .start();
+    for k in 0..100 {
+        scheduled.enqueue_with_priority(k, (k % 4) as i32);
+    }
+    assert!(scheduled.wait_idle(secs(20)));
+    thread::sleep(ms(100));
+    let before = process_cpu_time();
+    thread::sleep(secs(1));
+    let used = process_cpu_time() - before;
+    scheduled.stop();
+    assert!(used < BUDGET, "idle controller with priorities, groups, hang threshold and timeout: {used:?} in 1 s");
 }

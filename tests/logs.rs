@@ -479,3 +479,61 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
         ]
     );
 }
+
+#[test]
+fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
+    let logs = Logs::new();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let h = Controller::new("logs-drop", move |key: &u32, _: &Context| -> Res {
+        if *key == 0 {
+            released.lock().recv_timeout(PATIENCE).unwrap();
+        }
+        Ok(Action::Done)
+    })
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue(0);
+    common::wait_for("key 0 to run", || h.stats().processing == 1);
+    h.enqueue(1);
+    h.enqueue_after(2, Duration::from_secs(3600));
+    tracing::dispatcher::with_default(&logs.dispatch, || h.stop());
+    release.send(()).unwrap();
+    let warning = logs.on("reconq::controller").pop().expect("a warning");
+    assert_eq!((warning.level, warning.fields["dropped"].as_str()), (Level::WARN, "2"), "{warning:#?}");
+    assert!(warning.message.starts_with("stop dropped keys"), "{warning:#?}");
+    let keys = &warning.fields["keys"];
+    assert!(keys == "[1, 2]" || keys == "[2, 1]", "{keys}");
+}
+
+#[test]
+fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
+    let logs = Logs::new();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let h = Controller::new("logs-stop-wait", move |_key: &u32, _: &Context| -> Res {
+        released.lock().recv_timeout(PATIENCE).unwrap();
+        Ok(Action::Done)
+    })
+    .thread_wrapper(logs.wrapper())
+    .start();
+    h.enqueue(7);
+    common::wait_for("key 7 to run", || h.stats().processing == 1);
+    let stopper = {
+        let (h, dispatch) = (h.clone(), logs.dispatch.clone());
+        std::thread::spawn(move || tracing::dispatcher::with_default(&dispatch, || h.stop_with_drain(PATIENCE)))
+    };
+    let waiting = logs.wait_for("reconq::controller", 1);
+    release.send(()).unwrap();
+    assert!(stopper.join().unwrap(), "the drain finished once released");
+    assert_eq!(
+        waiting[0],
+        Captured {
+            level: Level::WARN,
+            target: "reconq::controller".into(),
+            message: "stop waiting for reconciles to return".into(),
+            fields: fields(&[("controller", "logs-stop-wait"), ("running", "[7]")]),
+            spans: vec![],
+        }
+    );
+}

@@ -1,4 +1,4 @@
-//! Named periodic controllers (spec §5). Time-dependent tests run on a
+//! Named periodic controllers (guarantees §5). Time-dependent tests run on a
 //! FakeClock: a controller's next run time is read from `status()` exactly,
 //! then the test advances the clock and waits (with a generous timeout) for
 //! the run to be recorded. Nothing sleeps and then asserts.

@@ -57,8 +57,9 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 7] = [
+    let models: [fn(); 8] = [
         worker_loop_requeue_racing_readds_model,
+        group_limit_racing_finish_model,
         drain_racing_enqueues_and_start_model,
         stop_cancels_every_reconcile_model,
         || cancel_racing_completion_model(2),
@@ -164,6 +165,95 @@ fn worker_loop_requeue_racing_readds_model() {
     }
     assert!(handle.stop_with_drain(FOREVER), "the drain did not finish");
     assert!(handle.is_stopped());
+}
+
+// ---------------------------------------------------------------------------
+// (a') Per-group limits: a key of a full group becoming ready while a worker
+// finishes another key of the same group.
+
+#[derive(Default)]
+struct GroupLog {
+    /// Keys of each group being reconciled right now.
+    in_flight: HashMap<u8, usize>,
+    busy: HashMap<u8, bool>,
+    ran: HashMap<u8, u32>,
+    violations: Vec<String>,
+}
+
+/// **(a') per-group limit racing a finish.** Three workers, group
+/// `key / 10`, `max_in_flight_per_group(1)`. Keys 10 and 11 share group 1;
+/// key 20 is group 2. Key 10 asks to be requeued once (a re-add of a full
+/// group's key while its own reconcile finishes). A producer enqueues 11
+/// and 20 while 10 runs or finishes, and 10 again: every such add races the
+/// worker that is releasing the group's slot in `done`.
+///
+/// Invariants: at most one key of a group is reconciled at once (P5); no
+/// key is reconciled twice at once (G2); every key enqueued is reconciled
+/// (the held key of a full group is handed out once room frees, not lost:
+/// `wait_idle` returns, with nothing left ready or held, which a stranded
+/// key would turn into a deadlock); the drain finishes.
+#[test]
+fn group_limit_racing_finish() {
+    explore(group_limit_racing_finish_model);
+}
+
+fn group_limit_racing_finish_model() {
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            let group = key / 10;
+            {
+                let mut log = log.lock().unwrap();
+                let n = {
+                    let n = log.in_flight.entry(group).or_default();
+                    *n += 1;
+                    *n
+                };
+                if n > 1 {
+                    log.violations.push(format!("P5: {n} keys of group {group} at once (key {key})"));
+                }
+                if log.busy.insert(*key, true) == Some(true) {
+                    log.violations.push(format!("G2: key {key} reconciled by two workers at once"));
+                }
+                *log.ran.entry(*key).or_default() += 1;
+            }
+            thread::yield_now();
+            {
+                let mut log = log.lock().unwrap();
+                *log.in_flight.get_mut(&group).unwrap() -= 1;
+                log.busy.insert(*key, false);
+            }
+            Ok(if *key == 10 && ctx.attempt() == 0 { Action::Requeue } else { Action::Done })
+        }
+    };
+    let handle = Controller::new("g", reconcile)
+        .workers(3)
+        .rate_limiter(zero_backoff())
+        .group(|key: &u8| key / 10)
+        .max_in_flight_per_group(1)
+        .start();
+    handle.enqueue(10);
+    let producer = {
+        let handle = handle.clone();
+        thread::spawn(move || {
+            handle.enqueue(11);
+            handle.enqueue(20);
+            handle.enqueue(10);
+        })
+    };
+    producer.join().unwrap();
+    assert!(handle.wait_idle(FOREVER), "wait_idle gave up");
+    {
+        let log = log.lock().unwrap();
+        assert_eq!(log.violations, Vec::<String>::new());
+        for key in [10, 11, 20] {
+            assert!(log.ran.get(&key).is_some_and(|&n| n >= 1), "key {key} was never reconciled");
+        }
+        let stats = handle.stats();
+        assert_eq!((stats.depth, stats.processing, stats.waiting), (0, 0, 0), "idle, yet keys remain");
+    }
+    assert!(handle.stop_with_drain(FOREVER), "the drain did not finish");
 }
 
 // ---------------------------------------------------------------------------

@@ -122,7 +122,8 @@ fn a_controller_entry_after_a_known_sequence() {
     assert_eq!(e.last_error.as_deref(), Some("flaky backend"), "a controller keeps its last error");
     assert!(e.last_success_time.unwrap() >= e.last_error_time.unwrap());
 
-    // A permanent error parks the key; a requeue is neither success nor failure.
+    // A permanent error parks the key; a resync (`RequeueAfter`) did its
+    // work: a success, which ends the failure streak.
     handle.enqueue("perm".to_string());
     assert!(handle.wait_idle(PATIENCE));
     let e = entry(NAME);
@@ -130,12 +131,12 @@ fn a_controller_entry_after_a_known_sequence() {
     assert_eq!(e.last_error.as_deref(), Some("bad spec"));
     assert_eq!((details(&e).parked, details(&e).reconciles), (1, 5));
     handle.enqueue("later".to_string());
-    let e = entry_when(NAME, "the requeue", |e| {
+    let e = entry_when(NAME, "the resync", |e| {
         let d = details(e);
         d.reconciles == 6 && d.processing == 0 && d.waiting == 1
     });
-    assert_eq!((e.successes, e.failures, e.consecutive_failures), (2, 3, 1));
-    assert_eq!(details(&e).requeues, 1);
+    assert_eq!((e.successes, e.failures, e.consecutive_failures), (3, 3, 0));
+    assert_eq!(details(&e).requeues, 0);
 
     // A panic is a failure (retried after 1 s).
     handle.enqueue("boom".to_string());
@@ -143,7 +144,7 @@ fn a_controller_entry_after_a_known_sequence() {
         let d = details(e);
         d.reconciles == 7 && d.processing == 0 && d.waiting == 2
     });
-    assert_eq!((e.successes, e.failures, e.consecutive_failures), (2, 4, 2));
+    assert_eq!((e.successes, e.failures, e.consecutive_failures), (3, 4, 1));
     assert_eq!((details(&e).panics, e.last_error.as_deref()), (1, Some("kaboom")));
 
     // A reconcile held on a channel hangs past the 1 s threshold; meanwhile
@@ -155,9 +156,9 @@ fn a_controller_entry_after_a_known_sequence() {
         let d = details(e);
         d.reconciles == 8 && d.processing == 1 && d.waiting == 1
     });
-    assert_eq!((e.successes, e.failures, e.consecutive_failures), (3, 4, 0));
+    assert_eq!((e.successes, e.failures, e.consecutive_failures), (4, 4, 0));
     let d = details(&e);
-    assert_eq!((d.depth, d.parked, d.requeues, d.panics), (0, 1, 1, 1));
+    assert_eq!((d.depth, d.parked, d.requeues, d.panics), (0, 1, 0, 1));
     assert_eq!(d.hanging.len(), 1, "{:?}", d.hanging);
     assert_eq!(d.hanging[0].key, "\"hang\"");
     assert_eq!(d.hanging[0].running, secs(2));
@@ -168,14 +169,14 @@ fn a_controller_entry_after_a_known_sequence() {
 
     release_tx.send(()).unwrap();
     let e = entry_when(NAME, "the hang's end", |e| details(e).reconciles == 9 && details(e).processing == 0);
-    assert_eq!((e.successes, e.failures, e.consecutive_failures), (4, 4, 0));
+    assert_eq!((e.successes, e.failures, e.consecutive_failures), (5, 4, 0));
     assert!(details(&e).hanging.is_empty());
 
     assert!(handle.stop_with_drain(PATIENCE));
     let e = entry(NAME);
     let d = details(&e);
     assert_eq!((d.state, d.waiting, d.reconciles), (RunState::Stopped, 0, 9), "the delayed key was dropped");
-    assert_eq!((e.successes, e.failures, d.requeues, d.panics, d.parked), (4, 4, 1, 1, 1));
+    assert_eq!((e.successes, e.failures, d.requeues, d.panics, d.parked), (5, 4, 0, 1, 1));
 }
 
 #[test]

@@ -168,8 +168,9 @@ fn s3_a_second_live_holder_is_refused_and_a_stopped_one_releases() {
     let calls = Calls::default();
     let first = controller(open(&dir.db()), &calls).start();
     first.enqueue_after("kept".to_string(), HOUR);
-    let second = controller(open(&dir.db()), &calls).try_start();
-    assert!(matches!(second, Err(StoreError::Locked(ref name)) if name == "s2"), "{second:?}");
+    let second = controller(open(&dir.db()), &calls).try_start().unwrap_err();
+    let inner = second.get_ref().and_then(|e| e.downcast_ref::<StoreError>());
+    assert!(matches!(inner, Some(StoreError::Locked(name)) if name == "s2"), "{second:?}");
     // Another name in the same file is fine.
     let other = Controller::new("other", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
         Ok(Action::Done)

@@ -1,6 +1,7 @@
-"""Python benchmarks (spec §6): reconq against the pure-Python baseline.
+"""Python benchmarks (guarantees §6): reconq against the pure-Python baseline.
 
     python benches/python/bench.py            # P1 (queue and controller), P2, P3
+    python benches/python/bench.py w9 --w9-a-keys 20000   # W9 fairness (not in the default set)
     python benches/python/bench.py p1 --n 200000 --workers 1 2 4 8 --repeat 3
 
 Build the extension optimised first (`pip install .`, or
@@ -22,6 +23,12 @@ nothing useful.
   calls (40,000). reconq logs every failed reconcile to the "reconq" logger;
   the pure baseline logs nothing, so that logger is silenced (level
   CRITICAL) for a like-for-like comparison.
+
+* W9 (guarantees, "Benchmarks of scheduling"): 100,000 ready keys of
+  group A, then 100 of group B; 4 workers, reconcile = 100 µs of work (a
+  busy loop, so it holds the GIL as real Python work does); time until
+  every B key is done, with ``group=`` against without (reconq only: the
+  baseline has no groups).
 
 Every line prints reconq, the pure-Python baseline and their ratio (> 1:
 reconq is better).
@@ -216,17 +223,69 @@ def p3(repeat: int) -> Dict[str, float]:
     return best
 
 
+def w9_once(grouped: bool, a_keys: int, b_keys: int = 100) -> float:
+    """Seconds from the first B enqueue until every B key is done."""
+    b_left = [b_keys]
+    b_done = threading.Event()
+    lock = threading.Lock()
+
+    def reconcile(key: Any) -> None:
+        end = time.perf_counter() + 100e-6
+        while time.perf_counter() < end:
+            pass
+        if key[0] == "B":
+            with lock:
+                b_left[0] -= 1
+                if b_left[0] == 0:
+                    b_done.set()
+
+    group = (lambda key: key[0]) if grouped else None
+    c = reconq.Controller(reconcile, workers=4, group=group, name="w9")
+    for i in range(a_keys):
+        c.enqueue(("A", i))  # before start: all of A is ready at once
+    c.start()
+    t0 = time.perf_counter()
+    for i in range(b_keys):
+        c.enqueue(("B", i))
+    if not b_done.wait(600):
+        raise RuntimeError("B keys not done in time")
+    elapsed = time.perf_counter() - t0
+    # Dropping the A keys still waiting is the point: keep its warning quiet.
+    logger = logging.getLogger("reconq.controller")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        c.stop(drain=False, timeout=60)
+    finally:
+        logger.setLevel(level)
+    return elapsed
+
+
+def w9(a_keys: int, repeat: int) -> Dict[str, float]:
+    """Median seconds until every B key is done, with and without group."""
+    print(f"\nW9: {a_keys:,} A keys then 100 B keys, 4 workers, 100 us of work each (median of {repeat})")
+    times: Dict[str, List[float]] = {"group": [], "no group": []}
+    for _ in range(repeat):
+        times["group"].append(w9_once(True, a_keys))
+        times["no group"].append(w9_once(False, a_keys))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"  every B key done after {med['group'] * 1e3:.1f} ms with group, "
+          f"{med['no group'] * 1e3:.0f} ms without ({med['no group'] / med['group']:.0f}x)")
+    return med
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", help="p1, p2 and/or p3 (default: all)")
+    ap.add_argument("which", nargs="*", help="p1, p2, p3 and/or w9 (default: p1 p2 p3)")
+    ap.add_argument("--w9-a-keys", type=int, default=100_000, help="W9 group A keys (default 100,000)")
     ap.add_argument("--n", type=int, default=200_000, help="P1 keys (default 200,000)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8], help="P1 worker counts")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (for scripts/bench_report.py)")
     args = ap.parse_args(argv)
     args.which = args.which or ["p1", "p2", "p3"]
-    if not set(args.which) <= {"p1", "p2", "p3"}:
-        ap.error("choose from p1, p2, p3")
+    if not set(args.which) <= {"p1", "p2", "p3", "w9"}:
+        ap.error("choose from p1, p2, p3, w9")
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
     results: Dict[str, Any] = {"n": args.n}
     if "p1" in args.which:
@@ -236,6 +295,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         results["p2"] = p2(args.repeat)
     if "p3" in args.which:
         results["p3"] = p3(args.repeat)
+    if "w9" in args.which:
+        results["w9"] = w9(args.w9_a_keys, args.repeat)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

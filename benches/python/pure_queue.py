@@ -25,7 +25,7 @@ Like client-go (and unlike reconq), a plain ``add`` of a key that is waiting
 in the heap does not cancel the heap entry, so the key runs again when it
 comes due.
 
-``PureController`` is a worker pool with reconq's result handling (spec §4):
+``PureController`` is a worker pool with reconq's result handling (guarantees §4):
 None -> forget; Requeue() -> add_rate_limited; Requeue(after=s) -> forget +
 add_after; RetryAfter(s) -> add_after; PermanentError -> forget; any other
 exception -> add_rate_limited. Its surface mirrors ``reconq.Controller`` so

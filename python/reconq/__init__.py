@@ -13,7 +13,9 @@ from ._native import (
     Context,
     Controller,
     ExponentialBackoff,
+    FakeClock,
     FastSlow,
+    LeaderElection,
     Manager,
     MaxOf,
     MetricsServer,
@@ -24,6 +26,7 @@ from ._native import (
     TokenBucket,
     WithMaxWait,
     WorkQueue,
+    __version__,
     context,
     default_rate_limiter,
     format_status,
@@ -32,6 +35,7 @@ from ._native import (
     start_http_server,
 )
 from ._results import PermanentError, Requeue, RetryAfter
+from ._types import Key
 
 # At exit, hooks stop running controllers (reconq._lifecycle) and remove
 # every live manager's controllers (registered by the extension).
@@ -42,8 +46,11 @@ from ._results import PermanentError, Requeue, RetryAfter
 
 __all__ = [
     "Context",
+    "Key",
+    "LeaderElection",
     "Controller",
     "ExponentialBackoff",
+    "FakeClock",
     "FastSlow",
     "Manager",
     "MaxOf",
@@ -58,6 +65,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "__version__",
     "context",
     "default_rate_limiter",
     "format_status",

@@ -32,6 +32,10 @@ from typing import Any, Set
 #: Seconds the exit hook waits for running controllers to drain, in total.
 EXIT_TIMEOUT = 5.0
 
+#: Seconds leaving a ``with Controller(...)`` block drains before it stops
+#: the rest at once (running reconciles are cancelled and left to return).
+WITH_EXIT_TIMEOUT = 30.0
+
 _lock = threading.Lock()
 _running: Set[Any] = set()
 
@@ -58,6 +62,14 @@ def _stop_all_at_exit() -> None:
             controller.stop(drain=True, timeout=max(0.0, deadline - time.monotonic()))
         except BaseException:  # noqa: BLE001 - never block or fail the exit
             pass
+    # Then give up leaderships at once, so a standby takes over (not after
+    # the lease's TTL).
+    try:
+        from . import _native
+
+        _native._stop_elections()
+    except BaseException:  # noqa: BLE001 - never block or fail the exit
+        pass
 
 
 def _forget_after_fork() -> None:

@@ -7,11 +7,15 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple
 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
+from ._results import Requeue
+
 __all__ = [
     "Context",
     "Controller",
     "ExponentialBackoff",
+    "FakeClock",
     "FastSlow",
+    "LeaderElection",
     "Manager",
     "MaxOf",
     "MetricsServer",
@@ -22,6 +26,7 @@ __all__ = [
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
+    "__version__",
     "context",
     "default_rate_limiter",
     "format_status",
@@ -34,6 +39,18 @@ _Key: TypeAlias = Union[str, int, bytes, Tuple["_Key", ...]]
 """A queue key: str, int (signed 64-bit; bool counts), bytes, or tuples of these."""
 
 _Seconds: TypeAlias = Union[int, float]
+
+__version__: str
+
+@final
+class FakeClock:
+    """A clock that moves only when told to; give it to ``Controller(clock=)`` or ``WorkQueue(clock=)``."""
+
+    def __new__(cls) -> Self: ...
+    def now(self) -> float:
+        """Seconds since the clock was made (starts at 0.0)."""
+    def advance(self, seconds: _Seconds) -> None:
+        """Moves forward; returns once what became due is ready."""
 
 class ShutDown(Exception):
     """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
@@ -83,7 +100,9 @@ def default_rate_limiter() -> MaxOf: ...
 
 @final
 class WorkQueue:
-    def __new__(cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None) -> Self: ...
+    def __new__(
+        cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None, clock: Optional[FakeClock] = None
+    ) -> Self: ...
     def add(self, key: _Key, priority: int = 0) -> None: ...
     def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
     def add_rate_limited(self, key: _Key) -> None: ...
@@ -97,7 +116,7 @@ class WorkQueue:
     @property
     def shutting_down(self) -> bool: ...
 
-# --- Manager (spec §5) ---
+# --- Manager (guarantees §5) ---
 
 from typing import Callable, TypedDict
 
@@ -124,7 +143,7 @@ class Manager:
     def update(
         self,
         name: str,
-        do: Callable[[], object],
+        do: Callable[[], None],
         stop: Optional[Callable[[], object]] = None,
         interval: Optional[_Seconds] = None,
         error_retry_base: _Seconds = 1.0,
@@ -141,7 +160,34 @@ class Manager:
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
 
-# --- The reconcile context (spec §7) ---
+# --- Leader election (guarantees §10) ---
+
+@final
+class LeaderElection:
+    """A campaign for leadership of ``name`` on etcd; pass it to ``Controller(leader_election=)``."""
+
+    def __new__(
+        cls,
+        endpoints: Union[str, List[str]],
+        name: str,
+        ttl: Optional[_Seconds] = None,
+        identity: Optional[str] = None,
+        on_lost: Literal["standby", "exit"] = "standby",
+    ) -> Self: ...
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def leader(self) -> Optional[str]: ...
+    @property
+    def fencing_token(self) -> Optional[int]: ...
+    @property
+    def last_error(self) -> Optional[str]: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+def _stop_elections() -> None: ...
+
+# --- The reconcile context (guarantees §7) ---
 
 @final
 class Context:
@@ -168,7 +214,7 @@ class Context:
 def context() -> Context:
     """The context of the reconcile or Manager ``do`` running on this thread (RuntimeError elsewhere)."""
 
-# --- Controller (spec §4, §5) ---
+# --- Controller (guarantees §4, §5) ---
 
 class _ControllerStats(TypedDict):
     name: str
@@ -192,6 +238,11 @@ class _ControllerStats(TypedDict):
     last_flush_time: NotRequired[Optional[float]]
     store_error: NotRequired[Optional[str]]
 
+class _StopReport(TypedDict):
+    finished: bool
+    unfinished: List[_Key]
+    dropped: List[_Key]
+
 class _KeyInfo(TypedDict):
     state: Literal["unknown", "ready", "waiting", "running", "parked"]
     attempts: int
@@ -203,7 +254,7 @@ class _KeyInfo(TypedDict):
 class Controller:
     def __new__(
         cls,
-        reconcile: Callable[[Any], object],
+        reconcile: Callable[[Any], Optional[Requeue]],
         workers: int = 1,
         rate_limiter: Optional[RateLimiter] = None,
         name: str = "controller",
@@ -211,6 +262,10 @@ class Controller:
         timeout: Optional[_Seconds] = None,
         group: Optional[Callable[[Any], Optional[_Key]]] = None,
         max_in_flight_per_group: Optional[int] = None,
+        clock: Optional[FakeClock] = None,
+        jitter: Optional[Tuple[float, int]] = None,
+        parked_capacity: Optional[int] = None,
+        leader_election: Optional[LeaderElection] = None,
         store: Union[SqliteStore, str, PathLike[str], None] = None,
     ) -> Self: ...
     @property
@@ -221,8 +276,9 @@ class Controller:
     def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
     def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None: ...
     def start(self) -> None: ...
-    def run(self) -> None: ...
+    def run(self, stop_timeout: Optional[_Seconds] = None) -> None: ...
     def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool: ...
+    def stop_with_report(self, timeout: Optional[_Seconds] = None) -> _StopReport: ...
     def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool: ...
     def stats(self) -> _ControllerStats: ...
     def cancel(self, key: _Key) -> bool: ...

@@ -4,7 +4,8 @@
 | ----------------------------------- | ------------------------------------ |
 | returns None                        | forget(key); success                 |
 | returns Requeue()                   | add_rate_limited(key); requeue       |
-| returns Requeue(after=s)            | forget(key), add_after(key, s)       |
+| returns Requeue(after=s)            | forget(key), add_after(key, s);      |
+|                                     | success (a resync)                   |
 | raises RetryAfter(s)                | add_after(key, s); failure           |
 | raises PermanentError(...)          | forget(key), no retry; failure       |
 | raises any other exception          | add_rate_limited(key); failure       |

@@ -108,15 +108,15 @@ impl Context {
         Self { attempt, signal, priority: 0, fencing_token: None }
     }
 
-    /// The priority the key was handed out with (spec §8): retries re-add it
+    /// The priority the key was handed out with (guarantees §8): retries re-add it
     /// with this priority.
     pub fn priority(&self) -> i32 {
         self.priority
     }
 
-    /// The fencing token of the leadership this reconcile runs under (spec
-    /// §10): pass it to writes so a deposed leader's late writes can be
-    /// refused. `None` without leader election.
+    /// The fencing token of the leadership this reconcile runs under: pass
+    /// it to writes so a deposed leader's late writes can be refused. `None`
+    /// without leader election (planned; always `None` today).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }

@@ -1,4 +1,4 @@
-//! The controller's `group` option (spec §8 P4, P5): turns a user's group
+//! The controller's `group` option (guarantees §8 P4, P5): turns a user's group
 //! function into the small integer ids the queue's fair ready set works
 //! with, and back for `in_flight_by_group`.
 //!

@@ -37,11 +37,13 @@ impl<K: ControllerKey> fmt::Debug for ControllerHandle<K> {
 pub struct Stats {
     /// Reconcile calls that returned (or panicked).
     pub reconciles: u64,
-    /// Calls that returned `Ok(Action::Done)`.
+    /// Calls that returned `Ok(Action::Done)` or `Ok(Action::RequeueAfter(_))`
+    /// (work done, a resync asked for).
     pub successes: u64,
     /// Calls that returned an error or panicked.
     pub failures: u64,
-    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    /// Calls that returned `Ok(Action::Requeue)` (a rate-limited retry that
+    /// is not an error).
     pub requeues: u64,
     /// Failures that were panics.
     pub panics: u64,
@@ -68,6 +70,14 @@ pub struct Stats {
     pub store: Option<crate::StoreStats>,
 }
 
+/// How often a stop waiting for reconciles logs which ones it waits for.
+const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
+
+/// The keys whose reconcile is running now.
+fn running_keys<K: Clone>(rt: &super::Runtime<K>) -> Vec<K> {
+    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect()
+}
+
 /// What [`ControllerHandle::stop_with_drain_report`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopReport<K> {
@@ -79,6 +89,10 @@ pub struct StopReport<K> {
     /// Trigger and watch threads still running at the deadline, detached
     /// (typically a watch blocked on an iterator that never yields).
     pub detached_threads: usize,
+    /// Keys the stop dropped without reconciling them: keys waiting on a
+    /// delay or a retry back-off, and ready keys left at the deadline.
+    /// Enqueue them again after a restart if they matter.
+    pub dropped: Vec<K>,
 }
 
 impl<K: ControllerKey> ControllerHandle<K> {
@@ -114,7 +128,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.route(key, When::At(at), 0);
     }
 
-    /// [`enqueue`](Self::enqueue) at `priority` (spec §8): ready keys are
+    /// [`enqueue`](Self::enqueue) at `priority` (guarantees §8): ready keys are
     /// reconciled highest priority first (P1); a key already waiting with a
     /// lower priority is raised to it, a higher one stays (P2); retries keep
     /// the priority a key was handed out with (P3). Plain enqueues are 0.
@@ -153,7 +167,9 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// Blocks until nothing is ready, being reconciled or waiting for a due
     /// time, for at most `timeout` of real time; returns whether that
     /// happened. A controller not started yet is idle only if nothing was
-    /// enqueued.
+    /// enqueued. Keys waiting for a retry or an `Action::RequeueAfter`
+    /// resync count as busy (a test can then wait for a whole retry chain),
+    /// so a controller that resyncs never becomes idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = deadline_after(Instant::now(), timeout);
         if self.core.rt.get().is_none() {
@@ -178,7 +194,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.stats_and_hanging().0
     }
 
-    /// Keys being reconciled per group (spec §8), for a controller built
+    /// Keys being reconciled per group (guarantees §8), for a controller built
     /// with [`group`](super::Controller::group) returning `G`; `None` is
     /// the group of keys whose group function panicked. Empty without
     /// groups, before start, or if `G` is not the controller's group type.
@@ -274,6 +290,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.cancel_everything();
         if let Some(rt) = self.core.rt.get() {
             rt.queue.shut_down_now();
+            logs::stop_dropped(&self.core.name, &rt.queue.take_dropped());
         }
     }
 
@@ -300,17 +317,17 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report = StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0 };
+        let mut report =
+            StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
         if let Some(rt) = self.core.rt.get() {
-            rt.queue.shut_down_with_drain_timeout(timeout);
+            self.drain_naming_waits(rt, deadline);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
             if report.finished {
                 self.join_workers();
             } else {
                 self.core.cancel_everything();
                 rt.queue.shut_down_now();
-                report.unfinished =
-                    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect();
+                report.unfinished = running_keys(rt);
                 {
                     let mut life = self.core.life.lock();
                     life.abandoned = true;
@@ -318,6 +335,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 }
                 logs::drain_deadline_passed(&self.core.name, &report.unfinished);
             }
+            report.dropped = rt.queue.take_dropped();
+            logs::stop_dropped(&self.core.name, &report.dropped);
         }
         if self.wait_life(deadline, |life| life.live_aux == 0) {
             self.join_aux();
@@ -369,6 +388,25 @@ impl<K: ControllerKey> ControllerHandle<K> {
             self.join_aux();
         }
         all_exited
+    }
+
+    /// Shuts the queue down with drain and waits until every key handed out
+    /// is done or `deadline` passed; meanwhile logs a WARNING naming the
+    /// reconciles still running every [`STOP_WAIT_LOG_INTERVAL`], so a stop
+    /// held up by a slow reconcile says what it waits for.
+    fn drain_naming_waits(&self, rt: &super::Runtime<K>, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            let slice_end = deadline.min(deadline_after(now, STOP_WAIT_LOG_INTERVAL));
+            let drained = rt.queue.shut_down_with_drain_timeout(slice_end.saturating_duration_since(now));
+            // Back before its slice ended without draining: the queue is not
+            // draining (an immediate stop came first); nothing to wait for.
+            let gave_up = Instant::now() < slice_end;
+            if drained || gave_up || Instant::now() >= deadline {
+                return;
+            }
+            logs::stop_waiting(&self.core.name, &running_keys(rt));
+        }
     }
 
     fn wait_life(&self, deadline: Instant, done: impl Fn(&super::Life) -> bool) -> bool {

@@ -1,4 +1,4 @@
-//! The reconcile loop (spec §3, §4, §5): a fixed pool of OS worker threads
+//! The reconcile loop (guarantees §3, §4, §5): a fixed pool of OS worker threads
 //! taking keys from a [`WorkQueue`] and calling a [`Reconciler`].
 //!
 //! * [`Controller`] (this file) is the builder; `start` spawns the threads.
@@ -44,11 +44,13 @@ mod worker;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
+use crate::coordination::LeaderElection;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
@@ -117,6 +119,10 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     }
 }
 
+/// How long a failed [`Controller::try_start`] waits for the workers it did
+/// spawn to exit.
+const FAILED_START_JOIN: Duration = Duration::from_secs(5);
+
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
     /// calls `reconciler` with one worker and [`default_rate_limiter`].
@@ -129,6 +135,36 @@ impl<K: ControllerKey> Controller<K> {
             grouping: None,
             store: None,
         }
+    }
+
+    /// A controller whose reconcile is a closure, with its argument and
+    /// return types inferred: no annotations needed. Return
+    /// `Ok(Action::..)`, `Err(ReconcileError::..)`, or use `?` on any error
+    /// (a rate-limited retry). [`new`](Self::new) takes any [`Reconciler`]
+    /// (a struct, or a closure with its own error type).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reconq::{Action, Controller, ReconcileError};
+    ///
+    /// let handle = Controller::from_fn("sizes", |path, ctx| {
+    ///     let size = std::fs::metadata(path)?.len(); // an io::Error is retried
+    ///     if size == 0 && ctx.attempt() < 3 {
+    ///         return Err(ReconcileError::new("empty file, not written yet?"));
+    ///     }
+    ///     Ok(Action::Done)
+    /// })
+    /// .start();
+    /// handle.enqueue(std::path::PathBuf::from("Cargo.toml"));
+    /// assert!(handle.wait_idle(Duration::from_secs(10)));
+    /// assert_eq!(handle.stats().successes, 1);
+    /// handle.stop();
+    /// ```
+    pub fn from_fn<F>(name: impl Into<String>, reconcile: F) -> Self
+    where
+        F: Fn(&K, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static,
+    {
+        Self::new(name, reconcile)
     }
 
     /// Number of worker threads (default 1).
@@ -221,7 +257,7 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
-    /// Puts every key in the group `group(key)` gives (spec §8): among ready
+    /// Puts every key in the group `group(key)` gives (guarantees §8): among ready
     /// keys of one priority, keys are handed out round-robin across groups
     /// (P4), so a group with many keys cannot starve one with few. The
     /// function is called on the enqueuing thread when a key is enqueued;
@@ -263,6 +299,18 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Reconciles only while this process leads `election` (guarantees
+    /// §10): a standby's queue, triggers and watches run as usual, its
+    /// workers wait without CPU, and every reconcile's
+    /// [`Context::fencing_token`] is the leadership's token. When
+    /// leadership is lost, running reconciles are cancelled and no new one
+    /// starts. Starting the controller starts the campaign; one election
+    /// can serve several controllers.
+    pub fn leader_election(self, election: LeaderElection) -> Self {
+        self.core.config.lock().leader = Some(election);
+        self
+    }
+
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
@@ -273,17 +321,30 @@ impl<K: ControllerKey> Controller<K> {
     /// stopped through a handle before this, nothing is spawned.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread, or `max_in_flight_per_group`
-    /// was set without `group`.
+    /// If the OS refuses to spawn a thread (see [`try_start`](Self::try_start)
+    /// for an error instead), or `max_in_flight_per_group` was set without
+    /// `group`.
     pub fn start(self) -> ControllerHandle<K> {
         let name = self.core.name.clone();
-        self.try_start().unwrap_or_else(|err| panic!("controller {name:?}: cannot start: {err}"))
+        self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
     }
 
-    /// [`start`](Self::start), returning the store's error (its name held by
-    /// another live controller: [`StoreError::Locked`], or an unreadable
-    /// file) instead of panicking; nothing is changed then.
-    pub fn try_start(mut self) -> Result<ControllerHandle<K>, StoreError> {
+    /// [`start`](Self::start), with the OS refusing a thread (a thread or
+    /// memory limit: each worker needs a stack) reported as an error. Then
+    /// nothing is left running: the workers already spawned are stopped
+    /// and joined (a reconcile one of them already began is cancelled and
+    /// waited for up to 5 s, then detached), the controller is stopped
+    /// (enqueues are ignored), and the error says how many threads could
+    /// be made.
+    ///
+    /// # Panics
+    /// If `max_in_flight_per_group` was set without `group`.
+    ///
+    /// With a [`store`](Self::store), the claim and the read of the stored
+    /// keys come first: an error there (a [`StoreError`] inside the
+    /// `io::Error`: `Locked` for a name held by another live controller)
+    /// changes nothing.
+    pub fn try_start(mut self) -> io::Result<ControllerHandle<K>> {
         let store = match self.store.take() {
             Some(claim) => Some(claim(&self.core.name)?),
             None => None,
@@ -307,6 +368,16 @@ impl<K: ControllerKey> Controller<K> {
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
+        let on_lost = config.leader.as_ref().map(|election| {
+            let core = Arc::downgrade(&self.core);
+            let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                if let Some(core) = core.upgrade() {
+                    core.cancel_running();
+                }
+            });
+            election.when_lost(&on_lost);
+            on_lost
+        });
         let rt = Runtime {
             queue,
             limiter,
@@ -320,6 +391,8 @@ impl<K: ControllerKey> Controller<K> {
             log_errors: config.log_errors,
             grouping: self.grouping,
             store,
+            leader: config.leader.clone(),
+            _on_lost: on_lost,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -362,23 +435,40 @@ impl<K: ControllerKey> Controller<K> {
             match spawned {
                 Ok(thread) => threads.push(thread),
                 Err(e) => {
-                    // Account for the workers that will never run, stop the
-                    // ones that did, and report.
+                    // Account for the workers that will never run, then stop
+                    // and join the ones that did.
                     core.life.lock().live_workers -= config.workers - index;
                     drop(threads);
                     handle.stop();
-                    panic!("controller {:?}: cannot spawn worker thread: {e}", core.name);
+                    handle.join_timeout(FAILED_START_JOIN);
+                    let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
+                    return Err(io::Error::new(e.kind(), message));
                 }
             }
         }
         drop(threads);
+        if let Some(election) = &rt.leader {
+            election.start();
+        }
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
-            self.core.spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+            let spawned =
+                self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
+            if let Err(e) = spawned {
+                handle.stop();
+                handle.join_timeout(FAILED_START_JOIN);
+                return Err(io::Error::new(e.kind(), format!("cannot spawn the watchdog thread: {e}")));
+            }
         }
         if let Some(link) = &rt.store {
             let link = Arc::clone(link);
-            self.core.spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core));
+            let spawned =
+                self.core.try_spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core));
+            if let Err(e) = spawned {
+                handle.stop();
+                handle.join_timeout(FAILED_START_JOIN);
+                return Err(io::Error::new(e.kind(), format!("cannot spawn the store's flusher thread: {e}")));
+            }
         }
         Ok(handle)
     }
@@ -424,6 +514,7 @@ struct Config {
     max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
+    leader: Option<LeaderElection>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -472,6 +563,11 @@ pub(crate) struct Runtime<K> {
     pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
     /// The store seam: told of every key change (`mark`).
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
+    /// Reconcile only while this process leads (guarantees §10).
+    pub(crate) leader: Option<LeaderElection>,
+    /// Cancels the running reconciles when leadership is lost; held here
+    /// so the election's weak reference lives as long as the controller.
+    _on_lost: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -583,6 +679,7 @@ impl<K: ControllerKey> Core<K> {
                 max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
+                leader: None,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
@@ -644,6 +741,19 @@ impl<K: ControllerKey> Core<K> {
     }
 
     /// Cancels every in-flight reconcile and every later one.
+    /// Cancels the reconciles running now (leadership was lost); later
+    /// ones are not affected.
+    pub(crate) fn cancel_running(&self) {
+        if let Some(rt) = self.rt.get() {
+            for slot in &rt.slots {
+                let running = slot.running.lock();
+                if running.is_some() {
+                    slot.signal.set();
+                }
+            }
+        }
+    }
+
     pub(crate) fn cancel_everything(&self) {
         self.cancel_all.store(true, Ordering::SeqCst);
         if let Some(rt) = self.rt.get() {
@@ -676,6 +786,10 @@ impl<K: ControllerKey> Core<K> {
             if let Some(watchdog) = self.rt.get().and_then(|rt| rt.watchdog.as_ref()) {
                 watchdog.shut_down();
             }
+            // Workers waiting for leadership look again, and exit.
+            if let Some(election) = self.rt.get().and_then(|rt| rt.leader.as_ref()) {
+                election.wake();
+            }
         }
         first
     }
@@ -683,6 +797,18 @@ impl<K: ControllerKey> Core<K> {
     /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
     /// for.
     pub(crate) fn spawn_aux(self: &Arc<Self>, name: String, body: impl FnOnce(&Arc<Core<K>>) + Send + 'static) {
+        if let Err(e) = self.try_spawn_aux(name, body) {
+            panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
+        }
+    }
+
+    /// Spawns a trigger, watch or watchdog thread, counted in `live_aux`
+    /// until it exits.
+    pub(crate) fn try_spawn_aux(
+        self: &Arc<Self>,
+        name: String,
+        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
+    ) -> io::Result<()> {
         let wrapper = self.wrapper();
         self.life.lock().live_aux += 1;
         let core = Arc::clone(self);
@@ -692,14 +818,16 @@ impl<K: ControllerKey> Core<K> {
             let guard = ExitGuard { core, worker: false };
             body(&guard.core);
         }) {
-            Ok(thread) => threads.push(thread),
+            Ok(thread) => {
+                threads.push(thread);
+                Ok(())
+            }
             Err(e) => {
                 drop(threads);
                 let mut life = self.life.lock();
                 life.live_aux -= 1;
                 self.life_cv.notify_all();
-                drop(life);
-                panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
+                Err(e)
             }
         }
     }

@@ -1,5 +1,5 @@
 //! What a reconcile returns: [`Action`], [`ReconcileError`], the
-//! [`Reconciler`] trait, and the classification the worker acts on (spec §4's
+//! [`Reconciler`] trait, and the classification the worker acts on (guarantees §4's
 //! result table).
 
 use std::error::Error;
@@ -178,7 +178,7 @@ impl Outcome {
     }
 
     /// A reconcile cancelled at its timeout, whatever it returned: a failure
-    /// retried with the rate limiter (spec §7).
+    /// retried with the rate limiter (guarantees §7).
     pub(crate) fn timed_out(timeout: Duration) -> Self {
         let message = format!("TimeoutError: reconcile timed out after {} s", timeout.as_secs_f64());
         Outcome::Failure { retry: RetryPolicy::RateLimited, message, panicked: false }

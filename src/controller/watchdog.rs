@@ -58,7 +58,11 @@ pub(crate) struct Scan<K> {
 /// Reads every worker slot; marks the hangs it returns in `newly` as
 /// logged, and cancels the reconciles past `timeout` (marking them timed
 /// out, which the worker counts as a failure when they return).
-pub(crate) fn scan<K: ControllerKey>(rt: &Runtime<K>, threshold: Option<Duration>, timeout: Option<Duration>) -> Scan<K> {
+pub(crate) fn scan<K: ControllerKey>(
+    rt: &Runtime<K>,
+    threshold: Option<Duration>,
+    timeout: Option<Duration>,
+) -> Scan<K> {
     let now = rt.clock.now();
     let mut out = Scan { hanging: Vec::new(), newly: Vec::new(), next: None, now };
     let mut next: Option<Instant> = None;

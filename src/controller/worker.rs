@@ -9,8 +9,10 @@ use super::context::{Context, StopSignal};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
+use crate::coordination::LeaderElection;
 use crate::logs;
 use crate::observe::metrics::ticks;
+use crate::queue::Priority;
 use crate::sync::Mutex;
 
 /// One worker's in-flight reconcile, readable by other threads (cancel,
@@ -51,6 +53,16 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
     while let Some((key, priority)) = next {
+        if let Some(election) = &rt.leader {
+            match election.token() {
+                Some(token) => ctx.fencing_token = Some(token),
+                None => {
+                    next = stand_by(core, rt, election, key, priority);
+                    started = ticks::now();
+                    continue;
+                }
+            }
+        }
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
@@ -86,6 +98,24 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     }
 }
 
+/// A key was handed out while this process does not lead: put it back
+/// (it stays ready, at its priority), wait for leadership without CPU, and
+/// take the next key. `None` once the controller stops.
+fn stand_by<K: ControllerKey>(
+    core: &Core<K>,
+    rt: &Runtime<K>,
+    election: &LeaderElection,
+    key: K,
+    priority: Priority,
+) -> Option<(K, Priority)> {
+    // An add while the key is processing marks it dirty; `done` makes it
+    // ready again.
+    rt.queue.add_with_priority(key.clone(), priority);
+    rt.queue.done(&key);
+    election.wait_token(|| core.stopping.load(Ordering::SeqCst))?;
+    rt.queue.get_with_priority()
+}
+
 fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
     {
         let mut running = slot.running.lock();
@@ -99,7 +129,7 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
     }
 }
 
-/// Acts on a finished reconcile (spec §4's table). Retries keep the priority
+/// Acts on a finished reconcile (guarantees §4's table). Retries keep the priority
 /// the key was handed out with (P3).
 fn settle<K: ControllerKey>(
     core: &Core<K>,
@@ -129,10 +159,14 @@ fn settle<K: ControllerKey>(
             counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::RequeueAfter(delay) => {
+            // The reconcile did its work and asks for a periodic resync: a
+            // success (controller-runtime counts it apart from errors; its
+            // metric label stays `requeue_after`).
             core.memory.clear(key);
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
-            counters.requeues.fetch_add(1, Ordering::Relaxed);
+            counters.record_success();
+            counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {

@@ -1,4 +1,4 @@
-//! Named periodic controllers, as Cilium's `pkg/controller` (spec §5).
+//! Named periodic controllers, as Cilium's `pkg/controller` (guarantees §5).
 //!
 //! A [`Manager`] maps names to controllers. Each controller is one OS thread
 //! (named `reconq-mgr-<name>`) that runs its `do` function until it succeeds,

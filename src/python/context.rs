@@ -1,4 +1,4 @@
-//! `reconq.context()` (spec §7): what a Python reconcile or Manager `do`
+//! `reconq.context()` (guarantees §7): what a Python reconcile or Manager `do`
 //! sees besides its key, read from a function as `contextvars`-style code
 //! does, so the reconcile's signature stays `reconcile(key)`.
 //!
@@ -55,9 +55,7 @@ pub(crate) fn with_scope<'a, R>(key: &'a Bound<'a, PyAny>, ctx: &'a Context, cal
 pub(crate) fn context(py: Python<'_>) -> PyResult<PyContext> {
     let pointer = CURRENT.with(Cell::get);
     if pointer.is_null() {
-        return Err(PyRuntimeError::new_err(
-            "reconq.context() called outside a reconcile or a Manager do",
-        ));
+        return Err(PyRuntimeError::new_err("reconq.context() called outside a reconcile or a Manager do"));
     }
     // SAFETY: non-null means a `with_scope` frame on this thread is live
     // (see its invariant), and we are called from inside it.

@@ -1,5 +1,5 @@
 //! `reconq.Controller`: the Rust controller with a Python reconcile function
-//! (spec §4), triggers, watches, `enqueue_at` and hang reports (spec §5).
+//! (guarantees §4), triggers, watches, `enqueue_at` and hang reports (guarantees §5).
 //!
 //! * Every engine thread attaches once for its life (see
 //!   [`python_thread_wrapper`]); reconcile calls attach around the call only.
@@ -18,21 +18,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
 use super::attach::python_thread_wrapper;
+use super::callables::check_sync_callable;
+use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
+use super::election::PyLeaderElection;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
-use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log};
+use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
-use crate::{Controller, ControllerHandle, KeyStatus, StopSignal};
+use crate::{Controller, ControllerHandle, KeyStatus, StopReport, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -72,6 +75,50 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
+/// After a second signal, how long `run()` waits for the cancelled
+/// reconciles to return before it returns anyway.
+const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
+
+/// While `run()` waits: SIGTERM (the stop signal of systemd, Docker and
+/// Kubernetes) raises KeyboardInterrupt as Ctrl-C does, so it drains too.
+/// Only on the main thread (the only one Python lets set handlers) and only
+/// if SIGTERM has its default disposition: a program's own handler wins.
+/// The previous handler is put back on drop.
+struct SigtermAsInterrupt {
+    previous: Option<Py<PyAny>>,
+}
+
+impl SigtermAsInterrupt {
+    fn install(py: Python<'_>) -> PyResult<Self> {
+        if !super::queue::on_main_thread() {
+            return Ok(Self { previous: None });
+        }
+        let signal = py.import("signal")?;
+        let sigterm = signal.getattr("SIGTERM")?;
+        let previous = signal.call_method1("getsignal", (&sigterm,))?;
+        if !previous.eq(signal.getattr("SIG_DFL")?)? {
+            return Ok(Self { previous: None });
+        }
+        signal.call_method1("signal", (&sigterm, signal.getattr("default_int_handler")?))?;
+        Ok(Self { previous: Some(previous.unbind()) })
+    }
+}
+
+impl Drop for SigtermAsInterrupt {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            attach(|py| {
+                let restored = py
+                    .import("signal")
+                    .and_then(|signal| signal.call_method1("signal", (signal.getattr("SIGTERM")?, previous)).map(drop));
+                if let Err(e) = restored {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    }
+}
+
 /// A `time.time()` timestamp, checked.
 fn timestamp_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() {
@@ -101,7 +148,23 @@ fn instant_to_wall(at: Instant) -> f64 {
     if at >= now { wall + (at - now).as_secs_f64() } else { wall - (now - at).as_secs_f64() }
 }
 
-/// `timeout=`: positive seconds or None (spec §7).
+/// `jitter=(fraction, seed)`: `0 <= fraction <= 1`, a seed that fits u64.
+fn jitter_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<(f64, u64)>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let (fraction, seed): (f64, u64) = obj.extract().map_err(|e: PyErr| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            PyOverflowError::new_err("jitter seed is out of range (0 to 2**64 - 1)")
+        } else {
+            PyTypeError::new_err(format!("jitter must be a (fraction, seed) tuple, not {}", type_name(obj)))
+        }
+    })?;
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(PyValueError::new_err(format!("jitter fraction must be within 0 and 1, got {fraction}")));
+    }
+    Ok(Some((fraction, seed)))
+}
+
+/// `timeout=`: positive seconds or None (guarantees §7).
 fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     let timeout = timeout_from_py(obj)?;
     if timeout.is_some_and(|t| t.is_zero()) {
@@ -113,9 +176,7 @@ fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<
 fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Py<PyAny>>> {
     match obj {
         Some(f) if !f.is_none() => {
-            if !f.is_callable() {
-                return Err(PyTypeError::new_err(format!("{what} must be callable or None, not {}", type_name(f))));
-            }
+            check_sync_callable(f, what)?;
             Ok(Some(f.clone().unbind()))
         }
         _ => Ok(None),
@@ -163,25 +224,33 @@ impl PyController {
         drop(callback);
     }
 
-    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
+    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
         // The drain runs on a helper thread (no Python in it) so that this
         // thread can wait in interruptible slices.
         let (tx, rx) = crossbeam_channel::bounded(1);
         let helper = self.handle.clone();
         let limit = timeout.unwrap_or(Duration::MAX);
         let spawned = std::thread::Builder::new().name(format!("reconq-{}-stop", self.name)).spawn(move || {
-            let _ = tx.send(helper.stop_with_drain(limit));
+            let _ = tx.send(helper.stop_with_drain_report(limit));
         });
         if spawned.is_err() {
             let handle = &self.handle;
-            return Ok(py.detach(|| handle.stop_with_drain(limit)));
+            return Ok(py.detach(|| handle.stop_with_drain_report(limit)));
         }
+        // The report, when the helper cannot give it: the workers' state
+        // only (its dropped keys were logged by the helper).
+        let bare = |finished: bool| StopReport {
+            finished,
+            unfinished: Vec::new(),
+            detached_threads: self.handle.background_threads(),
+            dropped: Vec::new(),
+        };
         let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
         let waited = wait_interruptibly(py, None, |slice| {
             let slice = slice.unwrap_or(Duration::from_millis(500));
             match rx.recv_timeout(slice) {
-                Ok(finished) => Some(finished),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(self.workers_exited()),
+                Ok(report) => Some(report),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(bare(self.workers_exited())),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     // The helper also waits for trigger and watch threads
                     // (until the deadline, or forever without a timeout);
@@ -190,7 +259,7 @@ impl PyController {
                     if self.workers_exited() {
                         let first = *workers_done_at.lock().get_or_insert_with(Instant::now);
                         if first.elapsed() >= AUX_GRACE {
-                            return Some(true);
+                            return Some(bare(true));
                         }
                     }
                     None
@@ -198,7 +267,7 @@ impl PyController {
             }
         });
         match waited {
-            Ok(finished) => Ok(finished.unwrap_or(false)),
+            Ok(report) => Ok(report.unwrap_or_else(|| bare(false))),
             Err(e) => {
                 // Interrupted (Ctrl-C): give up the drain, stop at once.
                 self.handle.stop();
@@ -243,6 +312,45 @@ impl PyController {
             .is_some_and(|index| index < self.workers)
     }
 
+    /// `stop` and `stop_with_report`: stops, and reports what was left.
+    fn stop_reporting(slf: &Bound<'_, Self>, drain: bool, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
+        let py = slf.py();
+        let this = slf.get();
+        if !drain {
+            // Before the flag, so "stopping" means no new key is taken.
+            this.handle.stop();
+        }
+        this.stop_called.store(true, Ordering::SeqCst);
+        this.close_triggers(py);
+        let unstarted = this.builder.lock().take();
+        if let Some(builder) = unstarted {
+            // Never started: nothing to drain.
+            this.handle.stop();
+            drop(builder);
+        }
+        let result = if this.on_own_worker() {
+            // Called from a reconcile of this controller: waiting for the
+            // workers would wait for ourselves. Start the stop and return.
+            if drain {
+                let handle = this.handle.clone();
+                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
+            }
+            Ok(StopReport { finished: false, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() })
+        } else if drain {
+            this.stop_drain(py, timeout)
+        } else {
+            this.stop_now(py, timeout).map(|finished| StopReport {
+                finished,
+                unfinished: Vec::new(),
+                detached_threads: 0,
+                dropped: Vec::new(),
+            })
+        };
+        this.release_callback();
+        lifecycle(py, "untrack", slf)?;
+        result
+    }
+
     /// `stop()` was called: enqueues from Python are ignored from then on.
     fn stopping(&self) -> bool {
         self.stop_called.load(Ordering::SeqCst)
@@ -264,10 +372,11 @@ impl PyController {
 #[pymethods]
 impl PyController {
     #[new]
-    #[allow(clippy::too_many_arguments)] // the Python signature (spec §4, §7, §8)
+    #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §4, §7, §8)
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
-        timeout=None, group=None, max_in_flight_per_group=None, store=None,
+        timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
+        leader_election=None, store=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -280,11 +389,13 @@ impl PyController {
         timeout: Option<&Bound<'_, PyAny>>,
         group: Option<&Bound<'_, PyAny>>,
         max_in_flight_per_group: Option<i64>,
+        clock: Option<&Bound<'_, PyAny>>,
+        jitter: Option<&Bound<'_, PyAny>>,
+        parked_capacity: Option<i64>,
+        leader_election: Option<PyRef<'_, PyLeaderElection>>,
         store: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        if !reconcile.is_callable() {
-            return Err(PyTypeError::new_err(format!("reconcile must be callable, not {}", type_name(reconcile))));
-        }
+        check_sync_callable(reconcile, "reconcile")?;
         if workers < 1 {
             return Err(PyValueError::new_err(format!("workers must be at least 1, got {workers}")));
         }
@@ -307,7 +418,20 @@ impl PyController {
             Some(_) if group.is_none() => {
                 return Err(PyValueError::new_err("max_in_flight_per_group needs a group function"));
             }
-            Some(n) => Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?),
+            Some(n) => Some(
+                usize::try_from(n).map_err(|_| PyOverflowError::new_err("max_in_flight_per_group is out of range"))?,
+            ),
+        };
+        let clock = fake_clock_from_py(clock)?;
+        let jitter = jitter_from_py(jitter)?;
+        let parked_capacity = match parked_capacity {
+            None => None,
+            Some(n) if n < 1 => {
+                return Err(PyValueError::new_err(format!("parked_capacity must be at least 1, got {n}")));
+            }
+            Some(n) => {
+                Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("parked_capacity is out of range"))?)
+            }
         };
         let store = match store {
             Some(store) if !store.is_none() => Some(super::store::store_from_py(py, store)?),
@@ -334,6 +458,18 @@ impl PyController {
         }
         if let Some(n) = max_in_flight_per_group {
             builder = builder.max_in_flight_per_group(n);
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock);
+        }
+        if let Some((fraction, seed)) = jitter {
+            builder = builder.jitter(fraction, seed);
+        }
+        if let Some(capacity) = parked_capacity {
+            builder = builder.parked_capacity(capacity);
+        }
+        if let Some(election) = leader_election {
+            builder = builder.leader_election(election.inner.clone());
         }
         if let Some(store) = store {
             builder = builder.store(store);
@@ -410,7 +546,10 @@ impl PyController {
     }
 
     /// Starts the worker threads and returns at once. Starting twice, or
-    /// after stop, does nothing.
+    /// after stop, does nothing. Raises RuntimeError, with nothing left
+    /// running and the controller stopped, if the OS refuses a thread (each
+    /// worker needs a stack: thousands of workers can exceed a memory or
+    /// thread limit).
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
@@ -423,22 +562,81 @@ impl PyController {
         }
         // Spawning takes engine locks; the new threads attach at once. A
         // store's claim and restore happen here too (file I/O).
-        py.detach(move || builder.try_start().map(drop)).map_err(super::store::store_error)?;
+        let started = py.detach(move || builder.try_start().map(drop));
         this.started.store(true, Ordering::SeqCst);
+        if let Err(e) = started {
+            // Nothing runs: the controller is stopped, as after stop().
+            this.stop_called.store(true, Ordering::SeqCst);
+            this.release_callback();
+            if let Some(store) = e.get_ref().and_then(|inner| inner.downcast_ref::<crate::StoreError>()) {
+                return Err(super::store::store_error(store));
+            }
+            return Err(PyRuntimeError::new_err(format!("controller {:?} could not start: {e}", &*this.name)));
+        }
         lifecycle(py, "track", slf)
     }
 
     /// Starts, then blocks until the controller is stopped (by `stop()` from
-    /// another thread). Ctrl-C stops it with drain and returns normally.
-    fn run(slf: &Bound<'_, Self>) -> PyResult<()> {
+    /// another thread). Ctrl-C (SIGINT) or SIGTERM (when it has no handler
+    /// of the program's own) stops it with drain, for at most `stop_timeout`
+    /// seconds (None: until the reconciles return); a second signal during
+    /// the drain stops at once (running reconciles are cancelled and left
+    /// to return on their own). Either way `run()` then returns normally;
+    /// the keys it left are logged.
+    #[pyo3(signature = (stop_timeout=None))]
+    fn run(slf: &Bound<'_, Self>, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
+        let stop_timeout = timeout_from_py(stop_timeout)?;
         let handle = &slf.get().handle;
+        let _sigterm = SigtermAsInterrupt::install(py)?;
         // A Ctrl-C may land while start() runs Python code, too.
         let waited = Self::start(slf)
             .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
         match waited {
             Ok(_) => Ok(()),
-            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Self::stop(slf, true, None).map(drop),
+            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
+                let draining =
+                    ("controller %r: stopping on a signal, draining (a second signal stops at once)", &*slf.get().name);
+                // A second signal may land in the logging call itself.
+                let stopped = match try_log(py, "warning", draining, None) {
+                    Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
+                    _ => Self::stop_reporting(slf, true, stop_timeout),
+                };
+                match stopped {
+                    Ok(report) if report.finished => Ok(()),
+                    Ok(report) => {
+                        let left = report.unfinished.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+                        log(
+                            py,
+                            "warning",
+                            ("controller %r: stop_timeout passed; left running: %r", &*slf.get().name, left),
+                            None,
+                        );
+                        Ok(())
+                    }
+                    Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => {
+                        // The drain was cut short (or never began): stop at
+                        // once, cancelling the running reconciles, and give
+                        // those that heed it a moment to return (a third
+                        // signal cuts this short too).
+                        if !slf.get().stop_called.load(Ordering::SeqCst) {
+                            Self::stop_reporting(slf, false, Some(Duration::ZERO))?;
+                        }
+                        let deadline = deadline_after(Instant::now(), SECOND_SIGNAL_GRACE);
+                        let returned =
+                            wait_interruptibly(py, Some(deadline), |slice| handle.wait_stopped(slice).then_some(()));
+                        let returned = matches!(returned, Ok(Some(())));
+                        let what = if returned {
+                            "controller %r: second signal; stopped at once (running reconciles were cancelled and returned)"
+                        } else {
+                            "controller %r: second signal; stopped without waiting for running reconciles"
+                        };
+                        log(py, "warning", (what, &*slf.get().name), None);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => {
                 let _ = Self::stop(slf, true, None);
                 Err(e)
@@ -455,42 +653,38 @@ impl PyController {
     /// returns False at once (it cannot wait for itself).
     #[pyo3(signature = (drain=true, timeout=None))]
     fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let py = slf.py();
-        let this = slf.get();
         let timeout = timeout_from_py(timeout)?;
-        if !drain {
-            // Before the flag, so "stopping" means no new key is taken.
-            this.handle.stop();
-        }
-        this.stop_called.store(true, Ordering::SeqCst);
-        this.close_triggers(py);
-        let unstarted = this.builder.lock().take();
-        if let Some(builder) = unstarted {
-            // Never started: nothing to drain.
-            this.handle.stop();
-            drop(builder);
-        }
-        let result = if this.on_own_worker() {
-            // Called from a reconcile of this controller: waiting for the
-            // workers would wait for ourselves. Start the stop and return.
-            if drain {
-                let handle = this.handle.clone();
-                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
-            }
-            Ok(false)
-        } else if drain {
-            this.stop_drain(py, timeout)
-        } else {
-            this.stop_now(py, timeout)
+        Ok(Self::stop_reporting(slf, drain, timeout)?.finished)
+    }
+
+    /// `stop(drain=True, timeout)` that also says what it left: a dict with
+    /// `finished` (every worker finished in time), `unfinished` (keys whose
+    /// reconcile was still running at the deadline) and `dropped` (keys
+    /// dropped without a reconcile: waiting on a delay or a retry, or ready
+    /// at the deadline).
+    #[pyo3(signature = (timeout=None))]
+    fn stop_with_report<'py>(
+        slf: &Bound<'py, Self>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let py = slf.py();
+        let timeout = timeout_from_py(timeout)?;
+        let report = Self::stop_reporting(slf, true, timeout)?;
+        let keys = |keys: &[PyKey]| -> PyResult<Bound<'py, PyList>> {
+            PyList::new(py, keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?)
         };
-        this.release_callback();
-        lifecycle(py, "untrack", slf)?;
-        result
+        let d = PyDict::new(py);
+        d.set_item("finished", report.finished)?;
+        d.set_item("unfinished", keys(&report.unfinished)?)?;
+        d.set_item("dropped", keys(&report.dropped)?)?;
+        Ok(d)
     }
 
     /// Blocks until nothing is ready, being reconciled or waiting for a due
     /// time; returns False if `timeout` seconds passed first. Once it
     /// returns True, `stats()` counts every reconcile that has returned.
+    /// Keys waiting for a retry or a `Requeue(after=)` resync count as
+    /// busy, so a controller that resyncs never becomes idle.
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
@@ -600,9 +794,7 @@ impl PyController {
     #[pyo3(name = "add_trigger")]
     fn add_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>, r#fn: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
-        if !r#fn.is_callable() {
-            return Err(PyTypeError::new_err(format!("fn must be callable, not {}", type_name(r#fn))));
-        }
+        check_sync_callable(r#fn, "fn")?;
         let event = py.import("threading")?.getattr("Event")?.call0()?;
         let (id, replaced) = {
             let mut reg = self.triggers.lock();
@@ -680,18 +872,7 @@ impl PyController {
     /// ends the watch. Ignored once stopped.
     #[pyo3(signature = (iterable, transform=None))]
     fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let transform = match transform {
-            Some(t) if !t.is_none() => {
-                if !t.is_callable() {
-                    return Err(PyTypeError::new_err(format!(
-                        "transform must be callable or None, not {}",
-                        type_name(t)
-                    )));
-                }
-                Some(t.clone().unbind())
-            }
-            _ => None,
-        };
+        let transform = optional_callable(transform, "transform")?;
         let iter = iterable.try_iter()?.unbind();
         if self.stop_called.load(Ordering::SeqCst) {
             return Ok(());
@@ -717,7 +898,10 @@ impl PyController {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        Self::stop(slf, true, None).map(drop)
+        // Bounded, so leaving the block cannot hang on a stuck reconcile.
+        let bound = slf.py().import("reconq._lifecycle")?.getattr("WITH_EXIT_TIMEOUT")?;
+        let bound = non_negative_from_py(&bound, "reconq._lifecycle.WITH_EXIT_TIMEOUT")?;
+        Self::stop_reporting(slf, true, Some(bound)).map(drop)
     }
 
     fn __repr__(&self) -> String {

@@ -1,4 +1,4 @@
-//! Seconds (float or int) from Python to `Duration` (spec §4, "Durations").
+//! Seconds (float or int) from Python to `Duration` (guarantees §4, "Durations").
 //!
 //! * NaN is a `ValueError` everywhere.
 //! * Delays (`add_after`, `Requeue(after=)`...): negative means now.

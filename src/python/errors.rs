@@ -4,7 +4,7 @@
 //! are plain Python classes (`python/reconq/_results.py`) so users can
 //! subclass and pickle them freely; the Rust side finds them through
 //! [`result_types`] and turns what a reconcile did into an [`Outcome`] with
-//! [`classify`] (spec §4, the reconcile results table).
+//! [`classify`] (guarantees §4, the reconcile results table).
 
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ pub(crate) fn result_types(py: Python<'_>) -> PyResult<&ResultTypes> {
     })
 }
 
-/// What the controller does after a reconcile (spec §4 table).
+/// What the controller does after a reconcile (guarantees §4 table).
 pub(crate) enum Outcome {
     /// Returned `None`: `forget(key)`, counted as a success.
     Success,

@@ -1,6 +1,6 @@
 //! Python keys as a Rust value that hashes and compares without the GIL.
 //!
-//! Accepted (spec §4): `str`, `int` (which includes `bool`), `bytes`, and
+//! Accepted (guarantees §4): `str`, `int` (which includes `bool`), `bytes`, and
 //! tuples of these, nested; subclasses of `str`/`int`/`bytes` too. Anything
 //! else is a `TypeError` naming the type, raised at the call that passed it.
 //!

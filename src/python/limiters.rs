@@ -1,4 +1,4 @@
-//! Rate limiters (spec §2) as Python classes.
+//! Rate limiters (guarantees §2) as Python classes.
 //!
 //! Every class derives from `reconq.RateLimiter`, which holds the shared Rust
 //! limiter; one limiter object may serve several queues and `MaxOf` /

@@ -1,4 +1,4 @@
-//! `reconq.Manager`: named periodic controllers (spec §5, Cilium's
+//! `reconq.Manager`: named periodic controllers (guarantees §5, Cilium's
 //! `pkg/controller`) with Python `do` / `stop` callables.
 //!
 //! GIL discipline:
@@ -31,8 +31,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
-use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::callables::check_sync_callable;
 use super::context::with_scope;
+use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::errors::describe;
 use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
 
@@ -73,9 +74,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
-    if !obj.is_callable() {
-        return Err(PyTypeError::new_err(format!("{what} must be callable, not {}", type_name(obj))));
-    }
+    check_sync_callable(obj, what)?;
     Ok(Arc::new(obj.clone().unbind()))
 }
 
@@ -174,7 +173,7 @@ impl PyManager {
     /// cap), as Cilium's `MaxRetryInterval`. Inside `do`,
     /// `reconq.context()` gives the run's context: cancelled when the
     /// controller is removed, replaced by an update, or its manager stopped.
-    #[allow(clippy::too_many_arguments)] // the Python signature (spec §5)
+    #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §5)
     // `error_retry_base=None` is accepted too and means the default, 1.0.
     #[pyo3(
         signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),

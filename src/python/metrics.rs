@@ -16,8 +16,11 @@ fn metrics_text(py: Python<'_>) -> String {
 }
 
 /// Serves `GET /metrics` on `addr:port` from one background thread (no CPU
-/// while idle). `port=0` picks a free port (see `.port`). Returns a
-/// `MetricsServer`; `close()` it (or use it as a context manager) to stop.
+/// while idle). `port=0` picks a free port (see `.port`). `addr` defaults to
+/// 127.0.0.1 (this machine only); pass `addr="0.0.0.0"` for a scrape from
+/// outside a container. Returns a `MetricsServer`; the server runs until
+/// it is closed (`close()`, or a `with` block) or the process ends, even if
+/// the returned object is dropped.
 #[pyfunction]
 #[pyo3(signature = (port=0, addr="127.0.0.1"))]
 fn start_http_server(py: Python<'_>, port: u16, addr: &str) -> PyResult<PyMetricsServer> {
@@ -26,7 +29,8 @@ fn start_http_server(py: Python<'_>, port: u16, addr: &str) -> PyResult<PyMetric
     Ok(PyMetricsServer { addr: server.local_addr(), server: Mutex::new(Some(server)) })
 }
 
-/// A running metrics endpoint; stops on `close()` or when collected.
+/// A running metrics endpoint; stops on `close()` (collecting it without
+/// closing leaves the server running until the process ends).
 #[pyclass(name = "MetricsServer", module = "reconq", frozen)]
 pub(crate) struct PyMetricsServer {
     addr: std::net::SocketAddr,
@@ -74,6 +78,14 @@ impl PyMetricsServer {
     fn __repr__(&self) -> String {
         let state = if self.closed() { "closed" } else { "serving" };
         format!("<reconq.MetricsServer http://{}/metrics {state}>", self.addr)
+    }
+}
+
+impl Drop for PyMetricsServer {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.get_mut().take() {
+            server.detach();
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The `reconq._native` extension module (spec §4), built by maturin with the
+//! The `reconq._native` extension module (guarantees §4), built by maturin with the
 //! `python` feature. `python/reconq/__init__.py` re-exports everything.
 //!
 //! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds
@@ -8,9 +8,12 @@
 //! bindings go in their own modules and register their classes below.
 
 mod attach;
+mod callables;
+mod clock;
 mod context;
 mod controller;
 mod duration;
+mod election;
 mod errors;
 mod key;
 mod limiters;
@@ -31,11 +34,13 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The engine's own log events go to Python `logging` (see `logs`).
     logs::install(py)?;
 
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
     m.add("StoreLocked", py.get_type::<store::StoreLocked>())?;
     m.add_class::<store::PySqliteStore>()?;
 
     m.add_class::<queue::PyWorkQueue>()?;
+    m.add_class::<clock::PyFakeClock>()?;
 
     m.add_class::<limiters::PyRateLimiter>()?;
     m.add_class::<limiters::ExponentialBackoff>()?;
@@ -47,6 +52,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add_class::<controller::PyController>()?;
     context::register(m)?;
+    election::register(m)?;
     manager::register(m)?;
     status::register(m)?;
     metrics::register(m)?;

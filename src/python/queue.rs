@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 
+use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, timeout_from_py};
 use super::errors::ShutDown;
 use super::key::PyKey;
@@ -83,14 +84,23 @@ enum Got {
 #[pymethods]
 impl PyWorkQueue {
     /// `name` turns on the queue's metrics (`workqueue_*{name=...}`, see
-    /// `reconq.metrics_text()`); an unnamed queue records none.
+    /// `reconq.metrics_text()`); an unnamed queue records none. With a
+    /// `reconq.FakeClock`, delays and back-offs are measured on it.
     #[new]
-    #[pyo3(signature = (rate_limiter=None, name=None))]
-    fn new(rate_limiter: Option<&Bound<'_, PyAny>>, name: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (rate_limiter=None, name=None, clock=None))]
+    fn new(
+        rate_limiter: Option<&Bound<'_, PyAny>>,
+        name: Option<String>,
+        clock: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let limiter = optional_limiter_from_py(rate_limiter)?;
+        let clock = fake_clock_from_py(clock)?;
         let mut builder = WorkQueue::builder().rate_limiter(limiter);
         if let Some(name) = name {
             builder = builder.name(name);
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock);
         }
         Ok(Self { queue: builder.build() })
     }

@@ -1,6 +1,6 @@
 //! The glue between the Rust controller and Python callables: the thread
 //! wrapper that attaches every engine thread once, the [`Reconciler`] that
-//! calls a Python `reconcile(key)` and maps its result onto the spec §4
+//! calls a Python `reconcile(key)` and maps its result onto the guarantees §4
 //! table, Python iterators as watch sources, and logging to the `reconq`
 //! Python logger.
 //!
@@ -36,7 +36,18 @@ pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&Py
 where
     A: pyo3::call::PyCallArgs<'py>,
 {
-    let result = (|| -> PyResult<()> {
+    if let Err(e) = try_log(py, level, args, exc) {
+        e.write_unraisable(py, None);
+    }
+}
+
+/// [`log`], returning what the logging call raised: a caller on the main
+/// thread must not swallow a KeyboardInterrupt that landed in it.
+pub(crate) fn try_log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>) -> PyResult<()>
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    (|| -> PyResult<()> {
         let logger = LOGGER.get_or_try_init(py, || {
             Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
         })?;
@@ -59,13 +70,10 @@ where
         }
         logger.call_method(level, args, Some(&kwargs))?;
         Ok(())
-    })();
-    if let Err(e) = result {
-        e.write_unraisable(py, None);
-    }
+    })()
 }
 
-/// Calls a Python `reconcile(key)` (spec §4's table).
+/// Calls a Python `reconcile(key)` (guarantees §4's table).
 pub(crate) struct PyReconciler {
     pub(crate) callback: Arc<CallbackCell>,
     pub(crate) name: Arc<str>,

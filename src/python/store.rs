@@ -23,7 +23,7 @@ pyo3::create_exception!(
 
 /// The Python exception for a store error: `StoreLocked`, `ValueError`
 /// (not a database, newer schema) or `OSError`.
-pub(crate) fn store_error(err: StoreError) -> PyErr {
+pub(crate) fn store_error(err: &StoreError) -> PyErr {
     match err {
         StoreError::Locked(_) => StoreLocked::new_err(err.to_string()),
         StoreError::Invalid(_) => PyValueError::new_err(err.to_string()),
@@ -46,7 +46,7 @@ impl PySqliteStore {
             .ok()
             .filter(|interval| !interval.is_zero())
             .ok_or_else(|| PyValueError::new_err(format!("flush_interval must be a positive number of seconds, got {flush_interval}")))?;
-        let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(store_error)?;
+        let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
         Ok(Self { store })
     }
 
@@ -79,7 +79,7 @@ pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResul
             store.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())
         ))
     })?;
-    py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(store_error)
+    py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(|e| store_error(&e))
 }
 
 impl StoreKey for PyKey {

@@ -1,4 +1,4 @@
-//! The rate-limiting work queue (spec §1, §3).
+//! The rate-limiting work queue (guarantees §1, §3).
 //!
 //! One mutex guards a [`QueueState`] (ready FIFO, per-key slots, delay heap);
 //! getters block on a condvar. What makes it fast is avoiding what costs far
@@ -85,14 +85,14 @@ impl std::error::Error for GetError {}
 
 /// A deduplicating, delaying, rate-limiting work queue, shared by cloning.
 ///
-/// Guarantees (spec §1): a key waiting to be handed out is handed out once
+/// Guarantees (guarantees §1): a key waiting to be handed out is handed out once
 /// however often it is added (G1); a key is never handed to two getters at
 /// once, and one added while it is processed is handed out again after
 /// [`done`](Self::done) (G2, G3); ready keys come out first-in first-out
 /// (G4); delays only ever advance a key, and a plain add cancels its delay
 /// (G5).
 ///
-/// Priorities (spec §8): [`add_with_priority`](Self::add_with_priority)
+/// Priorities (guarantees §8): [`add_with_priority`](Self::add_with_priority)
 /// and [`add_after_with_priority`](Self::add_after_with_priority) give a
 /// key an `i32` priority (plain adds give 0). Ready keys come out highest
 /// priority first, first-in first-out within one (P1); a key's priority
@@ -220,14 +220,17 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
             None => ReadySet::new(),
         };
         let shared = Arc::new_cyclic(|weak: &Weak<Shared<K>>| {
-            // A fake clock's time jumps: wake every getter to re-check due
-            // times. The callback holds the queue weakly and the queue holds
-            // the callback, so it lives exactly as long as the queue.
+            // A fake clock's time jumps: promote what became due before
+            // `advance` returns (so a test sees it ready at once), then wake
+            // every getter to re-check due times. The callback holds the
+            // queue weakly and the queue holds the callback, so it lives
+            // exactly as long as the queue.
             let clock_subscription = (!self.clock.is_real_time()).then(|| {
                 let weak = weak.clone();
                 let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
                     if let Some(shared) = weak.upgrade() {
                         let mut g = shared.locked.lock();
+                        shared.sync(&mut g, &mut Now::new());
                         shared.wake_all(&mut g);
                     }
                 });
@@ -562,6 +565,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         g.q.drained()
     }
 
+    /// The keys shutdowns dropped since the last call: delayed keys and
+    /// keys waiting to retry (any shutdown), and ready keys (an immediate
+    /// one, or a drain cut short). A stopping controller reports them.
+    pub(crate) fn take_dropped(&self) -> Vec<K> {
+        self.shared.locked.lock().q.take_dropped()
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shared.locked.lock().q.is_shutting_down()
     }
@@ -642,12 +652,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// `now` may hold a reading from earlier in this lock hold; once the
     /// lock was released (spinning, parking) a fresh one is taken.
-    fn next(
-        &self,
-        g: &mut Guard<'_, K>,
-        deadline: Option<Instant>,
-        now: &mut Now,
-    ) -> Result<(K, Priority), GetError> {
+    fn next(&self, g: &mut Guard<'_, K>, deadline: Option<Instant>, now: &mut Now) -> Result<(K, Priority), GetError> {
         let mut spun = false;
         loop {
             if let Some(key) = self.take(g, now) {

@@ -1,4 +1,4 @@
-//! The ready set: which ready key is handed out next (G4, spec §8 P1–P5).
+//! The ready set: which ready key is handed out next (G4, guarantees §8 P1–P5).
 //!
 //! [`QueueState`](super::state::QueueState) decides *whether* a key is ready
 //! (its slot); this module decides *in which order* ready keys leave. The
@@ -108,6 +108,7 @@ impl<K> Fifo<K> {
         Self { keys: VecDeque::new(), live: 0 }
     }
 
+    #[inline]
     fn push(&mut self, key: K) {
         self.keys.push_back(key);
         self.live += 1;
@@ -116,6 +117,7 @@ impl<K> Fifo<K> {
 
 impl<K: Eq + Hash + Clone> Fifo<K> {
     /// The oldest live key, dropping the stale entries before it.
+    #[inline]
     fn pop(&mut self, prio: Priority, group: GroupId, stale: &mut Stale<K>) -> Option<K> {
         while let Some(key) = self.keys.pop_front() {
             if !stale.is_empty() && take_stale(stale, key.clone(), prio, group) {
@@ -214,12 +216,7 @@ impl<K: Eq + Hash + Clone> Level<K> {
         }
     }
 
-    fn pop(
-        &mut self,
-        prio: Priority,
-        stale: &mut Stale<K>,
-        groups: &mut Option<Groups>,
-    ) -> Option<(K, GroupId)> {
+    fn pop(&mut self, prio: Priority, stale: &mut Stale<K>, groups: &mut Option<Groups>) -> Option<(K, GroupId)> {
         match self {
             Level::Plain(fifo) => fifo.pop(prio, 0, stale).map(|key| (key, 0)),
             Level::Fair(fair) => {
@@ -336,9 +333,14 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
     }
 
     /// A key became ready with priority `prio` in `group`.
+    #[inline]
     pub(crate) fn push(&mut self, key: K, prio: Priority, group: GroupId) {
         self.live += 1;
         if prio == 0 {
+            // The common case, kept inline: a plain FIFO at priority 0.
+            if let Level::Plain(fifo) = &mut self.zero {
+                return fifo.push(key);
+            }
             return self.zero.push(key, 0, group, &mut self.groups);
         }
         let fair = self.groups.is_some();
@@ -404,7 +406,14 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
 
     /// A key of `group` handed out by [`pop`](Self::pop) is done: the group
     /// has room again if it was full.
+    #[inline]
     pub(crate) fn finished(&mut self, group: GroupId) {
+        if self.groups.is_some() {
+            self.finished_in_group(group);
+        }
+    }
+
+    fn finished_in_group(&mut self, group: GroupId) {
         let Some(groups) = &mut self.groups else { return };
         let Entry::Occupied(mut n) = groups.in_flight.entry(group) else { return };
         let was_full = *n.get() >= groups.limit;

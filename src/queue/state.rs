@@ -27,8 +27,8 @@
 //! slot keeps its add stamp, a processing key's slot the index of its start
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::time::Instant;
 
@@ -127,6 +127,10 @@ pub(crate) struct QueueState<K> {
     recorder: Recorder,
     shutting_down: bool,
     draining: bool,
+    /// Keys a shutdown dropped (delayed, waiting to retry, or ready at an
+    /// immediate stop), until [`take_dropped`](QueueState::take_dropped):
+    /// a stop reports them instead of losing them silently.
+    dropped: Vec<K>,
 }
 
 /// Containers this large are shrunk once they fall to an eighth full, so a
@@ -148,6 +152,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             recorder,
             shutting_down: false,
             draining: false,
+            dropped: Vec::new(),
         }
     }
 
@@ -200,7 +205,6 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             },
         }
     }
-
 
     /// Counts an `add_after`-style call for the metrics' retries (client-go
     /// counts every one made before shutdown).
@@ -380,9 +384,14 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if self.timers == 0 {
             return;
         }
-        self.slots.retain(|_, slot| match slot {
-            Slot::Delayed { .. } => false,
+        let dropped = &mut self.dropped;
+        self.slots.retain(|key, slot| match slot {
+            Slot::Delayed { .. } => {
+                dropped.push(key.clone());
+                false
+            }
             Slot::Processing { then: then @ Then::Wait(_), .. } => {
+                dropped.push(key.clone());
                 *then = Then::Finish;
                 true
             }
@@ -399,14 +408,23 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
         for key in self.ready.drain() {
             self.slots.remove(&key);
+            self.dropped.push(key);
         }
-        for slot in self.slots.values_mut() {
+        for (key, slot) in &mut self.slots {
             if let Slot::Processing { then, .. } = slot {
+                if matches!(then, Then::Requeue { .. }) {
+                    self.dropped.push(key.clone());
+                }
                 *then = Then::Finish;
             }
         }
         self.owed = 0;
         self.requeue_after_done = 0;
+    }
+
+    /// The keys shutdowns dropped since the last call.
+    pub(crate) fn take_dropped(&mut self) -> Vec<K> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Whether a drain has nothing left to wait for: no key is being

@@ -1,4 +1,4 @@
-//! Rate limiters: how long a key waits before its next try (spec §2).
+//! Rate limiters: how long a key waits before its next try (guarantees §2).
 //!
 //! A limiter answers [`when`](RateLimiter::when) each time a key is re-queued
 //! with [`WorkQueue::add_rate_limited`](crate::WorkQueue::add_rate_limited),

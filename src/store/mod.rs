@@ -47,6 +47,19 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// For [`Controller::try_start`](crate::Controller::try_start): the
+/// `StoreError` stays inside (`get_ref()` + `downcast_ref`).
+impl From<StoreError> for io::Error {
+    fn from(err: StoreError) -> Self {
+        let kind = match &err {
+            StoreError::Locked(_) => io::ErrorKind::WouldBlock,
+            StoreError::Invalid(_) => io::ErrorKind::InvalidData,
+            StoreError::Io(e) => e.kind(),
+        };
+        io::Error::new(kind, err)
+    }
+}
+
 impl From<io::Error> for StoreError {
     fn from(err: io::Error) -> Self {
         StoreError::Io(err)

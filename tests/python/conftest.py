@@ -1,3 +1,7 @@
+"""Fixtures shared by the Python tests."""
+
+from typing import Any, Callable, List
+
 import pytest
 
 import reconq
@@ -8,3 +12,18 @@ def q():
     queue = reconq.WorkQueue()
     yield queue
     queue.shut_down()
+
+
+@pytest.fixture
+def make():
+    """Builds controllers and stops them at the end of the test."""
+    made: List[reconq.Controller] = []
+
+    def factory(reconcile: Callable[[Any], Any], **kw: Any) -> reconq.Controller:
+        c = reconq.Controller(reconcile, **kw)
+        made.append(c)
+        return c
+
+    yield factory
+    for c in made:
+        c.stop(drain=False, timeout=5)

@@ -1,4 +1,4 @@
-"""reconq.context() and per-reconcile timeouts (spec §7)."""
+"""reconq.context() and per-reconcile timeouts (guarantees §7)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,6 @@ import pytest
 
 import reconq
 from waiting import PATIENCE, wait_for
-
-
-@pytest.fixture
-def make():
-    """Builds controllers and stops them at the end of the test."""
-    made: List[reconq.Controller] = []
-
-    def factory(reconcile: Callable[[Any], Any], **kw: Any) -> reconq.Controller:
-        c = reconq.Controller(reconcile, **kw)
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.stop(drain=False, timeout=5)
 
 
 def test_context_outside_a_reconcile_raises():

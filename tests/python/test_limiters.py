@@ -1,4 +1,4 @@
-"""Rate limiters of spec §2."""
+"""Rate limiters of guarantees §2."""
 
 import math
 

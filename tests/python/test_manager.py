@@ -1,4 +1,4 @@
-"""reconq.Manager: named periodic controllers (spec §5).
+"""reconq.Manager: named periodic controllers (guarantees §5).
 
 Deterministic: every test waits on a condition with a generous timeout and
 never sleeps-then-asserts.

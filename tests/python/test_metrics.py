@@ -272,6 +272,15 @@ def test_http_endpoint():
     q.shut_down()
 
 
+def test_a_server_whose_handle_is_dropped_keeps_serving():
+    import gc
+
+    port = reconq.start_http_server(port=0).port  # the handle is dropped at once
+    gc.collect()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE) as response:
+        assert response.status == 200
+
+
 def test_metrics_text_from_many_threads():
     name = "py_threads"
     q = reconq.WorkQueue(name=name)

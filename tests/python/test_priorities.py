@@ -1,10 +1,10 @@
-"""Priorities, fairness and per-group limits from Python (spec §8, P1–P5)."""
+"""Priorities, fairness and per-group limits from Python (guarantees §8, P1–P5)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -84,7 +84,7 @@ def test_p2_a_delayed_key_keeps_its_priority_when_it_becomes_ready(gated):
     assert rec.order == ["late", "low"]
 
 
-def test_p2_a_key_enqueued_while_it_runs_comes_back_with_the_highest_priority(make_plain):
+def test_p2_a_key_enqueued_while_it_runs_comes_back_with_the_highest_priority(make):
     running = threading.Event()
     release = threading.Event()
     seen: List[int] = []
@@ -95,7 +95,7 @@ def test_p2_a_key_enqueued_while_it_runs_comes_back_with_the_highest_priority(ma
             running.set()
             release.wait(PATIENCE)
 
-    c = make_plain(reconcile)
+    c = make(reconcile)
     c.start()
     c.enqueue("k", priority=1)
     assert running.wait(PATIENCE)
@@ -106,7 +106,7 @@ def test_p2_a_key_enqueued_while_it_runs_comes_back_with_the_highest_priority(ma
     assert seen == [1, 7]
 
 
-def test_p3_retries_and_requeues_keep_the_priority(make_plain):
+def test_p3_retries_and_requeues_keep_the_priority(make):
     seen: List[int] = []
 
     def reconcile(key: Any) -> Optional[reconq.Requeue]:
@@ -117,7 +117,7 @@ def test_p3_retries_and_requeues_keep_the_priority(make_plain):
             return reconq.Requeue()
         return None
 
-    c = make_plain(reconcile, rate_limiter=reconq.ExponentialBackoff(0.001, 0.01))
+    c = make(reconcile, rate_limiter=reconq.ExponentialBackoff(0.001, 0.01))
     c.start()
     c.enqueue("k", priority=6)
     assert c.wait_idle(PATIENCE)
@@ -137,7 +137,7 @@ def test_p4_a_big_group_cannot_starve_a_small_one(gated):
     assert [k for k in rec.order if k[0] == "A"] == [("A", i) for i in range(200)]
 
 
-def test_p5_a_full_group_waits_without_a_worker_and_others_go_ahead(make_plain):
+def test_p5_a_full_group_waits_without_a_worker_and_others_go_ahead(make):
     release = threading.Event()
     lock = threading.Lock()
     in_flight: Dict[str, int] = {}
@@ -158,7 +158,7 @@ def test_p5_a_full_group_waits_without_a_worker_and_others_go_ahead(make_plain):
             with lock:
                 in_flight[group] -= 1
 
-    c = make_plain(reconcile, workers=4, group=lambda key: key[0], max_in_flight_per_group=2)
+    c = make(reconcile, workers=4, group=lambda key: key[0], max_in_flight_per_group=2)
     c.start()
     for i in range(6):
         c.enqueue(("A", i))
@@ -174,13 +174,13 @@ def test_p5_a_full_group_waits_without_a_worker_and_others_go_ahead(make_plain):
     assert c.stats()["successes"] == 7
 
 
-def test_a_raising_group_function_puts_the_key_in_group_none_logged_once(make_plain, caplog):
+def test_a_raising_group_function_puts_the_key_in_group_none_logged_once(make, caplog):
     def group(key: Any) -> str:
         if key == "bad":
             raise KeyError("no tenant")
         return "t"
 
-    c = make_plain(lambda key: None, group=group)
+    c = make(lambda key: None, group=group)
     caplog.set_level(logging.WARNING, logger="reconq")
     c.enqueue("bad")
     c.enqueue("bad")
@@ -192,9 +192,9 @@ def test_a_raising_group_function_puts_the_key_in_group_none_logged_once(make_pl
     assert len(logged) == 1, [r.getMessage() for r in caplog.records]
 
 
-def test_stats_report_groups_only_with_a_group_function(make_plain):
-    assert "in_flight_by_group" not in make_plain(lambda key: None).stats()
-    assert make_plain(lambda key: None, group=lambda key: 1).stats()["in_flight_by_group"] == {}
+def test_stats_report_groups_only_with_a_group_function(make):
+    assert "in_flight_by_group" not in make(lambda key: None).stats()
+    assert make(lambda key: None, group=lambda key: 1).stats()["in_flight_by_group"] == {}
 
 
 # --- the queue --------------------------------------------------------------------
@@ -227,8 +227,8 @@ def test_bad_scheduling_options_are_refused(kw: Dict[str, Any], error: type):
 
 
 @pytest.mark.parametrize("priority, error", [(2**31, OverflowError), (-(2**31) - 1, OverflowError), ("1", TypeError)])
-def test_bad_priorities_are_refused_and_change_nothing(make_plain, q, priority: Any, error: type):
-    c = make_plain(lambda key: None)
+def test_bad_priorities_are_refused_and_change_nothing(make, q, priority: Any, error: type):
+    c = make(lambda key: None)
     for call in (
         lambda: c.enqueue("k", priority=priority),
         lambda: c.enqueue_after("k", 1, priority=priority),
@@ -241,17 +241,3 @@ def test_bad_priorities_are_refused_and_change_nothing(make_plain, q, priority: 
     assert c.stats()["depth"] == 0 and len(q) == 0
     c.enqueue("k", priority=2**31 - 1)
     assert c.stats()["by_priority"] == {2**31 - 1: 1}
-
-
-@pytest.fixture
-def make_plain():
-    made: List[reconq.Controller] = []
-
-    def factory(reconcile: Callable[[Any], Any], **kw: Any) -> reconq.Controller:
-        c = reconq.Controller(reconcile, **kw)
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.stop(drain=False, timeout=5)

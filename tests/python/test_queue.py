@@ -1,4 +1,4 @@
-"""reconq.WorkQueue: every method, the guarantees of spec §1, bad input."""
+"""reconq.WorkQueue: every method, the guarantees of guarantees §1, bad input."""
 
 import math
 import os

@@ -107,3 +107,36 @@ def test_stubs_type_check_context_and_scheduling_usage(tmp_path):
         "c.enqueue('k', priority='high')  # E: not an int\n",
     )
     assert len(errors) == 1 and "prog.py:14:" in errors[0], errors
+
+
+def test_stubs_reject_reconciles_returning_the_wrong_thing(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "def ok(key: reconq.Key) -> 'reconq.Requeue | None':\n"
+        "    return reconq.Requeue(after=60)\n"
+        "def wrong(key: object) -> int:\n"
+        "    return 1\n"
+        "reconq.Controller(ok)\n"
+        "reconq.Controller(wrong)  # E: returns int\n"
+        "v: str = reconq.__version__\n",
+    )
+    assert len(errors) == 1 and "prog.py:7:" in errors[0], errors
+
+
+def test_stubs_type_check_testing_and_stopping_usage(tmp_path):
+    errors = strict_type_errors(
+        tmp_path,
+        "import reconq\n"
+        "clock = reconq.FakeClock()\n"
+        "clock.advance(0.5)\n"
+        "t: float = clock.now()\n"
+        "c = reconq.Controller(lambda key: None, clock=clock, jitter=(0.1, 42), parked_capacity=100)\n"
+        "q = reconq.WorkQueue(clock=clock)\n"
+        "report = c.stop_with_report(timeout=5)\n"
+        "done: bool = report['finished']\n"
+        "left: 'list[reconq.Key]' = report['unfinished'] + report['dropped']\n"
+        "c.run(stop_timeout=10)\n"
+        "reconq.Controller(lambda key: None, jitter=0.1)  # E: not a tuple\n",
+    )
+    assert len(errors) == 1 and "prog.py:11:" in errors[0], errors

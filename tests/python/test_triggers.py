@@ -1,4 +1,4 @@
-"""Triggers and watches (spec §5)."""
+"""Triggers and watches (guarantees §5)."""
 
 from __future__ import annotations
 

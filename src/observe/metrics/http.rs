@@ -69,6 +69,17 @@ impl MetricsServer {
     }
 }
 
+impl MetricsServer {
+    /// Lets the server thread run on, unowned, until the process ends: for
+    /// a handle whose owner is gone without closing it (Python's
+    /// `start_http_server(...)` called on its own line, as
+    /// prometheus_client users write it).
+    #[cfg(feature = "python")]
+    pub(crate) fn detach(mut self) {
+        drop(self.thread.take());
+    }
+}
+
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.close();

@@ -1,0 +1,428 @@
+//! Leader election on etcd (guarantees §10), etcd's own election recipe:
+//! a lease kept alive every `ttl / 3`; a campaign is one transaction that
+//! creates the election key, attached to the lease, only if it is absent;
+//! standbys watch the key and campaign again the moment it is deleted (no
+//! polling). The key's create revision is the fencing token: each new
+//! leadership creates the key anew, so tokens strictly increase.
+//!
+//! Safety does not rest on the campaign thread being timely. A leader
+//! counts itself leader only until `renewed + renew_deadline`, measured
+//! from when its last successful keep-alive was *sent* (the server's lease
+//! runs from when it was received, later), and the renew deadline is
+//! shorter than the TTL. Workers ask [`LeaderElection::token`] before
+//! every reconcile, so a process paused past its lease (SIGSTOP, a long
+//! GC-like stall) finds its leadership gone the moment it runs again,
+//! before it can start a reconcile with the old token.
+
+use std::fmt;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crate::error::InvalidArgument;
+use crate::etcd::{Created, EtcdClient, check_endpoint};
+use crate::logs;
+use crate::sync::{Condvar, Mutex};
+use crate::thread::{JoinHandle, spawn_named};
+
+/// What a leader that loses its leadership does (guarantees §10, L3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Become a standby and campaign again (the default).
+    #[default]
+    Standby,
+    /// End the process with status 1, as controller-runtime does.
+    Exit,
+}
+
+/// The etcd minimum lease.
+const MIN_TTL: Duration = Duration::from_secs(2);
+/// The longest wait between retries while etcd is unreachable.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A campaign for leadership of `name` among every process that runs one
+/// with the same name and endpoints. Cheap to clone: clones share one
+/// campaign, so one election can serve several controllers.
+#[derive(Clone)]
+pub struct LeaderElection {
+    inner: Arc<Election>,
+}
+
+struct Election {
+    name: String,
+    key: String,
+    identity: String,
+    ttl: Duration,
+    on_lost: OnLost,
+    client: EtcdClient,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    started: bool,
+    stopped: bool,
+    leading: Option<Leadership>,
+    /// Who leads, as last seen (their identity).
+    leader: Option<String>,
+    last_error: Option<String>,
+    /// Called (outside the lock) when leadership is lost.
+    on_lost: Vec<Weak<dyn Fn() + Send + Sync>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Clone, Copy)]
+struct Leadership {
+    token: u64,
+    /// When the last successful keep-alive (or the campaign) was sent.
+    renewed: Instant,
+}
+
+impl LeaderElection {
+    /// A campaign for `name` on the etcd members at `endpoints`
+    /// (`http://host:port`, one or several), with a 5 s TTL and the host
+    /// name and process id as identity. Nothing happens until it is
+    /// started, by the first controller that uses it or [`start`](Self::start).
+    ///
+    /// # Errors
+    /// A malformed endpoint, no endpoint, or an empty name.
+    pub fn new<E: AsRef<str>>(endpoints: &[E], name: &str) -> Result<Self, InvalidArgument> {
+        let endpoints = endpoints
+            .iter()
+            .map(|e| check_endpoint(e.as_ref()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(InvalidArgument::new)?;
+        if endpoints.is_empty() {
+            return Err(InvalidArgument::new("leader election needs at least one etcd endpoint"));
+        }
+        if name.is_empty() || name.contains('\0') {
+            return Err(InvalidArgument::new("leader election name must be non-empty, without NUL"));
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let identity = format!("{}-{}", host.trim(), std::process::id());
+        Ok(Self::build(name.to_owned(), endpoints, identity, Duration::from_secs(5), OnLost::Standby))
+    }
+
+    fn build(name: String, endpoints: Vec<String>, identity: String, ttl: Duration, on_lost: OnLost) -> Self {
+        let key = format!("/reconq/election/{name}");
+        let client = EtcdClient::new(endpoints);
+        let inner = Election { name, key, identity, ttl, on_lost, client, state: Mutex::default(), cv: Condvar::new() };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The lease's time to live (default 5 s, at least 2 s: etcd's
+    /// minimum). A crashed leader is replaced within about `ttl`.
+    ///
+    /// # Errors
+    /// `ttl` under 2 s.
+    pub fn ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
+        if ttl < MIN_TTL {
+            return Err(InvalidArgument::new(format!("ttl must be at least 2 s (etcd's minimum lease), got {ttl:?}")));
+        }
+        Ok(self.rebuild(|e| e.ttl = ttl))
+    }
+
+    /// How this process is named in the election (default host-pid).
+    pub fn identity(self, identity: impl Into<String>) -> Self {
+        let identity = identity.into();
+        self.rebuild(|e| e.identity = identity)
+    }
+
+    /// What a leader that loses leadership does (default
+    /// [`OnLost::Standby`]).
+    pub fn on_lost(self, on_lost: OnLost) -> Self {
+        self.rebuild(|e| e.on_lost = on_lost)
+    }
+
+    /// Settings can change only before the campaign starts and while no
+    /// clone shares it.
+    fn rebuild(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let e = &self.inner;
+        assert!(!e.state.lock().started, "leader election {:?}: configure it before it starts", e.name);
+        let mut settings = Settings { identity: e.identity.clone(), ttl: e.ttl, on_lost: e.on_lost };
+        change(&mut settings);
+        Self::build(e.name.clone(), e.client.endpoints().to_vec(), settings.identity, settings.ttl, settings.on_lost)
+    }
+
+    /// Starts campaigning, on a thread of its own (once; later calls do
+    /// nothing).
+    pub fn start(&self) {
+        let mut st = self.inner.state.lock();
+        if st.started || st.stopped {
+            return;
+        }
+        st.started = true;
+        let election = Arc::clone(&self.inner);
+        let spawned = spawn_named(format!("reconq-election-{}", self.inner.name), None, move || election.run());
+        match spawned {
+            Ok(thread) => st.thread = Some(thread),
+            Err(e) => st.last_error = Some(format!("cannot spawn the election thread: {e}")),
+        }
+    }
+
+    /// Ends the campaign: a leader revokes its lease, so a standby takes
+    /// over at once (L4). Waits for the campaign thread.
+    pub fn stop(&self) {
+        let thread = {
+            let mut st = self.inner.state.lock();
+            st.stopped = true;
+            self.inner.cv.notify_all();
+            st.thread.take()
+        };
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
+    /// Whether this process leads now (and its leadership has not run past
+    /// its renew deadline).
+    pub fn is_leader(&self) -> bool {
+        self.token().is_some()
+    }
+
+    /// The fencing token of the current leadership, if this process leads:
+    /// etcd's create revision of the election key, strictly increasing
+    /// with each new leadership (L2).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.token()
+    }
+
+    /// Who leads, as last seen: their identity.
+    pub fn leader(&self) -> Option<String> {
+        self.inner.state.lock().leader.clone()
+    }
+
+    /// The last error talking to etcd, if the last attempt failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.state.lock().last_error.clone()
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub(crate) fn token(&self) -> Option<u64> {
+        let st = self.inner.state.lock();
+        st.leading.filter(|l| l.renewed.elapsed() < self.inner.renew_deadline()).map(|l| l.token)
+    }
+
+    /// Blocks until this process leads (returns its token) or `give_up()`
+    /// turns true (returns `None`); [`wake`](Self::wake) makes it look.
+    pub(crate) fn wait_token(&self, give_up: impl Fn() -> bool) -> Option<u64> {
+        let mut st = self.inner.state.lock();
+        loop {
+            if give_up() {
+                return None;
+            }
+            if let Some(l) = st.leading.filter(|l| l.renewed.elapsed() < self.inner.renew_deadline()) {
+                return Some(l.token);
+            }
+            self.inner.cv.wait(&mut st);
+        }
+    }
+
+    /// Wakes the threads in [`wait_token`](Self::wait_token) (a controller
+    /// stopping).
+    pub(crate) fn wake(&self) {
+        let _st = self.inner.state.lock();
+        self.inner.cv.notify_all();
+    }
+
+    /// Calls `f` each time leadership is lost, for as long as `f` lives.
+    pub(crate) fn when_lost(&self, f: &Arc<dyn Fn() + Send + Sync>) {
+        self.inner.state.lock().on_lost.push(Arc::downgrade(f));
+    }
+}
+
+struct Settings {
+    identity: String,
+    ttl: Duration,
+    on_lost: OnLost,
+}
+
+impl Election {
+    /// The leader stops counting itself leader this long after its last
+    /// successful renewal was sent: two thirds of the TTL, so at least a
+    /// third of the lease (0.67 s at the minimum TTL) separates it from the
+    /// server expiring the lease and a standby taking over.
+    fn renew_deadline(&self) -> Duration {
+        self.ttl * 2 / 3
+    }
+
+    fn stopped(&self) -> bool {
+        self.state.lock().stopped
+    }
+
+    /// Sleeps `d` or until stopped; returns whether stopped.
+    fn sleep(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut st = self.state.lock();
+        while !st.stopped {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                break;
+            }
+        }
+        st.stopped
+    }
+
+    fn failed(&self, what: &str, error: &dyn fmt::Display, backoff: &mut Duration) -> bool {
+        let message = format!("{what}: {error}");
+        logs::election_error(&self.name, &message, *backoff);
+        self.state.lock().last_error = Some(message);
+        let stopped = self.sleep(*backoff);
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
+        stopped
+    }
+
+    /// The campaign thread: campaign, lead or watch, until stopped.
+    fn run(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        while !self.stopped() {
+            let sent = Instant::now();
+            let lease = match self.client.grant(self.ttl) {
+                Ok(lease) => lease,
+                Err(e) => {
+                    if self.failed("granting a lease", &e, &mut backoff) {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            match self.client.create_if_absent(&self.key, self.identity.as_bytes(), lease) {
+                Ok(Created::Created { revision }) => {
+                    backoff = Duration::from_millis(100);
+                    self.lead(lease, revision as u64, sent);
+                }
+                Ok(Created::Taken { holder, revision }) => {
+                    backoff = Duration::from_millis(100);
+                    // Not ours: give the lease back and watch for the key's
+                    // deletion (by its holder's stop, or its lease expiring).
+                    let _ = self.client.revoke(lease);
+                    {
+                        let mut st = self.state.lock();
+                        st.leader = Some(String::from_utf8_lossy(&holder.value).into_owned());
+                        st.last_error = None;
+                    }
+                    self.watch_until_free(revision, &mut backoff);
+                }
+                Err(e) => {
+                    let _ = self.client.revoke(lease);
+                    if self.failed("campaigning", &e, &mut backoff) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits (without polling etcd) until the election key is deleted
+    /// after `revision`, or stopped.
+    fn watch_until_free(&self, revision: i64, backoff: &mut Duration) {
+        loop {
+            match self.client.wait_deleted(&self.key, revision, Duration::from_secs(1), || self.stopped()) {
+                Ok(true) => return,
+                // Stopped, or a quiet second: check the key still exists.
+                Ok(false) => {
+                    if self.stopped() {
+                        return;
+                    }
+                    match self.client.get(&self.key) {
+                        Ok(None) => return,
+                        Ok(Some(_)) => {}
+                        Err(e) => {
+                            if self.failed("watching the leader", &e, backoff) {
+                                return;
+                            }
+                        }
+                    }
+                }
+                // Campaign again (after the back-off): the key may be gone.
+                Err(e) => {
+                    self.failed("watching the leader", &e, backoff);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Leads until the lease cannot be renewed in time or stopped.
+    fn lead(&self, lease: i64, token: u64, sent: Instant) {
+        {
+            let mut st = self.state.lock();
+            st.leading = Some(Leadership { token, renewed: sent });
+            st.leader = Some(self.identity.clone());
+            st.last_error = None;
+            self.cv.notify_all();
+        }
+        logs::election_won(&self.name, &self.identity, token);
+        let interval = self.ttl / 3;
+        let mut next = sent + interval;
+        loop {
+            if self.sleep(next.saturating_duration_since(Instant::now())) {
+                // Stopped: give leadership up at once (L4).
+                self.state.lock().leading = None;
+                let _ = self.client.revoke(lease);
+                return;
+            }
+            let sent = Instant::now();
+            let renewed = match self.client.keep_alive(lease) {
+                Ok(Some(_)) => true,
+                Ok(None) => {
+                    self.lose(token, "the lease expired");
+                    return;
+                }
+                Err(e) => {
+                    self.state.lock().last_error = Some(format!("renewing the lease: {e}"));
+                    false
+                }
+            };
+            let mut st = self.state.lock();
+            match &mut st.leading {
+                Some(l) if renewed => {
+                    l.renewed = sent;
+                    next = sent + interval;
+                }
+                Some(l) if l.renewed.elapsed() < self.renew_deadline() => {
+                    // Try again soon, still within the deadline.
+                    next = Instant::now() + Duration::from_millis(200);
+                }
+                _ => {
+                    drop(st);
+                    self.lose(token, "could not renew the lease in time");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Leadership is gone: stop counting as leader, cancel what runs under
+    /// it, then stand by or exit.
+    fn lose(&self, token: u64, why: &str) {
+        let callbacks: Vec<_> = {
+            let mut st = self.state.lock();
+            st.leading = None;
+            st.leader = None;
+            st.on_lost.retain(|f| f.strong_count() > 0);
+            st.on_lost.iter().filter_map(Weak::upgrade).collect()
+        };
+        logs::election_lost(&self.name, token, why);
+        for f in callbacks {
+            f();
+        }
+        if self.on_lost == OnLost::Exit {
+            std::process::exit(1);
+        }
+    }
+}
+
+impl fmt::Debug for LeaderElection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderElection")
+            .field("name", &self.inner.name)
+            .field("identity", &self.inner.identity)
+            .field("ttl", &self.inner.ttl)
+            .field("is_leader", &self.is_leader())
+            .finish_non_exhaustive()
+    }
+}

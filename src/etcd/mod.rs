@@ -1,0 +1,280 @@
+//! A small synchronous client for etcd's v3 API, spoken as JSON over HTTP
+//! (etcd's gRPC gateway under `/v3/`, served by every etcd 3.4+ member on
+//! its client port). Blocking calls with timeouts, on the caller's thread:
+//! reconq runs them on its own threads, with no async runtime.
+//!
+//! Only what leader election needs: leases (grant, keep-alive, revoke),
+//! a create-if-absent transaction, a read, and a watch for a key's
+//! deletion. Keys and values are base64 in the gateway's JSON and 64-bit
+//! integers are JSON strings; this module hides both.
+
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Value, json};
+
+/// How long a unary call may take, connection included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a call failed: etcd unreachable, an HTTP error, or a reply that is
+/// not what the gateway sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdError(String);
+
+impl fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EtcdError {}
+
+impl From<ureq::Error> for EtcdError {
+    fn from(e: ureq::Error) -> Self {
+        EtcdError(format!("etcd: {e}"))
+    }
+}
+
+/// A key as it stands in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyValue {
+    pub(crate) value: Vec<u8>,
+    /// The revision that created the key: unique per creation, increasing.
+    pub(crate) create_revision: i64,
+    pub(crate) lease: i64,
+}
+
+/// What a create-if-absent transaction found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Created {
+    /// The key was absent and is now ours, created at this revision.
+    Created { revision: i64 },
+    /// Someone holds it; `revision` is the store's revision when we looked.
+    Taken { holder: KeyValue, revision: i64 },
+}
+
+/// The endpoints of one etcd cluster. Calls go to the first member that
+/// answers.
+#[derive(Clone)]
+pub(crate) struct EtcdClient {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+impl fmt::Debug for EtcdClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdClient").field("endpoints", &self.endpoints).finish()
+    }
+}
+
+/// Checks an endpoint: `http://host:port`, nothing after the port.
+pub(crate) fn check_endpoint(endpoint: &str) -> Result<String, String> {
+    let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
+        format!("etcd endpoint {endpoint:?} must start with http:// (TLS is not supported; use a local sidecar)")
+    })?;
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("etcd endpoint {endpoint:?} has no port"))?;
+    if host.is_empty() || host.contains('/') || port.parse::<u16>().is_err() {
+        return Err(format!("etcd endpoint {endpoint:?} is not http://host:port"));
+    }
+    Ok(format!("http://{rest}"))
+}
+
+impl EtcdClient {
+    /// A client for `endpoints` (already checked with [`check_endpoint`]).
+    pub(crate) fn new(endpoints: Vec<String>) -> Self {
+        let agent =
+            ureq::Agent::config_builder().timeout_global(Some(CALL_TIMEOUT)).http_status_as_error(true).build().into();
+        Self { endpoints, agent }
+    }
+
+    pub(crate) fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// POSTs `body` to `/v3/{path}` on the first member that answers and
+    /// returns the reply's JSON.
+    fn call(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        let mut last = EtcdError("etcd: no endpoint".into());
+        for endpoint in &self.endpoints {
+            let url = format!("{endpoint}/v3/{path}");
+            match self.agent.post(&url).header("Content-Type", "application/json").send(body.to_string()) {
+                Ok(mut response) => {
+                    let text = response.body_mut().read_to_string()?;
+                    return serde_json::from_str(&text)
+                        .map_err(|e| EtcdError(format!("etcd: bad reply to {path}: {e}: {text}")));
+                }
+                Err(e) => last = EtcdError(format!("etcd at {endpoint}: {e}")),
+            }
+        }
+        Err(last)
+    }
+
+    /// Grants a lease of `ttl` (whole seconds, at least 1); returns its id.
+    pub(crate) fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
+        let reply = self.call("lease/grant", &json!({ "TTL": ttl.as_secs().max(1) }))?;
+        int_field(&reply, "ID")
+    }
+
+    /// Renews lease `id`; returns the TTL it has now, or `None` if it has
+    /// expired (or was revoked).
+    pub(crate) fn keep_alive(&self, id: i64) -> Result<Option<Duration>, EtcdError> {
+        let reply = self.call("lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        let result = reply.get("result").unwrap_or(&reply);
+        let ttl = int_field(result, "TTL").unwrap_or(0);
+        Ok((ttl > 0).then(|| Duration::from_secs(ttl as u64)))
+    }
+
+    /// Revokes lease `id`, deleting every key attached to it.
+    pub(crate) fn revoke(&self, id: i64) -> Result<(), EtcdError> {
+        self.call("lease/revoke", &json!({ "ID": id.to_string() })).map(drop)
+    }
+
+    /// Creates `key` = `value` attached to `lease` if `key` does not exist,
+    /// in one transaction; otherwise reads who holds it.
+    pub(crate) fn create_if_absent(&self, key: &str, value: &[u8], lease: i64) -> Result<Created, EtcdError> {
+        let key64 = BASE64.encode(key);
+        let body = json!({
+            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
+            "success": [{ "request_put": { "key": key64, "value": BASE64.encode(value), "lease": lease.to_string() } }],
+            "failure": [{ "request_range": { "key": key64 } }],
+        });
+        let reply = self.call("kv/txn", &body)?;
+        let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
+        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            return Ok(Created::Created { revision });
+        }
+        let kvs = reply.pointer("/responses/0/response_range/kvs").and_then(Value::as_array);
+        match kvs.and_then(|kvs| kvs.first()) {
+            Some(kv) => Ok(Created::Taken { holder: key_value(kv)?, revision }),
+            // Deleted between the compare and the range: try again.
+            None => Err(EtcdError(format!("etcd: {key} vanished during the transaction"))),
+        }
+    }
+
+    /// The current value of `key`, if any.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
+        let reply = self.call("kv/range", &json!({ "key": BASE64.encode(key) }))?;
+        match reply.get("kvs").and_then(Value::as_array).and_then(|kvs| kvs.first()) {
+            Some(kv) => key_value(kv).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Blocks until `key` is deleted at a revision after `after`, or
+    /// `stopped()` turns true (checked at least every `poll` while the
+    /// watch is quiet: the stream carries etcd's progress notifications,
+    /// and a quiet stream times out and is reopened). Returns `Ok(true)`
+    /// when deleted, `Ok(false)` when stopped.
+    ///
+    /// Sends `Grpc-Metadata-hasleader: true`, so a member cut off from its
+    /// cluster's leader cancels the watch instead of leaving it silent.
+    pub(crate) fn wait_deleted(
+        &self,
+        key: &str,
+        after: i64,
+        poll: Duration,
+        stopped: impl Fn() -> bool,
+    ) -> Result<bool, EtcdError> {
+        let body = json!({ "create_request": {
+            "key": BASE64.encode(key),
+            "start_revision": (after + 1).to_string(),
+            "filters": ["NOPUT"],
+        }});
+        let mut last = EtcdError("etcd: no endpoint".into());
+        for endpoint in &self.endpoints {
+            let url = format!("{endpoint}/v3/watch");
+            let request = self
+                .agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .header("Grpc-Metadata-hasleader", "true")
+                .config()
+                .timeout_global(None)
+                .timeout_recv_body(Some(poll))
+                .build();
+            let response = match request.send(body.to_string()) {
+                Ok(response) => response,
+                Err(e) => {
+                    last = EtcdError(format!("etcd at {endpoint}: {e}"));
+                    continue;
+                }
+            };
+            let reader = BufReader::new(response.into_body().into_reader());
+            for line in reader.lines() {
+                if stopped() {
+                    return Ok(false);
+                }
+                let line = match line {
+                    Ok(line) => line,
+                    // A quiet stream timed out: the caller looks again.
+                    Err(e) if is_timeout(&e) => return Ok(false),
+                    Err(e) => return Err(EtcdError(format!("etcd watch: {e}"))),
+                };
+                let event: Value =
+                    serde_json::from_str(&line).map_err(|e| EtcdError(format!("etcd watch: bad event {line}: {e}")))?;
+                let result = event.get("result").unwrap_or(&event);
+                if result.get("canceled").and_then(Value::as_bool) == Some(true) {
+                    return Err(EtcdError(format!("etcd watch canceled: {result}")));
+                }
+                let deleted = result.get("events").and_then(Value::as_array).is_some_and(|events| {
+                    events.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE"))
+                });
+                if deleted {
+                    return Ok(true);
+                }
+            }
+            return Err(EtcdError("etcd watch ended".into()));
+        }
+        Err(last)
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
+        || e.to_string().to_ascii_lowercase().contains("timeout")
+}
+
+/// A 64-bit integer field, which the gateway writes as a JSON string.
+fn int_field(object: &Value, name: &str) -> Result<i64, EtcdError> {
+    match object.get(name) {
+        Some(Value::String(s)) => s.parse().map_err(|_| EtcdError(format!("etcd: bad {name} {s:?}"))),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| EtcdError(format!("etcd: bad {name} {n}"))),
+        // Zero values are left out of the gateway's JSON.
+        None => Ok(0),
+        Some(other) => Err(EtcdError(format!("etcd: bad {name} {other}"))),
+    }
+}
+
+fn key_value(kv: &Value) -> Result<KeyValue, EtcdError> {
+    let value = match kv.get("value").and_then(Value::as_str) {
+        Some(v) => BASE64.decode(v).map_err(|e| EtcdError(format!("etcd: bad value: {e}")))?,
+        None => Vec::new(),
+    };
+    Ok(KeyValue { value, create_revision: int_field(kv, "create_revision")?, lease: int_field(kv, "lease")? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_checked() {
+        assert_eq!(check_endpoint("http://127.0.0.1:2379/").unwrap(), "http://127.0.0.1:2379");
+        for bad in ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn integers_come_as_strings_and_zeros_are_left_out() {
+        let v = json!({ "ID": "42", "n": 7, "bad": true });
+        assert_eq!(int_field(&v, "ID"), Ok(42));
+        assert_eq!(int_field(&v, "n"), Ok(7));
+        assert_eq!(int_field(&v, "missing"), Ok(0));
+        assert!(int_field(&v, "bad").is_err());
+    }
+}

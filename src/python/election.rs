@@ -1,0 +1,121 @@
+//! `reconq.LeaderElection` (guarantees §10): the Rust [`LeaderElection`] for
+//! Python. Campaign, keep-alives and watches run on the election's own
+//! thread, with no Python in them; the properties read its state.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use super::duration::non_negative_from_py;
+use crate::{LeaderElection, OnLost};
+
+/// Every election made in this process, so the interpreter's exit can
+/// give leadership up at once (L4) after controllers have drained.
+static LIVE: Mutex<Vec<LeaderElection>> = Mutex::new(Vec::new());
+
+/// A campaign for leadership of `name` among every process with an
+/// election of that name on the same etcd (`endpoints`: one
+/// `http://host:port` or a list). Pass it to `Controller(leader_election=)`:
+/// the controller reconciles only while this process leads.
+#[pyclass(name = "LeaderElection", module = "reconq", frozen)]
+pub(crate) struct PyLeaderElection {
+    pub(crate) inner: LeaderElection,
+}
+
+#[pymethods]
+impl PyLeaderElection {
+    #[new]
+    #[pyo3(signature = (endpoints, name, ttl=None, identity=None, on_lost="standby"))]
+    fn new(
+        endpoints: &Bound<'_, PyAny>,
+        name: &str,
+        ttl: Option<&Bound<'_, PyAny>>,
+        identity: Option<String>,
+        on_lost: &str,
+    ) -> PyResult<Self> {
+        let endpoints: Vec<String> = if let Ok(one) = endpoints.cast::<PyString>() {
+            vec![one.to_str()?.to_owned()]
+        } else {
+            endpoints
+                .extract()
+                .map_err(|_| PyTypeError::new_err("endpoints must be a str or a list of str (http://host:port)"))?
+        };
+        let on_lost = match on_lost {
+            "standby" => OnLost::Standby,
+            "exit" => OnLost::Exit,
+            other => return Err(PyValueError::new_err(format!("on_lost must be 'standby' or 'exit', not {other:?}"))),
+        };
+        let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
+        let mut election = LeaderElection::new(&endpoints, name).map_err(invalid)?.on_lost(on_lost);
+        if let Some(ttl) = ttl.filter(|t| !t.is_none()) {
+            election = election.ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;
+        }
+        if let Some(identity) = identity {
+            election = election.identity(identity);
+        }
+        LIVE.lock().push(election.clone());
+        Ok(Self { inner: election })
+    }
+
+    /// Whether this process leads now.
+    #[getter]
+    fn is_leader(&self) -> bool {
+        self.inner.is_leader()
+    }
+
+    /// Who leads, as last seen (their identity), or None.
+    #[getter]
+    fn leader(&self) -> Option<String> {
+        self.inner.leader()
+    }
+
+    /// The current leadership's fencing token if this process leads.
+    #[getter]
+    fn fencing_token(&self) -> Option<u64> {
+        self.inner.fencing_token()
+    }
+
+    /// The last error talking to etcd, or None.
+    #[getter]
+    fn last_error(&self) -> Option<String> {
+        self.inner.last_error()
+    }
+
+    /// Starts campaigning (a controller using it starts it too).
+    fn start(&self) {
+        self.inner.start();
+    }
+
+    /// Gives leadership up at once (a standby takes over) and stops
+    /// campaigning.
+    fn stop(&self, py: Python<'_>) {
+        let inner = &self.inner;
+        py.detach(|| inner.stop());
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<reconq.LeaderElection name={:?} is_leader={} leader={:?}>",
+            self.inner.name(),
+            self.inner.is_leader(),
+            self.inner.leader()
+        )
+    }
+}
+
+/// Stops every election (reconq._lifecycle calls it at exit, after the
+/// controllers drained): leaders revoke their leases, so standbys take
+/// over at once.
+#[pyfunction]
+fn _stop_elections(py: Python<'_>) {
+    let live = std::mem::take(&mut *LIVE.lock());
+    py.detach(|| live.iter().for_each(LeaderElection::stop));
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLeaderElection>()?;
+    // Private: set as an attribute, so it stays out of `__all__`.
+    m.as_any().setattr("_stop_elections", wrap_pyfunction!(_stop_elections, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! A real etcd for tests: started on free loopback ports with a temporary
+//! data directory, stopped and removed on drop. A missing `etcd` binary
+//! fails the test (`.ci/run` installs Debian's `etcd-server`); it never
+//! skips.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    pub endpoint: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    pub fn start() -> Self {
+        let (client, peer) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("reconq-etcd-{}-{client}", std::process::id()));
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", "test", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the etcd binary (Debian's etcd-server; .ci/run installs it)");
+        let etcd = Etcd { child, dir, endpoint };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = format!("{}/health", self.endpoint);
+        loop {
+            if let Ok(mut response) = ureq::get(&url).call()
+                && response.body_mut().read_to_string().is_ok_and(|body| body.contains("true"))
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy at {}", self.endpoint);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Freezes etcd (SIGSTOP): calls to it hang until they time out.
+    pub fn pause(&self) {
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGSTOP) }, 0);
+    }
+
+    pub fn resume(&self) {
+        // SAFETY: as in `pause`.
+        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGCONT) }, 0);
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.resume();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,168 @@
+//! Leader election on a real etcd (guarantees §10): L1 one leader, L2
+//! fencing tokens, L3 losing leadership before the lease can expire, L4
+//! hand-over on stop, and the faults (bad input, etcd unreachable).
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{PATIENCE, wait_for};
+use etcd::Etcd;
+use parking_lot::Mutex;
+use reconq::{Action, Context, Controller, ControllerHandle, LeaderElection, ReconcileError};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn election(etcd: &Etcd, name: &str, identity: &str) -> LeaderElection {
+    LeaderElection::new(&[&etcd.endpoint], name).unwrap().ttl(TTL).unwrap().identity(identity)
+}
+
+#[test]
+fn one_leader_and_a_standby_that_takes_over_at_once_on_stop() {
+    let etcd = Etcd::start();
+    let (a, b) = (election(&etcd, "l1", "a"), election(&etcd, "l1", "b"));
+    a.start();
+    b.start();
+    wait_for("a leader", || a.is_leader() || b.is_leader());
+    let (leader, standby) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
+    assert!(!standby.is_leader(), "L1: one leader");
+    let first = leader.fencing_token().unwrap();
+    wait_for("the standby to see the leader", || standby.leader().as_deref() == leader.leader().as_deref());
+
+    leader.stop();
+    assert!(!leader.is_leader());
+    wait_for("the standby to take over", || standby.is_leader());
+    let second = standby.fencing_token().unwrap();
+    assert!(second > first, "L2: tokens increase ({first} then {second})");
+    standby.stop();
+}
+
+/// The reconciles of a controller, as a fenced store would see them.
+#[derive(Default)]
+struct Record {
+    /// Reconciles running now, by process.
+    running: std::collections::HashMap<String, usize>,
+    /// Reconciles that started while another process had one running.
+    overlaps: usize,
+    highest_token: u64,
+    stale: usize,
+    done: Vec<(String, u32)>,
+}
+
+fn recording_controller(election: LeaderElection, record: &Arc<Mutex<Record>>, who: &str) -> ControllerHandle<u32> {
+    let (record, who) = (Arc::clone(record), who.to_owned());
+    Controller::new("leader-ctl", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        let token = ctx.fencing_token().expect("a token under leader election");
+        {
+            let mut r = record.lock();
+            let others = r.running.iter().any(|(w, n)| *w != who && *n > 0);
+            r.overlaps += usize::from(others);
+            *r.running.entry(who.clone()).or_default() += 1;
+            r.stale += usize::from(token < r.highest_token);
+            r.highest_token = r.highest_token.max(token);
+        }
+        std::thread::yield_now();
+        let mut r = record.lock();
+        *r.running.get_mut(&who).unwrap() -= 1;
+        r.done.push((who.clone(), *key));
+        Ok(Action::Done)
+    })
+    .workers(2)
+    .leader_election(election)
+    .start()
+}
+
+#[test]
+fn only_the_leaders_controller_reconciles_and_the_standby_is_warm() {
+    let etcd = Etcd::start();
+    let record = Arc::new(Mutex::new(Record::default()));
+    let (ea, eb) = (election(&etcd, "l1-ctl", "a"), election(&etcd, "l1-ctl", "b"));
+    let a = recording_controller(ea.clone(), &record, "a");
+    let b = recording_controller(eb.clone(), &record, "b");
+    for key in 0..20 {
+        a.enqueue(key);
+        b.enqueue(key);
+    }
+    wait_for("a leader", || ea.is_leader() || eb.is_leader());
+    let (leader, leader_election, standby, standby_election, standby_name) =
+        if ea.is_leader() { (&a, &ea, &b, &eb, "b") } else { (&b, &eb, &a, &ea, "a") };
+    assert!(leader.wait_idle(PATIENCE));
+    assert_eq!(standby.stats().reconciles, 0, "L1: the standby reconciles nothing");
+    assert_eq!(standby.stats().depth, 20, "the standby's queue is warm");
+
+    // The leader goes: the standby takes over and reconciles its queue.
+    assert!(leader.stop_with_drain(PATIENCE));
+    leader_election.stop();
+    wait_for("the standby to lead", || standby_election.is_leader());
+    assert!(standby.wait_idle(PATIENCE));
+    let r = record.lock();
+    assert_eq!((r.overlaps, r.stale), (0, 0), "never two processes at once, never a stale token");
+    assert_eq!(r.done.iter().filter(|(who, _)| who == standby_name).count(), 20);
+    drop(r);
+    standby.stop();
+    standby_election.stop();
+}
+
+#[test]
+fn a_leader_that_cannot_renew_cancels_its_reconciles_before_the_lease_can_expire() {
+    let etcd = Etcd::start();
+    let le = election(&etcd, "l3", "a");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen_by_reconcile = Arc::clone(&seen);
+    let h = Controller::new("l3-ctl", move |_key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        let cancelled = ctx.wait_cancelled(PATIENCE);
+        seen_by_reconcile.lock().push((ctx.fencing_token(), cancelled));
+        Ok(Action::Done)
+    })
+    .leader_election(le.clone())
+    .start();
+    h.enqueue(1);
+    wait_for("the reconcile to start as leader", || h.stats().processing == 1);
+    let token = le.fencing_token().unwrap();
+
+    etcd.pause(); // renewals now hang and time out
+    wait_for("leadership to be given up", || !le.is_leader());
+    wait_for("the running reconcile to be cancelled", || !seen.lock().is_empty());
+    assert_eq!(seen.lock()[0], (Some(token), true), "L3: cancelled under its old token");
+    h.enqueue(2);
+    etcd.resume();
+    // Campaigns again (the old lease may still exist until it expires).
+    wait_for("leadership again", || le.is_leader());
+    assert!(le.fencing_token().unwrap() > token);
+    assert!(h.wait_idle(PATIENCE));
+    h.stop();
+    le.stop();
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    for bad in ["127.0.0.1:2379", "http://nohost", "https://a:1"] {
+        assert!(LeaderElection::new(&[bad], "x").is_err(), "{bad}");
+    }
+    assert!(LeaderElection::new::<&str>(&[], "x").is_err());
+    assert!(LeaderElection::new(&["http://127.0.0.1:1"], "").is_err());
+    let le = LeaderElection::new(&["http://127.0.0.1:1"], "x").unwrap();
+    assert!(le.ttl(Duration::from_millis(1999)).is_err(), "etcd's minimum lease is 2 s");
+}
+
+#[test]
+fn etcd_unreachable_is_a_standby_with_the_error_shown() {
+    // Nothing listens on this port once the listener is dropped.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let le = LeaderElection::new(&[format!("http://127.0.0.1:{port}")], "down").unwrap();
+    let h = Controller::new("down-ctl", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        panic!("a standby never reconciles")
+    })
+    .leader_election(le.clone())
+    .start();
+    h.enqueue(1);
+    wait_for("the error to show", || le.last_error().is_some());
+    assert!(!le.is_leader());
+    assert_eq!(h.stats().reconciles, 0);
+    h.stop();
+    assert!(h.join_timeout(PATIENCE), "workers waiting for leadership exit on stop");
+    le.stop();
+}

@@ -1,0 +1,118 @@
+"""reconq.LeaderElection on a real etcd (guarantees §10): one leader, fencing
+tokens in reconq.context(), hand-over on stop and at interpreter exit, bad
+input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any, Iterator, List, Tuple
+
+import pytest
+
+import reconq
+from etcd_server import Etcd
+from waiting import PATIENCE, wait_for
+
+
+@pytest.fixture
+def etcd() -> Iterator[Etcd]:
+    server = Etcd()
+    yield server
+    server.close()
+
+
+def test_only_the_leader_reconciles_with_its_token_and_a_standby_takes_over(etcd: Etcd, make: Any) -> None:
+    lock = threading.Lock()
+    done: List[Tuple[str, Any, int]] = []
+
+    def reconciler(who: str) -> Any:
+        def reconcile(key: Any) -> None:
+            with lock:
+                done.append((who, key, reconq.context().fencing_token))
+
+        return reconcile
+
+    ea = reconq.LeaderElection(etcd.endpoint, "py", ttl=2, identity="a")
+    eb = reconq.LeaderElection([etcd.endpoint], "py", ttl=2, identity="b")
+    a = make(reconciler("a"), leader_election=ea)
+    b = make(reconciler("b"), leader_election=eb)
+    a.start()
+    b.start()
+    for key in range(10):
+        a.enqueue(key)
+        b.enqueue(key)
+    wait_for(lambda: ea.is_leader or eb.is_leader, what="a leader")
+    leader, leader_c, standby, standby_c = (ea, a, eb, b) if ea.is_leader else (eb, b, ea, a)
+    assert leader_c.wait_idle(PATIENCE)
+    assert standby_c.stats()["reconciles"] == 0 and standby_c.stats()["depth"] == 10
+    first_token = leader.fencing_token
+    assert first_token is not None and {t for (_, _, t) in done} == {first_token}
+    wait_for(lambda: standby.leader == leader.leader, what="the standby to see the leader")
+
+    leader_c.stop()
+    leader.stop()
+    wait_for(lambda: standby.is_leader, what="the standby to take over")
+    assert standby_c.wait_idle(PATIENCE)
+    second_token = standby.fencing_token
+    assert second_token is not None and second_token > first_token
+    assert sorted(k for (w, k, _) in done if w == ("b" if leader is ea else "a")) == list(range(10))
+    standby.stop()
+
+
+def test_interpreter_exit_gives_leadership_up_at_once(etcd: Etcd) -> None:
+    # A 30 s lease: without the exit revoking it, the standby would wait 30 s.
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import reconq
+            from waiting import wait_for
+            le = reconq.LeaderElection({etcd.endpoint!r}, "exit", ttl=30, identity="child")
+            c = reconq.Controller(lambda key: None, leader_election=le)
+            c.start()
+            wait_for(lambda: le.is_leader, what="leadership")
+            print("leading", flush=True)
+        """)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).parent),
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "leading"
+    standby = reconq.LeaderElection(etcd.endpoint, "exit", ttl=30, identity="parent")
+    standby.start()
+    assert child.wait(PATIENCE) == 0
+    wait_for(lambda: standby.is_leader, timeout=PATIENCE, what="the standby to lead well before 30 s")
+    standby.stop()
+
+
+@pytest.mark.parametrize(
+    "kw, error",
+    [
+        ({"endpoints": "127.0.0.1:2379"}, ValueError),
+        ({"endpoints": "http://nohost"}, ValueError),
+        ({"endpoints": 5}, TypeError),
+        ({"ttl": 1.5}, ValueError),
+        ({"ttl": -1}, ValueError),
+        ({"on_lost": "panic"}, ValueError),
+        ({"name": ""}, ValueError),
+    ],
+)
+def test_bad_input_is_refused(kw: Any, error: type) -> None:
+    args = {"endpoints": "http://127.0.0.1:2379", "name": "x", **kw}
+    with pytest.raises(error):
+        reconq.LeaderElection(**args)
+
+
+def test_etcd_unreachable_is_a_standby_not_an_exception(make: Any) -> None:
+    from etcd_server import free_port
+
+    le = reconq.LeaderElection(f"http://127.0.0.1:{free_port()}", "down")
+    c = make(lambda key: pytest.fail("a standby never reconciles"), leader_election=le)
+    c.start()
+    c.enqueue(1)
+    wait_for(lambda: le.last_error is not None, what="the error to show")
+    assert not le.is_leader and c.stats()["reconciles"] == 0
+    c.stop(drain=False, timeout=PATIENCE)
+    le.stop()
