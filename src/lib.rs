@@ -63,6 +63,7 @@ mod parallelize;
 mod python;
 mod queue;
 mod rate_limit;
+mod store;
 mod sync;
 mod thread;
 
@@ -83,6 +84,7 @@ pub use manager::{
 };
 pub use observe::status;
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
+pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreStats, StoreKey, StoredKey, StoredState, decode_key, encode_key};
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,

@@ -318,6 +318,7 @@ fn the_table_aligns_its_columns() {
             parked: 0,
             hanging_threshold: None,
             hanging: Vec::new(),
+            store: None,
         }),
         successes: 12000,
         failures: 345,

@@ -2,6 +2,7 @@
 
 from threading import Event
 from types import TracebackType
+from os import PathLike
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type, TypedDict, Union, final
 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
@@ -20,6 +21,8 @@ __all__ = [
     "MetricsServer",
     "RateLimiter",
     "ShutDown",
+    "SqliteStore",
+    "StoreLocked",
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
@@ -51,6 +54,19 @@ class FakeClock:
 
 class ShutDown(Exception):
     """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
+
+class StoreLocked(Exception):
+    """Raised by ``start()`` when another live controller holds this name in the store file."""
+
+@final
+class SqliteStore:
+    """An embedded SQLite file keeping controllers' pending, delayed and parked keys."""
+
+    def __new__(cls, path: Union[str, PathLike[str]], flush_interval: _Seconds = 1.0) -> Self: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def flush_interval(self) -> float: ...
 
 @disjoint_base
 class RateLimiter:
@@ -218,6 +234,9 @@ class _ControllerStats(TypedDict):
     last_error_time: Optional[float]
     by_priority: Dict[int, int]
     in_flight_by_group: NotRequired[Dict[Optional[_Key], int]]
+    store_pending: NotRequired[int]
+    last_flush_time: NotRequired[Optional[float]]
+    store_error: NotRequired[Optional[str]]
 
 class _StopReport(TypedDict):
     finished: bool
@@ -247,6 +266,7 @@ class Controller:
         jitter: Optional[Tuple[float, int]] = None,
         parked_capacity: Optional[int] = None,
         leader_election: Optional[LeaderElection] = None,
+        store: Union[SqliteStore, str, PathLike[str], None] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...

@@ -1,6 +1,6 @@
 """A small reconcile loop you can run and read in a minute.
 
-    python -m reconq.demo [--seconds 4] [--workers 2] [--seed 1] [--dir PATH]
+    python -m reconq.demo [--seconds 4] [--workers 2] [--seed 1] [--dir PATH] [--no-store]
 
 It keeps a directory of *actual* state in sync with a directory of *desired*
 state, the way a Kubernetes controller keeps a cluster in sync with its
@@ -20,6 +20,10 @@ objects:
   cleans up anything a missed event left behind.
 * While it runs, a scripted "user" edits one file, deletes one, adds a new
   one and adds one with an invalid spec.
+
+The controller keeps its pending retries and parked keys in
+``<dir>/state.db`` (``store=``): run it twice with the same ``--dir`` and the
+second run starts where the first stopped (``--no-store`` to keep nothing).
 
 Every reconcile prints one line (time, key, attempt, outcome); at the end it
 prints the stats and checks that ``actual/`` converged to ``desired/``.
@@ -262,14 +266,20 @@ class QueueRunner:
             return dict(self.counts)
 
 
-def make_runner(reconcile: Callable[[str], None], workers: int, engine: str) -> Any:
+def make_runner(reconcile: Callable[[str], None], workers: int, engine: str, store: Optional[Path] = None) -> Any:
     # Retries after 50 ms, 100 ms, 200 ms... capped at 1 s.
     limiter = reconq.ExponentialBackoff(0.05, 1.0)
     Controller = getattr(reconq, "Controller", None)
     if engine == "controller" or (engine == "auto" and Controller is not None):
         if Controller is None:
             raise SystemExit("this reconq has no Controller; use --engine queue")
-        return Controller(reconcile, workers=workers, rate_limiter=limiter, name="file-sync")
+        # With a store, pending retries and parked keys survive a restart:
+        # run the demo twice with the same --dir and the second run starts
+        # where the first stopped.
+        return Controller(
+            reconcile, workers=workers, rate_limiter=limiter, name="file-sync",
+            store=None if store is None else str(store),
+        )
     return QueueRunner(reconcile, workers, limiter)
 
 
@@ -339,6 +349,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--engine", choices=["auto", "controller", "queue"], default="auto", help=argparse.SUPPRESS
     )
+    parser.add_argument(
+        "--no-store", action="store_true", help="keep no state.db in the directory (default: keep one)"
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.workers < 1:
         parser.error("--seconds must be > 0 and --workers >= 1")
@@ -366,7 +379,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     api = FlakyAPI(actual, args.seed)
     reconcile = Reconciler(desired, api, log)
-    runner = make_runner(reconcile, args.workers, args.engine)
+    store = None if args.no_store else root / "state.db"
+    runner = make_runner(reconcile, args.workers, args.engine, store)
     engine = type(runner).__name__
     print(
         f"reconq demo: syncing {desired} -> {actual}\n"
@@ -386,6 +400,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     manager = reconq.Manager()
     runner.start()
+    if store is not None and hasattr(runner, "parked"):
+        st = runner.stats()
+        parked = runner.parked()
+        say(
+            f"{'store':<8} {store.name}: restored {st['depth'] + st['waiting']} pending, "
+            f"{len(parked)} parked ({', '.join(map(str, parked)) or '-'})"
+        )
     # do() runs at once, then every `interval` seconds; if it raised, it
     # would be retried after 1 x, 2 x, 3 x... error_retry_base seconds.
     manager.update("watch-desired", watch.poll, interval=0.1, error_retry_base=0.1)

@@ -65,6 +65,9 @@ pub struct Stats {
     pub last_error: Option<String>,
     /// When the last failure happened.
     pub last_error_time: Option<SystemTime>,
+    /// With a [`store`](crate::Controller::store): keys not yet written,
+    /// the last flush, and the last flush error (until one succeeds).
+    pub store: Option<crate::StoreStats>,
 }
 
 /// How often a stop waiting for reconciles logs which ones it waits for.

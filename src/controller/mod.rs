@@ -11,6 +11,7 @@
 //! * `watchdog` reports reconciles that run too long and cancels those past
 //!   their timeout.
 //! * `groups` turns the `group` option into the queue's group ids.
+//! * `persist` is the controller's side of the store seam (`crate::store`).
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -35,6 +36,7 @@ mod handle;
 mod inspect;
 mod metrics;
 mod outcome;
+mod persist;
 mod status;
 mod triggers;
 mod watchdog;
@@ -53,6 +55,7 @@ use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::store::{Persister, SqliteStore, StoreError, StoreKey, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
@@ -95,6 +98,25 @@ pub struct Controller<K: ControllerKey> {
     limiter: Option<Arc<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
     grouping: Option<Arc<dyn Grouping<K>>>,
+    store: Option<Box<ClaimFn<K>>>,
+}
+
+/// Claims the controller's name in its store at start (the key type's
+/// encoding is known only where `store` is called).
+type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, StoreError> + Send;
+
+impl<K: ControllerKey + StoreKey> Controller<K> {
+    /// Keeps this controller's pending, delayed and parked keys, failure
+    /// counts and priorities in `store` under its name (API.md section 9):
+    /// [`try_start`](Self::try_start) restores them before any worker runs
+    /// and a flusher thread writes changes at least every flush interval
+    /// and at stop.
+    pub fn store(mut self, store: SqliteStore) -> Self {
+        self.store = Some(Box::new(move |name: &str| {
+            Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
+        }));
+        self
+    }
 }
 
 /// How long a failed [`Controller::try_start`] waits for the workers it did
@@ -111,6 +133,7 @@ impl<K: ControllerKey> Controller<K> {
             limiter: None,
             clock: Arc::new(SystemClock),
             grouping: None,
+            store: None,
         }
     }
 
@@ -316,7 +339,16 @@ impl<K: ControllerKey> Controller<K> {
     ///
     /// # Panics
     /// If `max_in_flight_per_group` was set without `group`.
-    pub fn try_start(self) -> io::Result<ControllerHandle<K>> {
+    ///
+    /// With a [`store`](Self::store), the claim and the read of the stored
+    /// keys come first: an error there (a [`StoreError`] inside the
+    /// `io::Error`: `Locked` for a name held by another live controller)
+    /// changes nothing.
+    pub fn try_start(mut self) -> io::Result<ControllerHandle<K>> {
+        let store = match self.store.take() {
+            Some(claim) => Some(claim(&self.core.name)?),
+            None => None,
+        };
         let handle = self.handle();
         let config = self.core.config.lock().clone();
         assert!(
@@ -358,6 +390,7 @@ impl<K: ControllerKey> Controller<K> {
             workers: config.workers,
             log_errors: config.log_errors,
             grouping: self.grouping,
+            store,
             leader: config.leader.clone(),
             _on_lost: on_lost,
         };
@@ -374,6 +407,9 @@ impl<K: ControllerKey> Controller<K> {
                 return Ok(handle);
             }
             life.live_workers = config.workers;
+        }
+        if let Some(link) = &rt.store {
+            persist::restore(core, rt, link);
         }
         // Keys enqueued before start. Enqueuers check `rt` under this lock,
         // so none is lost between here and the `set` above.
@@ -422,6 +458,16 @@ impl<K: ControllerKey> Controller<K> {
                 handle.stop();
                 handle.join_timeout(FAILED_START_JOIN);
                 return Err(io::Error::new(e.kind(), format!("cannot spawn the watchdog thread: {e}")));
+            }
+        }
+        if let Some(link) = &rt.store {
+            let link = Arc::clone(link);
+            let spawned =
+                self.core.try_spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core));
+            if let Err(e) = spawned {
+                handle.stop();
+                handle.join_timeout(FAILED_START_JOIN);
+                return Err(io::Error::new(e.kind(), format!("cannot spawn the store's flusher thread: {e}")));
             }
         }
         Ok(handle)
@@ -515,6 +561,8 @@ pub(crate) struct Runtime<K> {
     /// Log failed reconciles that returned an error (panics always are).
     pub(crate) log_errors: bool,
     pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
+    /// The store seam: told of every key change (`mark`).
+    pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
     /// Reconcile only while this process leads (guarantees §10).
     pub(crate) leader: Option<LeaderElection>,
     /// Cancels the running reconciles when leadership is lost; held here
@@ -678,6 +726,7 @@ impl<K: ControllerKey> Core<K> {
     fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
         let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, &key));
         let place = Place { prio: priority, group };
+        let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
             When::After(delay, asked) => {
@@ -685,6 +734,9 @@ impl<K: ControllerKey> Core<K> {
                 rt.queue.add_after_placed(key, delay, place)
             }
             When::At(at) => rt.queue.add_at_placed(key, at, place),
+        }
+        if let Some((store, key)) = marked {
+            store.mark(&key);
         }
     }
 
@@ -723,6 +775,11 @@ impl<K: ControllerKey> Core<K> {
             first
         };
         if first {
+            if let Some(store) = self.rt.get().and_then(|rt| rt.store.as_ref()) {
+                // Before the queue drops its keys, so their rows stay.
+                store.flush_now(self);
+                store.wake();
+            }
             self.pending.lock().clear();
             self.stop_tx.lock().take();
             triggers::stop_all(self);

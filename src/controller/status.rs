@@ -69,6 +69,7 @@ impl<K: ControllerKey> Core<K> {
             parked: self.parked.len(),
             last_error,
             last_error_time,
+            store: self.rt.get().and_then(|rt| rt.store.as_ref()).map(|store| store.stats()),
         };
         (stats, hanging)
     }
@@ -122,6 +123,7 @@ impl<K: ControllerKey> Core<K> {
             parked: stats.parked,
             hanging_threshold,
             hanging: hanging.into_iter().map(|(key, running)| HangingKey::new(key, running)).collect(),
+            store: stats.store.clone(),
         };
         StatusEntry {
             name: self.name.clone(),

@@ -92,6 +92,9 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
         (next, started) = rt.queue.done_and_get_stamped(&key, finished);
+        if let Some(store) = &rt.store {
+            store.mark(&key);
+        }
     }
 }
 

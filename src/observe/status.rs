@@ -117,6 +117,9 @@ pub struct ControllerDetails {
     /// Reconciles running longer than the threshold, longest first (empty
     /// without a threshold).
     pub hanging: Vec<HangingKey>,
+    /// With a store: its pending keys, last flush and last flush error (a
+    /// failing flush shows here and in `stats()`).
+    pub store: Option<crate::StoreStats>,
 }
 
 /// Where a [`Controller`](crate::Controller) is in its life.

@@ -376,9 +376,11 @@ impl PyController {
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
-        leader_election=None,
+        leader_election=None, store=None,
     ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         reconcile: &Bound<'_, PyAny>,
         workers: i64,
         rate_limiter: Option<&Bound<'_, PyAny>>,
@@ -391,6 +393,7 @@ impl PyController {
         jitter: Option<&Bound<'_, PyAny>>,
         parked_capacity: Option<i64>,
         leader_election: Option<PyRef<'_, PyLeaderElection>>,
+        store: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile")?;
         if workers < 1 {
@@ -430,6 +433,10 @@ impl PyController {
                 Some(usize::try_from(n).map_err(|_| PyOverflowError::new_err("parked_capacity is out of range"))?)
             }
         };
+        let store = match store {
+            Some(store) if !store.is_none() => Some(super::store::store_from_py(py, store)?),
+            _ => None,
+        };
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -463,6 +470,9 @@ impl PyController {
         }
         if let Some(election) = leader_election {
             builder = builder.leader_election(election.inner.clone());
+        }
+        if let Some(store) = store {
+            builder = builder.store(store);
         }
         let handle = builder.handle();
         Ok(Self {
@@ -550,13 +560,17 @@ impl PyController {
             drop(builder);
             return Ok(());
         }
-        // Spawning takes engine locks; the new threads attach at once.
+        // Spawning takes engine locks; the new threads attach at once. A
+        // store's claim and restore happen here too (file I/O).
         let started = py.detach(move || builder.try_start().map(drop));
         this.started.store(true, Ordering::SeqCst);
         if let Err(e) = started {
             // Nothing runs: the controller is stopped, as after stop().
             this.stop_called.store(true, Ordering::SeqCst);
             this.release_callback();
+            if let Some(store) = e.get_ref().and_then(|inner| inner.downcast_ref::<crate::StoreError>()) {
+                return Err(super::store::store_error(store));
+            }
             return Err(PyRuntimeError::new_err(format!("controller {:?} could not start: {e}", &*this.name)));
         }
         lifecycle(py, "track", slf)
@@ -721,6 +735,11 @@ impl PyController {
         }
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
+        if let Some(store) = stats.store {
+            d.set_item("store_pending", store.pending)?;
+            d.set_item("last_flush_time", store.last_flush_time.map(unix_timestamp))?;
+            d.set_item("store_error", store.error)?;
+        }
         Ok(d)
     }
 

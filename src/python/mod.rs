@@ -23,6 +23,7 @@ mod metrics;
 mod queue;
 mod reconciler;
 mod status;
+mod store;
 
 use pyo3::prelude::*;
 
@@ -35,6 +36,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
+    m.add("StoreLocked", py.get_type::<store::StoreLocked>())?;
+    m.add_class::<store::PySqliteStore>()?;
 
     m.add_class::<queue::PyWorkQueue>()?;
     m.add_class::<clock::PyFakeClock>()?;

@@ -486,6 +486,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.lock_synced().q.key_state(key)
     }
 
+    /// `QueueState::pending_view` of each of `keys`, under one lock
+    /// acquisition (a store's flusher samples its changed keys in chunks).
+    pub(crate) fn pending_views(&self, keys: &[K], out: &mut Vec<Option<(Option<Instant>, Priority)>>) {
+        let g = self.shared.lock_synced();
+        out.extend(keys.iter().map(|key| g.q.pending_view(key)));
+    }
+
     /// Blocks until nothing is ready, processing or delayed, for at most
     /// `timeout` of real time. Returns whether the queue became idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {

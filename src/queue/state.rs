@@ -456,6 +456,20 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// What a store keeps of `key` (see `crate::store`): `None` if the queue
+    /// does not hold it, else its due time if it waits for one, and the
+    /// priority it runs at next. A key in flight with nothing queued after
+    /// it counts as waiting (a crash must not lose it), at the priority it
+    /// would come back with.
+    pub(crate) fn pending_view(&self, key: &K) -> Option<(Option<Instant>, Priority)> {
+        Some(match self.slots.get(key)? {
+            Slot::Ready { prio, .. } => (None, *prio),
+            Slot::Delayed { timer, prio, .. } => (Some(timer.due), *prio),
+            Slot::Processing { then: Then::Wait(timer), again, .. } => (Some(timer.due), *again),
+            Slot::Processing { again, .. } => (None, *again),
+        })
+    }
+
     /// Nothing ready, processing or waiting for a due time.
     pub(crate) fn is_idle(&self) -> bool {
         self.ready.is_empty() && self.processing == 0 && self.timers == 0

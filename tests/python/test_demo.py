@@ -46,6 +46,18 @@ def test_demo_converges(tmp_path, engine):
     assert json.loads((actual / "web.json").read_text())["spec"]["replicas"] == 5
 
 
+@pytest.mark.skipif(not hasattr(reconq, "SqliteStore"), reason="no store")
+def test_demo_second_run_picks_up_from_the_store(tmp_path):
+    first = run_demo("--seconds", "1", "--workers", "2", "--dir", str(tmp_path))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "state.db: restored 0 pending, 0 parked" in first.stdout, first.stdout
+    assert (tmp_path / "state.db").exists()
+    second = run_demo("--seconds", "1", "--workers", "2", "--dir", str(tmp_path))
+    assert second.returncode == 0, second.stdout + second.stderr
+    # broken.json failed permanently in the first run: it comes back parked.
+    assert "parked (broken)" in second.stdout, second.stdout
+
+
 def test_demo_default_run_cleans_up():
     proc = run_demo("--seconds", "1", "--workers", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,73 @@
+//! The controller's side of the store seam (`crate::store::StoreLink`):
+//! what a key is now, and putting restored keys back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{ControllerKey, Core, Runtime};
+use crate::queue::Place;
+use crate::store::{KeySource, KeyView, StoreLink};
+
+impl<K: ControllerKey> KeySource<K> for Core<K> {
+    fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>) {
+        let Some(rt) = self.rt.get() else { return out.extend(keys.iter().map(|_| None)) };
+        let mut queued = Vec::with_capacity(keys.len());
+        rt.queue.pending_views(keys, &mut queued);
+        let stopping = self.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        out.extend(keys.iter().zip(queued).map(|(key, queued)| {
+            // Asked only of keys that are kept: most keys at a flush are gone.
+            let failures = || rt.limiter.num_requeues(key);
+            if let Some((error, _)) = self.parked.error_of(key) {
+                return Some(KeyView { due: None, parked: Some(error), failures: failures(), priority: 0 });
+            }
+            match queued {
+                Some((due, priority)) => Some(KeyView { due, parked: None, failures: failures(), priority }),
+                // A stop drops retries from the queue: a key that failed
+                // and was not retried stays pending (its memory says so);
+                // a key with no memory succeeded.
+                None if stopping && self.memory.attempts(key) > 0 => {
+                    Some(KeyView { due: None, parked: None, failures: failures(), priority: 0 })
+                }
+                None => None,
+            }
+        }));
+    }
+
+    fn now(&self) -> Instant {
+        self.rt.get().map_or_else(Instant::now, |rt| rt.clock.now())
+    }
+
+    fn wait_workers_exited(&self) {
+        let mut life = self.life.lock();
+        while !(life.live_workers == 0 || life.abandoned) {
+            self.life_cv.wait(&mut life);
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Puts the stored keys back before any worker runs: waiting keys ready,
+/// delayed keys at their due time, parked keys parked, failure counts
+/// replayed into the limiter and the per-key memory (so back-off and
+/// `Context::attempt` continue).
+pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &Arc<dyn StoreLink<K>>) {
+    link.restore(rt.clock.now(), &mut |key, view| {
+        for _ in 0..view.failures {
+            rt.limiter.when(&key);
+            core.memory.bump(&key, None);
+        }
+        if let Some(error) = view.parked {
+            core.parked.park(key, error);
+            return;
+        }
+        let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&core.name, &key));
+        let place = Place { prio: view.priority, group };
+        match view.due {
+            None => rt.queue.add_placed(key, place),
+            Some(due) => rt.queue.add_at_placed(key, due, place),
+        }
+    });
+}

@@ -1,0 +1,121 @@
+//! `reconq.SqliteStore`, the `store=` option's value, and the store
+//! encoding of Python keys (the same bytes as Rust keys of the same shape:
+//! see `crate::store` key docs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use super::key::PyKey;
+use crate::store::{
+    SqliteStore, StoreError, StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed,
+    decode_tuple_header, encode_int, encode_len_prefixed, encode_tuple_header,
+};
+
+pyo3::create_exception!(
+    reconq,
+    StoreLocked,
+    PyException,
+    "Raised by start() when another live controller holds this name in the store file."
+);
+
+/// The Python exception for a store error: `StoreLocked`, `ValueError`
+/// (not a database, newer schema) or `OSError`.
+pub(crate) fn store_error(err: &StoreError) -> PyErr {
+    match err {
+        StoreError::Locked(_) => StoreLocked::new_err(err.to_string()),
+        StoreError::Invalid(_) => PyValueError::new_err(err.to_string()),
+        StoreError::Io(_) => PyOSError::new_err(err.to_string()),
+    }
+}
+
+/// An embedded SQLite store for controllers' pending work.
+#[pyclass(name = "SqliteStore", module = "reconq", frozen)]
+pub(crate) struct PySqliteStore {
+    pub(crate) store: SqliteStore,
+}
+
+#[pymethods]
+impl PySqliteStore {
+    #[new]
+    #[pyo3(signature = (path, flush_interval=1.0))]
+    fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
+        let interval = Duration::try_from_secs_f64(flush_interval)
+            .ok()
+            .filter(|interval| !interval.is_zero())
+            .ok_or_else(|| PyValueError::new_err(format!("flush_interval must be a positive number of seconds, got {flush_interval}")))?;
+        let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
+        Ok(Self { store })
+    }
+
+    /// The database file.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.store.path().to_path_buf()
+    }
+
+    /// Seconds between flushes, at most.
+    #[getter]
+    fn flush_interval(&self) -> f64 {
+        self.store.flush_interval().as_secs_f64()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SqliteStore({:?}, flush_interval={})", self.store.path(), self.flush_interval())
+    }
+}
+
+/// The `store=` argument: a `SqliteStore`, or a path opened with the
+/// default flush interval.
+pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResult<SqliteStore> {
+    if let Ok(store) = store.cast::<PySqliteStore>() {
+        return Ok(store.get().store.clone());
+    }
+    let path: PathBuf = store.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "store must be a SqliteStore or a path, not {}",
+            store.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())
+        ))
+    })?;
+    py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(|e| store_error(&e))
+}
+
+impl StoreKey for PyKey {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            PyKey::Int(i) => encode_int(*i, out),
+            PyKey::Str(s) => encode_len_prefixed(TAG_STR, s.as_bytes(), out),
+            // Lone surrogates: their `surrogatepass` bytes under the str tag
+            // (not UTF-8, so a Rust `String` refuses them).
+            PyKey::SurrogateStr(b) => encode_len_prefixed(TAG_STR, b, out),
+            PyKey::Bytes(b) => encode_len_prefixed(TAG_BYTES, b, out),
+            PyKey::Tuple(items) => {
+                encode_tuple_header(items.len(), out);
+                for item in items.iter() {
+                    item.encode(out);
+                }
+            }
+        }
+    }
+
+    fn decode(input: &mut &[u8]) -> Option<Self> {
+        match *input.first()? {
+            TAG_INT => decode_int(input).map(PyKey::Int),
+            TAG_STR => {
+                let bytes = decode_len_prefixed(TAG_STR, input)?;
+                Some(match std::str::from_utf8(bytes) {
+                    Ok(s) => PyKey::Str(s.into()),
+                    Err(_) => PyKey::SurrogateStr(bytes.into()),
+                })
+            }
+            TAG_BYTES => decode_len_prefixed(TAG_BYTES, input).map(|b| PyKey::Bytes(b.into())),
+            _ => {
+                let arity = decode_tuple_header(input)?;
+                let items = (0..arity).map(|_| PyKey::decode(input)).collect::<Option<Vec<_>>>()?;
+                Some(PyKey::Tuple(items.into()))
+            }
+        }
+    }
+}

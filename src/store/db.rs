@@ -1,0 +1,223 @@
+//! The SQLite file: schema, validation at open, batched writes, restore.
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rusqlite::{Connection, OpenFlags, params};
+
+use super::StoreError;
+use super::lock::StoreClaim;
+
+/// The schema this build writes. A file with a higher `user_version` was
+/// written by a newer reconq and is refused rather than misread.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS keys (
+    controller TEXT NOT NULL,
+    key BLOB NOT NULL,          -- the documented key encoding (store::key)
+    state INTEGER NOT NULL,     -- 0 waiting, 1 delayed, 2 parked
+    due_unix_ms INTEGER,        -- delayed: wall-clock due time
+    error TEXT,                 -- parked: the last error
+    failures INTEGER NOT NULL,  -- the rate limiter's num_requeues
+    priority INTEGER NOT NULL,
+    PRIMARY KEY (controller, key)
+) WITHOUT ROWID;
+";
+
+/// A flush that deleted at least this many rows returns the freed pages.
+const VACUUM_AFTER_DELETES: usize = 1024;
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// What the store keeps of one pending or parked key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredKey {
+    /// The key in the documented encoding.
+    pub key: Vec<u8>,
+    pub state: StoredState,
+    /// The rate limiter's failure count, so back-off continues.
+    pub failures: u32,
+    pub priority: i32,
+}
+
+/// Where a stored key was when it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredState {
+    /// Ready, being reconciled, or dirty: ready again at restore.
+    Waiting,
+    /// Due at this wall-clock time (milliseconds since the Unix epoch).
+    Delayed { due_unix_ms: i64 },
+    /// Failed permanently with this error.
+    Parked { error: String },
+}
+
+/// An embedded SQLite store for controllers' pending work (API.md section 9).
+/// Cheap to clone: clones share one connection. Any number of controllers
+/// can use one file, each under its own name.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+    flush_interval: Duration,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("flush_interval", &self.inner.flush_interval)
+            .finish()
+    }
+}
+
+/// Refuses a non-empty file that is not SQLite before SQLite touches it,
+/// so a wrong path is left byte-for-byte untouched.
+fn check_header(path: &Path) -> Result<(), StoreError> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err.into()),
+    };
+    let mut header = Vec::with_capacity(16);
+    file.by_ref().take(16).read_to_end(&mut header)?;
+    if header.is_empty() || header == SQLITE_MAGIC {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!("{} is not a SQLite database", path.display())))
+    }
+}
+
+fn sql_err(path: &Path, err: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::*;
+    match err.sqlite_error_code() {
+        Some(NotADatabase | DatabaseCorrupt) => {
+            StoreError::Invalid(format!("{} is not a valid SQLite database: {err}", path.display()))
+        }
+        Some(CannotOpen | ReadOnly | PermissionDenied | DiskFull | SystemIoFailure) => StoreError::Io(
+            io::Error::other(format!("{}: {err}", path.display())),
+        ),
+        _ => StoreError::Io(io::Error::other(format!("{}: {err}", path.display()))),
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` with the default
+    /// flush interval (1 s).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with_flush_interval(path, Duration::from_secs(1))
+    }
+
+    /// Opens the store; controllers using it write their changes at least
+    /// every `flush_interval`.
+    pub fn open_with_flush_interval(path: impl AsRef<Path>, flush_interval: Duration) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if flush_interval.is_zero() {
+            return Err(StoreError::Invalid("flush_interval must be positive".into()));
+        }
+        check_header(&path)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags).map_err(|e| sql_err(&path, e))?;
+        // Read the version before any write: a newer file stays untouched.
+        let version: i64 =
+            conn.pragma_query_value(None, "user_version", |row| row.get(0)).map_err(|e| sql_err(&path, e))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Invalid(format!(
+                "{} holds store schema {version}, newer than this reconq's {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
+        conn.busy_timeout(Duration::from_secs(5)).map_err(|e| sql_err(&path, e))?;
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(())).map_err(|e| sql_err(&path, e))?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| sql_err(&path, e))?;
+        // Freed pages go back to the file system (see `write`), so the file
+        // follows pending + parked keys down as well as up. Takes effect
+        // only on a new file, before the first table.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| sql_err(&path, e))?;
+        // Bounds the WAL file left after a checkpoint.
+        conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
+        conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(|e| sql_err(&path, e))?;
+        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval }) })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// How often changed keys are written, at least.
+    pub fn flush_interval(&self) -> Duration {
+        self.inner.flush_interval
+    }
+
+    /// Claims `name` for one live controller (S3).
+    pub fn claim(&self, name: &str) -> Result<StoreClaim, StoreError> {
+        StoreClaim::acquire(&self.inner.path, name)
+    }
+
+    /// Every key stored under `name`.
+    pub fn load(&self, name: &str) -> Result<Vec<StoredKey>, StoreError> {
+        let conn = self.inner.conn.lock();
+        let mut stmt = conn
+            .prepare_cached("SELECT key, state, due_unix_ms, error, failures, priority FROM keys WHERE controller = ?1")
+            .map_err(|e| sql_err(&self.inner.path, e))?;
+        let rows = stmt
+            .query_map(params![name], |row| {
+                let state = match row.get::<_, i64>(1)? {
+                    1 => StoredState::Delayed { due_unix_ms: row.get(2)? },
+                    2 => StoredState::Parked { error: row.get::<_, Option<String>>(3)?.unwrap_or_default() },
+                    _ => StoredState::Waiting,
+                };
+                Ok(StoredKey { key: row.get(0)?, state, failures: row.get(4)?, priority: row.get(5)? })
+            })
+            .map_err(|e| sql_err(&self.inner.path, e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| sql_err(&self.inner.path, e))
+    }
+
+    /// Writes one batch for `name` in one transaction: each entry is a key
+    /// and what to keep of it (`None`: delete it). All or nothing.
+    pub fn write(&self, name: &str, batch: &[(Vec<u8>, Option<StoredKey>)]) -> Result<(), StoreError> {
+        let mut conn = self.inner.conn.lock();
+        let path = &self.inner.path;
+        let tx = conn.transaction().map_err(|e| sql_err(path, e))?;
+        {
+            let mut upsert = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO keys (controller, key, state, due_unix_ms, error, failures, priority)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(|e| sql_err(path, e))?;
+            let mut delete =
+                tx.prepare_cached("DELETE FROM keys WHERE controller = ?1 AND key = ?2").map_err(|e| sql_err(path, e))?;
+            for (key, record) in batch {
+                let result = match record {
+                    None => delete.execute(params![name, key]),
+                    Some(r) => {
+                        let (state, due, error) = match &r.state {
+                            StoredState::Waiting => (0, None, None),
+                            StoredState::Delayed { due_unix_ms } => (1, Some(*due_unix_ms), None),
+                            StoredState::Parked { error } => (2, None, Some(error.as_str())),
+                        };
+                        upsert.execute(params![name, key, state, due, error, r.failures, r.priority])
+                    }
+                };
+                result.map_err(|e| sql_err(path, e))?;
+            }
+        }
+        tx.commit().map_err(|e| sql_err(path, e))?;
+        let deleted = batch.iter().filter(|(_, record)| record.is_none()).count();
+        if deleted >= VACUUM_AFTER_DELETES {
+            // Best effort: a failure here loses nothing.
+            let _ = conn.execute_batch("PRAGMA incremental_vacuum");
+        }
+        Ok(())
+    }
+}

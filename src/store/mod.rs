@@ -1,0 +1,72 @@
+//! Durable state on embedded SQLite (API.md section 9): a controller's
+//! pending, delayed and parked keys, failure counts and priorities survive
+//! a stop, a restart and a crash.
+//!
+//! * `key` is the documented, stable key encoding (Rust and Python alike).
+//! * `lock` is the claim a live controller holds on its name (S3).
+//! * `db` is the SQLite file: schema version, validation, batched writes.
+//! * `dirty` is the set of keys changed since the last flush.
+//! * `persist` is the seam to the controller: restore, flusher, status.
+
+mod db;
+mod dirty;
+mod key;
+mod lock;
+mod persist;
+
+pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
+pub use lock::StoreClaim;
+pub use persist::StoreStats;
+pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
+pub use key::{StoreKey, decode_key, encode_key};
+
+use std::fmt;
+use std::io;
+
+/// Why a store could not be opened, claimed or written.
+#[derive(Debug)]
+pub enum StoreError {
+    /// Another live controller holds this name in this file (S3).
+    Locked(String),
+    /// Not a SQLite database, a newer schema, or a bad argument; nothing
+    /// was changed.
+    Invalid(String),
+    /// The file system refused (unwritable location, disk full, ...).
+    Io(io::Error),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Locked(name) => write!(f, "store name {name:?} is held by another live controller"),
+            StoreError::Invalid(message) => f.write_str(message),
+            StoreError::Io(err) => write!(f, "store I/O error: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// For [`Controller::try_start`](crate::Controller::try_start): the
+/// `StoreError` stays inside (`get_ref()` + `downcast_ref`).
+impl From<StoreError> for io::Error {
+    fn from(err: StoreError) -> Self {
+        let kind = match &err {
+            StoreError::Locked(_) => io::ErrorKind::WouldBlock,
+            StoreError::Invalid(_) => io::ErrorKind::InvalidData,
+            StoreError::Io(e) => e.kind(),
+        };
+        io::Error::new(kind, err)
+    }
+}
+
+impl From<io::Error> for StoreError {
+    fn from(err: io::Error) -> Self {
+        StoreError::Io(err)
+    }
+}
+#[cfg(feature = "python")]
+pub(crate) use key::{
+    TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
+    encode_len_prefixed, encode_tuple_header,
+};

@@ -1,0 +1,211 @@
+"""Durable state (API.md section 9) from Python: store= shorthand and
+SqliteStore, S2 stop/restart, S3 StoreLocked, bad files, the shared key
+encoding, and S1 crashes by SIGKILL of a Python child."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import reconq
+from waiting import wait_for
+
+HOUR = 3600.0
+
+
+def hour_limiter() -> reconq.ExponentialBackoff:
+    return reconq.ExponentialBackoff(HOUR, HOUR)
+
+
+def test_store_path_shorthand_keeps_delayed_failed_and_parked_keys(tmp_path):
+    db = str(tmp_path / "state.db")
+    calls = []
+
+    def reconcile(key):
+        calls.append(key)
+        if key == "fail":
+            raise RuntimeError("backend down")
+        if key == "park":
+            raise reconq.PermanentError("bad spec")
+
+    c = reconq.Controller(reconcile, name="sync", store=db, rate_limiter=hour_limiter())
+    c.start()
+    c.enqueue_after(("ns", 1), HOUR, priority=3)
+    c.enqueue("fail")
+    c.enqueue("park")
+    c.enqueue("ok")
+    wait_for(lambda: c.inspect("fail")["state"] == "waiting" and c.inspect("park")["state"] == "parked")
+    assert c.stats()["store_error"] is None
+    c.stop()
+
+    again = reconq.Controller(reconcile, name="sync", store=reconq.SqliteStore(db), rate_limiter=hour_limiter())
+    again.start()
+    try:
+        assert again.inspect(("ns", 1))["state"] == "waiting"
+        assert again.inspect("fail")["state"] == "waiting"
+        assert again.inspect("fail")["attempts"] == 1
+        assert again.parked() == ["park"]
+        assert again.inspect("park")["last_error"] is not None
+        assert again.inspect("ok")["state"] == "unknown"
+        stats = again.stats()
+        assert stats["waiting"] == 2 and stats["parked"] == 1
+    finally:
+        again.stop()
+
+
+def test_flushes_within_the_interval_and_reports_stats(tmp_path):
+    store = reconq.SqliteStore(tmp_path / "state.db", flush_interval=0.05)
+    assert store.flush_interval == pytest.approx(0.05)
+    c = reconq.Controller(lambda key: None, name="sync", store=store)
+    c.start()
+    try:
+        c.enqueue_after("later", HOUR)
+        wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
+        rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM keys").fetchone()
+        assert rows == (1,)
+    finally:
+        c.stop()
+
+
+def test_second_holder_raises_store_locked_and_changes_nothing(tmp_path):
+    db = tmp_path / "state.db"
+    first = reconq.Controller(lambda key: None, name="sync", store=str(db))
+    first.start()
+    try:
+        first.enqueue_after("kept", HOUR)
+        second = reconq.Controller(lambda key: None, name="sync", store=str(db))
+        with pytest.raises(reconq.StoreLocked):
+            second.start()
+    finally:
+        first.stop()
+    third = reconq.Controller(lambda key: None, name="sync", store=str(db))
+    third.start()
+    try:
+        assert third.inspect("kept")["state"] == "waiting"
+    finally:
+        third.stop()
+
+
+def test_bad_files(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"not a database\n" * 100)
+    with pytest.raises(ValueError, match="not a SQLite database"):
+        reconq.SqliteStore(text)
+    assert text.read_bytes() == b"not a database\n" * 100
+
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    before = newer.read_bytes()
+    with pytest.raises(ValueError, match="newer"):
+        reconq.Controller(lambda key: None, store=str(newer))
+    assert newer.read_bytes() == before
+
+    with pytest.raises(OSError):
+        reconq.SqliteStore("/proc/reconq-no-such-dir/state.db")
+    with pytest.raises(TypeError):
+        reconq.Controller(lambda key: None, store=42)
+    with pytest.raises(ValueError):
+        reconq.SqliteStore(tmp_path / "x.db", flush_interval=0)
+
+
+def test_python_keys_encode_like_rust_keys(tmp_path):
+    db = tmp_path / "state.db"
+    c = reconq.Controller(lambda key: None, name="enc", store=str(db))
+    c.start()
+    c.enqueue_after(("ns", 3), HOUR)
+    c.enqueue_after(b"\x07", HOUR)
+    c.stop()
+    blobs = {bytes(row[0]) for row in sqlite3.connect(db).execute("SELECT key FROM keys")}
+    # The bytes tests/store.rs checks for the Rust key ("ns".to_string(), 3i64).
+    assert bytes([4, 0, 0, 0, 2, 1, 0, 0, 0, 2]) + b"ns" + bytes([2, 0, 0, 0, 0, 0, 0, 0, 3]) in blobs
+    assert bytes([3, 0, 0, 0, 1, 7]) in blobs
+
+
+CHILD = r"""
+import sys, time, reconq
+db, log_path, keys = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log = open(log_path, "a", buffering=1)
+
+def reconcile(key):
+    attempt = reconq.context().attempt
+    time.sleep(0.0005)
+    log.write(f"{key} {attempt}\n")
+    if attempt < 2:
+        raise RuntimeError("not yet")
+
+c = reconq.Controller(reconcile, name="crash", workers=4,
+                      rate_limiter=reconq.ExponentialBackoff(0.02, 0.2),
+                      store=reconq.SqliteStore(db, flush_interval=0.1))
+c.start()
+if sys.argv[4] == "enqueue":
+    for key in range(keys):
+        c.enqueue(key)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+KEYS = 200
+
+
+def run_child(db, log, enqueue):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(db), str(log), str(KEYS), "enqueue" if enqueue else "restore"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def calls(log: Path):
+    if not log.exists():
+        return []
+    return [tuple(map(int, line.split())) for line in log.read_text().splitlines() if len(line.split()) == 2]
+
+
+def test_sigkill_at_random_moments_loses_no_key_and_failure_counts_continue(tmp_path):
+    db, log = tmp_path / "state.db", tmp_path / "calls.log"
+    rng = random.Random(11)
+    for round in range(20):
+        proc = run_child(db, log, enqueue=round == 0)
+        # The first run outlives S1's window (flush_interval + 1 s).
+        time.sleep(1.2 if round == 0 else rng.uniform(0, 0.4))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    conn = sqlite3.connect(db)
+    stored = {}
+    for blob, failures in conn.execute("SELECT key, failures FROM keys WHERE controller = 'crash'"):
+        blob = bytes(blob)
+        assert blob[0] == 2  # an int key
+        stored[int.from_bytes(blob[1:], "big", signed=True)] = failures
+    conn.close()
+    succeeded = {key for key, attempt in calls(log) if attempt >= 2}
+    lost = [key for key in range(KEYS) if key not in succeeded and key not in stored]
+    assert not lost, f"keys neither succeeded nor stored: {lost}"
+
+    last = tmp_path / "last.log"
+    proc = run_child(db, last, enqueue=False)
+    try:
+        wait_for(
+            lambda: set(stored) <= {key for key, attempt in calls(last) if attempt >= 2},
+            timeout=60,
+            what="every stored key reconciled to success",
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    first_attempt = {}
+    for key, attempt in calls(last):
+        first_attempt.setdefault(key, attempt)
+    for key, failures in stored.items():
+        assert first_attempt[key] == failures, f"key {key}: failure count did not continue"

@@ -1,0 +1,418 @@
+//! The durable store (API.md section 9): S2 stop/restart with every key
+//! state, S3 exclusivity, bad files, flush failures (disk full) and S1
+//! crashes by SIGKILL of a child process.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::wait_for;
+use reconq::{
+    Action, Context, Controller, ControllerHandle, ExponentialBackoff, KeyStatus, ReconcileError, SqliteStore,
+    StoreError,
+};
+
+static DIRS: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory under the system temp dir, removed at drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let n = DIRS.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("reconq-store-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+    fn db(&self) -> PathBuf {
+        self.0.join("state.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const LONG: Duration = Duration::from_secs(60);
+
+/// Retries wait an hour, so retried keys stay delayed through the test.
+fn hour_limiter() -> ExponentialBackoff<String> {
+    ExponentialBackoff::new(HOUR, HOUR)
+}
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open_with_flush_interval(path, HOUR).unwrap()
+}
+
+type Calls = Arc<Mutex<Vec<(String, u32, i32)>>>;
+
+/// A controller that records its calls and succeeds, except `fail*` keys
+/// (retried), `park*` keys (parked) and `block` (waits for a stop).
+fn controller(store: SqliteStore, calls: &Calls) -> Controller<String> {
+    let calls = Arc::clone(calls);
+    Controller::new("s2", move |key: &String, ctx: &Context| -> Result<Action, ReconcileError> {
+        calls.lock().unwrap().push((key.clone(), ctx.attempt(), ctx.priority()));
+        if key == "block" {
+            while !ctx.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return Err("cancelled".into());
+        }
+        if key.starts_with("fail") {
+            return Err("backend down".into());
+        }
+        if key.starts_with("park") {
+            return Err(ReconcileError::permanent("bad spec"));
+        }
+        Ok(Action::Done)
+    })
+    .rate_limiter(hour_limiter())
+    .store(store)
+}
+
+fn called(calls: &Calls, key: &str) -> bool {
+    calls.lock().unwrap().iter().any(|(k, _, _)| k == key)
+}
+
+fn state(handle: &ControllerHandle<String>, key: &str) -> KeyStatus {
+    handle.inspect(&key.to_string()).state
+}
+
+#[test]
+fn s2_stop_and_restart_keep_every_key_state() {
+    let dir = TempDir::new();
+    let calls = Calls::default();
+    let handle = controller(open(&dir.db()), &calls).start();
+    for key in ["done", "fail", "park"] {
+        handle.enqueue(key.to_string());
+    }
+    handle.enqueue_after("later".to_string(), HOUR);
+    wait_for("done, fail and park reconciled", || ["done", "fail", "park"].iter().all(|k| called(&calls, k)));
+    wait_for("fail retried, park parked", || {
+        matches!(state(&handle, "fail"), KeyStatus::Waiting { .. }) && state(&handle, "park") == KeyStatus::Parked
+    });
+    // One worker busy on `block`: keys enqueued now wait ready at the stop.
+    handle.enqueue("block".to_string());
+    wait_for("block running", || called(&calls, "block"));
+    handle.enqueue_with_priority("ready-high".to_string(), 7);
+    handle.enqueue("ready-low".to_string());
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+
+    let calls2 = Calls::default();
+    let store = open(&dir.db());
+    // Two workers: `block` blocks one again until the stop.
+    let restarted = controller(store, &calls2).workers(2);
+    let handle2 = restarted.handle();
+    let handle2_started = restarted.start();
+    // Delayed keys keep their due time, the failure count continues.
+    assert!(matches!(state(&handle2, "later"), KeyStatus::Waiting { .. }));
+    let fail = handle2.inspect(&"fail".to_string());
+    assert!(matches!(fail.state, KeyStatus::Waiting { .. }), "{fail:?}");
+    assert_eq!(fail.attempts, 1);
+    assert_eq!(handle2.parked(), vec!["park".to_string()]);
+    assert_eq!(handle2.inspect(&"park".to_string()).last_error.as_deref(), Some("bad spec"));
+    wait_for("ready keys and the interrupted one reconciled", || {
+        ["ready-high", "ready-low", "block"].iter().all(|k| called(&calls2, k))
+    });
+    let calls2_seen = calls2.lock().unwrap().clone();
+    assert!(!calls2_seen.iter().any(|(k, _, _)| k == "done"), "a completed key came back: {calls2_seen:?}");
+    let high = calls2_seen.iter().find(|(k, _, _)| k == "ready-high").unwrap();
+    assert_eq!(high.2, 7, "priority kept");
+    let block = calls2_seen.iter().find(|(k, _, _)| k == "block").unwrap();
+    assert_eq!(block.1, 1, "the cancelled reconcile's failure counts");
+    handle2_started.stop();
+    assert!(handle2_started.join_timeout(LONG));
+}
+
+#[test]
+fn s2_completed_keys_leave_the_file() {
+    let dir = TempDir::new();
+    let calls = Calls::default();
+    let handle = controller(open(&dir.db()), &calls).workers(2).start();
+    for i in 0..500 {
+        handle.enqueue(format!("k{i}"));
+    }
+    assert!(handle.wait_idle(LONG));
+    assert!(handle.stop_with_drain(LONG));
+    assert!(open(&dir.db()).load("s2").unwrap().is_empty());
+}
+
+#[test]
+fn flushes_without_a_stop_within_the_interval() {
+    let dir = TempDir::new();
+    let store = SqliteStore::open_with_flush_interval(dir.db(), Duration::from_millis(50)).unwrap();
+    let calls = Calls::default();
+    let handle = controller(store, &calls).start();
+    handle.enqueue_after("later".to_string(), HOUR);
+    let reader = open(&dir.db());
+    wait_for("the delayed key written", || reader.load("s2").unwrap().len() == 1);
+    wait_for("store stats", || {
+        handle.stats().store.is_some_and(|s| s.pending == 0 && s.last_flush_time.is_some() && s.error.is_none())
+    });
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}
+
+#[test]
+fn s3_a_second_live_holder_is_refused_and_a_stopped_one_releases() {
+    let dir = TempDir::new();
+    let calls = Calls::default();
+    let first = controller(open(&dir.db()), &calls).start();
+    first.enqueue_after("kept".to_string(), HOUR);
+    let second = controller(open(&dir.db()), &calls).try_start().unwrap_err();
+    let inner = second.get_ref().and_then(|e| e.downcast_ref::<StoreError>());
+    assert!(matches!(inner, Some(StoreError::Locked(name)) if name == "s2"), "{second:?}");
+    // Another name in the same file is fine.
+    let other = Controller::new("other", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
+        Ok(Action::Done)
+    })
+    .store(open(&dir.db()))
+    .try_start()
+    .unwrap();
+    other.stop();
+    first.stop();
+    assert!(first.join_timeout(LONG));
+    let again = controller(open(&dir.db()), &calls).try_start().unwrap();
+    assert!(matches!(state(&again, "kept"), KeyStatus::Waiting { .. }), "the refused start changed nothing");
+    again.stop();
+    assert!(again.join_timeout(LONG));
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_and_untouched() {
+    let dir = TempDir::new();
+    let garbage = b"this is not a database, just some text that happens to be here\n".repeat(20);
+    std::fs::write(dir.db(), &garbage).unwrap();
+    let err = SqliteStore::open(dir.db()).unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert_eq!(std::fs::read(dir.db()).unwrap(), garbage);
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_untouched() {
+    let dir = TempDir::new();
+    drop(open(&dir.db()));
+    {
+        let conn = rusqlite_set_version(&dir.db(), reconq::SCHEMA_VERSION + 1);
+        drop(conn);
+    }
+    let before = std::fs::read(dir.db()).unwrap();
+    let err = SqliteStore::open(dir.db()).unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("newer")), "{err}");
+    assert_eq!(std::fs::read(dir.db()).unwrap(), before);
+}
+
+/// Sets `user_version` through a raw SQLite connection (as a newer reconq
+/// would have written it).
+fn rusqlite_set_version(path: &Path, version: i64) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    conn.pragma_update(None, "user_version", version).unwrap();
+    conn
+}
+
+#[test]
+fn an_unwritable_location_is_an_io_error() {
+    let err = SqliteStore::open("/proc/reconq-no-such-dir/state.db").unwrap_err();
+    assert!(matches!(err, StoreError::Io(_)), "{err}");
+}
+
+#[test]
+fn rust_and_python_shapes_share_one_encoding() {
+    // The bytes a Python ("ns", 3) key encodes to (tests/python/test_store.py
+    // checks the same bytes from Python).
+    let key = ("ns".to_string(), 3i64);
+    assert_eq!(reconq::encode_key(&key), [4, 0, 0, 0, 2, 1, 0, 0, 0, 2, b'n', b's', 2, 0, 0, 0, 0, 0, 0, 0, 3]);
+}
+
+/// The crash child: reconciles keys `0..CRASH_KEYS` under load, failing
+/// each key's first two attempts, and appends every call (`key attempt`)
+/// to the log file `CALLS_ENV` names. A success is logged before it
+/// returns, so a logged success may be reconciled again (at least once).
+const CHILD_ENV: &str = "RECONQ_STORE_CRASH_CHILD";
+const CALLS_ENV: &str = "RECONQ_STORE_CRASH_CALLS";
+const CRASH_KEYS: usize = 300;
+
+fn crash_child(dir: &Path) {
+    use std::io::Write;
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(100)).unwrap();
+    let calls = std::env::var(CALLS_ENV).unwrap();
+    let log = Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(calls).unwrap());
+    let handle = Controller::new("crash", move |key: &u64, ctx: &Context| -> Result<Action, ReconcileError> {
+        std::thread::sleep(Duration::from_micros(200));
+        writeln!(log.lock().unwrap(), "{key} {}", ctx.attempt()).unwrap();
+        if ctx.attempt() < 2 { Err("not yet".into()) } else { Ok(Action::Done) }
+    })
+    .workers(4)
+    .rate_limiter(ExponentialBackoff::new(Duration::from_millis(20), Duration::from_millis(200)))
+    .store(store)
+    .start();
+    // The first run enqueues every key; later runs only restore.
+    if !dir.join("enqueued").exists() {
+        for key in 0..CRASH_KEYS as u64 {
+            handle.enqueue(key);
+        }
+        std::fs::write(dir.join("enqueued"), b"").unwrap();
+    }
+    std::io::stdout().write_all(b"ready\n").unwrap();
+    handle.wait_stopped(None);
+}
+
+fn spawn_crash_child(dir: &Path, calls: &Path) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "s1_sigkill_at_random_moments_loses_no_key", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir)
+        .env(CALLS_ENV, calls)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Blocks until the child has restored and started.
+fn wait_ready(child: &mut std::process::Child) {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited early");
+    }
+}
+
+fn kill(child: &mut std::process::Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+}
+
+#[test]
+fn s1_sigkill_at_random_moments_loses_no_key() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        return crash_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    let crashes = dir.0.join("crashes.log");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..20 {
+        let mut child = spawn_crash_child(&dir.0, &crashes);
+        wait_ready(&mut child);
+        // The first round outlives S1's window (flush interval + 1 s), so
+        // every key is stored; later rounds die at random moments.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wait = if round == 0 { 1200 } else { seed % 400 };
+        std::thread::sleep(Duration::from_millis(wait));
+        kill(&mut child);
+    }
+    // What the file holds now must be what the last run starts from: each
+    // stored key's first call continues its stored failure count.
+    let stored: Vec<(u64, u32)> = open(&dir.db())
+        .load("crash")
+        .unwrap()
+        .into_iter()
+        .map(|row| (reconq::decode_key::<u64>(&row.key).unwrap(), row.failures))
+        .collect();
+    let succeeded_before: HashSet<u64> = calls_in(&crashes).into_iter().filter(|(_, a)| *a >= 2).map(|(k, _)| k).collect();
+    let stored_keys: HashSet<u64> = stored.iter().map(|(k, _)| *k).collect();
+    for key in 0..CRASH_KEYS as u64 {
+        assert!(
+            succeeded_before.contains(&key) || stored_keys.contains(&key),
+            "key {key} neither succeeded nor is stored: lost"
+        );
+    }
+    let last = dir.0.join("last.log");
+    let mut child = spawn_crash_child(&dir.0, &last);
+    wait_ready(&mut child);
+    wait_for("every stored key reconciled successfully", || {
+        let done: HashSet<u64> = calls_in(&last).into_iter().filter(|(_, a)| *a >= 2).map(|(k, _)| k).collect();
+        stored_keys.iter().all(|k| done.contains(k))
+    });
+    kill(&mut child);
+    let last_calls = calls_in(&last);
+    for (key, failures) in stored {
+        let first = last_calls.iter().find(|(k, _)| *k == key).unwrap();
+        assert_eq!(first.1, failures, "key {key}: the failure count did not continue");
+    }
+}
+
+fn calls_in(log: &Path) -> Vec<(u64, u32)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (key, attempt) = line.split_once(' ')?;
+            Some((key.parse().ok()?, attempt.parse().ok()?))
+        })
+        .collect()
+}
+
+const DISK_FULL_ENV: &str = "RECONQ_STORE_DISK_FULL_CHILD";
+
+fn set_file_size_limit(bytes: libc::rlim_t) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on this (child) process with a valid struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
+        limit.rlim_cur = bytes.min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+    }
+}
+
+/// In a child: a file size limit makes flushes fail (disk full); the
+/// error shows in stats, nothing is dropped, and once the limit is lifted
+/// the next flush writes every key.
+fn disk_full_child(dir: &Path) {
+    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
+    let handle = Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
+        Ok(Action::Done)
+    })
+    .store(store)
+    .start();
+    set_file_size_limit(64 * 1024);
+    const N: usize = 3000;
+    for i in 0..N {
+        handle.enqueue_after(format!("{i:0>100}"), HOUR);
+    }
+    wait_for("a failed flush reported", || handle.stats().store.is_some_and(|s| s.error.is_some()));
+    let stats = handle.stats().store.unwrap();
+    assert!(stats.pending > 0, "the failed keys stay pending: {stats:?}");
+    assert_eq!(handle.stats().waiting, N, "nothing dropped from memory");
+    set_file_size_limit(libc::RLIM_INFINITY);
+    wait_for("a flush after the limit is lifted", || {
+        handle.stats().store.is_some_and(|s| s.error.is_none() && s.pending == 0)
+    });
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(open(&dir.join("state.db")).load("full").unwrap().len(), N);
+    println!("disk-full-ok");
+}
+
+#[test]
+fn disk_full_is_reported_and_retried_with_nothing_lost() {
+    if let Ok(dir) = std::env::var(DISK_FULL_ENV) {
+        return disk_full_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "disk_full_is_reported_and_retried_with_nothing_lost", "--nocapture", "--test-threads=1"])
+        .env(DISK_FULL_ENV, &dir.0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("disk-full-ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
