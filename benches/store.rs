@@ -118,9 +118,8 @@ fn main() {
     let store = SqliteStore::open(&restore_db).unwrap();
     store.write("restore", &waiting_rows(0..n)).unwrap();
     println!("file with {n} pending keys: {} KiB", file_kib(&restore_db));
-    let controller = Controller::new("restore", |_: &u64, _: &Context| -> Res { Ok(Action::Done) })
-        .workers(1)
-        .store(store);
+    let controller =
+        Controller::new("restore", |_: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(1).store(store);
     let start = Instant::now();
     let h = controller.try_start().unwrap();
     let restored = start.elapsed();

@@ -84,10 +84,13 @@ pub use manager::{
 };
 pub use observe::status;
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
-pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreStats, StoreKey, StoredKey, StoredState, decode_key, encode_key};
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
+};
+pub use store::{
+    SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreKey, StoreStats, StoredKey, StoredState, decode_key,
+    encode_key,
 };
 pub use thread::ThreadWrapper;
 

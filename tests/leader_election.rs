@@ -112,8 +112,9 @@ fn a_leader_that_cannot_renew_cancels_its_reconciles_before_the_lease_can_expire
     let le = election(&etcd, "l3", "a");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen_by_reconcile = Arc::clone(&seen);
-    let h = Controller::new("l3-ctl", move |_key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
-        let cancelled = ctx.wait_cancelled(PATIENCE);
+    let h = Controller::new("l3-ctl", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        // Key 1 runs until its leadership is lost; later keys return at once.
+        let cancelled = *key == 1 && ctx.wait_cancelled(PATIENCE);
         seen_by_reconcile.lock().push((ctx.fencing_token(), cancelled));
         Ok(Action::Done)
     })
@@ -131,8 +132,10 @@ fn a_leader_that_cannot_renew_cancels_its_reconciles_before_the_lease_can_expire
     etcd.resume();
     // Campaigns again (the old lease may still exist until it expires).
     wait_for("leadership again", || le.is_leader());
-    assert!(le.fencing_token().unwrap() > token);
+    let new_token = le.fencing_token().unwrap();
+    assert!(new_token > token);
     assert!(h.wait_idle(PATIENCE));
+    assert_eq!(seen.lock()[1], (Some(new_token), false), "key 2 ran under the new leadership only");
     h.stop();
     le.stop();
 }

@@ -172,12 +172,11 @@ fn s3_a_second_live_holder_is_refused_and_a_stopped_one_releases() {
     let inner = second.get_ref().and_then(|e| e.downcast_ref::<StoreError>());
     assert!(matches!(inner, Some(StoreError::Locked(name)) if name == "s2"), "{second:?}");
     // Another name in the same file is fine.
-    let other = Controller::new("other", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
-        Ok(Action::Done)
-    })
-    .store(open(&dir.db()))
-    .try_start()
-    .unwrap();
+    let other =
+        Controller::new("other", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(open(&dir.db()))
+            .try_start()
+            .unwrap();
     other.stop();
     first.stop();
     assert!(first.join_timeout(LONG));
@@ -322,7 +321,8 @@ fn s1_sigkill_at_random_moments_loses_no_key() {
         .into_iter()
         .map(|row| (reconq::decode_key::<u64>(&row.key).unwrap(), row.failures))
         .collect();
-    let succeeded_before: HashSet<u64> = calls_in(&crashes).into_iter().filter(|(_, a)| *a >= 2).map(|(k, _)| k).collect();
+    let succeeded_before: HashSet<u64> =
+        calls_in(&crashes).into_iter().filter(|(_, a)| *a >= 2).map(|(k, _)| k).collect();
     let stored_keys: HashSet<u64> = stored.iter().map(|(k, _)| *k).collect();
     for key in 0..CRASH_KEYS as u64 {
         assert!(
@@ -374,11 +374,10 @@ fn disk_full_child(dir: &Path) {
     // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
-    let handle = Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> {
-        Ok(Action::Done)
-    })
-    .store(store)
-    .start();
+    let handle =
+        Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(store)
+            .start();
     set_file_size_limit(64 * 1024);
     const N: usize = 3000;
     for i in 0..N {

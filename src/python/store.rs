@@ -45,7 +45,11 @@ impl PySqliteStore {
         let interval = Duration::try_from_secs_f64(flush_interval)
             .ok()
             .filter(|interval| !interval.is_zero())
-            .ok_or_else(|| PyValueError::new_err(format!("flush_interval must be a positive number of seconds, got {flush_interval}")))?;
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "flush_interval must be a positive number of seconds, got {flush_interval}"
+                ))
+            })?;
         let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
         Ok(Self { store })
     }

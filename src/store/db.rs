@@ -101,9 +101,9 @@ fn sql_err(path: &Path, err: rusqlite::Error) -> StoreError {
         Some(NotADatabase | DatabaseCorrupt) => {
             StoreError::Invalid(format!("{} is not a valid SQLite database: {err}", path.display()))
         }
-        Some(CannotOpen | ReadOnly | PermissionDenied | DiskFull | SystemIoFailure) => StoreError::Io(
-            io::Error::other(format!("{}: {err}", path.display())),
-        ),
+        Some(CannotOpen | ReadOnly | PermissionDenied | DiskFull | SystemIoFailure) => {
+            StoreError::Io(io::Error::other(format!("{}: {err}", path.display())))
+        }
         _ => StoreError::Io(io::Error::other(format!("{}: {err}", path.display()))),
     }
 }
@@ -195,8 +195,9 @@ impl SqliteStore {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )
                 .map_err(|e| sql_err(path, e))?;
-            let mut delete =
-                tx.prepare_cached("DELETE FROM keys WHERE controller = ?1 AND key = ?2").map_err(|e| sql_err(path, e))?;
+            let mut delete = tx
+                .prepare_cached("DELETE FROM keys WHERE controller = ?1 AND key = ?2")
+                .map_err(|e| sql_err(path, e))?;
             for (key, record) in batch {
                 let result = match record {
                     None => delete.execute(params![name, key]),

@@ -157,7 +157,10 @@ mod tests {
         assert_eq!(encode_key(&"ab".to_string()), [1, 0, 0, 0, 2, b'a', b'b']);
         assert_eq!(encode_key(&-2i32), [2, 255, 255, 255, 255, 255, 255, 255, 254]);
         assert_eq!(encode_key(&vec![7u8]), [3, 0, 0, 0, 1, 7]);
-        assert_eq!(encode_key(&(1u8, "x".to_string())), [4, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, b'x']);
+        assert_eq!(
+            encode_key(&(1u8, "x".to_string())),
+            [4, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, b'x']
+        );
     }
 
     #[test]

@@ -15,10 +15,10 @@ mod lock;
 mod persist;
 
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
+pub use key::{StoreKey, decode_key, encode_key};
 pub use lock::StoreClaim;
 pub use persist::StoreStats;
 pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
-pub use key::{StoreKey, decode_key, encode_key};
 
 use std::fmt;
 use std::io;
@@ -67,6 +67,6 @@ impl From<io::Error> for StoreError {
 }
 #[cfg(feature = "python")]
 pub(crate) use key::{
-    TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
-    encode_len_prefixed, encode_tuple_header,
+    TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int, encode_len_prefixed,
+    encode_tuple_header,
 };
