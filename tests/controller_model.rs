@@ -43,6 +43,16 @@
 //!   ones and the running key again if it was dirty, without retries, and
 //!   returns true. After either, enqueues are ignored.
 //!
+//! A second property test, `group_limits_hold_under_random_load`, runs
+//! several workers for real with `group` and `max_in_flight_per_group`
+//! (P4, P5): random enqueues at random priorities, keys that fail or
+//! requeue a few times, enqueues racing the reconciles. Exact order is not
+//! deterministic there, so it checks what must always hold: never more
+//! than the limit of one group at once, never one key twice at once (G2),
+//! every enqueue followed by a reconcile that saw it (G3), and the
+//! controller going idle (a key of a full group left stranded would stop
+//! that).
+//!
 //! Left to other tests: several workers and real concurrency
 //! (`controller_concurrency.rs`, `shuttle.rs`), the queue on its own
 //! (`model.rs`), drain deadlines and hung reconciles (`controller_stop.rs`),
@@ -795,5 +805,84 @@ proptest! {
             harness.run_op(op);
         }
         harness.finish(&end);
+    }
+}
+
+/// What the reconciles of `group_limits_hold_under_random_load` saw.
+#[derive(Default)]
+struct GroupLoad {
+    in_flight: HashMap<u32, usize>,
+    most: HashMap<u32, usize>,
+    busy: HashMap<u32, bool>,
+    /// Bumped before each enqueue, under this lock.
+    version: HashMap<u32, u32>,
+    /// The version the key's last started reconcile saw.
+    seen: HashMap<u32, u32>,
+    violations: Vec<String>,
+}
+
+const GROUPS: u32 = 3;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
+
+    #[test]
+    fn group_limits_hold_under_random_load(
+        workers in 2..5usize,
+        limit in 1..3usize,
+        enqueues in prop::collection::vec((0..9u32, 0..3i32), 1..40),
+        failures in prop::collection::vec(0..3u32, 9),
+    ) {
+        let load = Arc::new(Mutex::new(GroupLoad::default()));
+        let seen_by_reconcile = Arc::clone(&load);
+        let h = Controller::new("groups-model", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+            let group = key % GROUPS;
+            {
+                let mut l = seen_by_reconcile.lock();
+                let n = {
+                    let n = l.in_flight.entry(group).or_default();
+                    *n += 1;
+                    *n
+                };
+                let most = l.most.entry(group).or_default();
+                *most = (*most).max(n);
+                if l.busy.insert(*key, true) == Some(true) {
+                    l.violations.push(format!("G2: key {key} reconciled twice at once"));
+                }
+                let version = l.version.get(key).copied().unwrap_or(0);
+                l.seen.insert(*key, version);
+            }
+            thread::yield_now();
+            {
+                let mut l = seen_by_reconcile.lock();
+                *l.in_flight.get_mut(&group).unwrap() -= 1;
+                l.busy.insert(*key, false);
+            }
+            match ctx.attempt() {
+                a if a < failures[*key as usize] => Err(ReconcileError::new("not yet")),
+                a if a == failures[*key as usize] && key % 2 == 0 => Ok(Action::Requeue),
+                _ => Ok(Action::Done),
+            }
+        })
+        .workers(workers)
+        .rate_limiter(ExponentialBackoff::new(Duration::ZERO, Duration::ZERO))
+        .group(|key: &u32| key % GROUPS)
+        .max_in_flight_per_group(limit)
+        .start();
+        for (key, priority) in enqueues {
+            let mut l = load.lock();
+            *l.version.entry(key).or_default() += 1;
+            h.enqueue_with_priority(key, priority);
+        }
+        prop_assert!(h.wait_idle(PATIENCE), "a key was stranded: {:?}", h.stats());
+        h.stop();
+        let l = load.lock();
+        prop_assert_eq!(&l.violations, &Vec::<String>::new());
+        for (group, most) in &l.most {
+            prop_assert!(*most <= limit, "P5: {} keys of group {} at once (limit {})", most, group, limit);
+        }
+        for (key, version) in &l.version {
+            prop_assert_eq!(l.seen.get(key), Some(version), "G3: key {}'s last enqueue was never reconciled", key);
+        }
     }
 }
