@@ -12,7 +12,9 @@ use std::time::Duration;
 use common::{PATIENCE, wait_for};
 use etcd::Etcd;
 use parking_lot::Mutex;
-use reconq::{Action, Context, Controller, ControllerHandle, LeaderElection, ReconcileError};
+use reconq::{
+    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, LeaderElection, Manager, ReconcileError,
+};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -164,8 +166,136 @@ fn etcd_unreachable_is_a_standby_with_the_error_shown() {
     h.enqueue(1);
     wait_for("the error to show", || le.last_error().is_some());
     assert!(!le.is_leader());
+    assert_eq!(master_status("down").as_deref(), Some("0"));
+    let shown = h.stats().leader.unwrap();
+    assert!(!shown.is_leader() && shown.last_error.is_some(), "{shown:?}");
     assert_eq!(h.stats().reconciles, 0);
     h.stop();
     assert!(h.join_timeout(PATIENCE), "workers waiting for leadership exit on stop");
     le.stop();
+}
+
+/// The election's side in metrics, `stats()` and the global status.
+fn master_status(name: &str) -> Option<String> {
+    let needle = format!("leader_election_master_status{{name=\"{name}\"}} ");
+    reconq::metrics::render().lines().find_map(|line| line.strip_prefix(&needle).map(str::to_owned))
+}
+
+#[test]
+fn stats_status_and_the_metric_show_who_leads() {
+    let etcd = Etcd::start();
+    let (ea, eb) = (election(&etcd, "l-status", "a"), election(&etcd, "l-status", "b"));
+    let noop = |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) };
+    let a = Controller::new("status-a", noop).leader_election(ea.clone()).start();
+    wait_for("a to lead", || ea.is_leader());
+    let b = Controller::new("status-b", noop).leader_election(eb.clone()).start();
+    wait_for("b to see a lead", || eb.leader().as_deref() == Some("a"));
+
+    let (sa, sb) = (a.stats().leader.unwrap(), b.stats().leader.unwrap());
+    assert!(sa.is_leader() && !sb.is_leader());
+    assert_eq!(sa.fencing_token, ea.fencing_token());
+    assert_eq!((sa.leader.as_deref(), sb.leader.as_deref()), (Some("a"), Some("a")));
+    let states: Vec<_> = reconq::status::snapshot()
+        .into_iter()
+        .filter(|e| e.name.starts_with("status-"))
+        .map(|e| (e.name.clone(), e.state().to_owned()))
+        .collect();
+    assert_eq!(states, [("status-a".to_owned(), "running".to_owned()), ("status-b".to_owned(), "standby".to_owned())]);
+    // Both elections of this process share the series: 1 while one leads.
+    assert_eq!(master_status("l-status").as_deref(), Some("1"));
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn a_stopped_controller_gives_leadership_up_once_its_reconciles_returned() {
+    let etcd = Etcd::start();
+    let (ea, eb) = (election(&etcd, "l4-ctl", "a"), election(&etcd, "l4-ctl", "b"));
+    let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+    let a = Controller::new("l4-a", move |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        release_rx.recv().ok();
+        Ok(Action::Done)
+    })
+    .leader_election(ea.clone())
+    .start();
+    wait_for("a to lead", || ea.is_leader());
+    let b = Controller::new("l4-b", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+        .leader_election(eb.clone())
+        .start();
+    a.enqueue(1);
+    wait_for("a's reconcile to run", || a.stats().processing == 1);
+
+    // Stop without waiting: the reconcile still runs, so leadership stays.
+    a.stop();
+    std::thread::sleep(TTL);
+    assert!(ea.is_leader() && !eb.is_leader(), "L4 never hands over while a reconcile of ours runs");
+    release_tx.send(()).unwrap();
+    assert!(a.join_timeout(PATIENCE));
+    // No `ea.stop()`: the controller was its only user.
+    wait_for("b to take over", || eb.is_leader());
+    assert!(!ea.is_leader());
+    b.stop();
+}
+
+#[test]
+fn a_manager_runs_do_only_while_leading_with_the_token() {
+    let etcd = Etcd::start();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let manager = |who: &'static str, election: LeaderElection| {
+        let m = Manager::builder().name(format!("mgr-{who}")).leader_election(election).build();
+        let runs = Arc::clone(&runs);
+        m.update(
+            "sync",
+            ControllerParams::with_context(move |ctx: &Context| -> Result<(), DoError> {
+                runs.lock().push((who, ctx.fencing_token()));
+                Ok(())
+            })
+            .run_interval(Duration::from_millis(50)),
+        );
+        m
+    };
+    let (ea, eb) = (election(&etcd, "l-mgr", "a"), election(&etcd, "l-mgr", "b"));
+    let a = manager("a", ea.clone());
+    wait_for("a to lead and run", || runs.lock().len() >= 2);
+    let b = manager("b", eb.clone());
+    wait_for("b to see a lead", || eb.leader().as_deref() == Some("a"));
+    let entry = reconq::status::snapshot().into_iter().find(|e| e.qualified_name() == "mgr-b/sync").unwrap();
+    assert_eq!(entry.state(), "standby");
+    let token = ea.fencing_token().unwrap();
+    wait_for("a few more runs", || runs.lock().len() >= 5);
+
+    // The manager's controllers go: the campaign has no user left.
+    a.remove_all_and_wait();
+    wait_for("b to lead and run", || runs.lock().iter().any(|(who, _)| *who == "b"));
+    let runs = runs.lock().clone();
+    let split = runs.iter().position(|(who, _)| *who == "b").unwrap();
+    assert!(runs[..split].iter().all(|r| *r == ("a", Some(token))), "L1/L2: only a, with its token: {runs:?}");
+    let b_token = eb.fencing_token().unwrap();
+    assert!(b_token > token);
+    assert!(runs[split..].iter().all(|r| *r == ("b", Some(b_token))), "only b after a left: {runs:?}");
+    b.remove_all_and_wait();
+}
+
+#[test]
+fn a_standby_managers_controller_removed_runs_neither_do_nor_stop() {
+    let etcd = Etcd::start();
+    let ea = election(&etcd, "l-mgr-rm", "a");
+    ea.start();
+    wait_for("a to lead", || ea.is_leader());
+    let eb = election(&etcd, "l-mgr-rm", "b");
+    let m = Manager::builder().leader_election(eb.clone()).build();
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let (ran_do, ran_stop) = (Arc::clone(&ran), Arc::clone(&ran));
+    m.update(
+        "never",
+        ControllerParams::new(move || -> Result<(), DoError> {
+            ran_do.lock().push("do");
+            Ok(())
+        })
+        .stop(move || ran_stop.lock().push("stop")),
+    );
+    wait_for("b to see a lead", || eb.leader().as_deref() == Some("a"));
+    m.remove_and_wait("never").unwrap();
+    assert!(ran.lock().is_empty(), "{:?}", ran.lock());
+    ea.stop();
 }

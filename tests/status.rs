@@ -319,6 +319,7 @@ fn the_table_aligns_its_columns() {
             hanging_threshold: None,
             hanging: Vec::new(),
             store: None,
+            leader: None,
         }),
         successes: 12000,
         failures: 345,
@@ -332,6 +333,7 @@ fn the_table_aligns_its_columns() {
         kind: EntryKind::Periodic(PeriodicDetails {
             manager: "m".into(),
             running: true,
+            leader: None,
             last_duration: None,
             next_run_in: None,
         }),

@@ -136,7 +136,7 @@ class _ControllerStatus(TypedDict):
 class Manager:
     """Named periodic controllers (Cilium ``pkg/controller``)."""
 
-    def __new__(cls, name: str = "manager") -> Self: ...
+    def __new__(cls, name: str = "manager", leader_election: Optional[LeaderElection] = None) -> Self: ...
     @property
     def name(self) -> str:
         """Labels this manager's controllers in ``reconq.status()``."""
@@ -237,6 +237,10 @@ class _ControllerStats(TypedDict):
     store_pending: NotRequired[int]
     last_flush_time: NotRequired[Optional[float]]
     store_error: NotRequired[Optional[str]]
+    is_leader: NotRequired[bool]
+    leader: NotRequired[Optional[str]]
+    fencing_token: NotRequired[Optional[int]]
+    leader_error: NotRequired[Optional[str]]
 
 class _StopReport(TypedDict):
     finished: bool
@@ -303,7 +307,7 @@ class _ControllerEntry(TypedDict):
 
     kind: Literal["controller"]
     name: str
-    state: Literal["not started", "running", "stopping", "stopped"]
+    state: Literal["not started", "running", "standby", "stopping", "stopped"]
     workers: int
     reconciles: int
     successes: int
@@ -323,6 +327,12 @@ class _ControllerEntry(TypedDict):
     hanging_threshold: Optional[float]
     hanging: Dict[_Key, float]
     """Keys whose reconcile has run longer than ``hanging_threshold``: seconds running."""
+    is_leader: NotRequired[bool]
+    """With ``leader_election``: whether this process leads (``state`` is "standby" when not)."""
+    leader: NotRequired[Optional[str]]
+    fencing_token: NotRequired[Optional[int]]
+    leader_error: NotRequired[Optional[str]]
+    """The last error talking to etcd, if the last attempt failed."""
 
 class _PeriodicEntry(TypedDict):
     """A named controller of a ``reconq.Manager`` in ``status()``."""
@@ -330,7 +340,7 @@ class _PeriodicEntry(TypedDict):
     kind: Literal["periodic"]
     name: str
     manager: str
-    state: Literal["running", "scheduled", "idle"]
+    state: Literal["running", "standby", "scheduled", "idle"]
     successes: int
     failures: int
     consecutive_failures: int
@@ -341,6 +351,10 @@ class _PeriodicEntry(TypedDict):
     running: bool
     last_duration: Optional[float]
     next_run_in: Optional[float]
+    is_leader: NotRequired[bool]
+    leader: NotRequired[Optional[str]]
+    fencing_token: NotRequired[Optional[int]]
+    leader_error: NotRequired[Optional[str]]
 
 _StatusEntry: TypeAlias = Union[_ControllerEntry, _PeriodicEntry]
 

@@ -68,6 +68,10 @@ pub struct Stats {
     /// With a [`store`](crate::Controller::store): keys not yet written,
     /// the last flush, and the last flush error (until one succeeds).
     pub store: Option<crate::StoreStats>,
+    /// With a [`leader_election`](crate::Controller::leader_election),
+    /// once started: whether this process leads, who does, and the last
+    /// error talking to etcd.
+    pub leader: Option<crate::LeaderStatus>,
 }
 
 /// How often a stop waiting for reconciles logs which ones it waits for.

@@ -50,7 +50,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
-use crate::coordination::LeaderElection;
+use crate::coordination::{LeaderElection, Seat};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
@@ -391,6 +391,7 @@ impl<K: ControllerKey> Controller<K> {
             log_errors: config.log_errors,
             grouping: self.grouping,
             store,
+            seat: Mutex::new(config.leader.as_ref().map(LeaderElection::join)),
             leader: config.leader.clone(),
             _on_lost: on_lost,
         };
@@ -404,6 +405,7 @@ impl<K: ControllerKey> Controller<K> {
             if life.stop_requested {
                 drop(life);
                 rt.queue.shut_down_now();
+                core.leave_election_if_no_workers();
                 return Ok(handle);
             }
             life.live_workers = config.workers;
@@ -441,15 +443,13 @@ impl<K: ControllerKey> Controller<K> {
                     drop(threads);
                     handle.stop();
                     handle.join_timeout(FAILED_START_JOIN);
+                    core.leave_election_if_no_workers();
                     let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
                     return Err(io::Error::new(e.kind(), message));
                 }
             }
         }
         drop(threads);
-        if let Some(election) = &rt.leader {
-            election.start();
-        }
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
             let spawned =
@@ -565,6 +565,9 @@ pub(crate) struct Runtime<K> {
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
     /// Reconcile only while this process leads (guarantees §10).
     pub(crate) leader: Option<LeaderElection>,
+    /// Our use of `leader`, given up once no worker is left (see
+    /// [`Core::leave_election_if_no_workers`]).
+    seat: Mutex<Option<Seat>>,
     /// Cancels the running reconciles when leadership is lost; held here
     /// so the election's weak reference lives as long as the controller.
     _on_lost: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -740,7 +743,22 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// Cancels every in-flight reconcile and every later one.
+    /// Gives up our seat in the election once every worker has exited, so
+    /// leadership passes on at once (L4) and never while a reconcile of
+    /// ours may still run.
+    pub(crate) fn leave_election_if_no_workers(&self) {
+        let Some(rt) = self.rt.get() else { return };
+        let seat = {
+            let life = self.life.lock();
+            if life.live_workers > 0 {
+                return;
+            }
+            rt.seat.lock().take()
+        };
+        // Outside the life lock: the election takes its own.
+        drop(seat);
+    }
+
     /// Cancels the reconciles running now (leadership was lost); later
     /// ones are not affected.
     pub(crate) fn cancel_running(&self) {
@@ -754,6 +772,7 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
+    /// Cancels every in-flight reconcile and every later one.
     pub(crate) fn cancel_everything(&self) {
         self.cancel_all.store(true, Ordering::SeqCst);
         if let Some(rt) = self.rt.get() {

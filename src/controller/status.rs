@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
+use crate::LeaderElection;
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry};
 
 impl Counters {
@@ -70,6 +71,7 @@ impl<K: ControllerKey> Core<K> {
             last_error,
             last_error_time,
             store: self.rt.get().and_then(|rt| rt.store.as_ref()).map(|store| store.stats()),
+            leader: self.rt.get().and_then(|rt| rt.leader.as_ref()).map(LeaderElection::status),
         };
         (stats, hanging)
     }
@@ -124,6 +126,7 @@ impl<K: ControllerKey> Core<K> {
             hanging_threshold,
             hanging: hanging.into_iter().map(|(key, running)| HangingKey::new(key, running)).collect(),
             store: stats.store.clone(),
+            leader: stats.leader.clone(),
         };
         StatusEntry {
             name: self.name.clone(),

@@ -53,10 +53,15 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
     while let Some((key, priority)) = next {
+        begin(core, rt, slot, &key);
+        // Asked after `begin`: a leadership lost after this check cancels
+        // this reconcile (the loss clears the token, then cancels what its
+        // callback finds running, and `begin` made us findable).
         if let Some(election) = &rt.leader {
             match election.token() {
                 Some(token) => ctx.fencing_token = Some(token),
                 None => {
+                    slot.running.lock().take();
                     next = stand_by(core, rt, election, key, priority);
                     started = ticks::now();
                     continue;
@@ -67,7 +72,6 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
         ctx.priority = priority;
-        begin(core, rt, slot, &key);
         // The reconcile and the handling of its result run in the span; the
         // queue calls around them do not (no logging under engine locks:
         // see `crate::logs`).
@@ -207,12 +211,17 @@ pub(crate) struct ExitGuard<K: ControllerKey> {
 
 impl<K: ControllerKey> Drop for ExitGuard<K> {
     fn drop(&mut self) {
-        let mut life = self.core.life.lock();
-        if self.worker {
-            life.live_workers -= 1;
-        } else {
-            life.live_aux -= 1;
+        {
+            let mut life = self.core.life.lock();
+            if self.worker {
+                life.live_workers -= 1;
+            } else {
+                life.live_aux -= 1;
+            }
+            self.core.life_cv.notify_all();
         }
-        self.core.life_cv.notify_all();
+        if self.worker {
+            self.core.leave_election_if_no_workers();
+        }
     }
 }

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use crate::error::InvalidArgument;
 use crate::etcd::{Created, EtcdClient, check_endpoint};
 use crate::logs;
+use crate::observe::metrics::MetricFamilies;
+use crate::observe::{self, Observed};
 use crate::sync::{Condvar, Mutex};
 use crate::thread::{JoinHandle, spawn_named};
 
@@ -48,6 +50,9 @@ pub struct LeaderElection {
 }
 
 struct Election {
+    /// Reports `leader_election_master_status` once per election, however
+    /// many controllers share it.
+    _registration: observe::Registration,
     name: String,
     key: String,
     identity: String,
@@ -60,8 +65,19 @@ struct Election {
 
 #[derive(Default)]
 struct State {
+    /// Configured for good: settings can no longer change.
     started: bool,
+    /// [`LeaderElection::stop`] was called: the campaign never runs again.
     stopped: bool,
+    /// [`LeaderElection::start`] was called: campaign until `stop`, even
+    /// with no controller using it.
+    kept: bool,
+    /// Controllers and managers using it now ([`Seat`]s).
+    users: usize,
+    /// A campaign thread runs and has not decided to exit. Set and cleared
+    /// under this lock together with the decision, so a user joining while
+    /// the thread winds down starts a new one rather than finding none.
+    campaigning: bool,
     leading: Option<Leadership>,
     /// Who leads, as last seen (their identity).
     leader: Option<String>,
@@ -106,8 +122,18 @@ impl LeaderElection {
     fn build(name: String, endpoints: Vec<String>, identity: String, ttl: Duration, on_lost: OnLost) -> Self {
         let key = format!("/reconq/election/{name}");
         let client = EtcdClient::new(endpoints);
-        let inner = Election { name, key, identity, ttl, on_lost, client, state: Mutex::default(), cv: Condvar::new() };
-        Self { inner: Arc::new(inner) }
+        let inner = Arc::new_cyclic(|weak: &Weak<Election>| Election {
+            _registration: observe::register(weak.clone()),
+            name,
+            key,
+            identity,
+            ttl,
+            on_lost,
+            client,
+            state: Mutex::default(),
+            cv: Condvar::new(),
+        });
+        Self { inner }
     }
 
     /// The lease's time to live (default 5 s, at least 2 s: etcd's
@@ -144,24 +170,18 @@ impl LeaderElection {
         Self::build(e.name.clone(), e.client.endpoints().to_vec(), settings.identity, settings.ttl, settings.on_lost)
     }
 
-    /// Starts campaigning, on a thread of its own (once; later calls do
-    /// nothing).
+    /// Starts campaigning, on a thread of its own, until [`stop`](Self::stop)
+    /// (later calls do nothing). Controllers and managers that use the
+    /// election start it themselves and give leadership up when the last
+    /// of them stops; call this only to campaign without them.
     pub fn start(&self) {
         let mut st = self.inner.state.lock();
-        if st.started || st.stopped {
-            return;
-        }
-        st.started = true;
-        let election = Arc::clone(&self.inner);
-        let spawned = spawn_named(format!("reconq-election-{}", self.inner.name), None, move || election.run());
-        match spawned {
-            Ok(thread) => st.thread = Some(thread),
-            Err(e) => st.last_error = Some(format!("cannot spawn the election thread: {e}")),
-        }
+        st.kept = true;
+        self.inner.campaign(&mut st);
     }
 
-    /// Ends the campaign: a leader revokes its lease, so a standby takes
-    /// over at once (L4). Waits for the campaign thread.
+    /// Ends the campaign for good: a leader revokes its lease, so a standby
+    /// takes over at once (L4). Waits for the campaign thread.
     pub fn stop(&self) {
         let thread = {
             let mut st = self.inner.state.lock();
@@ -172,6 +192,15 @@ impl LeaderElection {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+    }
+
+    /// A controller or manager starts using the election: it campaigns
+    /// until every [`Seat`] is dropped (or [`stop`](Self::stop)).
+    pub(crate) fn join(&self) -> Seat {
+        let mut st = self.inner.state.lock();
+        st.users += 1;
+        self.inner.campaign(&mut st);
+        Seat { election: self.clone() }
     }
 
     /// Whether this process leads now (and its leadership has not run past
@@ -202,9 +231,19 @@ impl LeaderElection {
         &self.inner.name
     }
 
-    pub(crate) fn token(&self) -> Option<u64> {
+    /// Everything above in one consistent snapshot, for status and stats.
+    pub fn status(&self) -> LeaderStatus {
         let st = self.inner.state.lock();
-        st.leading.filter(|l| l.renewed.elapsed() < self.inner.renew_deadline()).map(|l| l.token)
+        LeaderStatus {
+            name: self.inner.name.clone(),
+            fencing_token: self.inner.live_token(&st),
+            leader: st.leader.clone(),
+            last_error: st.last_error.clone(),
+        }
+    }
+
+    pub(crate) fn token(&self) -> Option<u64> {
+        self.inner.live_token(&self.inner.state.lock())
     }
 
     /// Blocks until this process leads (returns its token) or `give_up()`
@@ -215,8 +254,8 @@ impl LeaderElection {
             if give_up() {
                 return None;
             }
-            if let Some(l) = st.leading.filter(|l| l.renewed.elapsed() < self.inner.renew_deadline()) {
-                return Some(l.token);
+            if let Some(token) = self.inner.live_token(&st) {
+                return Some(token);
             }
             self.inner.cv.wait(&mut st);
         }
@@ -235,6 +274,49 @@ impl LeaderElection {
     }
 }
 
+/// A snapshot of a [`LeaderElection`], as status and stats show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderStatus {
+    /// The election's name.
+    pub name: String,
+    /// This process's fencing token while it leads, `None` on a standby.
+    pub fencing_token: Option<u64>,
+    /// Who leads, as last seen (their identity).
+    pub leader: Option<String>,
+    /// The last error talking to etcd, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+impl LeaderStatus {
+    /// Whether this process leads.
+    pub fn is_leader(&self) -> bool {
+        self.fencing_token.is_some()
+    }
+}
+
+/// One controller's or manager's use of a [`LeaderElection`]. Dropped
+/// once nothing of its user can reconcile any more (every worker exited):
+/// when the last seat goes, a leader revokes its lease, so a standby takes
+/// over at once (L4) without ever overlapping a reconcile of ours.
+pub(crate) struct Seat {
+    election: LeaderElection,
+}
+
+impl Seat {
+    pub(crate) fn election(&self) -> &LeaderElection {
+        &self.election
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let e = &self.election.inner;
+        let mut st = e.state.lock();
+        st.users -= 1;
+        e.cv.notify_all();
+    }
+}
+
 struct Settings {
     identity: String,
     ttl: Duration,
@@ -242,6 +324,11 @@ struct Settings {
 }
 
 impl Election {
+    /// The token of a leadership still within its renew deadline.
+    fn live_token(&self, st: &State) -> Option<u64> {
+        st.leading.filter(|l| l.renewed.elapsed() < self.renew_deadline()).map(|l| l.token)
+    }
+
     /// The leader stops counting itself leader this long after its last
     /// successful renewal was sent: two thirds of the TTL, so at least a
     /// third of the lease (0.67 s at the minimum TTL) separates it from the
@@ -250,35 +337,72 @@ impl Election {
         self.ttl * 2 / 3
     }
 
-    fn stopped(&self) -> bool {
-        self.state.lock().stopped
+    /// Whether the campaign should go on: not stopped, and started by
+    /// [`LeaderElection::start`] or in use.
+    fn wanted(st: &State) -> bool {
+        !st.stopped && (st.kept || st.users > 0)
     }
 
-    /// Sleeps `d` or until stopped; returns whether stopped.
+    fn unwanted(&self) -> bool {
+        !Self::wanted(&self.state.lock())
+    }
+
+    /// Starts the campaign thread unless one runs (or it is stopped).
+    fn campaign(self: &Arc<Self>, st: &mut State) {
+        st.started = true;
+        if st.campaigning || !Self::wanted(st) {
+            return;
+        }
+        let election = Arc::clone(self);
+        match spawn_named(format!("reconq-election-{}", self.name), None, move || election.run()) {
+            Ok(thread) => {
+                st.campaigning = true;
+                // A thread that wound down earlier has finished its revoke.
+                st.thread = Some(thread);
+            }
+            Err(e) => st.last_error = Some(format!("cannot spawn the election thread: {e}")),
+        }
+    }
+
+    /// Sleeps `d` or until no longer wanted; returns whether unwanted.
     fn sleep(&self, d: Duration) -> bool {
         let deadline = Instant::now() + d;
         let mut st = self.state.lock();
-        while !st.stopped {
+        while Self::wanted(&st) {
             if self.cv.wait_until(&mut st, deadline).timed_out() {
                 break;
             }
         }
-        st.stopped
+        !Self::wanted(&st)
     }
 
     fn failed(&self, what: &str, error: &dyn fmt::Display, backoff: &mut Duration) -> bool {
         let message = format!("{what}: {error}");
         logs::election_error(&self.name, &message, *backoff);
         self.state.lock().last_error = Some(message);
-        let stopped = self.sleep(*backoff);
+        let unwanted = self.sleep(*backoff);
         *backoff = (*backoff * 2).min(MAX_BACKOFF);
-        stopped
+        unwanted
     }
 
-    /// The campaign thread: campaign, lead or watch, until stopped.
+    /// The campaign thread: campaigns until no longer wanted, then exits,
+    /// unless a user joined meanwhile (decided under the state lock, see
+    /// `State::campaigning`).
     fn run(self: Arc<Self>) {
+        loop {
+            self.campaign_while_wanted();
+            let mut st = self.state.lock();
+            if !Self::wanted(&st) {
+                st.campaigning = false;
+                return;
+            }
+        }
+    }
+
+    /// Campaign, lead or watch, until no longer wanted.
+    fn campaign_while_wanted(&self) {
         let mut backoff = Duration::from_millis(100);
-        while !self.stopped() {
+        while !self.unwanted() {
             let sent = Instant::now();
             let lease = match self.client.grant(self.ttl) {
                 Ok(lease) => lease,
@@ -317,14 +441,14 @@ impl Election {
     }
 
     /// Waits (without polling etcd) until the election key is deleted
-    /// after `revision`, or stopped.
+    /// after `revision`, or no longer wanted.
     fn watch_until_free(&self, revision: i64, backoff: &mut Duration) {
         loop {
-            match self.client.wait_deleted(&self.key, revision, Duration::from_secs(1), || self.stopped()) {
+            match self.client.wait_deleted(&self.key, revision, Duration::from_secs(1), || self.unwanted()) {
                 Ok(true) => return,
                 // Stopped, or a quiet second: check the key still exists.
                 Ok(false) => {
-                    if self.stopped() {
+                    if self.unwanted() {
                         return;
                     }
                     match self.client.get(&self.key) {
@@ -346,7 +470,7 @@ impl Election {
         }
     }
 
-    /// Leads until the lease cannot be renewed in time or stopped.
+    /// Leads until the lease cannot be renewed in time or no longer wanted.
     fn lead(&self, lease: i64, token: u64, sent: Instant) {
         {
             let mut st = self.state.lock();
@@ -360,7 +484,7 @@ impl Election {
         let mut next = sent + interval;
         loop {
             if self.sleep(next.saturating_duration_since(Instant::now())) {
-                // Stopped: give leadership up at once (L4).
+                // Stopped, or the last user left: give leadership up at once (L4).
                 self.state.lock().leading = None;
                 let _ = self.client.revoke(lease);
                 return;
@@ -413,6 +537,20 @@ impl Election {
         if self.on_lost == OnLost::Exit {
             std::process::exit(1);
         }
+    }
+}
+
+impl Observed for Election {
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        let leading = self.live_token(&self.state.lock()).is_some();
+        // Elections of one name in one process (tests) share the series:
+        // 1 if any of them leads.
+        out.gauge_max(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            &[("name", &self.name)],
+            f64::from(u8::from(leading)),
+        );
     }
 }
 

@@ -3,4 +3,5 @@
 
 mod leader;
 
-pub use leader::{LeaderElection, OnLost};
+pub(crate) use leader::Seat;
+pub use leader::{LeaderElection, LeaderStatus, OnLost};

@@ -16,6 +16,7 @@ use std::io;
 use std::sync::{Arc, Weak};
 
 use crate::clock::{Clock, SystemClock};
+use crate::coordination::LeaderElection;
 use crate::observe::status::{EntryKind, PeriodicDetails, StatusEntry};
 use crate::observe::{self, Observed};
 use crate::sync::Mutex;
@@ -76,6 +77,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
     log_errors: bool,
+    /// Run `do` only while this process leads (guarantees §10).
+    leader: Option<LeaderElection>,
 }
 
 #[derive(Default)]
@@ -117,6 +120,7 @@ pub struct ManagerBuilder {
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
     log_errors: bool,
+    leader: Option<LeaderElection>,
 }
 
 /// The name of a manager built without [`ManagerBuilder::name`].
@@ -135,6 +139,20 @@ impl ManagerBuilder {
     /// advances it.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Runs `do` functions only while this process leads `election`
+    /// (guarantees §10), as controller-runtime's manager runs all its
+    /// controllers under one election; the same election may serve
+    /// [`Controller`](crate::Controller)s too. On a standby, due runs wait
+    /// for leadership without CPU; each `do` gets the leadership's
+    /// [`Context::fencing_token`](crate::Context::fencing_token), and is
+    /// cancelled when leadership is lost. A controller removed before it
+    /// ever ran, as on a standby, runs neither `do` nor `stop`. The
+    /// campaign runs while the manager has controllers.
+    pub fn leader_election(mut self, election: LeaderElection) -> Self {
+        self.leader = Some(election);
         self
     }
 
@@ -162,6 +180,7 @@ impl ManagerBuilder {
                 clock: self.clock,
                 wrapper: self.wrapper,
                 log_errors: self.log_errors,
+                leader: self.leader,
             }),
         }
     }
@@ -185,6 +204,7 @@ impl Manager {
             clock: Arc::new(SystemClock),
             wrapper: None,
             log_errors: true,
+            leader: None,
         }
     }
 
@@ -230,6 +250,7 @@ impl Manager {
             params,
             Arc::clone(&self.inner.clock),
             self.inner.log_errors,
+            self.inner.leader.as_ref(),
         );
         let body = {
             let ctl = Arc::clone(&ctl);
@@ -352,6 +373,7 @@ impl Observed for Inner {
                 kind: EntryKind::Periodic(PeriodicDetails {
                     manager: self.name.clone(),
                     running: s.running,
+                    leader: self.leader.as_ref().map(LeaderElection::status),
                     last_duration: s.last_duration,
                     next_run_in: s.next_run_in,
                 }),

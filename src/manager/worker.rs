@@ -8,12 +8,14 @@
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
+use crate::coordination::{LeaderElection, Seat};
 use crate::logs;
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Context, StopSignal};
@@ -29,6 +31,13 @@ pub(crate) struct Ctl {
     clock: Arc<dyn Clock>,
     /// Keeps a fake clock's wake-up callback alive as long as the controller.
     _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// With leader election: our use of it (the campaign runs while a
+    /// controller of the manager lives, and a `do` of ours may run), and the
+    /// callback that cancels the run in progress when leadership is lost.
+    leadership: Option<(Seat, Arc<dyn Fn() + Send + Sync>)>,
+    /// `State::removed`, readable without the state lock by a thread
+    /// waiting for leadership under the election's lock.
+    removing: AtomicBool,
 }
 
 struct State {
@@ -67,6 +76,7 @@ impl Ctl {
         params: ControllerParams,
         clock: Arc<dyn Clock>,
         log_errors: bool,
+        election: Option<&LeaderElection>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak: &Weak<Ctl>| {
             // Time jumps on a fake clock: wake the thread to re-check its due
@@ -85,6 +95,16 @@ impl Ctl {
                 });
                 clock.subscribe(Arc::downgrade(&wake));
                 wake
+            });
+            let leadership = election.map(|election| {
+                let weak = weak.clone();
+                let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                    if let Some(ctl) = weak.upgrade() {
+                        cancel_run(&ctl.state.lock());
+                    }
+                });
+                election.when_lost(&on_lost);
+                (election.join(), on_lost)
             });
             Ctl {
                 name,
@@ -109,6 +129,8 @@ impl Ctl {
                 wake: Condvar::new(),
                 clock,
                 _clock_subscription: clock_subscription,
+                leadership,
+                removing: AtomicBool::new(false),
             }
         })
     }
@@ -142,10 +164,22 @@ impl Ctl {
     }
 
     pub(crate) fn remove(&self) {
-        let mut st = self.state.lock();
-        st.removed = true;
-        cancel_run(&st);
-        self.wake.notify_all();
+        {
+            let mut st = self.state.lock();
+            st.removed = true;
+            self.removing.store(true, Ordering::SeqCst);
+            cancel_run(&st);
+            self.wake.notify_all();
+        }
+        // A thread waiting for leadership looks again (not under our lock:
+        // that thread checks `removing` under the election's).
+        if let Some(election) = self.election() {
+            election.wake();
+        }
+    }
+
+    fn election(&self) -> Option<&LeaderElection> {
+        self.leadership.as_ref().map(|(seat, _)| seat.election())
     }
 
     pub(crate) fn status(&self) -> ControllerStatus {
@@ -176,6 +210,21 @@ impl Ctl {
     pub(crate) fn run(&self) {
         let mut st = self.state.lock();
         while self.wait_for_run(&mut st) {
+            let fencing_token = match self.election() {
+                None => None,
+                Some(election) => match election.token() {
+                    Some(token) => Some(token),
+                    // A standby, removed: it never ran, so no `stop` either.
+                    None if st.removed => break,
+                    None => {
+                        // The run stays due; look again once leading.
+                        MutexGuard::unlocked(&mut st, || {
+                            election.wait_token(|| self.removing.load(Ordering::SeqCst));
+                        });
+                        continue;
+                    }
+                },
+            };
             st.pending = false;
             st.running = true;
             st.next_run = None;
@@ -183,7 +232,8 @@ impl Ctl {
             let cancel = StopSignal::new();
             st.run_cancel = Some(cancel.clone());
             let attempt = u32::try_from(st.consecutive_failures).unwrap_or(u32::MAX);
-            let ctx = Context::with_signal(attempt, cancel);
+            let mut ctx = Context::with_signal(attempt, cancel);
+            ctx.fencing_token = fencing_token;
             // For the failure log, as `record` will count it.
             let failures_if_failed = st.consecutive_failures + 1;
             let retry_if_failed = st.params.retry_delay(failures_if_failed);
@@ -219,7 +269,8 @@ impl Ctl {
             });
             self.record(&mut st, outcome, started, finished);
         }
-        let stop = st.params.stop_fn.take();
+        // `stop` pairs with `do`: a standby that never ran skips both.
+        let stop = if st.ran_once { st.params.stop_fn.take() } else { None };
         drop(st);
         if let Some(stop) = stop {
             // A panicking stop is logged; the thread ends anyway.

@@ -120,6 +120,9 @@ pub struct ControllerDetails {
     /// With a store: its pending keys, last flush and last flush error (a
     /// failing flush shows here and in `stats()`).
     pub store: Option<crate::StoreStats>,
+    /// With leader election, once started (see [`StatusEntry::state`]:
+    /// a running standby shows as `"standby"`).
+    pub leader: Option<crate::LeaderStatus>,
 }
 
 /// Where a [`Controller`](crate::Controller) is in its life.
@@ -160,6 +163,8 @@ pub struct PeriodicDetails {
     pub manager: String,
     /// Whether `do` is running now.
     pub running: bool,
+    /// The manager's leader election, if it has one.
+    pub leader: Option<crate::LeaderStatus>,
     /// How long the last finished run took.
     pub last_duration: Option<Duration>,
     /// How long until the next run (`Some(ZERO)`: due or requested), or
@@ -168,17 +173,26 @@ pub struct PeriodicDetails {
 }
 
 impl PeriodicDetails {
-    /// `"running"`, `"scheduled"` (a next run is due at a known time) or
+    /// `"running"`, `"standby"` (its manager's election is led by another
+    /// process), `"scheduled"` (a next run is due at a known time) or
     /// `"idle"` (waiting for an update or trigger).
     pub fn state(&self) -> &'static str {
         if self.running {
             "running"
+        } else if is_standby(self.leader.as_ref()) {
+            "standby"
         } else if self.next_run_in.is_some() {
             "scheduled"
         } else {
             "idle"
         }
     }
+}
+
+/// Runs with leader election and does not lead: it keeps its queue warm
+/// but reconciles nothing.
+fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
+    leader.is_some_and(|l| !l.is_leader())
 }
 
 /// A reconcile running longer than its controller's hanging threshold.
@@ -234,10 +248,16 @@ impl StatusEntry {
         }
     }
 
-    /// The state as the table shows it: a [`RunState`] for a controller,
+    /// The state as the table shows it: a [`RunState`] for a controller
+    /// (`"standby"` for a running one that does not lead its election),
     /// [`PeriodicDetails::state`] for a periodic controller.
     pub fn state(&self) -> &'static str {
         match &self.kind {
+            EntryKind::Controller(details)
+                if details.state == RunState::Running && is_standby(details.leader.as_ref()) =>
+            {
+                "standby"
+            }
             EntryKind::Controller(details) => details.state.as_str(),
             EntryKind::Periodic(details) => details.state(),
         }
@@ -480,6 +500,7 @@ mod tests {
             kind: EntryKind::Periodic(PeriodicDetails {
                 manager: "m".into(),
                 running: false,
+                leader: None,
                 last_duration: None,
                 next_run_in: None,
             }),

@@ -740,6 +740,9 @@ impl PyController {
             d.set_item("last_flush_time", store.last_flush_time.map(unix_timestamp))?;
             d.set_item("store_error", store.error)?;
         }
+        if let Some(leader) = &stats.leader {
+            super::election::set_leader_items(&d, leader)?;
+        }
         Ok(d)
     }
 

@@ -5,10 +5,10 @@
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyDict, PyString};
 
 use super::duration::non_negative_from_py;
-use crate::{LeaderElection, OnLost};
+use crate::{LeaderElection, LeaderStatus, OnLost};
 
 /// Every election made in this process, so the interpreter's exit can
 /// give leadership up at once (L4) after controllers have drained.
@@ -104,11 +104,23 @@ impl PyLeaderElection {
     }
 }
 
+/// The leader fields of `stats()` and `status()` entries (guarantees §10):
+/// `is_leader`, `leader`, `fencing_token` and `leader_error`.
+pub(crate) fn set_leader_items(d: &Bound<'_, PyDict>, status: &LeaderStatus) -> PyResult<()> {
+    d.set_item("is_leader", status.is_leader())?;
+    d.set_item("leader", status.leader.as_deref())?;
+    d.set_item("fencing_token", status.fencing_token)?;
+    d.set_item("leader_error", status.last_error.as_deref())
+}
+
 /// Stops every election (reconq._lifecycle calls it at exit, after the
-/// controllers drained): leaders revoke their leases, so standbys take
-/// over at once.
+/// controllers drained; managers are shut down first here): leaders revoke
+/// their leases, so standbys take over at once.
 #[pyfunction]
 fn _stop_elections(py: Python<'_>) {
+    // Managers' `do` functions first (the atexit hooks run in an order of
+    // their own): leadership must not pass on while one still runs.
+    super::manager::_shutdown_managers(py);
     let live = std::mem::take(&mut *LIVE.lock());
     py.detach(|| live.iter().for_each(LeaderElection::stop));
 }

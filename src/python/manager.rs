@@ -34,6 +34,7 @@ use super::attach::{attach, python_thread_wrapper};
 use super::callables::check_sync_callable;
 use super::context::with_scope;
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::election::PyLeaderElection;
 use super::errors::describe;
 use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
 
@@ -145,16 +146,21 @@ fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'p
 
 #[pymethods]
 impl PyManager {
-    /// `name` labels its controllers in `reconq.status()`.
+    /// `name` labels its controllers in `reconq.status()`. With
+    /// `leader_election`, `do` functions run only while this process leads
+    /// (one election may serve several managers and controllers).
     #[new]
-    #[pyo3(signature = (name="manager"))]
-    fn new(name: &str) -> Self {
-        let manager = Manager::builder()
+    #[pyo3(signature = (name="manager", leader_election=None))]
+    fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> Self {
+        let mut builder = Manager::builder()
             .name(name)
             .thread_wrapper(python_thread_wrapper())
             // `call_logged` logs exceptions itself, with their tracebacks.
-            .log_errors(false)
-            .build();
+            .log_errors(false);
+        if let Some(election) = leader_election {
+            builder = builder.leader_election(election.inner.clone());
+        }
+        let manager = builder.build();
         let mut live = LIVE.lock();
         live.retain(|(_, w)| w.upgrade().is_some());
         live.push((std::process::id(), manager.downgrade()));

@@ -64,6 +64,13 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
             d.set_item("next_run_in", p.next_run_in.map(to_secs))?;
         }
     }
+    let leader = match &e.kind {
+        EntryKind::Controller(c) => c.leader.as_ref(),
+        EntryKind::Periodic(p) => p.leader.as_ref(),
+    };
+    if let Some(leader) = leader {
+        super::election::set_leader_items(&d, leader)?;
+    }
     Ok(d)
 }
 

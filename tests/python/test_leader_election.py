@@ -116,3 +116,60 @@ def test_etcd_unreachable_is_a_standby_not_an_exception(make: Any) -> None:
     assert not le.is_leader and c.stats()["reconciles"] == 0
     c.stop(drain=False, timeout=PATIENCE)
     le.stop()
+
+
+def test_a_manager_runs_do_only_while_leading_with_the_token(etcd: Etcd) -> None:
+    lock = threading.Lock()
+    runs: List[Tuple[str, Any]] = []
+
+    def manager(who: str, election: reconq.LeaderElection) -> reconq.Manager:
+        def do() -> None:
+            with lock:
+                runs.append((who, reconq.context().fencing_token))
+
+        m = reconq.Manager(name=f"mgr-{who}", leader_election=election)
+        m.update("sync", do, interval=0.05)
+        return m
+
+    ea = reconq.LeaderElection(etcd.endpoint, "py-mgr", ttl=2, identity="a")
+    eb = reconq.LeaderElection(etcd.endpoint, "py-mgr", ttl=2, identity="b")
+    a = manager("a", ea)
+    wait_for(lambda: len(runs) >= 2, what="a to lead and run")
+    b = manager("b", eb)
+    wait_for(lambda: eb.leader == "a", what="b to see a lead")
+    entries = {(e["name"], e.get("manager")): e for e in reconq.status()}
+    standby = entries[("sync", "mgr-b")]
+    assert standby["state"] == "standby" and standby["is_leader"] is False and standby["leader"] == "a"
+    assert entries[("sync", "mgr-a")]["is_leader"] is True
+    token = ea.fencing_token
+
+    a.remove_all(wait=True)  # its last controller gone, the campaign ends
+    wait_for(lambda: any(who == "b" for who, _ in runs), what="b to lead and run")
+    split = next(i for i, (who, _) in enumerate(runs) if who == "b")
+    assert set(runs[:split]) == {("a", token)}
+    assert eb.fencing_token is not None and eb.fencing_token > token  # type: ignore[operator]
+    assert set(runs[split:]) == {("b", eb.fencing_token)}
+    b.remove_all(wait=True)
+
+
+def test_stats_status_and_the_metric_show_who_leads(etcd: Etcd, make: Any) -> None:
+    ea = reconq.LeaderElection(etcd.endpoint, "py-status", ttl=2, identity="a")
+    eb = reconq.LeaderElection(etcd.endpoint, "py-status", ttl=2, identity="b")
+    a = make(lambda key: None, name="py-status-a", leader_election=ea)
+    a.start()
+    wait_for(lambda: ea.is_leader, what="a to lead")
+    b = make(lambda key: None, name="py-status-b", leader_election=eb)
+    b.start()
+    wait_for(lambda: eb.leader == "a", what="b to see a lead")
+    sa, sb = a.stats(), b.stats()
+    assert (sa["is_leader"], sa["leader"], sa["fencing_token"]) == (True, "a", ea.fencing_token)
+    assert (sb["is_leader"], sb["leader"], sb["fencing_token"], sb["leader_error"]) == (False, "a", None, None)
+    states = {e["name"]: e["state"] for e in reconq.status()}
+    assert (states["py-status-a"], states["py-status-b"]) == ("running", "standby")
+    assert "standby" in reconq.format_status()
+    assert 'leader_election_master_status{name="py-status"} 1' in reconq.metrics_text()
+
+    # The controller was the election's only user: stopping it hands over.
+    a.stop()
+    wait_for(lambda: eb.is_leader, what="b to take over without ea.stop()")
+    b.stop()
