@@ -481,6 +481,7 @@ impl Election {
         }
         logs::election_won(&self.name, &self.identity, token);
         let interval = self.ttl / 3;
+        let mut renewed = sent;
         let mut next = sent + interval;
         loop {
             if self.sleep(next.saturating_duration_since(Instant::now())) {
@@ -489,32 +490,35 @@ impl Election {
                 let _ = self.client.revoke(lease);
                 return;
             }
+            // Leadership ends at the renew deadline, not whenever a hung
+            // call returns: each try waits only until then, so a leader cut
+            // off from etcd cancels its reconciles on time (L3).
+            let left = (renewed + self.renew_deadline()).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.lose(token, "could not renew the lease in time");
+                return;
+            }
             let sent = Instant::now();
-            let renewed = match self.client.keep_alive(lease) {
-                Ok(Some(_)) => true,
+            match self.client.keep_alive(lease, left) {
+                Ok(Some(_)) => {
+                    renewed = sent;
+                    next = sent + interval;
+                    let mut st = self.state.lock();
+                    if let Some(l) = &mut st.leading {
+                        l.renewed = sent;
+                    }
+                    // Workers that found the leadership lapsed while this
+                    // answer was on its way wait for it.
+                    self.cv.notify_all();
+                }
                 Ok(None) => {
                     self.lose(token, "the lease expired");
                     return;
                 }
                 Err(e) => {
                     self.state.lock().last_error = Some(format!("renewing the lease: {e}"));
-                    false
-                }
-            };
-            let mut st = self.state.lock();
-            match &mut st.leading {
-                Some(l) if renewed => {
-                    l.renewed = sent;
-                    next = sent + interval;
-                }
-                Some(l) if l.renewed.elapsed() < self.renew_deadline() => {
-                    // Try again soon, still within the deadline.
-                    next = Instant::now() + Duration::from_millis(200);
-                }
-                _ => {
-                    drop(st);
-                    self.lose(token, "could not renew the lease in time");
-                    return;
+                    // Try again soon; at the deadline at the latest.
+                    next = (Instant::now() + Duration::from_millis(200)).min(renewed + self.renew_deadline());
                 }
             }
         }
@@ -562,5 +566,29 @@ impl fmt::Debug for LeaderElection {
             .field("ttl", &self.inner.ttl)
             .field("is_leader", &self.is_leader())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leading_since(ago: Duration) -> LeaderElection {
+        let election = LeaderElection::new(&["http://127.0.0.1:1"], "t").unwrap();
+        election.inner.state.lock().leading = Some(Leadership { token: 7, renewed: Instant::now() - ago });
+        election
+    }
+
+    /// The safety of a paused process rests on this, not on the campaign
+    /// thread noticing in time (it may be the one paused): a leadership
+    /// past its renew deadline hands out no token.
+    #[test]
+    fn a_leadership_past_its_renew_deadline_has_no_token() {
+        let fresh = leading_since(Duration::ZERO);
+        assert_eq!((fresh.fencing_token(), fresh.is_leader()), (Some(7), true));
+        let lapsed = leading_since(Duration::from_secs(4)); // TTL 5 s: deadline 3.33 s
+        assert_eq!((lapsed.fencing_token(), lapsed.is_leader()), (None, false));
+        assert_eq!(lapsed.wait_token(|| true), None);
+        assert!(!lapsed.status().is_leader());
     }
 }

@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -98,10 +98,28 @@ impl EtcdClient {
     /// POSTs `body` to `/v3/{path}` on the first member that answers and
     /// returns the reply's JSON.
     fn call(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        self.call_within(path, body, CALL_TIMEOUT)
+    }
+
+    /// [`call`](Self::call), giving up after `timeout` in all (over every
+    /// member tried).
+    fn call_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value, EtcdError> {
+        let deadline = Instant::now() + timeout;
         let mut last = EtcdError("etcd: no endpoint".into());
         for endpoint in &self.endpoints {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EtcdError(format!("etcd: no answer within {timeout:?}")));
+            }
             let url = format!("{endpoint}/v3/{path}");
-            match self.agent.post(&url).header("Content-Type", "application/json").send(body.to_string()) {
+            let request = self
+                .agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .config()
+                .timeout_global(Some(left))
+                .build();
+            match request.send(body.to_string()) {
                 Ok(mut response) => {
                     let text = response.body_mut().read_to_string()?;
                     return serde_json::from_str(&text)
@@ -119,10 +137,10 @@ impl EtcdClient {
         int_field(&reply, "ID")
     }
 
-    /// Renews lease `id`; returns the TTL it has now, or `None` if it has
-    /// expired (or was revoked).
-    pub(crate) fn keep_alive(&self, id: i64) -> Result<Option<Duration>, EtcdError> {
-        let reply = self.call("lease/keepalive", &json!({ "ID": id.to_string() }))?;
+    /// Renews lease `id`, waiting at most `timeout` for an answer; returns
+    /// the TTL it has now, or `None` if it has expired (or was revoked).
+    pub(crate) fn keep_alive(&self, id: i64, timeout: Duration) -> Result<Option<Duration>, EtcdError> {
+        let reply = self.call_within("lease/keepalive", &json!({ "ID": id.to_string() }), timeout)?;
         let result = reply.get("result").unwrap_or(&reply);
         let ttl = int_field(result, "TTL").unwrap_or(0);
         Ok((ttl > 0).then(|| Duration::from_secs(ttl as u64)))

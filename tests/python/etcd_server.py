@@ -28,15 +28,24 @@ class Etcd:
         self.dir = tempfile.mkdtemp(prefix="reconq-etcd-")
         self.endpoint = f"http://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
-        self.proc = subprocess.Popen(
-            [binary, "--name", "test", "--data-dir", self.dir,
-             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
-             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"test={peer_url}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.command = [
+            binary, "--name", "test", "--data-dir", self.dir,
+            "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"test={peer_url}",
+        ]
+        self._run()
+
+    def _run(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.healthy, timeout=30, what="etcd to become healthy")
+
+    def restart(self) -> None:
+        """Kills etcd and starts it again on the same ports and data (its
+        keys and leases survive, as after a crash of a real member)."""
+        self.proc.kill()
+        self.proc.wait()
+        self._run()
 
     def healthy(self) -> bool:
         try:
