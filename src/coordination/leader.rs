@@ -40,6 +40,10 @@ pub enum OnLost {
 const MIN_TTL: Duration = Duration::from_secs(2);
 /// The longest wait between retries while etcd is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a standby's quiet watch stays open before it is reopened (to
+/// notice that the campaign was stopped): the only wake-up of an idle
+/// standby.
+const WATCH_REOPEN: Duration = Duration::from_secs(60);
 
 /// A campaign for leadership of `name` among every process that runs one
 /// with the same name and endpoints. Cheap to clone: clones share one
@@ -78,6 +82,11 @@ struct State {
     /// under this lock together with the decision, so a user joining while
     /// the thread winds down starts a new one rather than finding none.
     campaigning: bool,
+    /// The campaign thread may hold a lease (from before it asks for one
+    /// until it has revoked it or lost it): `stop` waits for this to clear,
+    /// so leadership is given up when `stop` returns, but never for a
+    /// standby blocked in its watch.
+    lease_held: bool,
     leading: Option<Leadership>,
     /// Who leads, as last seen (their identity).
     leader: Option<String>,
@@ -181,14 +190,18 @@ impl LeaderElection {
     }
 
     /// Ends the campaign for good: a leader revokes its lease, so a standby
-    /// takes over at once (L4). Waits for the campaign thread.
+    /// takes over at once (L4). Returns once no lease of ours is left
+    /// (bounded by etcd's call timeouts); a standby's thread, blocked in
+    /// its watch, exits by itself when the watch next wakes.
     pub fn stop(&self) {
-        let thread = {
-            let mut st = self.inner.state.lock();
-            st.stopped = true;
-            self.inner.cv.notify_all();
-            st.thread.take()
-        };
+        let mut st = self.inner.state.lock();
+        st.stopped = true;
+        self.inner.cv.notify_all();
+        while st.lease_held {
+            self.inner.cv.wait(&mut st);
+        }
+        let thread = st.thread.take_if(|thread| thread.is_finished());
+        drop(st);
         if let Some(thread) = thread {
             let _ = thread.join();
         }
@@ -343,6 +356,12 @@ impl Election {
         !st.stopped && (st.kept || st.users > 0)
     }
 
+    fn set_lease_held(&self, held: bool) {
+        let mut st = self.state.lock();
+        st.lease_held = held;
+        self.cv.notify_all();
+    }
+
     fn unwanted(&self) -> bool {
         !Self::wanted(&self.state.lock())
     }
@@ -403,10 +422,12 @@ impl Election {
     fn campaign_while_wanted(&self) {
         let mut backoff = Duration::from_millis(100);
         while !self.unwanted() {
+            self.set_lease_held(true);
             let sent = Instant::now();
             let lease = match self.client.grant(self.ttl) {
                 Ok(lease) => lease,
                 Err(e) => {
+                    self.set_lease_held(false);
                     if self.failed("granting a lease", &e, &mut backoff) {
                         break;
                     }
@@ -423,6 +444,7 @@ impl Election {
                     // Not ours: give the lease back and watch for the key's
                     // deletion (by its holder's stop, or its lease expiring).
                     let _ = self.client.revoke(lease);
+                    self.set_lease_held(false);
                     {
                         let mut st = self.state.lock();
                         st.leader = Some(String::from_utf8_lossy(&holder.value).into_owned());
@@ -432,6 +454,7 @@ impl Election {
                 }
                 Err(e) => {
                     let _ = self.client.revoke(lease);
+                    self.set_lease_held(false);
                     if self.failed("campaigning", &e, &mut backoff) {
                         break;
                     }
@@ -440,27 +463,16 @@ impl Election {
         }
     }
 
-    /// Waits (without polling etcd) until the election key is deleted
-    /// after `revision`, or no longer wanted.
+    /// Waits until the election key is deleted after `revision`, or no
+    /// longer wanted: one watch stream, which etcd answers the moment the
+    /// key goes (no polling). A quiet stream is reopened every
+    /// [`WATCH_REOPEN`], only to notice a stop.
     fn watch_until_free(&self, revision: i64, backoff: &mut Duration) {
         loop {
-            match self.client.wait_deleted(&self.key, revision, Duration::from_secs(1), || self.unwanted()) {
+            match self.client.wait_deleted(&self.key, revision, WATCH_REOPEN, || self.unwanted()) {
                 Ok(true) => return,
-                // Stopped, or a quiet second: check the key still exists.
-                Ok(false) => {
-                    if self.unwanted() {
-                        return;
-                    }
-                    match self.client.get(&self.key) {
-                        Ok(None) => return,
-                        Ok(Some(_)) => {}
-                        Err(e) => {
-                            if self.failed("watching the leader", &e, backoff) {
-                                return;
-                            }
-                        }
-                    }
-                }
+                Ok(false) if self.unwanted() => return,
+                Ok(false) => {}
                 // Campaign again (after the back-off): the key may be gone.
                 Err(e) => {
                     self.failed("watching the leader", &e, backoff);
@@ -488,6 +500,7 @@ impl Election {
                 // Stopped, or the last user left: give leadership up at once (L4).
                 self.state.lock().leading = None;
                 let _ = self.client.revoke(lease);
+                self.set_lease_held(false);
                 return;
             }
             // Leadership ends at the renew deadline, not whenever a hung
@@ -531,6 +544,9 @@ impl Election {
             let mut st = self.state.lock();
             st.leading = None;
             st.leader = None;
+            // Expired, or out of reach: nothing left to revoke.
+            st.lease_held = false;
+            self.cv.notify_all();
             st.on_lost.retain(|f| f.strong_count() > 0);
             st.on_lost.iter().filter_map(Weak::upgrade).collect()
         };

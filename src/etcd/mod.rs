@@ -173,15 +173,6 @@ impl EtcdClient {
         }
     }
 
-    /// The current value of `key`, if any.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
-        let reply = self.call("kv/range", &json!({ "key": BASE64.encode(key) }))?;
-        match reply.get("kvs").and_then(Value::as_array).and_then(|kvs| kvs.first()) {
-            Some(kv) => key_value(kv).map(Some),
-            None => Ok(None),
-        }
-    }
-
     /// Blocks until `key` is deleted at a revision after `after`, or
     /// `stopped()` turns true (checked at least every `poll` while the
     /// watch is quiet: the stream carries etcd's progress notifications,

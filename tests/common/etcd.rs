@@ -53,6 +53,21 @@ impl Etcd {
         }
     }
 
+    /// gRPC messages etcd has received so far, by method (`Range`, `Txn`,
+    /// `LeaseGrant`, `LeaseKeepAlive`, `Watch`, ...), from its /metrics:
+    /// what our client asked of it, whatever the JSON gateway made of it.
+    pub fn requests(&self) -> std::collections::HashMap<String, u64> {
+        let url = format!("{}/metrics", self.endpoint);
+        let text = ureq::get(&url).call().unwrap().body_mut().read_to_string().unwrap();
+        let mut out = std::collections::HashMap::new();
+        for line in text.lines().filter(|l| l.starts_with("grpc_server_msg_received_total{")) {
+            let method = line.split("grpc_method=\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap();
+            let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            *out.entry(method.to_owned()).or_default() += value as u64;
+        }
+        out
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
