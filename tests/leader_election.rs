@@ -4,6 +4,7 @@
 
 mod common;
 #[path = "common/etcd.rs"]
+#[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
 mod etcd;
 
 use std::sync::Arc;
@@ -298,4 +299,48 @@ fn a_standby_managers_controller_removed_runs_neither_do_nor_stop() {
     m.remove_and_wait("never").unwrap();
     assert!(ran.lock().is_empty(), "{:?}", ran.lock());
     ea.stop();
+}
+
+const EXIT_CHILD_ENV: &str = "RECONQ_ON_LOST_EXIT_ENDPOINT";
+
+/// L3 with `OnLost::Exit`: a leader cut off from etcd ends its process with
+/// status 1, as controller-runtime does (run in a child process).
+#[test]
+fn on_lost_exit_ends_the_process_with_status_1() {
+    if let Ok(endpoint) = std::env::var(EXIT_CHILD_ENV) {
+        let le = LeaderElection::new(&[endpoint], "l3-exit").unwrap().ttl(TTL).unwrap().on_lost(reconq::OnLost::Exit);
+        let _h =
+            Controller::new("l3-exit", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+                .leader_election(le.clone())
+                .start();
+        wait_for("leadership", || le.is_leader());
+        println!("leading");
+        std::thread::sleep(PATIENCE * 3); // the exit comes first
+        return;
+    }
+    use std::io::BufRead;
+    let etcd = Etcd::start();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "on_lost_exit_ends_the_process_with_status_1", "--nocapture", "--test-threads=1"])
+        .env(EXIT_CHILD_ENV, &etcd.endpoint)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("leading") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited before leading");
+    }
+    etcd.pause();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the child did not exit on losing leadership");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    etcd.resume();
+    assert_eq!(status.code(), Some(1));
 }

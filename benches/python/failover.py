@@ -1,11 +1,14 @@
-"""W7 fail-over (docs/API section 12, README "Running several replicas"):
+"""W7 fail-over (docs/guarantees.md, "Benchmarks of the second wave"; the
+README's "Running several replicas" shows the figures):
 two replica processes under one election on a loopback etcd, ttl=5. Each
 round ends the leader, by SIGKILL (a crash) or SIGTERM (``run()`` stops:
 reconciles return, then the lease is revoked), and times how long until
 the standby's first reconcile as leader; a fresh replica then joins as the
 next standby. Prints p50 / p99 per way, beside controller-runtime's
-defaults (derived in ../shared/research/scaleout.md from LeaseDuration
-15 s, RenewDeadline 10 s, RetryPeriod 2 s with jitter 1.2).
+defaults (derived from its LeaseDuration 15 s, RenewDeadline 10 s and
+RetryPeriod 2 s with client-go's jitter factor 1.2:
+controller-runtime pkg/manager/internal.go, client-go
+tools/leaderelection/leaderelection.go).
 
 The replicas are the chaos tests' (tests/python/chaos_child.py): every
 reconcile writes to a fenced record, and its first accepted write under a

@@ -116,7 +116,7 @@ impl Context {
 
     /// The fencing token of the leadership this reconcile runs under: pass
     /// it to writes so a deposed leader's late writes can be refused. `None`
-    /// without leader election (planned; always `None` today).
+    /// without [leader election](crate::LeaderElection).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }

@@ -5,10 +5,10 @@ the test (``.ci/run`` installs Debian's ``etcd-server``); it never skips."""
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 
 from waiting import wait_for
@@ -40,6 +40,13 @@ class Etcd:
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.healthy, timeout=30, what="etcd to become healthy")
 
+    def pause(self) -> None:
+        """Freezes etcd (SIGSTOP): calls to it hang until they time out."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Kills etcd and starts it again on the same ports and data (its
         keys and leases survive, as after a crash of a real member)."""
@@ -55,6 +62,7 @@ class Etcd:
             return False
 
     def close(self) -> None:
+        self.resume()
         self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -44,7 +44,7 @@ class Replicas:
     def __init__(self, etcd: Etcd, record: FencedRecord) -> None:
         self.etcd = etcd
         self.record = record
-        self.procs: Dict[int, subprocess.Popen] = {}
+        self.procs: Dict[int, "subprocess.Popen[str]"] = {}
         self.spawned = 0
         #: (pid, the token it led with when paused, when it was woken)
         self.paused: List[Tuple[int, int, float]] = []
@@ -73,7 +73,8 @@ class Replicas:
                     return a.pid, a.token
             return None
 
-        return wait_for(newer, timeout=PATIENCE + 3 * TTL, what=f"a leader after token {token}")
+        found: Tuple[int, int] = wait_for(newer, timeout=PATIENCE + 3 * TTL, what=f"a leader after token {token}")
+        return found
 
     def kill(self, pid: int, sig: int) -> None:
         os.kill(pid, sig)

@@ -173,3 +173,29 @@ def test_stats_status_and_the_metric_show_who_leads(etcd: Etcd, make: Any) -> No
     a.stop()
     wait_for(lambda: eb.is_leader, what="b to take over without ea.stop()")
     b.stop()
+
+
+def test_on_lost_exit_ends_the_process_with_status_1(etcd: Etcd) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            import reconq
+            from waiting import wait_for
+            le = reconq.LeaderElection({etcd.endpoint!r}, "exit-on-loss", ttl=2, on_lost="exit")
+            c = reconq.Controller(lambda key: None, leader_election=le)
+            c.start()
+            wait_for(lambda: le.is_leader, what="leadership")
+            print("leading", flush=True)
+            time.sleep(60)  # the exit comes first
+        """)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).parent),
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "leading"
+    etcd.pause()  # renewals hang: the leader gives up at its renew deadline
+    try:
+        assert child.wait(PATIENCE) == 1
+    finally:
+        etcd.resume()
