@@ -216,6 +216,23 @@ MUTANTS = [
         "shuttle_controller",
         "manager_self_removal_racing_remove_all",
     ),
+    Mutant(
+        "leadership-checked-before-begin",
+        "worker: the fencing token is read before the reconcile is marked running, so a loss in between cancels nothing",
+        "src/controller/worker.rs",
+        """        begin(core, rt, slot, &key);
+        // Asked after `begin`: a leadership lost after this check cancels
+        // this reconcile (the loss clears the token, then cancels what its
+        // callback finds running, and `begin` made us findable).
+        if let Some(election) = &rt.leader {
+            match election.token() {""",
+        """        let early = rt.leader.as_ref().and_then(LeaderElection::token);
+        begin(core, rt, slot, &key);
+        if let Some(election) = &rt.leader {
+            match early {""",
+        "shuttle_controller",
+        "leadership_lost_during_reconciles",
+    ),
 ]
 
 

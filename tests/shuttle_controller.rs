@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reconq::{
-    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager,
-    ReconcileError,
+    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock,
+    LeaderElection, Manager, ReconcileError,
 };
 use shuttle::sync::Mutex;
 use shuttle::thread;
@@ -57,7 +57,8 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 8] = [
+    let models: [fn(); 9] = [
+        leadership_lost_during_reconciles_model,
         worker_loop_requeue_racing_readds_model,
         group_limit_racing_finish_model,
         drain_racing_enqueues_and_start_model,
@@ -363,6 +364,72 @@ fn stop_cancels_every_reconcile_model() {
     assert!(handle.wait_stopped(None));
     drainer.join().unwrap();
     assert!(handle.join_timeout(FOREVER), "a worker never exited");
+}
+
+// ---------------------------------------------------------------------------
+// (b3) Leadership lost while keys are being handed out and reconciled.
+
+/// **(b3) a lease lost during reconciles** (guarantees §10, L3). Two
+/// workers and three keys under an election the model wins with token 1;
+/// a loser thread loses it (as a failed renewal does) at whatever point
+/// shuttle picks: before a worker checks the token, between its check and
+/// the reconcile, while reconciles run, as they return.
+///
+/// Invariants: every reconcile runs under token 1, and is cancelled by the
+/// loss (each waits for the loss to be done, then must see its cancel):
+/// none runs on, uncancelled, after its leadership ended, and none is
+/// handed out after it. The standing-by workers exit on stop.
+#[test]
+fn leadership_lost_during_reconciles() {
+    explore(leadership_lost_during_reconciles_model);
+}
+
+fn leadership_lost_during_reconciles_model() {
+    #[derive(Default)]
+    struct Log {
+        lost: bool,
+        violations: Vec<String>,
+    }
+    let log = Arc::new((Mutex::new(Log::default()), shuttle::sync::Condvar::new()));
+    let election = LeaderElection::model("b3");
+    election.model_win(1);
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            let (lock, lost_cv) = &*log;
+            let mut l = lock.lock().unwrap();
+            if ctx.fencing_token() != Some(1) {
+                l.violations.push(format!("key {key} ran with token {:?}", ctx.fencing_token()));
+            }
+            // Whether it got here before or after the loss, it was handed
+            // out before it: once the loss is done it must be cancelled.
+            while !l.lost {
+                l = lost_cv.wait(l).unwrap();
+            }
+            if !ctx.is_cancelled() {
+                l.violations.push(format!("key {key} ran on uncancelled after the loss"));
+            }
+            Ok(Action::Done)
+        }
+    };
+    let handle = Controller::new("b3", reconcile).workers(2).leader_election(election.clone()).start();
+    for key in 0..3 {
+        handle.enqueue(key);
+    }
+    let loser = {
+        let (election, log) = (election.clone(), Arc::clone(&log));
+        thread::spawn(move || {
+            election.model_lose();
+            log.0.lock().unwrap().lost = true;
+            log.1.notify_all();
+        })
+    };
+    loser.join().unwrap();
+    handle.stop();
+    assert!(handle.wait_stopped(None));
+    assert!(handle.join_timeout(FOREVER), "a worker never exited");
+    let violations = std::mem::take(&mut log.0.lock().unwrap().violations);
+    assert!(violations.is_empty(), "{violations:?}");
 }
 
 // ---------------------------------------------------------------------------

@@ -287,6 +287,33 @@ impl LeaderElection {
     }
 }
 
+/// Hooks for the shuttle models (`tests/shuttle_controller.rs`): an election
+/// that never talks to etcd, won and lost when the model says so.
+#[cfg(feature = "shuttle")]
+#[doc(hidden)]
+impl LeaderElection {
+    pub fn model(name: &str) -> Self {
+        let election = Self::new(&["http://127.0.0.1:1"], name).expect("a valid model election");
+        // Stopped: no campaign thread; `model_win` and `model_lose` decide.
+        election.inner.state.lock().stopped = true;
+        election
+    }
+
+    /// Leads with `token` (renewed in the far future: no clock decides
+    /// anything in a model).
+    pub fn model_win(&self, token: u64) {
+        let mut st = self.inner.state.lock();
+        st.leading = Some(Leadership { token, renewed: Instant::now() + Duration::from_secs(3600) });
+        self.inner.cv.notify_all();
+    }
+
+    /// Loses leadership as a failed renewal does.
+    pub fn model_lose(&self) {
+        let token = self.inner.state.lock().leading.map_or(0, |l| l.token);
+        self.inner.lose(token, "lost in a model");
+    }
+}
+
 /// A snapshot of a [`LeaderElection`], as status and stats show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaderStatus {
