@@ -132,6 +132,25 @@ pub(crate) fn election_lost(election: &str, token: u64, why: &str) {
     tracing::warn!(target: ELECTION, election = %election, fencing_token = token, why, "lost leadership");
 }
 
+/// Target of sharding's events.
+const SHARDING: &str = "reconq::sharding";
+
+/// Talking to etcd failed; sharding retries after `backoff`.
+pub(crate) fn sharding_error(sharding: &str, error: &str, backoff: Duration) {
+    tracing::warn!(target: SHARDING, sharding = %sharding, error, retry_in = ?backoff, "etcd unreachable; retrying");
+}
+
+/// Partitions changed hands: gained (claimed) or given up.
+pub(crate) fn partitions_moved(sharding: &str, what: &str, partitions: &std::collections::BTreeSet<u32>) {
+    tracing::info!(target: SHARDING, sharding = %sharding, partitions = ?partitions, "{what}");
+}
+
+/// Partitions were lost without a hand-over (the lease expired or could
+/// not be renewed in time).
+pub(crate) fn partitions_lost(sharding: &str, why: &str, partitions: &std::collections::BTreeSet<u32>) {
+    tracing::warn!(target: SHARDING, sharding = %sharding, partitions = ?partitions, why, "lost partitions");
+}
+
 /// A stop is still waiting for these reconciles to return (call with no
 /// lock held).
 pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {

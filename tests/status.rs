@@ -227,6 +227,7 @@ fn periodic_entries_after_a_known_sequence() {
         EntryKind::Periodic(PeriodicDetails {
             manager: MANAGER.into(),
             running: false,
+            leader: None,
             last_duration: Some(Duration::ZERO),
             next_run_in: Some(secs(1)),
         })
@@ -320,6 +321,8 @@ fn the_table_aligns_its_columns() {
             hanging: Vec::new(),
             store: None,
             leader: None,
+            shards: None,
+            not_owned: 0,
         }),
         successes: 12000,
         failures: 345,

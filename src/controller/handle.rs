@@ -72,6 +72,12 @@ pub struct Stats {
     /// once started: whether this process leads, who does, and the last
     /// error talking to etcd.
     pub leader: Option<crate::LeaderStatus>,
+    /// With [`sharding`](crate::Controller::sharding), once started: the
+    /// partitions owned, the live replicas, the last error talking to etcd.
+    pub shards: Option<crate::ShardStatus>,
+    /// Keys dropped because another replica owns them (sharding): enqueues
+    /// of keys not ours, and keys whose partition moved before their turn.
+    pub not_owned: u64,
 }
 
 /// How often a stop waiting for reconciles logs which ones it waits for.
@@ -196,6 +202,12 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// Counters, queue sizes, hangs and the last error.
     pub fn stats(&self) -> Stats {
         self.core.stats_and_hanging().0
+    }
+
+    /// With [`sharding`](super::Controller::sharding): the partitions this
+    /// replica owns now (empty before start, or while cut off from etcd).
+    pub fn owned_partitions(&self) -> std::collections::BTreeSet<u32> {
+        self.stats().shards.map(|s| s.owned).unwrap_or_default()
     }
 
     /// Keys being reconciled per group (guarantees §8), for a controller built

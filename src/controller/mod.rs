@@ -31,6 +31,7 @@
 //! ```
 
 mod context;
+mod gate;
 mod groups;
 mod handle;
 mod inspect;
@@ -50,7 +51,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
-use crate::coordination::{LeaderElection, Seat};
+use crate::coordination::{LeaderElection, Sharding};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
@@ -99,6 +100,9 @@ pub struct Controller<K: ControllerKey> {
     clock: Arc<dyn Clock>,
     grouping: Option<Arc<dyn Grouping<K>>>,
     store: Option<Box<ClaimFn<K>>>,
+    /// Leader election or sharding, joined at start.
+    coordinate: Option<gate::Join<K>>,
+    resync: Option<gate::Resync<K>>,
 }
 
 /// Claims the controller's name in its store at start (the key type's
@@ -115,6 +119,33 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
         self.store = Some(Box::new(move |name: &str| {
             Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
         }));
+        self
+    }
+
+    /// Reconciles only the keys of the partitions this replica owns in
+    /// `sharding`'s group (guarantees §11): an enqueue of another key drops
+    /// it (counted in [`Stats::not_owned`]); when partitions are gained,
+    /// [`resync`](Self::resync)'s keys of those partitions are enqueued;
+    /// before a partition is given up its keys stop being handed out and
+    /// their reconciles return. Each reconcile's
+    /// [`Context::fencing_token`] is its partition's token. One controller
+    /// per `Sharding`; starting the controller joins the group and its
+    /// stop leaves it.
+    ///
+    /// # Panics
+    /// If the controller already has a leader election.
+    pub fn sharding(mut self, sharding: Sharding) -> Self {
+        assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
+        self.coordinate = Some(gate::shards(sharding));
+        self
+    }
+
+    /// Lists every key that should be reconciled (every replica's, as a
+    /// Kubernetes controller lists every object): called when sharding
+    /// gives this replica partitions, to enqueue their keys. Called on
+    /// sharding's thread; keep it quick.
+    pub fn resync<I: IntoIterator<Item = K>>(mut self, resync: impl Fn() -> I + Send + Sync + 'static) -> Self {
+        self.resync = Some(Arc::new(move || resync().into_iter().collect()));
         self
     }
 }
@@ -134,6 +165,8 @@ impl<K: ControllerKey> Controller<K> {
             clock: Arc::new(SystemClock),
             grouping: None,
             store: None,
+            coordinate: None,
+            resync: None,
         }
     }
 
@@ -306,8 +339,12 @@ impl<K: ControllerKey> Controller<K> {
     /// leadership is lost, running reconciles are cancelled and no new one
     /// starts. Starting the controller starts the campaign; one election
     /// can serve several controllers.
-    pub fn leader_election(self, election: LeaderElection) -> Self {
-        self.core.config.lock().leader = Some(election);
+    ///
+    /// # Panics
+    /// If the controller is already sharded.
+    pub fn leader_election(mut self, election: LeaderElection) -> Self {
+        assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
+        self.coordinate = Some(gate::leader(election));
         self
     }
 
@@ -368,16 +405,10 @@ impl<K: ControllerKey> Controller<K> {
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
-        let on_lost = config.leader.as_ref().map(|election| {
-            let core = Arc::downgrade(&self.core);
-            let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-                if let Some(core) = core.upgrade() {
-                    core.cancel_running();
-                }
-            });
-            election.when_lost(&on_lost);
-            on_lost
-        });
+        let coordination = match self.coordinate.take() {
+            Some(join) => Some(join(&self.core, self.resync.take())?),
+            None => None,
+        };
         let rt = Runtime {
             queue,
             limiter,
@@ -391,9 +422,7 @@ impl<K: ControllerKey> Controller<K> {
             log_errors: config.log_errors,
             grouping: self.grouping,
             store,
-            seat: Mutex::new(config.leader.as_ref().map(LeaderElection::join)),
-            leader: config.leader.clone(),
-            _on_lost: on_lost,
+            coordination,
         };
         let core = &self.core;
         if core.rt.set(rt).is_err() {
@@ -405,7 +434,7 @@ impl<K: ControllerKey> Controller<K> {
             if life.stop_requested {
                 drop(life);
                 rt.queue.shut_down_now();
-                core.leave_election_if_no_workers();
+                core.leave_coordination_if_no_workers();
                 return Ok(handle);
             }
             life.live_workers = config.workers;
@@ -443,7 +472,7 @@ impl<K: ControllerKey> Controller<K> {
                     drop(threads);
                     handle.stop();
                     handle.join_timeout(FAILED_START_JOIN);
-                    core.leave_election_if_no_workers();
+                    core.leave_coordination_if_no_workers();
                     let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
                     return Err(io::Error::new(e.kind(), message));
                 }
@@ -514,7 +543,6 @@ struct Config {
     max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
-    leader: Option<LeaderElection>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -563,14 +591,8 @@ pub(crate) struct Runtime<K> {
     pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
     /// The store seam: told of every key change (`mark`).
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
-    /// Reconcile only while this process leads (guarantees §10).
-    pub(crate) leader: Option<LeaderElection>,
-    /// Our use of `leader`, given up once no worker is left (see
-    /// [`Core::leave_election_if_no_workers`]).
-    seat: Mutex<Option<Seat>>,
-    /// Cancels the running reconciles when leadership is lost; held here
-    /// so the election's weak reference lives as long as the controller.
-    _on_lost: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Leader election or sharding: which keys run here, and when.
+    pub(crate) coordination: Option<gate::Coordinated<K>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -606,6 +628,8 @@ pub(crate) struct Counters {
     pub(crate) panics: AtomicU64,
     /// Reconciles cancelled at their timeout.
     pub(crate) timeouts: AtomicU64,
+    /// Keys dropped because another replica owns them (sharding).
+    pub(crate) not_owned: AtomicU64,
     pub(crate) last_error: Mutex<Option<(String, SystemTime)>>,
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
@@ -682,7 +706,6 @@ impl<K: ControllerKey> Core<K> {
                 max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
-                leader: None,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
@@ -727,6 +750,12 @@ impl<K: ControllerKey> Core<K> {
     /// Adds an enqueued key to the queue, in its group (asked here, with no
     /// engine lock held: see `groups`).
     fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
+        if let Some(coordination) = &rt.coordination
+            && !coordination.gate.accepts(&key)
+        {
+            self.counters.not_owned.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, &key));
         let place = Place { prio: priority, group };
         let marked = rt.store.as_ref().map(|store| (store, key.clone()));
@@ -743,29 +772,30 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// Gives up our seat in the election once every worker has exited, so
-    /// leadership passes on at once (L4) and never while a reconcile of
-    /// ours may still run.
-    pub(crate) fn leave_election_if_no_workers(&self) {
-        let Some(rt) = self.rt.get() else { return };
-        let seat = {
-            let life = self.life.lock();
-            if life.live_workers > 0 {
-                return;
-            }
-            rt.seat.lock().take()
-        };
-        // Outside the life lock: the election takes its own.
-        drop(seat);
+    /// The coordination gate, once started with one.
+    fn gate(&self) -> Option<&dyn gate::Gate<K>> {
+        self.rt.get().and_then(|rt| rt.coordination.as_ref()).map(|c| &*c.gate)
     }
 
-    /// Cancels the reconciles running now (leadership was lost); later
-    /// ones are not affected.
-    pub(crate) fn cancel_running(&self) {
+    /// Gives up our membership (election seat, shard seat) once every
+    /// worker has exited, so leadership or partitions pass on at once (L4)
+    /// and never while a reconcile of ours may still run.
+    pub(crate) fn leave_coordination_if_no_workers(&self) {
+        let Some(coordination) = self.rt.get().and_then(|rt| rt.coordination.as_ref()) else { return };
+        if self.life.lock().live_workers > 0 {
+            return;
+        }
+        // Outside the life lock: leaving talks to etcd.
+        coordination.leave();
+    }
+
+    /// Cancels the reconciles of keys matching `which` running now
+    /// (leadership or partitions were lost); later ones are not affected.
+    pub(crate) fn cancel_running(&self, which: impl Fn(&K) -> bool) {
         if let Some(rt) = self.rt.get() {
             for slot in &rt.slots {
                 let running = slot.running.lock();
-                if running.is_some() {
+                if running.as_ref().is_some_and(|run| which(&run.key)) {
                     slot.signal.set();
                 }
             }
@@ -806,8 +836,8 @@ impl<K: ControllerKey> Core<K> {
                 watchdog.shut_down();
             }
             // Workers waiting for leadership look again, and exit.
-            if let Some(election) = self.rt.get().and_then(|rt| rt.leader.as_ref()) {
-                election.wake();
+            if let Some(coordination) = self.rt.get().and_then(|rt| rt.coordination.as_ref()) {
+                coordination.gate.wake();
             }
         }
         first

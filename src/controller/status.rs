@@ -3,9 +3,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::gate::Gate;
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
-use crate::LeaderElection;
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry};
 
 impl Counters {
@@ -71,7 +71,9 @@ impl<K: ControllerKey> Core<K> {
             last_error,
             last_error_time,
             store: self.rt.get().and_then(|rt| rt.store.as_ref()).map(|store| store.stats()),
-            leader: self.rt.get().and_then(|rt| rt.leader.as_ref()).map(LeaderElection::status),
+            leader: self.gate().and_then(Gate::leader_status),
+            shards: self.gate().and_then(Gate::shard_status),
+            not_owned: c.not_owned.load(Ordering::Relaxed),
         };
         (stats, hanging)
     }
@@ -127,6 +129,8 @@ impl<K: ControllerKey> Core<K> {
             hanging: hanging.into_iter().map(|(key, running)| HangingKey::new(key, running)).collect(),
             store: stats.store.clone(),
             leader: stats.leader.clone(),
+            shards: stats.shards.clone(),
+            not_owned: stats.not_owned,
         };
         StatusEntry {
             name: self.name.clone(),

@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use super::context::{Context, StopSignal};
+use super::gate::{Admission, Gate};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
-use crate::coordination::LeaderElection;
 use crate::logs;
 use crate::observe::metrics::ticks;
 use crate::queue::Priority;
@@ -54,16 +54,22 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let mut started = ticks::now();
     while let Some((key, priority)) = next {
         begin(core, rt, slot, &key);
-        // Asked after `begin`: a leadership lost after this check cancels
+        // Asked after `begin`: a leadership lost after this answer cancels
         // this reconcile (the loss clears the token, then cancels what its
         // callback finds running, and `begin` made us findable).
-        if let Some(election) = &rt.leader {
-            match election.token() {
-                Some(token) => ctx.fencing_token = Some(token),
-                None => {
+        if let Some(coordination) = &rt.coordination {
+            match coordination.gate.admit(&key) {
+                Admission::Run(token) => ctx.fencing_token = Some(token),
+                Admission::Wait => {
                     slot.running.lock().take();
-                    next = stand_by(core, rt, election, key, priority);
+                    next = stand_by(core, rt, &*coordination.gate, key, priority);
                     started = ticks::now();
+                    continue;
+                }
+                Admission::Drop => {
+                    slot.running.lock().take();
+                    core.counters.not_owned.fetch_add(1, Ordering::Relaxed);
+                    (next, started) = rt.queue.done_and_get_stamped(&key, ticks::now());
                     continue;
                 }
             }
@@ -88,6 +94,9 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         };
         let counted = Counted::of(&outcome);
         settle(core, rt, &key, &ctx, outcome, timed_out);
+        if let (Some(coordination), Some(token)) = (&rt.coordination, ctx.fencing_token) {
+            coordination.gate.finished(&key, token);
+        }
         drop(entered);
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
@@ -108,7 +117,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
 fn stand_by<K: ControllerKey>(
     core: &Core<K>,
     rt: &Runtime<K>,
-    election: &LeaderElection,
+    gate: &dyn Gate<K>,
     key: K,
     priority: Priority,
 ) -> Option<(K, Priority)> {
@@ -116,7 +125,9 @@ fn stand_by<K: ControllerKey>(
     // ready again.
     rt.queue.add_with_priority(key.clone(), priority);
     rt.queue.done(&key);
-    election.wait_token(|| core.stopping.load(Ordering::SeqCst))?;
+    if !gate.wait(&|| core.stopping.load(Ordering::SeqCst)) {
+        return None;
+    }
     rt.queue.get_with_priority()
 }
 
@@ -221,7 +232,7 @@ impl<K: ControllerKey> Drop for ExitGuard<K> {
             self.core.life_cv.notify_all();
         }
         if self.worker {
-            self.core.leave_election_if_no_workers();
+            self.core.leave_coordination_if_no_workers();
         }
     }
 }

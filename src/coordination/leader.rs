@@ -18,8 +18,11 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::settings::{
+    DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
+};
 use crate::error::InvalidArgument;
-use crate::etcd::{Created, EtcdClient, check_endpoint};
+use crate::etcd::{Created, EtcdClient, Watch};
 use crate::logs;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
@@ -36,10 +39,6 @@ pub enum OnLost {
     Exit,
 }
 
-/// The etcd minimum lease.
-const MIN_TTL: Duration = Duration::from_secs(2);
-/// The longest wait between retries while etcd is unreachable.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a standby's quiet watch stays open before it is reopened (to
 /// notice that the campaign was stopped): the only wake-up of an idle
 /// standby.
@@ -112,20 +111,8 @@ impl LeaderElection {
     /// # Errors
     /// A malformed endpoint, no endpoint, or an empty name.
     pub fn new<E: AsRef<str>>(endpoints: &[E], name: &str) -> Result<Self, InvalidArgument> {
-        let endpoints = endpoints
-            .iter()
-            .map(|e| check_endpoint(e.as_ref()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(InvalidArgument::new)?;
-        if endpoints.is_empty() {
-            return Err(InvalidArgument::new("leader election needs at least one etcd endpoint"));
-        }
-        if name.is_empty() || name.contains('\0') {
-            return Err(InvalidArgument::new("leader election name must be non-empty, without NUL"));
-        }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let identity = format!("{}-{}", host.trim(), std::process::id());
-        Ok(Self::build(name.to_owned(), endpoints, identity, Duration::from_secs(5), OnLost::Standby))
+        let endpoints = check_endpoints_and_name(endpoints, name, "leader election")?;
+        Ok(Self::build(name.to_owned(), endpoints, default_identity(), DEFAULT_TTL, OnLost::Standby))
     }
 
     fn build(name: String, endpoints: Vec<String>, identity: String, ttl: Duration, on_lost: OnLost) -> Self {
@@ -151,9 +138,7 @@ impl LeaderElection {
     /// # Errors
     /// `ttl` under 2 s.
     pub fn ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
-        if ttl < MIN_TTL {
-            return Err(InvalidArgument::new(format!("ttl must be at least 2 s (etcd's minimum lease), got {ttl:?}")));
-        }
+        let ttl = check_ttl(ttl)?;
         Ok(self.rebuild(|e| e.ttl = ttl))
     }
 
@@ -370,11 +355,9 @@ impl Election {
     }
 
     /// The leader stops counting itself leader this long after its last
-    /// successful renewal was sent: two thirds of the TTL, so at least a
-    /// third of the lease (0.67 s at the minimum TTL) separates it from the
-    /// server expiring the lease and a standby taking over.
+    /// successful renewal was sent (see [`renew_deadline`]).
     fn renew_deadline(&self) -> Duration {
-        self.ttl * 2 / 3
+        renew_deadline(self.ttl)
     }
 
     /// Whether the campaign should go on: not stopped, and started by
@@ -427,7 +410,7 @@ impl Election {
         logs::election_error(&self.name, &message, *backoff);
         self.state.lock().last_error = Some(message);
         let unwanted = self.sleep(*backoff);
-        *backoff = (*backoff * 2).min(MAX_BACKOFF);
+        *backoff = next_backoff(*backoff);
         unwanted
     }
 
@@ -447,7 +430,7 @@ impl Election {
 
     /// Campaign, lead or watch, until no longer wanted.
     fn campaign_while_wanted(&self) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = FIRST_BACKOFF;
         while !self.unwanted() {
             self.set_lease_held(true);
             let sent = Instant::now();
@@ -463,11 +446,11 @@ impl Election {
             };
             match self.client.create_if_absent(&self.key, self.identity.as_bytes(), lease) {
                 Ok(Created::Created { revision }) => {
-                    backoff = Duration::from_millis(100);
+                    backoff = FIRST_BACKOFF;
                     self.lead(lease, revision as u64, sent);
                 }
                 Ok(Created::Taken { holder, revision }) => {
-                    backoff = Duration::from_millis(100);
+                    backoff = FIRST_BACKOFF;
                     // Not ours: give the lease back and watch for the key's
                     // deletion (by its holder's stop, or its lease expiring).
                     let _ = self.client.revoke(lease);
@@ -496,7 +479,7 @@ impl Election {
     /// [`WATCH_REOPEN`], only to notice a stop.
     fn watch_until_free(&self, revision: i64, backoff: &mut Duration) {
         loop {
-            match self.client.wait_deleted(&self.key, revision, WATCH_REOPEN, || self.unwanted()) {
+            match self.client.watch(Watch::Deletion(&self.key), revision, WATCH_REOPEN, || self.unwanted()) {
                 Ok(true) => return,
                 Ok(false) if self.unwanted() => return,
                 Ok(false) => {}

@@ -1,7 +1,14 @@
 //! Coordination between replicas through etcd: [`LeaderElection`] (one
-//! replica of many reconciles; the others wait as warm standbys).
+//! replica of many reconciles; the others wait as warm standbys) and
+//! [`Sharding`] (replicas split the keys' partitions between them).
 
 mod leader;
+mod partition;
+mod settings;
+mod sharding;
 
 pub(crate) use leader::Seat;
 pub use leader::{LeaderElection, LeaderStatus, OnLost};
+pub use partition::partition_of;
+pub(crate) use sharding::ShardHooks;
+pub use sharding::{ShardStatus, Sharding};

@@ -3,9 +3,10 @@
 //! its client port). Blocking calls with timeouts, on the caller's thread:
 //! reconq runs them on its own threads, with no async runtime.
 //!
-//! Only what leader election needs: leases (grant, keep-alive, revoke),
-//! a create-if-absent transaction, a read, and a watch for a key's
-//! deletion. Keys and values are base64 in the gateway's JSON and 64-bit
+//! Only what leader election and sharding need: leases (grant, keep-alive,
+//! revoke), a put, a create-if-absent and a delete-if-ours transaction, a
+//! prefix read, and a watch (for a key's deletion, or any change under a
+//! prefix). Keys and values are base64 in the gateway's JSON and 64-bit
 //! integers are JSON strings; this module hides both.
 
 use std::fmt;
@@ -41,6 +42,7 @@ impl From<ureq::Error> for EtcdError {
 /// A key as it stands in etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyValue {
+    pub(crate) key: String,
     pub(crate) value: Vec<u8>,
     /// The revision that created the key: unique per creation, increasing.
     pub(crate) create_revision: i64,
@@ -54,6 +56,28 @@ pub(crate) enum Created {
     Created { revision: i64 },
     /// Someone holds it; `revision` is the store's revision when we looked.
     Taken { holder: KeyValue, revision: i64 },
+}
+
+/// What a [`EtcdClient::watch`] waits for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Watch<'a> {
+    /// The deletion of this key.
+    Deletion(&'a str),
+    /// Any change to a key under this prefix.
+    Prefix(&'a str),
+}
+
+/// The end of the range of keys that start with `prefix` (etcd's
+/// convention: the prefix with its last byte incremented).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
 }
 
 /// The endpoints of one etcd cluster. Calls go to the first member that
@@ -173,26 +197,59 @@ impl EtcdClient {
         }
     }
 
-    /// Blocks until `key` is deleted at a revision after `after`, or
-    /// `stopped()` turns true (checked at least every `poll` while the
-    /// watch is quiet: the stream carries etcd's progress notifications,
-    /// and a quiet stream times out and is reopened). Returns `Ok(true)`
-    /// when deleted, `Ok(false)` when stopped.
+    /// Puts `key` = `value`, attached to `lease`.
+    pub(crate) fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<(), EtcdError> {
+        let body = json!({ "key": BASE64.encode(key), "value": BASE64.encode(value), "lease": lease.to_string() });
+        self.call("kv/put", &body).map(drop)
+    }
+
+    /// Deletes `key` if it is still the one created at `create_revision`
+    /// (ours), in one transaction; returns whether it was.
+    pub(crate) fn delete_if_created(&self, key: &str, create_revision: i64) -> Result<bool, EtcdError> {
+        let key64 = BASE64.encode(key);
+        let body = json!({
+            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL",
+                          "create_revision": create_revision.to_string() }],
+            "success": [{ "request_delete_range": { "key": key64 } }],
+        });
+        let reply = self.call("kv/txn", &body)?;
+        Ok(reply.get("succeeded").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// Every key under `prefix`, and the store's revision at that read.
+    pub(crate) fn range_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+        let body = json!({ "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)) });
+        let reply = self.call("kv/range", &body)?;
+        let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
+        let kvs = reply.get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        Ok((kvs.iter().map(key_value).collect::<Result<_, _>>()?, revision))
+    }
+
+    /// Blocks until what `watch` names happens at a revision after
+    /// `after`, or `stopped()` turns true (checked at least every `poll`
+    /// while the watch is quiet: a quiet stream times out). Returns
+    /// `Ok(true)` when it happened, `Ok(false)` when stopped or quiet for
+    /// `poll`.
     ///
     /// Sends `Grpc-Metadata-hasleader: true`, so a member cut off from its
     /// cluster's leader cancels the watch instead of leaving it silent.
-    pub(crate) fn wait_deleted(
+    pub(crate) fn watch(
         &self,
-        key: &str,
+        watch: Watch<'_>,
         after: i64,
         poll: Duration,
         stopped: impl Fn() -> bool,
     ) -> Result<bool, EtcdError> {
-        let body = json!({ "create_request": {
-            "key": BASE64.encode(key),
-            "start_revision": (after + 1).to_string(),
-            "filters": ["NOPUT"],
-        }});
+        let start_revision = (after + 1).to_string();
+        let body = match watch {
+            Watch::Deletion(key) => json!({ "create_request": {
+                "key": BASE64.encode(key), "start_revision": start_revision, "filters": ["NOPUT"],
+            }}),
+            Watch::Prefix(prefix) => json!({ "create_request": {
+                "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)),
+                "start_revision": start_revision,
+            }}),
+        };
         let mut last = EtcdError("etcd: no endpoint".into());
         for endpoint in &self.endpoints {
             let url = format!("{endpoint}/v3/watch");
@@ -229,10 +286,9 @@ impl EtcdClient {
                 if result.get("canceled").and_then(Value::as_bool) == Some(true) {
                     return Err(EtcdError(format!("etcd watch canceled: {result}")));
                 }
-                let deleted = result.get("events").and_then(Value::as_array).is_some_and(|events| {
-                    events.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE"))
-                });
-                if deleted {
+                // Deletions carry `"type": "DELETE"`; with the NOPUT filter
+                // they are the only events a deletion watch gets.
+                if result.get("events").and_then(Value::as_array).is_some_and(|events| !events.is_empty()) {
                     return Ok(true);
                 }
             }
@@ -263,7 +319,12 @@ fn key_value(kv: &Value) -> Result<KeyValue, EtcdError> {
         Some(v) => BASE64.decode(v).map_err(|e| EtcdError(format!("etcd: bad value: {e}")))?,
         None => Vec::new(),
     };
-    Ok(KeyValue { value, create_revision: int_field(kv, "create_revision")?, lease: int_field(kv, "lease")? })
+    let key = match kv.get("key").and_then(Value::as_str) {
+        Some(k) => String::from_utf8_lossy(&BASE64.decode(k).map_err(|e| EtcdError(format!("etcd: bad key: {e}")))?)
+            .into_owned(),
+        None => String::new(),
+    };
+    Ok(KeyValue { key, value, create_revision: int_field(kv, "create_revision")?, lease: int_field(kv, "lease")? })
 }
 
 #[cfg(test)]
@@ -276,6 +337,12 @@ mod tests {
         for bad in ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"] {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_key() {
+        assert_eq!(prefix_end("/a/"), b"/a0");
+        assert_eq!(prefix_end("/reconq/shard/s/"), b"/reconq/shard/s0");
     }
 
     #[test]

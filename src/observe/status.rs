@@ -123,6 +123,10 @@ pub struct ControllerDetails {
     /// With leader election, once started (see [`StatusEntry::state`]:
     /// a running standby shows as `"standby"`).
     pub leader: Option<crate::LeaderStatus>,
+    /// With sharding, once started.
+    pub shards: Option<crate::ShardStatus>,
+    /// Keys dropped because another replica owns them.
+    pub not_owned: u64,
 }
 
 /// Where a [`Controller`](crate::Controller) is in its life.

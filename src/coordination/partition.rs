@@ -1,0 +1,38 @@
+//! Which partition a key belongs to (guarantees §11, H1).
+
+use crate::store::{StoreKey, encode_key};
+
+/// The partition of `key` among `partitions`: FNV-1a (64-bit) of the key's
+/// store encoding (the documented byte form shared by Rust and Python, see
+/// [`StoreKey`]), modulo `partitions`. The same in every process, on every
+/// machine, in Rust and Python for keys of the same shape; pinned by tests.
+///
+/// # Panics
+/// If `partitions` is 0.
+pub fn partition_of<K: StoreKey>(key: &K, partitions: u32) -> u32 {
+    assert!(partitions > 0, "partition_of: partitions must be at least 1");
+    (fnv1a64(&encode_key(key)) % u64::from(partitions)) as u32
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes.iter().fold(OFFSET, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pinned: changing these changes which replica owns which key.
+    #[test]
+    fn partitions_are_pinned() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        let pinned: Vec<u32> =
+            ["", "a", "default/web", "ns/name-17"].iter().map(|k| partition_of(&k.to_string(), 64)).collect();
+        let ints: Vec<u32> = [0i64, 1, 42, -7].iter().map(|k| partition_of(k, 64)).collect();
+        let tuple = partition_of(&("default".to_string(), 3i64), 64);
+        assert_eq!((pinned, ints, tuple), (vec![44, 26, 3, 20], vec![37, 50, 55, 43], 21));
+    }
+}

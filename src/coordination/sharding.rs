@@ -1,0 +1,605 @@
+//! Sharding across replicas on etcd (guarantees §11): the keys' partitions
+//! split evenly among live replicas, each reconciling only its own, with
+//! no sharder component: replicas coordinate through etcd alone.
+//!
+//! Each replica keeps a lease and a member key under it
+//! (`/reconq/shard/<name>/members/<identity>`). A partition is owned by
+//! holding `/reconq/shard/<name>/partitions/<p>` with one's lease, created
+//! only if absent (one transaction); its create revision is the partition's
+//! fencing token, so tokens strictly increase with each owner. One thread
+//! per replica watches the prefix (no polling) and, on every change,
+//! targets ⌊P/N⌋ or ⌈P/N⌉ partitions (by its rank among the sorted member
+//! identities): it claims free ones and gives extras up.
+//!
+//! Giving a partition up (H4): it is first marked releasing, so its keys
+//! are no longer handed out; once the reconciles of its keys have returned
+//! (cancelled after [`RELEASE_GRACE`]) the key is deleted, only if still
+//! ours; the next owner claims it and resyncs its keys. A crashed owner's
+//! partitions free themselves when its lease expires. As with leader
+//! election, a replica acts on its partitions only until its renew
+//! deadline (two thirds of the TTL after its last renewal was sent), so
+//! one cut off from etcd stops before its lease can expire on the server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::settings::{
+    DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
+};
+use crate::error::InvalidArgument;
+use crate::etcd::{Created, EtcdClient, KeyValue, Watch};
+use crate::logs;
+use crate::observe::metrics::MetricFamilies;
+use crate::observe::{self, Observed};
+use crate::sync::{Condvar, Mutex};
+use crate::thread::spawn_named;
+
+/// The default number of partitions.
+const DEFAULT_PARTITIONS: u32 = 64;
+/// How long the reconciles of a partition being given up may run on
+/// before they are cancelled.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+/// How often a replica giving partitions up looks whether their
+/// reconciles have returned (only while it gives some up).
+const RELEASE_POLL: Duration = Duration::from_millis(20);
+
+/// Membership in a sharded group of replicas: which partitions of the key
+/// space this process reconciles. Pass it to one controller
+/// ([`Controller::sharding`](crate::Controller::sharding)), which starts it.
+/// Cheap to clone; clones share one membership.
+#[derive(Clone)]
+pub struct Sharding {
+    inner: Arc<Shards>,
+}
+
+struct Shards {
+    /// Reports the owned-partitions gauge.
+    _registration: observe::Registration,
+    name: String,
+    prefix: String,
+    identity: String,
+    ttl: Duration,
+    partitions: u32,
+    client: EtcdClient,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// A controller uses it: settings are fixed.
+    attached: bool,
+    /// The controller stopped (or never will use it again).
+    stopped: bool,
+    lease: Option<i64>,
+    /// When the last successful keep-alive (or the grant) was sent.
+    renewed: Option<Instant>,
+    owned: BTreeMap<u32, Owned>,
+    /// Live replicas, as last seen.
+    members: usize,
+    last_error: Option<String>,
+    hooks: Option<Arc<dyn ShardHooks>>,
+}
+
+struct Owned {
+    token: u64,
+    /// Being given up: its keys are no longer handed out; since when.
+    releasing: Option<Instant>,
+    /// The reconciles of its keys still running were cancelled.
+    cancelled: bool,
+    /// Reconciles of its keys running now, under this token.
+    in_flight: usize,
+}
+
+/// What sharding calls into its controller (on its own thread, with no
+/// lock of its held).
+pub(crate) trait ShardHooks: Send + Sync {
+    /// These partitions were claimed: enqueue their keys (`resync`).
+    fn gained(&self, partitions: &BTreeSet<u32>);
+    /// Cancel the running reconciles of keys in these partitions.
+    fn cancel(&self, partitions: &BTreeSet<u32>);
+}
+
+/// A snapshot of a [`Sharding`], as status and stats show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardStatus {
+    pub name: String,
+    /// The number of partitions of the key space.
+    pub partitions: u32,
+    /// The partitions this process owns now.
+    pub owned: BTreeSet<u32>,
+    /// Live replicas, as last seen.
+    pub members: usize,
+    /// The last error talking to etcd, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+impl Sharding {
+    /// Membership of the group `name` on the etcd members at `endpoints`
+    /// (`http://host:port`, one or several), with 64 partitions, a 5 s TTL
+    /// and the host name and process id as identity.
+    ///
+    /// # Errors
+    /// A malformed endpoint, no endpoint, or an empty name (or one with `/`).
+    pub fn new<E: AsRef<str>>(endpoints: &[E], name: &str) -> Result<Self, InvalidArgument> {
+        let endpoints = check_endpoints_and_name(endpoints, name, "sharding")?;
+        Ok(Self::build(name.to_owned(), endpoints, default_identity(), DEFAULT_TTL, DEFAULT_PARTITIONS))
+    }
+
+    fn build(name: String, endpoints: Vec<String>, identity: String, ttl: Duration, partitions: u32) -> Self {
+        let inner = Arc::new_cyclic(|weak: &Weak<Shards>| Shards {
+            _registration: observe::register(weak.clone()),
+            prefix: format!("/reconq/shard/{name}/"),
+            name,
+            identity,
+            ttl,
+            partitions,
+            client: EtcdClient::new(endpoints),
+            state: Mutex::default(),
+            cv: Condvar::new(),
+        });
+        Self { inner }
+    }
+
+    fn rebuild(self, identity: String, ttl: Duration, partitions: u32) -> Self {
+        let s = &self.inner;
+        assert!(!s.state.lock().attached, "sharding {:?}: configure it before its controller starts", s.name);
+        Self::build(s.name.clone(), s.client.endpoints().to_vec(), identity, ttl, partitions)
+    }
+
+    /// How many partitions the key space is split into (default 64). Every
+    /// replica of a group must use the same number.
+    ///
+    /// # Errors
+    /// Zero partitions.
+    pub fn partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
+        if partitions == 0 {
+            return Err(InvalidArgument::new("partitions must be at least 1"));
+        }
+        let (identity, ttl) = (self.inner.identity.clone(), self.inner.ttl);
+        Ok(self.rebuild(identity, ttl, partitions))
+    }
+
+    /// The lease's time to live (default 5 s, at least 2 s): a crashed
+    /// replica's partitions move after about `ttl`.
+    ///
+    /// # Errors
+    /// `ttl` under 2 s.
+    pub fn ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
+        let ttl = check_ttl(ttl)?;
+        let (identity, partitions) = (self.inner.identity.clone(), self.inner.partitions);
+        Ok(self.rebuild(identity, ttl, partitions))
+    }
+
+    /// How this process is named in the group (default host-pid); unique
+    /// among live replicas.
+    pub fn identity(self, identity: impl Into<String>) -> Self {
+        let (ttl, partitions) = (self.inner.ttl, self.inner.partitions);
+        self.rebuild(identity.into(), ttl, partitions)
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The number of partitions.
+    pub fn partition_count(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    /// The partitions this process owns now (and may reconcile keys of).
+    pub fn owned_partitions(&self) -> BTreeSet<u32> {
+        let st = self.inner.state.lock();
+        if !self.inner.live(&st) {
+            return BTreeSet::new();
+        }
+        st.owned.iter().filter(|(_, o)| o.releasing.is_none()).map(|(&p, _)| p).collect()
+    }
+
+    /// Everything above in one snapshot.
+    pub fn status(&self) -> ShardStatus {
+        let owned = self.owned_partitions();
+        let st = self.inner.state.lock();
+        ShardStatus {
+            name: self.inner.name.clone(),
+            partitions: self.inner.partitions,
+            owned,
+            members: st.members,
+            last_error: st.last_error.clone(),
+        }
+    }
+
+    /// Whether `partition` is ours to reconcile now.
+    pub(crate) fn owns(&self, partition: u32) -> bool {
+        let st = self.inner.state.lock();
+        self.inner.live(&st) && st.owned.get(&partition).is_some_and(|o| o.releasing.is_none())
+    }
+
+    /// Lets a reconcile of a key in `partition` run, counted in flight
+    /// until [`finished`](Self::finished): its token, or `None` (not ours).
+    pub(crate) fn admit(&self, partition: u32) -> Option<u64> {
+        let mut st = self.inner.state.lock();
+        if !self.inner.live(&st) {
+            return None;
+        }
+        let owned = st.owned.get_mut(&partition).filter(|o| o.releasing.is_none())?;
+        owned.in_flight += 1;
+        Some(owned.token)
+    }
+
+    /// A reconcile [`admit`](Self::admit)ted under `token` returned.
+    pub(crate) fn finished(&self, partition: u32, token: u64) {
+        let mut st = self.inner.state.lock();
+        if let Some(owned) = st.owned.get_mut(&partition).filter(|o| o.token == token) {
+            owned.in_flight -= 1;
+        }
+    }
+
+    /// The controller starts: it gets `hooks` called, and the membership
+    /// runs until the returned seat is dropped.
+    ///
+    /// # Errors
+    /// Another controller uses it already.
+    pub(crate) fn attach(&self, hooks: Arc<dyn ShardHooks>) -> std::io::Result<ShardSeat> {
+        let mut st = self.inner.state.lock();
+        if st.attached {
+            let message = format!("sharding {:?} serves one controller; make one per controller", self.inner.name);
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
+        }
+        st.attached = true;
+        st.hooks = Some(hooks);
+        let shards = Arc::clone(&self.inner);
+        spawn_named(format!("reconq-shard-{}", self.inner.name), None, move || shards.run())?;
+        Ok(ShardSeat { sharding: self.clone() })
+    }
+}
+
+/// A controller's use of its [`Sharding`], dropped once no worker of it is
+/// left: the lease is revoked, which deletes the member key and every
+/// partition key at once, so the others take them over without waiting
+/// for a TTL (and never while a reconcile of ours runs).
+pub(crate) struct ShardSeat {
+    sharding: Sharding,
+}
+
+impl Drop for ShardSeat {
+    fn drop(&mut self) {
+        let s = &self.sharding.inner;
+        let lease = {
+            let mut st = s.state.lock();
+            st.stopped = true;
+            st.owned.clear();
+            st.hooks = None;
+            s.cv.notify_all();
+            st.lease.take()
+        };
+        if let Some(lease) = lease {
+            let _ = s.client.revoke(lease);
+        }
+    }
+}
+
+impl Shards {
+    fn live(&self, st: &State) -> bool {
+        st.renewed.is_some_and(|r| r.elapsed() < renew_deadline(self.ttl))
+    }
+
+    fn stopped(&self) -> bool {
+        self.state.lock().stopped
+    }
+
+    fn member_key(&self) -> String {
+        format!("{}members/{}", self.prefix, self.identity)
+    }
+
+    fn partition_key(&self, partition: u32) -> String {
+        format!("{}partitions/{partition}", self.prefix)
+    }
+
+    /// Sleeps `d` or until stopped; returns whether stopped.
+    fn sleep(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut st = self.state.lock();
+        while !st.stopped {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                break;
+            }
+        }
+        st.stopped
+    }
+
+    fn failed(&self, what: &str, error: &dyn fmt::Display, backoff: &mut Duration) -> bool {
+        let message = format!("{what}: {error}");
+        logs::sharding_error(&self.name, &message, *backoff);
+        self.state.lock().last_error = Some(message);
+        let stopped = self.sleep(*backoff);
+        *backoff = next_backoff(*backoff);
+        stopped
+    }
+
+    /// The membership thread: join with a fresh lease, then keep it and
+    /// rebalance on every change, until stopped.
+    fn run(self: Arc<Self>) {
+        let mut backoff = FIRST_BACKOFF;
+        while !self.stopped() {
+            let sent = Instant::now();
+            let lease = match self.client.grant(self.ttl) {
+                Ok(lease) => lease,
+                Err(e) => {
+                    if self.failed("granting a lease", &e, &mut backoff) {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            if let Err(e) = self.client.put(&self.member_key(), self.identity.as_bytes(), lease) {
+                let _ = self.client.revoke(lease);
+                if self.failed("joining", &e, &mut backoff) {
+                    return;
+                }
+                continue;
+            }
+            {
+                let mut st = self.state.lock();
+                if st.stopped {
+                    drop(st);
+                    let _ = self.client.revoke(lease);
+                    return;
+                }
+                st.lease = Some(lease);
+                st.renewed = Some(sent);
+                st.last_error = None;
+            }
+            backoff = FIRST_BACKOFF;
+            self.serve(lease, sent);
+        }
+    }
+
+    /// Keeps `lease` alive and the partitions balanced until the lease is
+    /// lost (then everything held under it is dropped) or stopped.
+    fn serve(&self, lease: i64, granted: Instant) {
+        let interval = self.ttl / 3;
+        let mut renewed = granted;
+        let mut next_keep_alive = granted + interval;
+        let mut seen: Option<i64> = None;
+        loop {
+            if self.stopped() {
+                return;
+            }
+            match self.client.range_prefix(&self.prefix) {
+                Ok((kvs, revision)) => {
+                    seen = Some(revision);
+                    self.rebalance(&kvs, lease);
+                }
+                Err(e) => self.state.lock().last_error = Some(format!("reading the group: {e}")),
+            }
+            // Wait for a change, the keep-alive, or (while giving
+            // partitions up) their reconciles to return.
+            let mut wake = next_keep_alive;
+            if self.releasing() {
+                wake = wake.min(Instant::now() + RELEASE_POLL);
+            }
+            let wait = wake.saturating_duration_since(Instant::now());
+            match seen {
+                Some(revision) if !wait.is_zero() => {
+                    if let Err(e) = self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.stopped()) {
+                        self.state.lock().last_error = Some(format!("watching the group: {e}"));
+                        seen = None;
+                        self.sleep(wake.saturating_duration_since(Instant::now()).min(RELEASE_POLL * 10));
+                    }
+                }
+                _ => {
+                    self.sleep(wait);
+                }
+            }
+            if Instant::now() < next_keep_alive {
+                continue;
+            }
+            let left = (renewed + renew_deadline(self.ttl)).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.lose_everything("could not renew the lease in time");
+                return;
+            }
+            let sent = Instant::now();
+            match self.client.keep_alive(lease, left) {
+                Ok(Some(_)) => {
+                    renewed = sent;
+                    next_keep_alive = sent + interval;
+                    let mut st = self.state.lock();
+                    st.renewed = Some(sent);
+                    st.last_error = None;
+                }
+                Ok(None) => {
+                    self.lose_everything("the lease expired");
+                    return;
+                }
+                Err(e) => {
+                    self.state.lock().last_error = Some(format!("renewing the lease: {e}"));
+                    next_keep_alive =
+                        (Instant::now() + Duration::from_millis(200)).min(renewed + renew_deadline(self.ttl));
+                }
+            }
+        }
+    }
+
+    fn releasing(&self) -> bool {
+        self.state.lock().owned.values().any(|o| o.releasing.is_some())
+    }
+
+    /// One look at the group (`kvs`: every member and partition key):
+    /// forget partitions that are no longer ours, finish hand-overs whose
+    /// reconciles returned, give extras up and claim free ones.
+    fn rebalance(&self, kvs: &[KeyValue], lease: i64) {
+        let members_prefix = format!("{}members/", self.prefix);
+        let partitions_prefix = format!("{}partitions/", self.prefix);
+        let mut members: Vec<&str> = kvs.iter().filter_map(|kv| kv.key.strip_prefix(&members_prefix)).collect();
+        members.sort_unstable();
+        let holders: BTreeMap<u32, &KeyValue> =
+            kvs.iter().filter_map(|kv| Some((kv.key.strip_prefix(&partitions_prefix)?.parse().ok()?, kv))).collect();
+
+        // Ours in our books but not in etcd (deleted, or our lease was
+        // replaced): gone, without a hand-over.
+        let vanished: BTreeSet<u32> = {
+            let st = self.state.lock();
+            st.owned
+                .iter()
+                .filter(|(p, o)| holders.get(p).is_none_or(|kv| kv.create_revision as u64 != o.token))
+                .map(|(&p, _)| p)
+                .collect()
+        };
+        if !vanished.is_empty() {
+            self.drop_partitions(&vanished, "their keys were deleted");
+        }
+        self.finish_hand_overs();
+
+        let Some(rank) = members.iter().position(|m| *m == self.identity) else {
+            return; // our member key is not visible yet
+        };
+        let n = members.len() as u32;
+        let target = (self.partitions / n + u32::from((rank as u32) < self.partitions % n)) as usize;
+        let (held, extras) = {
+            let mut st = self.state.lock();
+            st.members = members.len();
+            let held = st.owned.values().filter(|o| o.releasing.is_none()).count();
+            let extras: Vec<u32> = st
+                .owned
+                .iter()
+                .rev()
+                .filter(|(_, o)| o.releasing.is_none())
+                .map(|(&p, _)| p)
+                .take(held.saturating_sub(target))
+                .collect();
+            let now = Instant::now();
+            for p in &extras {
+                if let Some(o) = st.owned.get_mut(p) {
+                    o.releasing = Some(now);
+                }
+            }
+            (held, extras)
+        };
+        if !extras.is_empty() {
+            logs::partitions_moved(&self.name, "giving partitions up", &extras.iter().copied().collect());
+            self.finish_hand_overs();
+        }
+        let wanted = target.saturating_sub(held);
+        if wanted == 0 {
+            return;
+        }
+        let mut gained = BTreeSet::new();
+        for p in (0..self.partitions).filter(|p| !holders.contains_key(p)).take(wanted) {
+            match self.client.create_if_absent(&self.partition_key(p), self.identity.as_bytes(), lease) {
+                Ok(Created::Created { revision }) => {
+                    let owned = Owned { token: revision as u64, releasing: None, cancelled: false, in_flight: 0 };
+                    self.state.lock().owned.insert(p, owned);
+                    gained.insert(p);
+                }
+                Ok(Created::Taken { .. }) => {}
+                Err(e) => {
+                    self.state.lock().last_error = Some(format!("claiming partition {p}: {e}"));
+                    break;
+                }
+            }
+        }
+        if !gained.is_empty() {
+            logs::partitions_moved(&self.name, "claimed partitions", &gained);
+            let hooks = self.state.lock().hooks.clone();
+            if let Some(hooks) = hooks {
+                hooks.gained(&gained);
+            }
+        }
+    }
+
+    /// Deletes the keys of partitions being given up whose reconciles have
+    /// all returned; cancels those still running past the grace.
+    fn finish_hand_overs(&self) {
+        let (done, overdue, hooks) = {
+            let mut st = self.state.lock();
+            let done: Vec<(u32, u64)> = st
+                .owned
+                .iter()
+                .filter(|(_, o)| o.releasing.is_some() && o.in_flight == 0)
+                .map(|(&p, o)| (p, o.token))
+                .collect();
+            let mut overdue = BTreeSet::new();
+            for (&p, o) in st.owned.iter_mut() {
+                if o.releasing.is_some_and(|since| since.elapsed() >= RELEASE_GRACE) && o.in_flight > 0 && !o.cancelled
+                {
+                    o.cancelled = true;
+                    overdue.insert(p);
+                }
+            }
+            (done, overdue, st.hooks.clone())
+        };
+        if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
+            hooks.cancel(&overdue);
+        }
+        for (p, token) in done {
+            // Only while still ours: a key recreated by someone else (our
+            // lease expired meanwhile) is theirs.
+            match self.client.delete_if_created(&self.partition_key(p), token as i64) {
+                Ok(_) => {
+                    self.state.lock().owned.remove(&p);
+                }
+                Err(e) => self.state.lock().last_error = Some(format!("giving partition {p} up: {e}")),
+            }
+        }
+    }
+
+    /// Partitions lost without a hand-over: no longer ours, their running
+    /// reconciles cancelled.
+    fn drop_partitions(&self, partitions: &BTreeSet<u32>, why: &str) {
+        let hooks = {
+            let mut st = self.state.lock();
+            for p in partitions {
+                st.owned.remove(p);
+            }
+            st.hooks.clone()
+        };
+        logs::partitions_lost(&self.name, why, partitions);
+        if let Some(hooks) = hooks {
+            hooks.cancel(partitions);
+        }
+    }
+
+    /// The lease is gone: so is every partition held under it.
+    fn lose_everything(&self, why: &str) {
+        let all: BTreeSet<u32> = {
+            let mut st = self.state.lock();
+            st.lease = None;
+            st.renewed = None;
+            st.owned.keys().copied().collect()
+        };
+        if !all.is_empty() {
+            self.drop_partitions(&all, why);
+        }
+    }
+}
+
+impl Observed for Shards {
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        let owned = {
+            let st = self.state.lock();
+            if self.live(&st) { st.owned.values().filter(|o| o.releasing.is_none()).count() } else { 0 }
+        };
+        out.gauge(
+            "reconq_shard_owned_partitions",
+            "Partitions of the sharded group 'name' this process owns now.",
+            &[("name", &self.name)],
+            owned as f64,
+        );
+    }
+}
+
+impl fmt::Debug for Sharding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sharding")
+            .field("name", &self.inner.name)
+            .field("identity", &self.inner.identity)
+            .field("partitions", &self.inner.partitions)
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,174 @@
+//! Sharding on a real etcd (guarantees §11), replicas in one process: H2
+//! balance after joins and leaves, H3 only owned keys reconciled (others
+//! dropped and counted, gained partitions resynced), H4 a partition changes
+//! hands only after its reconciles returned, and the faults. Crashes and
+//! pauses of whole processes are in tests/python/test_sharding_chaos.py.
+
+mod common;
+#[path = "common/etcd.rs"]
+#[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
+mod etcd;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{PATIENCE, wait_for};
+use etcd::Etcd;
+use parking_lot::Mutex;
+use reconq::{Action, Context, Controller, ControllerHandle, ReconcileError, Sharding, partition_of};
+
+const TTL: Duration = Duration::from_secs(2);
+const PARTITIONS: u32 = 8;
+const KEYS: u32 = 64;
+
+fn sharding(etcd: &Etcd, name: &str, identity: &str) -> Sharding {
+    Sharding::new(&[&etcd.endpoint], name).unwrap().partitions(PARTITIONS).unwrap().ttl(TTL).unwrap().identity(identity)
+}
+
+/// Reconciles of every replica: (replica, key, token).
+type Record = Arc<Mutex<Vec<(String, u32, u64)>>>;
+
+fn replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> ControllerHandle<u32> {
+    let (record, who_owned) = (Arc::clone(record), who.to_owned());
+    Controller::new(format!("{name}-{who}"), move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        record.lock().push((who_owned.clone(), *key, ctx.fencing_token().unwrap()));
+        Ok(Action::Done)
+    })
+    .workers(2)
+    .sharding(sharding(etcd, name, who))
+    .resync(|| 0..KEYS)
+    .start()
+}
+
+/// Every replica owns ⌊P/N⌋ or ⌈P/N⌉ partitions and together all of them.
+fn balanced(replicas: &[&ControllerHandle<u32>]) -> bool {
+    let owned: Vec<BTreeSet<u32>> = replicas.iter().map(|r| r.owned_partitions()).collect();
+    let n = replicas.len() as u32;
+    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
+    let sizes_ok = owned.iter().all(|o| (PARTITIONS / n..=PARTITIONS.div_ceil(n)).contains(&(o.len() as u32)));
+    sizes_ok
+        && all.len() == PARTITIONS as usize
+        && owned.iter().map(BTreeSet::len).sum::<usize>() == PARTITIONS as usize
+}
+
+#[test]
+fn replicas_split_the_partitions_and_each_key_runs_on_its_owner_only() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = replica(&etcd, "h2", "a", &record);
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    let b = replica(&etcd, "h2", "b", &record);
+    let c = replica(&etcd, "h2", "c", &record);
+    wait_for("three-way balance", || balanced(&[&a, &b, &c]));
+
+    // Every replica sees every key (as every Kubernetes replica watches
+    // every object): each keeps its own and drops the rest.
+    record.lock().clear();
+    for r in [&a, &b, &c] {
+        for key in 0..KEYS {
+            r.enqueue(key);
+        }
+    }
+    for r in [&a, &b, &c] {
+        assert!(r.wait_idle(PATIENCE));
+    }
+    let owners: BTreeMap<&str, BTreeSet<u32>> =
+        [("a", a.owned_partitions()), ("b", b.owned_partitions()), ("c", c.owned_partitions())].into();
+    let runs = record.lock().clone();
+    for (who, key, _) in &runs {
+        assert!(owners[who.as_str()].contains(&partition_of(key, PARTITIONS)), "H3: {who} ran {key}, not its own");
+    }
+    let keys: BTreeSet<u32> = runs.iter().map(|(_, k, _)| *k).collect();
+    assert_eq!(keys.len(), KEYS as usize, "every key reconciled by its owner");
+    let dropped: u64 = [&a, &b, &c].iter().map(|r| r.stats().not_owned).sum();
+    assert_eq!(dropped, 2 * u64::from(KEYS), "each key dropped by the two replicas that do not own it");
+
+    // A clean leave: its partitions go to the others, whose resync
+    // enqueues their keys.
+    record.lock().clear();
+    c.stop();
+    assert!(c.join_timeout(PATIENCE));
+    wait_for("two-way balance after a leave", || balanced(&[&a, &b]));
+    wait_for("the moved keys reconciled by their new owners", || {
+        let moved: BTreeSet<u32> = record.lock().iter().map(|(_, k, _)| *k).collect();
+        (0..KEYS).filter(|k| owners["c"].contains(&partition_of(k, PARTITIONS))).all(|k| moved.contains(&k))
+    });
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn a_partition_changes_hands_only_after_its_reconcile_returned() {
+    let etcd = Etcd::start();
+    let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+    let record = Record::default();
+    let rec = Arc::clone(&record);
+    let a = Controller::new("h4-a", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        rec.lock().push(("a".into(), *key, ctx.fencing_token().unwrap()));
+        release_rx.recv().ok();
+        Ok(Action::Done)
+    })
+    .workers(PARTITIONS as usize)
+    .sharding(sharding(&etcd, "h4", "a"))
+    .start();
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    // One running key in every partition.
+    let keys: BTreeMap<u32, u32> = (0..1000).map(|k| (partition_of(&k, PARTITIONS), k)).collect();
+    for key in keys.values() {
+        a.enqueue(*key);
+    }
+    wait_for("a reconcile per partition", || a.stats().processing == PARTITIONS as usize);
+
+    let b = replica(&etcd, "h4", "b", &record);
+    // a gives half up, but none of them while its reconcile runs: b owns
+    // nothing until they return (a's grace cancels them, but they wait).
+    std::thread::sleep(TTL);
+    assert!(b.owned_partitions().is_empty(), "H4: b owns {:?} while a's reconciles run", b.owned_partitions());
+    assert_eq!(a.owned_partitions().len(), PARTITIONS as usize / 2, "a stopped handing out the half it gives up");
+    for _ in 0..PARTITIONS {
+        release_tx.send(()).unwrap();
+    }
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    wait_for("b to reconcile its keys", || record.lock().iter().any(|(who, _, _)| who == "b"));
+    let runs = record.lock().clone();
+    let a_tokens: BTreeMap<u32, u64> =
+        runs.iter().filter(|(w, _, _)| w == "a").map(|(_, k, t)| (partition_of(k, PARTITIONS), *t)).collect();
+    for (_, key, token) in runs.iter().filter(|(w, _, _)| w == "b") {
+        let p = partition_of(key, PARTITIONS);
+        assert!(*token > a_tokens[&p], "H4: partition {p}'s token grows with its new owner");
+    }
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
+    for bad in ["127.0.0.1:2379", "http://nohost"] {
+        assert!(Sharding::new(&[bad], "x").is_err(), "{bad}");
+    }
+    assert!(Sharding::new(&["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
+    let sh = Sharding::new(&["http://127.0.0.1:1"], "x").unwrap();
+    assert!(sh.clone().partitions(0).is_err());
+    assert!(sh.ttl(Duration::from_secs(1)).is_err());
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let sh = Sharding::new(&[format!("http://127.0.0.1:{port}")], "down").unwrap();
+    let h = Controller::new("down-shard", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        panic!("a replica that owns nothing reconciles nothing")
+    })
+    .sharding(sh.clone())
+    .start();
+    wait_for("the error to show", || h.stats().shards.is_some_and(|s| s.last_error.is_some()));
+    h.enqueue(1);
+    assert!(h.owned_partitions().is_empty());
+    assert_eq!(h.stats().not_owned, 1);
+    // One controller per membership.
+    let second =
+        Controller::new("second", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .sharding(sh)
+            .try_start();
+    assert_eq!(second.err().map(|e| e.kind()), Some(std::io::ErrorKind::InvalidInput));
+    h.stop();
+    assert!(h.join_timeout(PATIENCE));
+}
