@@ -35,7 +35,7 @@ sys.path.insert(0, str(TESTS))
 
 from etcd_server import Etcd  # noqa: E402
 from fenced_record import FencedRecord  # noqa: E402
-from test_leader_chaos import Replicas  # noqa: E402
+from replicas import Replicas  # noqa: E402
 
 #: controller-runtime with its defaults, for the same two events.
 CONTROLLER_RUNTIME = {
@@ -60,12 +60,9 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=5.0)
     args = parser.parse_args()
 
-    import test_leader_chaos
-
-    test_leader_chaos.TTL = args.ttl
     etcd = Etcd()
     with tempfile.TemporaryDirectory() as tmp:
-        replicas = Replicas(etcd, FencedRecord(os.path.join(tmp, "record")))
+        replicas = Replicas(etcd, FencedRecord(os.path.join(tmp, "record")), ttl=args.ttl)
         times: Dict[str, List[float]] = {"SIGKILL": [], "stop": []}
         try:
             replicas.spawn(2)

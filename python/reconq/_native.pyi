@@ -3,7 +3,7 @@
 from threading import Event
 from types import TracebackType
 from os import PathLike
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type, TypedDict, Union, final
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type, TypedDict, Union, final
 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
@@ -21,6 +21,7 @@ __all__ = [
     "MetricsServer",
     "RateLimiter",
     "ShutDown",
+    "Sharding",
     "SqliteStore",
     "StoreLocked",
     "TokenBucket",
@@ -32,6 +33,7 @@ __all__ = [
     "format_status",
     "status",
     "metrics_text",
+    "partition_of",
     "start_http_server",
 ]
 
@@ -187,6 +189,29 @@ class LeaderElection:
 
 def _stop_elections() -> None: ...
 
+# --- Sharding (guarantees §11) ---
+
+@final
+class Sharding:
+    """Membership of a group of replicas splitting the keys' partitions; pass it to ``Controller(sharding=, resync=)``."""
+
+    def __new__(
+        cls,
+        endpoints: Union[str, List[str]],
+        name: str,
+        partitions: int = 64,
+        ttl: Optional[_Seconds] = None,
+        identity: Optional[str] = None,
+    ) -> Self: ...
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def last_error(self) -> Optional[str]: ...
+    def owned_partitions(self) -> Set[int]: ...
+
+def partition_of(key: _Key, partitions: int) -> int:
+    """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust."""
+
 # --- The reconcile context (guarantees §7) ---
 
 @final
@@ -241,6 +266,10 @@ class _ControllerStats(TypedDict):
     leader: NotRequired[Optional[str]]
     fencing_token: NotRequired[Optional[int]]
     leader_error: NotRequired[Optional[str]]
+    not_owned: NotRequired[int]
+    owned_partitions: NotRequired[int]
+    members: NotRequired[int]
+    shard_error: NotRequired[Optional[str]]
 
 class _StopReport(TypedDict):
     finished: bool
@@ -271,6 +300,8 @@ class Controller:
         parked_capacity: Optional[int] = None,
         leader_election: Optional[LeaderElection] = None,
         store: Union[SqliteStore, str, PathLike[str], None] = None,
+        sharding: Optional[Sharding] = None,
+        resync: Optional[Callable[[], Iterable[_Key]]] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
@@ -285,6 +316,7 @@ class Controller:
     def stop_with_report(self, timeout: Optional[_Seconds] = None) -> _StopReport: ...
     def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool: ...
     def stats(self) -> _ControllerStats: ...
+    def owned_partitions(self) -> Set[int]: ...
     def cancel(self, key: _Key) -> bool: ...
     def inspect(self, key: _Key) -> _KeyInfo: ...
     def parked(self) -> List[_Key]: ...
@@ -333,6 +365,11 @@ class _ControllerEntry(TypedDict):
     fencing_token: NotRequired[Optional[int]]
     leader_error: NotRequired[Optional[str]]
     """The last error talking to etcd, if the last attempt failed."""
+    not_owned: NotRequired[int]
+    """With ``sharding``: keys dropped because another replica owns them."""
+    owned_partitions: NotRequired[int]
+    members: NotRequired[int]
+    shard_error: NotRequired[Optional[str]]
 
 class _PeriodicEntry(TypedDict):
     """A named controller of a ``reconq.Manager`` in ``status()``."""

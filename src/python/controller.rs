@@ -33,6 +33,7 @@ use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
+use super::sharding::{PySharding, resync_from_py};
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::{Controller, ControllerHandle, KeyStatus, StopReport, StopSignal};
@@ -376,7 +377,7 @@ impl PyController {
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
-        leader_election=None, store=None,
+        leader_election=None, store=None, sharding=None, resync=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -394,6 +395,8 @@ impl PyController {
         parked_capacity: Option<i64>,
         leader_election: Option<PyRef<'_, PyLeaderElection>>,
         store: Option<&Bound<'_, PyAny>>,
+        sharding: Option<PyRef<'_, PySharding>>,
+        resync: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile")?;
         if workers < 1 {
@@ -437,6 +440,10 @@ impl PyController {
             Some(store) if !store.is_none() => Some(super::store::store_from_py(py, store)?),
             _ => None,
         };
+        if leader_election.is_some() && sharding.is_some() {
+            return Err(PyValueError::new_err("a controller takes leader_election or sharding, not both"));
+        }
+        let resync = optional_callable(resync, "resync")?;
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -473,6 +480,12 @@ impl PyController {
         }
         if let Some(store) = store {
             builder = builder.store(store);
+        }
+        if let Some(sharding) = sharding {
+            builder = builder.sharding(sharding.inner.clone());
+        }
+        if let Some(resync) = resync {
+            builder = builder.resync(resync_from_py(resync));
         }
         let handle = builder.handle();
         Ok(Self {
@@ -743,7 +756,18 @@ impl PyController {
         if let Some(leader) = &stats.leader {
             super::election::set_leader_items(&d, leader)?;
         }
+        if let Some(shards) = &stats.shards {
+            d.set_item("not_owned", stats.not_owned)?;
+            super::sharding::set_shard_items(&d, shards)?;
+        }
         Ok(d)
+    }
+
+    /// With `sharding`: the partitions this replica owns now (empty
+    /// before start, or while cut off from etcd).
+    fn owned_partitions(&self, py: Python<'_>) -> std::collections::BTreeSet<u32> {
+        let handle = &self.handle;
+        py.detach(|| handle.owned_partitions())
     }
 
     /// Cancels the running reconcile of `key` (cooperatively: it sees

@@ -34,13 +34,7 @@ impl PyLeaderElection {
         identity: Option<String>,
         on_lost: &str,
     ) -> PyResult<Self> {
-        let endpoints: Vec<String> = if let Ok(one) = endpoints.cast::<PyString>() {
-            vec![one.to_str()?.to_owned()]
-        } else {
-            endpoints
-                .extract()
-                .map_err(|_| PyTypeError::new_err("endpoints must be a str or a list of str (http://host:port)"))?
-        };
+        let endpoints = endpoints_from_py(endpoints)?;
         let on_lost = match on_lost {
             "standby" => OnLost::Standby,
             "exit" => OnLost::Exit,
@@ -102,6 +96,14 @@ impl PyLeaderElection {
             self.inner.leader()
         )
     }
+}
+
+/// etcd endpoints from Python: one `str` or a list of them.
+pub(crate) fn endpoints_from_py(endpoints: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if let Ok(one) = endpoints.cast::<PyString>() {
+        return Ok(vec![one.to_str()?.to_owned()]);
+    }
+    endpoints.extract().map_err(|_| PyTypeError::new_err("endpoints must be a str or a list of str (http://host:port)"))
 }
 
 /// The leader fields of `stats()` and `status()` entries (guarantees §10):

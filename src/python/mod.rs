@@ -22,6 +22,7 @@ mod manager;
 mod metrics;
 mod queue;
 mod reconciler;
+mod sharding;
 mod status;
 mod store;
 
@@ -53,6 +54,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<controller::PyController>()?;
     context::register(m)?;
     election::register(m)?;
+    sharding::register(m)?;
     manager::register(m)?;
     status::register(m)?;
     metrics::register(m)?;

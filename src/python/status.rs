@@ -71,6 +71,12 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
     if let Some(leader) = leader {
         super::election::set_leader_items(&d, leader)?;
     }
+    if let EntryKind::Controller(c) = &e.kind
+        && let Some(shards) = &c.shards
+    {
+        d.set_item("not_owned", c.not_owned)?;
+        super::sharding::set_shard_items(&d, shards)?;
+    }
     Ok(d)
 }
 

@@ -1,39 +1,62 @@
-"""One replica for the leader election chaos tests and the W7 benchmark:
-a Controller under a LeaderElection whose reconcile writes to a fenced
-record at its start and end, and requeues its key, so a leader always has
-work. Runs until SIGTERM (a clean stop: reconciles return, then leadership
-is given up).
+"""One replica for the chaos tests and the W7/W8 benchmarks: a Controller
+under a LeaderElection, or with ``--partitions`` under Sharding, whose
+reconcile writes to a fenced record at its start and end (fenced per
+partition under sharding) and, by default, requeues its key, so an owner
+always has work. Runs until SIGTERM (a clean stop: reconciles return, then
+leadership or partitions are given up).
 
-usage: chaos_child.py ENDPOINT RECORD TTL IDENTITY KEYS [RECONCILE_SECONDS]
+usage: chaos_child.py ENDPOINT RECORD TTL IDENTITY KEYS
+           [--partitions P] [--work SECONDS] [--once] [--workers N] [--wait-go]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Optional
 
 import reconq
 from fenced_record import FencedRecord
 
 
 def main() -> None:
-    endpoint, record_path, ttl, identity, keys = sys.argv[1:6]
-    work = float(sys.argv[6]) if len(sys.argv) > 6 else 0.02
-    record = FencedRecord(record_path)
+    parser = argparse.ArgumentParser()
+    for name in ("endpoint", "record", "ttl", "identity", "keys"):
+        parser.add_argument(name)
+    parser.add_argument("--partitions", type=int, default=None)
+    parser.add_argument("--work", type=float, default=0.02)
+    parser.add_argument("--once", action="store_true", help="reconcile each key once (no requeue)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--wait-go", action="store_true", help="enqueue the keys after reading 'go' on stdin")
+    args = parser.parse_args()
+    record = FencedRecord(args.record)
+    keys = range(int(args.keys))
+    partitions: Optional[int] = args.partitions
 
-    def reconcile(key: int) -> reconq.Requeue:
+    def reconcile(key: int) -> Optional[reconq.Requeue]:
         ctx = reconq.context()
         token = ctx.fencing_token
         assert token is not None
-        record.write(token, key, "begin")
-        ctx.wait_cancelled(work)
-        record.write(token, key, "end", cancelled=ctx.cancelled)
-        return reconq.Requeue(after=0.05)
+        fence = reconq.partition_of(key, partitions) if partitions else 0
+        record.write(token, key, "begin", fence=fence)
+        ctx.wait_cancelled(args.work)
+        record.write(token, key, "end", cancelled=ctx.cancelled, fence=fence)
+        return None if args.once else reconq.Requeue(after=0.05)
 
-    election = reconq.LeaderElection(endpoint, "chaos", ttl=float(ttl), identity=identity)
-    controller = reconq.Controller(reconcile, workers=2, name="chaos", leader_election=election)
-    for key in range(int(keys)):
-        controller.enqueue(key)
+    if partitions:
+        sharding = reconq.Sharding(args.endpoint, "chaos", partitions=partitions, ttl=float(args.ttl),
+                                   identity=args.identity)
+        controller = reconq.Controller(reconcile, workers=args.workers, name="chaos", sharding=sharding,
+                                       resync=lambda: keys)
+    else:
+        election = reconq.LeaderElection(args.endpoint, "chaos", ttl=float(args.ttl), identity=args.identity)
+        controller = reconq.Controller(reconcile, workers=args.workers, name="chaos", leader_election=election)
+    controller.start()
     print("ready", flush=True)
+    if args.wait_go:
+        sys.stdin.readline()
+    for key in keys:
+        controller.enqueue(key)
     controller.run(stop_timeout=5.0)
 
 

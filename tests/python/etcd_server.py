@@ -4,6 +4,8 @@ the test (``.ci/run`` installs Debian's ``etcd-server``); it never skips."""
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import signal
 import socket
@@ -11,7 +13,13 @@ import subprocess
 import tempfile
 import urllib.request
 
+from typing import Dict
+
 from waiting import wait_for
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def free_port() -> int:
@@ -39,6 +47,15 @@ class Etcd:
     def _run(self) -> None:
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.healthy, timeout=30, what="etcd to become healthy")
+
+    def keys(self, prefix: str) -> Dict[str, str]:
+        """Every key under `prefix` and its value, read from etcd itself."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        body = json.dumps({"key": b64(prefix), "range_end": b64(end)}).encode()
+        request = urllib.request.Request(f"{self.endpoint}/v3/kv/range", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            kvs = json.loads(response.read()).get("kvs", [])
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
 
     def pause(self) -> None:
         """Freezes etcd (SIGSTOP): calls to it hang until they time out."""

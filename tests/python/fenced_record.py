@@ -1,12 +1,14 @@
 """A fenced record shared by processes: the external system that fencing
-tokens protect (guarantees §10, L2). Each write carries the writer's token;
-a write with a lower token than the highest accepted so far is rejected,
-as a storage system that checks fencing tokens would. Every attempt,
+tokens protect (guarantees §10 L2, §11 H4). Each write carries the
+writer's token and a fence (the partition, under sharding; 0 for leader
+election); a write with a lower token than the highest accepted so far on
+its fence is rejected, as a storage system that checks fencing tokens
+would. Every attempt,
 accepted or not, is logged with the writer's pid and the time
 (``time.monotonic()``, one clock for every process on the machine), so a
 test can check afterwards what ran when.
 
-One line per attempt: ``accepted pid token key phase cancelled time``.
+One line per attempt: ``accepted pid fence token key phase cancelled time``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import List
 class Attempt:
     accepted: bool
     pid: int
+    fence: int
     token: int
     key: int
     phase: str  # "begin" or "end"
@@ -33,25 +36,27 @@ class FencedRecord:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write(self, token: int, key: int, phase: str, cancelled: bool = False) -> bool:
+    def write(self, token: int, key: int, phase: str, cancelled: bool = False, fence: int = 0) -> bool:
         """Appends one attempt; returns whether the token was accepted."""
         with open(self.path, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                highest = self._highest()
+                highest = self._highest(fence)
                 accepted = token >= highest
                 if accepted and token > highest:
-                    with open(self.path + ".highest", "w") as h:
+                    with open(f"{self.path}.highest.{fence}", "w") as h:
                         h.write(str(token))
-                f.write(f"{int(accepted)} {os.getpid()} {token} {key} {phase} {int(cancelled)} {time.monotonic()}\n")
+                f.write(
+                    f"{int(accepted)} {os.getpid()} {fence} {token} {key} {phase} {int(cancelled)} {time.monotonic()}\n"
+                )
                 f.flush()
                 return accepted
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _highest(self) -> int:
+    def _highest(self, fence: int) -> int:
         try:
-            with open(self.path + ".highest") as h:
+            with open(f"{self.path}.highest.{fence}") as h:
                 return int(h.read() or 0)
         except FileNotFoundError:
             return 0
@@ -64,6 +69,8 @@ class FencedRecord:
             return []
         out = []
         for line in lines:
-            accepted, pid, token, key, phase, cancelled, at = line.split()
-            out.append(Attempt(accepted == "1", int(pid), int(token), int(key), phase, cancelled == "1", float(at)))
+            accepted, pid, fence, token, key, phase, cancelled, at = line.split()
+            out.append(
+                Attempt(accepted == "1", int(pid), int(fence), int(token), int(key), phase, cancelled == "1", float(at))
+            )
         return out

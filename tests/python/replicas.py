@@ -1,0 +1,103 @@
+"""The chaos tests' harness: replica processes (``chaos_child.py``) under
+leader election or sharding on a real etcd, writing every reconcile to a
+fenced record, and the check of what may never happen in that record."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from etcd_server import Etcd
+from fenced_record import Attempt, FencedRecord
+from waiting import PATIENCE, wait_for
+
+WORKERS = 2  # chaos_child.py's default
+HERE = Path(__file__).parent
+
+
+class Replicas:
+    """The child processes and what the test did to them."""
+
+    def __init__(self, etcd: Etcd, record: FencedRecord, ttl: float = 2.0, keys: int = 6, args: Sequence[str] = ()) -> None:
+        self.etcd = etcd
+        self.record = record
+        self.ttl = ttl
+        self.keys = keys
+        #: more chaos_child.py arguments (--partitions P for sharding)
+        self.args = list(args)
+        self.procs: Dict[int, "subprocess.Popen[str]"] = {}
+        self.spawned = 0
+        #: (pid, the token it led with when paused, when it was woken)
+        self.paused: List[Tuple[int, int, float]] = []
+
+    def spawn(self, n: int = 1) -> None:
+        started = []
+        for _ in range(n):
+            proc = subprocess.Popen(
+                [sys.executable, str(HERE / "chaos_child.py"), self.etcd.endpoint, self.record.path,
+                 str(self.ttl), f"replica-{self.spawned}", str(self.keys), *self.args],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(HERE),
+            )
+            self.spawned += 1
+            started.append(proc)
+        for proc in started:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            self.procs[proc.pid] = proc
+
+    def leader_after(self, token: int, since: float = 0.0) -> Tuple[int, int]:
+        """Waits for an accepted write with a token above `token` (or, with
+        `since`, any accepted write after that time); returns (pid, token)."""
+
+        def newer() -> Tuple[int, int] | None:
+            for a in reversed(self.record.attempts()):
+                if a.accepted and (a.token > token or (since and a.at > since)):
+                    return a.pid, a.token
+            return None
+
+        found: Tuple[int, int] = wait_for(newer, timeout=PATIENCE + 3 * self.ttl, what=f"a leader after token {token}")
+        return found
+
+    def kill(self, pid: int, sig: int) -> None:
+        os.kill(pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            proc = self.procs.pop(pid)
+            code = proc.wait(PATIENCE)
+            assert sig == signal.SIGKILL or code == 0, f"a SIGTERMed replica exits cleanly, not {code}"
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait()
+
+
+def check(r: Replicas, settled: float) -> None:
+    """What may never happen, per fence (the election, or each partition):
+    see the test modules' docs. `settled`: a time after the last change,
+    from which every key must be reconciled again (none lost)."""
+    attempts: List[Attempt] = r.record.attempts()
+    assert attempts, "nothing ran"
+    owner: Dict[Tuple[int, int], int] = {}
+    for a in attempts:
+        assert owner.setdefault((a.fence, a.token), a.pid) == a.pid, f"token {a.token} used by two processes"
+    paused_tokens = {(pid, token) for pid, token, _ in r.paused}
+    for a in attempts:
+        if a.accepted or (a.pid, a.token) in paused_tokens:
+            continue
+        assert a.phase != "begin", f"began a reconcile after a newer owner wrote: {a}"
+        assert a.cancelled, f"finished a reconcile after a newer owner wrote, uncancelled: {a}"
+    for pid, token, woken in r.paused:
+        late = [a for a in attempts if a.pid == pid and a.token == token and a.phase == "begin" and a.at > woken]
+        assert len(late) <= WORKERS, f"a paused owner began {len(late)} reconciles with its old token after waking"
+        assert not any(a.accepted for a in attempts if a.pid == pid and a.token == token and a.at > woken)
+
+    def every_key_done() -> bool:
+        done = {a.key for a in r.record.attempts() if a.accepted and a.phase == "end" and a.at > settled}
+        return done == set(range(r.keys))
+
+    wait_for(every_key_done, timeout=PATIENCE + 3 * r.ttl, what="every key reconciled again (none lost)")
