@@ -31,22 +31,26 @@ class Replicas:
         self.args = list(args)
         self.procs: Dict[int, "subprocess.Popen[str]"] = {}
         self.spawned = 0
+        #: pid -> identity, of the replicas alive
+        self.identities: Dict[int, str] = {}
         #: (pid, the token it led with when paused, when it was woken)
         self.paused: List[Tuple[int, int, float]] = []
 
     def spawn(self, n: int = 1) -> None:
         started = []
         for _ in range(n):
+            identity = f"replica-{self.spawned}"
             proc = subprocess.Popen(
                 [sys.executable, str(HERE / "chaos_child.py"), self.etcd.endpoint, self.record.path,
-                 str(self.ttl), f"replica-{self.spawned}", str(self.keys), *self.args],
+                 str(self.ttl), identity, str(self.keys), *self.args],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(HERE),
             )
             self.spawned += 1
-            started.append(proc)
-        for proc in started:
+            started.append((proc, identity))
+        for proc, identity in started:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             self.procs[proc.pid] = proc
+            self.identities[proc.pid] = identity
 
     def leader_after(self, token: int, since: float = 0.0) -> Tuple[int, int]:
         """Waits for an accepted write with a token above `token` (or, with
@@ -64,6 +68,7 @@ class Replicas:
     def kill(self, pid: int, sig: int) -> None:
         os.kill(pid, sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.identities.pop(pid)
             proc = self.procs.pop(pid)
             code = proc.wait(PATIENCE)
             assert sig == signal.SIGKILL or code == 0, f"a SIGTERMed replica exits cleanly, not {code}"

@@ -1,0 +1,85 @@
+"""Sharding under faults, with real processes (guarantees §11): replicas
+(``chaos_child.py --partitions``) split the partitions of one group on a
+real etcd and write every reconcile's start and end to a record fenced per
+partition. Replicas join, leave cleanly (SIGTERM), are SIGKILLed, and are
+SIGSTOPped past their lease then woken. After every change the partitions
+must come to be held by the live replicas alone, ⌊P/N⌋ or ⌈P/N⌉ each
+(H2), and afterwards the record must show what may never happen (see
+replicas.check): a partition token used by two processes, a key
+reconciled by a replica after a newer owner of its partition wrote (H4),
+a woken paused replica reconciling under its old tokens, a key lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from etcd_server import Etcd
+from fenced_record import FencedRecord
+from replicas import Replicas, check
+from waiting import PATIENCE, wait_for
+
+PARTITIONS = 8
+TTL = 2.0
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[Replicas]:
+    etcd = Etcd()
+    r = Replicas(etcd, FencedRecord(str(tmp_path / "record")), ttl=TTL, keys=32, args=["--partitions", str(PARTITIONS)])
+    try:
+        yield r
+    finally:
+        r.close()
+        etcd.close()
+
+
+def balanced(r: Replicas, live: int) -> bool:
+    """Every partition held, by the `live` replicas expected only,
+    ⌊P/N⌋ or ⌈P/N⌉ each, as etcd itself says."""
+    holders = Counter(r.etcd.keys("/reconq/shard/chaos/partitions/").values())
+    members = set(r.etcd.keys("/reconq/shard/chaos/members/").values())
+    low, high = PARTITIONS // live, -(-PARTITIONS // live)
+    return (
+        len(members) == live
+        and set(holders) <= members
+        and sum(holders.values()) == PARTITIONS
+        and all(low <= holders.get(m, 0) <= high for m in members)
+    )
+
+
+def wait_balanced(r: Replicas, live: int) -> None:
+    wait_for(lambda: balanced(r, live), timeout=PATIENCE + 3 * TTL, what=f"{live} replicas to balance")
+
+
+def test_joins_leaves_crashes_and_pauses_move_partitions_without_overlap(replicas: Replicas) -> None:
+    r = replicas
+    r.spawn(2)
+    wait_balanced(r, 2)
+    for _ in range(2):  # joins
+        r.spawn()
+        wait_balanced(r, len(r.procs))
+    r.kill(next(iter(r.procs)), signal.SIGTERM)  # a clean leave
+    wait_balanced(r, len(r.procs))
+    r.kill(next(iter(r.procs)), signal.SIGKILL)  # a crash: its lease expires
+    wait_balanced(r, len(r.procs))
+    r.spawn()
+    wait_balanced(r, len(r.procs))
+    for _ in range(2):  # paused past its lease: the others take over
+        pid = next(iter(r.procs))
+        before = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        wait_balanced(r, len(r.procs) - 1)
+        os.kill(pid, signal.SIGCONT)
+        woken = time.monotonic()
+        for token in {a.token for a in r.record.attempts() if a.pid == pid and a.at < before}:
+            r.paused.append((pid, token, woken))
+        wait_balanced(r, len(r.procs))  # it rejoins with a new lease
+    check(r, settled=time.monotonic())
