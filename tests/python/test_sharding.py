@@ -35,7 +35,7 @@ def test_partition_of_is_pinned_and_the_same_as_rust() -> None:
     with pytest.raises(ValueError):
         reconq.partition_of("a", 0)
     with pytest.raises(TypeError):
-        reconq.partition_of(1.5, 8)
+        reconq.partition_of(1.5, 8)  # type: ignore[arg-type]
 
 
 def balanced(controllers: List[Any]) -> bool:
@@ -47,7 +47,7 @@ def balanced(controllers: List[Any]) -> bool:
 
 def test_replicas_split_the_partitions_and_each_key_runs_on_its_owner(etcd: Etcd, make: Any) -> None:
     lock = threading.Lock()
-    runs: List[Tuple[str, int, int]] = []
+    runs: List[Tuple[str, int, Any]] = []
 
     def replica(who: str) -> Any:
         def reconcile(key: int) -> None:
@@ -82,7 +82,7 @@ def test_replicas_split_the_partitions_and_each_key_runs_on_its_owner(etcd: Etcd
     sa, sb = a.stats(), b.stats()
     assert sa["not_owned"] + sb["not_owned"] >= KEYS, "each key dropped by the replica that does not own it"
     assert (sa["owned_partitions"], sa["members"], sa["shard_error"]) == (len(mine["a"]), 2, None)
-    entry = next(e for e in reconq.status() if e["name"] == "py-h2-b")
+    entry: Any = next(e for e in reconq.status() if e["name"] == "py-h2-b")
     assert entry["owned_partitions"] == len(mine["b"]) and "not_owned" in entry
     assert 'reconq_shard_owned_partitions{name="py-h2"}' in reconq.metrics_text()
 
@@ -113,4 +113,4 @@ def test_sharding_and_leader_election_do_not_mix() -> None:
     with pytest.raises(ValueError):
         reconq.Controller(lambda key: None, sharding=sh, leader_election=le)
     with pytest.raises(TypeError):
-        reconq.Controller(lambda key: None, sharding=sh, resync=5)
+        reconq.Controller(lambda key: None, sharding=sh, resync=5)  # type: ignore[arg-type]
