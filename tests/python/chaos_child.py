@@ -6,13 +6,14 @@ always has work. Runs until SIGTERM (a clean stop: reconciles return, then
 leadership or partitions are given up).
 
 usage: chaos_child.py ENDPOINT RECORD TTL IDENTITY KEYS
-           [--partitions P] [--work SECONDS] [--once] [--workers N] [--wait-go]
+           [--partitions P] [--work SECONDS] [--once] [--workers N] [--wait-go] [--unrecorded]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Optional
 
 import reconq
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--once", action="store_true", help="reconcile each key once (no requeue)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--wait-go", action="store_true", help="enqueue the keys after reading 'go' on stdin")
+    parser.add_argument("--unrecorded", action="store_true", help="reconcile = sleep(work), no record (benchmarks)")
     args = parser.parse_args()
     record = FencedRecord(args.record)
     keys = range(int(args.keys))
@@ -38,6 +40,9 @@ def main() -> None:
         token = ctx.fencing_token
         assert token is not None
         fence = reconq.partition_of(key, partitions) if partitions else 0
+        if args.unrecorded:
+            time.sleep(args.work)
+            return None
         record.write(token, key, "begin", fence=fence)
         ctx.wait_cancelled(args.work)
         record.write(token, key, "end", cancelled=ctx.cancelled, fence=fence)
@@ -57,6 +62,10 @@ def main() -> None:
         sys.stdin.readline()
     for key in keys:
         controller.enqueue(key)
+    if args.once:
+        # Its keys done (the others were dropped at enqueue): say when.
+        controller.wait_idle()
+        print(f"done {time.monotonic()}", flush=True)
     controller.run(stop_timeout=5.0)
 
 
