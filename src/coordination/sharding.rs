@@ -364,20 +364,27 @@ impl Shards {
         let interval = self.ttl / 3;
         let mut renewed = granted;
         let mut next_keep_alive = granted + interval;
+        // The group as last read, and whether it may have changed since.
         let mut seen: Option<i64> = None;
+        let mut stale = true;
         loop {
             if self.stopped() {
                 return;
             }
-            match self.client.range_prefix(&self.prefix) {
-                Ok((kvs, revision)) => {
-                    seen = Some(revision);
-                    self.rebalance(&kvs, lease);
+            if stale {
+                match self.client.range_prefix(&self.prefix) {
+                    Ok((kvs, revision)) => {
+                        (seen, stale) = (Some(revision), false);
+                        self.rebalance(&kvs, lease);
+                    }
+                    Err(e) => self.state.lock().last_error = Some(format!("reading the group: {e}")),
                 }
-                Err(e) => self.state.lock().last_error = Some(format!("reading the group: {e}")),
+            } else if self.releasing() {
+                self.finish_hand_overs();
             }
             // Wait for a change, the keep-alive, or (while giving
-            // partitions up) their reconciles to return.
+            // partitions up) their reconciles to return. An idle replica
+            // asks etcd for nothing but its keep-alives.
             let mut wake = next_keep_alive;
             if self.releasing() {
                 wake = wake.min(Instant::now() + RELEASE_POLL);
@@ -385,14 +392,19 @@ impl Shards {
             let wait = wake.saturating_duration_since(Instant::now());
             match seen {
                 Some(revision) if !wait.is_zero() => {
-                    if let Err(e) = self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.stopped()) {
-                        self.state.lock().last_error = Some(format!("watching the group: {e}"));
-                        seen = None;
-                        self.sleep(wake.saturating_duration_since(Instant::now()).min(RELEASE_POLL * 10));
+                    match self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.stopped()) {
+                        Ok(changed) => stale |= changed,
+                        Err(e) => {
+                            self.state.lock().last_error = Some(format!("watching the group: {e}"));
+                            (seen, stale) = (None, true);
+                            self.sleep(wake.saturating_duration_since(Instant::now()).min(RELEASE_POLL * 10));
+                        }
                     }
                 }
-                _ => {
-                    self.sleep(wait);
+                Some(_) => {}
+                None => {
+                    stale = true;
+                    self.sleep(wait.min(RELEASE_POLL * 10));
                 }
             }
             if Instant::now() < next_keep_alive {
