@@ -233,6 +233,24 @@ MUTANTS = [
         "shuttle_controller",
         "leadership_lost_during_reconciles",
     ),
+    Mutant(
+        "hand-over-before-reconciles-returned",
+        "sharding: a partition given up is deleted while reconciles of its keys still run",
+        "src/coordination/sharding.rs",
+        """            .filter(|(_, o)| o.releasing.is_some() && o.in_flight == 0)""",
+        """            .filter(|(_, o)| o.releasing.is_some())""",
+        "shuttle_controller",
+        "partition_handed_over_while_its_key_runs",
+    ),
+    Mutant(
+        "admit-while-giving-up",
+        "sharding: keys of a partition being given up are still handed out",
+        "src/coordination/sharding.rs",
+        """        let owned = st.owned.get_mut(&partition).filter(|o| o.releasing.is_none())?;""",
+        """        let owned = st.owned.get_mut(&partition)?;""",
+        "shuttle_controller",
+        "partition_handed_over_while_its_key_runs",
+    ),
 ]
 
 

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use reconq::{
     Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock,
-    LeaderElection, Manager, ReconcileError,
+    LeaderElection, Manager, ReconcileError, Sharding, partition_of,
 };
 use shuttle::sync::Mutex;
 use shuttle::thread;
@@ -57,8 +57,9 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 9] = [
+    let models: [fn(); 10] = [
         leadership_lost_during_reconciles_model,
+        partition_handed_over_while_its_key_runs_model,
         worker_loop_requeue_racing_readds_model,
         group_limit_racing_finish_model,
         drain_racing_enqueues_and_start_model,
@@ -429,6 +430,81 @@ fn leadership_lost_during_reconciles_model() {
     assert!(handle.wait_stopped(None));
     assert!(handle.join_timeout(FOREVER), "a worker never exited");
     let violations = std::mem::take(&mut log.0.lock().unwrap().violations);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+// ---------------------------------------------------------------------------
+// (b4) A partition handed over while its keys run.
+
+/// **(b4) a partition handed over while its keys run** (guarantees §11,
+/// H4). Two workers reconcile keys of two owned partitions (and requeue
+/// each once, so keys keep being handed out); a giver thread gives
+/// partition 0 up through the real hand-over steps (stop admitting its
+/// keys, wait for its reconciles to return, then the point where its key
+/// is deleted and a new owner may start) at whatever point shuttle picks.
+///
+/// Invariants: once the hand-over returned, no reconcile of a key of
+/// partition 0 runs here or starts (the new owner's would overlap it);
+/// every reconcile runs under its partition's token; keys of partition 1
+/// are unaffected. Then stop, drain and exit as usual.
+#[test]
+fn partition_handed_over_while_its_key_runs() {
+    explore(partition_handed_over_while_its_key_runs_model);
+}
+
+fn partition_handed_over_while_its_key_runs_model() {
+    #[derive(Default)]
+    struct Log {
+        handed_over: bool,
+        violations: Vec<String>,
+    }
+    const P: u32 = 2;
+    let log = Arc::new(Mutex::new(Log::default()));
+    let sharding = Sharding::model("b4", P);
+    sharding.model_claim(0, 10);
+    sharding.model_claim(1, 11);
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            let partition = partition_of(key, P);
+            let check = |when: &str| {
+                let mut l = log.lock().unwrap();
+                if partition == 0 && l.handed_over {
+                    l.violations.push(format!("key {key} of partition 0 {when} after its hand-over"));
+                }
+            };
+            check("started");
+            if ctx.fencing_token() != Some(10 + u64::from(partition)) {
+                log.lock().unwrap().violations.push(format!("key {key} ran with token {:?}", ctx.fencing_token()));
+            }
+            thread::yield_now();
+            check("still ran");
+            Ok(if ctx.attempt() == 0 { Action::Requeue } else { Action::Done })
+        }
+    };
+    let keys: Vec<u8> = (0..8)
+        .filter(|k| partition_of(k, P) == 0)
+        .take(2)
+        .chain((0..8).filter(|k| partition_of(k, P) == 1).take(1))
+        .collect();
+    let handle =
+        Controller::new("b4", reconcile).workers(2).rate_limiter(zero_backoff()).sharding(sharding.clone()).start();
+    for key in &keys {
+        handle.enqueue(*key);
+    }
+    let giver = {
+        let (sharding, log) = (sharding.clone(), Arc::clone(&log));
+        thread::spawn(move || {
+            sharding.model_give_up(0);
+            log.lock().unwrap().handed_over = true;
+        })
+    };
+    giver.join().unwrap();
+    assert!(handle.wait_idle(FOREVER));
+    handle.stop();
+    assert!(handle.wait_stopped(None));
+    assert!(handle.join_timeout(FOREVER), "a worker never exited");
+    let violations = std::mem::take(&mut log.lock().unwrap().violations);
     assert!(violations.is_empty(), "{violations:?}");
 }
 

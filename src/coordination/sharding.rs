@@ -235,6 +235,9 @@ impl Sharding {
         let mut st = self.inner.state.lock();
         if let Some(owned) = st.owned.get_mut(&partition).filter(|o| o.token == token) {
             owned.in_flight -= 1;
+            if owned.in_flight == 0 && owned.releasing.is_some() {
+                self.inner.cv.notify_all();
+            }
         }
     }
 
@@ -254,6 +257,49 @@ impl Sharding {
         let shards = Arc::clone(&self.inner);
         spawn_named(format!("reconq-shard-{}", self.inner.name), None, move || shards.run())?;
         Ok(ShardSeat { sharding: self.clone() })
+    }
+}
+
+/// Hooks for the shuttle models (`tests/shuttle_controller.rs`): a
+/// membership that never talks to etcd; the model claims and gives
+/// partitions up, the latter through the same steps as a real hand-over.
+#[cfg(feature = "shuttle")]
+#[doc(hidden)]
+impl Sharding {
+    pub fn model(name: &str, partitions: u32) -> Self {
+        let sharding = Self::new(&["http://127.0.0.1:1"], name).and_then(|s| s.partitions(partitions));
+        let sharding = sharding.expect("a valid model sharding");
+        {
+            let mut st = sharding.inner.state.lock();
+            // Stopped: its membership thread exits at once.
+            st.stopped = true;
+            st.renewed = Some(Instant::now() + Duration::from_secs(3600));
+        }
+        sharding
+    }
+
+    pub fn model_claim(&self, partition: u32, token: u64) {
+        let owned = Owned { token, releasing: None, cancelled: false, in_flight: 0 };
+        self.inner.state.lock().owned.insert(partition, owned);
+    }
+
+    /// Gives `partition` up and returns once its key could be deleted.
+    pub fn model_give_up(&self, partition: u32) {
+        let s = &self.inner;
+        if let Some(o) = s.state.lock().owned.get_mut(&partition) {
+            o.releasing = Some(Instant::now());
+        }
+        loop {
+            if s.hand_overs_due().0.iter().any(|&(p, _)| p == partition) {
+                // The etcd delete would happen here, with no lock held.
+                s.forget(partition);
+                return;
+            }
+            let mut st = s.state.lock();
+            if st.owned.get(&partition).is_some_and(|o| o.in_flight > 0) {
+                s.cv.wait(&mut st);
+            }
+        }
     }
 }
 
@@ -527,24 +573,8 @@ impl Shards {
     /// Deletes the keys of partitions being given up whose reconciles have
     /// all returned; cancels those still running past the grace.
     fn finish_hand_overs(&self) {
-        let (done, overdue, hooks) = {
-            let mut st = self.state.lock();
-            let done: Vec<(u32, u64)> = st
-                .owned
-                .iter()
-                .filter(|(_, o)| o.releasing.is_some() && o.in_flight == 0)
-                .map(|(&p, o)| (p, o.token))
-                .collect();
-            let mut overdue = BTreeSet::new();
-            for (&p, o) in st.owned.iter_mut() {
-                if o.releasing.is_some_and(|since| since.elapsed() >= RELEASE_GRACE) && o.in_flight > 0 && !o.cancelled
-                {
-                    o.cancelled = true;
-                    overdue.insert(p);
-                }
-            }
-            (done, overdue, st.hooks.clone())
-        };
+        let (done, overdue) = self.hand_overs_due();
+        let hooks = self.state.lock().hooks.clone();
         if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
             hooks.cancel(&overdue);
         }
@@ -552,12 +582,37 @@ impl Shards {
             // Only while still ours: a key recreated by someone else (our
             // lease expired meanwhile) is theirs.
             match self.client.delete_if_created(&self.partition_key(p), token as i64) {
-                Ok(_) => {
-                    self.state.lock().owned.remove(&p);
-                }
+                Ok(_) => self.forget(p),
                 Err(e) => self.state.lock().last_error = Some(format!("giving partition {p} up: {e}")),
             }
         }
+    }
+
+    /// Of the partitions being given up: those whose reconciles have all
+    /// returned (their keys may be deleted now: being given up, no new
+    /// reconcile of them is admitted), and those whose reconciles run past
+    /// the grace, to cancel (once).
+    fn hand_overs_due(&self) -> (Vec<(u32, u64)>, BTreeSet<u32>) {
+        let mut st = self.state.lock();
+        let done = st
+            .owned
+            .iter()
+            .filter(|(_, o)| o.releasing.is_some() && o.in_flight == 0)
+            .map(|(&p, o)| (p, o.token))
+            .collect();
+        let mut overdue = BTreeSet::new();
+        for (&p, o) in st.owned.iter_mut() {
+            if o.releasing.is_some_and(|since| since.elapsed() >= RELEASE_GRACE) && o.in_flight > 0 && !o.cancelled {
+                o.cancelled = true;
+                overdue.insert(p);
+            }
+        }
+        (done, overdue)
+    }
+
+    /// The partition's key is gone: it is no longer ours at all.
+    fn forget(&self, partition: u32) {
+        self.state.lock().owned.remove(&partition);
     }
 
     /// Partitions lost without a hand-over: no longer ours, their running
