@@ -11,20 +11,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{ms, secs};
+use common::{ms, process_cpu_time, secs};
 use reconq::{Action, Context, Controller, ReconcileError, WorkQueue};
-
-/// User + system CPU time of this process so far.
-fn process_cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 /// CPU time the process uses during `window` while 4 threads are blocked in
 /// `get()` on `q`. The threads are released by shutting the queue down.

@@ -13,7 +13,7 @@ mod etcd;
 
 use std::time::{Duration, Instant};
 
-use common::wait_for;
+use common::{process_cpu_time, wait_for};
 use etcd::Etcd;
 use reconq::{Action, Context, Controller, LeaderElection, ReconcileError, Sharding};
 
@@ -22,17 +22,6 @@ const WINDOW: Duration = Duration::from_secs(4);
 /// A few keep-alive calls over HTTP (in a debug build, as CI runs it); a
 /// poll loop or a spinning worker would be far above it.
 const BUDGET: Duration = Duration::from_millis(50);
-
-fn process_cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 #[test]
 fn g8_an_idle_leader_standby_and_shard_only_keep_alive() {

@@ -36,6 +36,7 @@ sys.path.insert(0, str(TESTS))
 from etcd_server import Etcd  # noqa: E402
 from fenced_record import FencedRecord  # noqa: E402
 from replicas import Replicas  # noqa: E402
+from figures import percentile  # noqa: E402
 
 #: controller-runtime with its defaults, for the same two events.
 CONTROLLER_RUNTIME = {
@@ -47,11 +48,6 @@ CONTROLLER_RUNTIME = {
 def first_write(record: FencedRecord, token: int) -> float:
     """When the first reconcile under `token` wrote."""
     return min(a.at for a in record.attempts() if a.accepted and a.token == token)
-
-
-def percentile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:

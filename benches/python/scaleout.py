@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Dict, List
 
@@ -31,28 +30,17 @@ sys.path.insert(0, str(TESTS))
 
 from etcd_server import Etcd  # noqa: E402
 from fenced_record import FencedRecord  # noqa: E402
-from replicas import Replicas  # noqa: E402
+from replicas import Replicas, balanced  # noqa: E402
+from figures import percentile  # noqa: E402
 
 PARTITIONS = 64
 WORKERS = 4
 
 
-def balanced(etcd: Etcd, live: int) -> bool:
-    holders = Counter(etcd.keys("/reconq/shard/chaos/partitions/").values())
-    members = set(etcd.keys("/reconq/shard/chaos/members/").values())
-    low, high = PARTITIONS // live, -(-PARTITIONS // live)
-    return (
-        len(members) == live
-        and set(holders) <= members
-        and sum(holders.values()) == PARTITIONS
-        and all(low <= holders.get(m, 0) <= high for m in members)
-    )
-
-
 def wait_balanced(etcd: Etcd, live: int, timeout: float = 60.0) -> float:
     """Polls etcd every 10 ms; returns when it was first seen balanced."""
     deadline = time.monotonic() + timeout
-    while not balanced(etcd, live):
+    while not balanced(etcd, PARTITIONS, live):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{live} replicas did not balance")
         time.sleep(0.01)
@@ -113,11 +101,6 @@ def rebalancing(rounds: int, ttl: float) -> Dict[str, List[float]]:
             r.close()
             etcd.close()
     return times
-
-
-def percentile(values: List[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:

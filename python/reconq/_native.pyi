@@ -241,7 +241,26 @@ def context() -> Context:
 
 # --- Controller (guarantees §4, §5) ---
 
-class _ControllerStats(TypedDict):
+class _LeaderFields(TypedDict, total=False):
+    """With ``leader_election`` (guarantees §10)."""
+
+    is_leader: bool
+    """Whether this process leads (a running standby's status ``state`` is "standby")."""
+    leader: Optional[str]
+    fencing_token: Optional[int]
+    leader_error: Optional[str]
+    """The last error talking to etcd, if the last attempt failed."""
+
+class _ShardFields(TypedDict, total=False):
+    """With ``sharding`` (guarantees §11)."""
+
+    not_owned: int
+    """Keys dropped because another replica owns them."""
+    owned_partitions: int
+    members: int
+    shard_error: Optional[str]
+
+class _ControllerStats(_LeaderFields, _ShardFields):
     name: str
     workers: int
     state: Literal["new", "running", "stopping", "stopped"]
@@ -262,14 +281,6 @@ class _ControllerStats(TypedDict):
     store_pending: NotRequired[int]
     last_flush_time: NotRequired[Optional[float]]
     store_error: NotRequired[Optional[str]]
-    is_leader: NotRequired[bool]
-    leader: NotRequired[Optional[str]]
-    fencing_token: NotRequired[Optional[int]]
-    leader_error: NotRequired[Optional[str]]
-    not_owned: NotRequired[int]
-    owned_partitions: NotRequired[int]
-    members: NotRequired[int]
-    shard_error: NotRequired[Optional[str]]
 
 class _StopReport(TypedDict):
     finished: bool
@@ -334,7 +345,7 @@ class Controller:
 
 # --- Global status (issue 6) ---
 
-class _ControllerEntry(TypedDict):
+class _ControllerEntry(_LeaderFields, _ShardFields):
     """A ``reconq.Controller`` in ``status()``."""
 
     kind: Literal["controller"]
@@ -359,19 +370,8 @@ class _ControllerEntry(TypedDict):
     hanging_threshold: Optional[float]
     hanging: Dict[_Key, float]
     """Keys whose reconcile has run longer than ``hanging_threshold``: seconds running."""
-    is_leader: NotRequired[bool]
-    """With ``leader_election``: whether this process leads (``state`` is "standby" when not)."""
-    leader: NotRequired[Optional[str]]
-    fencing_token: NotRequired[Optional[int]]
-    leader_error: NotRequired[Optional[str]]
-    """The last error talking to etcd, if the last attempt failed."""
-    not_owned: NotRequired[int]
-    """With ``sharding``: keys dropped because another replica owns them."""
-    owned_partitions: NotRequired[int]
-    members: NotRequired[int]
-    shard_error: NotRequired[Optional[str]]
 
-class _PeriodicEntry(TypedDict):
+class _PeriodicEntry(_LeaderFields):
     """A named controller of a ``reconq.Manager`` in ``status()``."""
 
     kind: Literal["periodic"]
@@ -388,10 +388,6 @@ class _PeriodicEntry(TypedDict):
     running: bool
     last_duration: Optional[float]
     next_run_in: Optional[float]
-    is_leader: NotRequired[bool]
-    leader: NotRequired[Optional[str]]
-    fencing_token: NotRequired[Optional[int]]
-    leader_error: NotRequired[Optional[str]]
 
 _StatusEntry: TypeAlias = Union[_ControllerEntry, _PeriodicEntry]
 

@@ -17,6 +17,18 @@ use reconq::{
 /// never fire on a loaded machine, short enough to fail instead of hang.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
+/// User + system CPU time of this process so far.
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct we pass.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

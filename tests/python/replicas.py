@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from collections import Counter
 from typing import Dict, List, Sequence, Tuple
 
 from etcd_server import Etcd
@@ -16,6 +17,23 @@ from fenced_record import Attempt, FencedRecord
 from waiting import PATIENCE, wait_for
 
 WORKERS = 2  # chaos_child.py's default
+#: chaos_child.py's sharding group, as etcd holds it
+MEMBERS = "/reconq/shard/chaos/members/"
+PARTITIONS = "/reconq/shard/chaos/partitions/"
+
+
+def balanced(etcd: Etcd, partitions: int, live: int) -> bool:
+    """Whether etcd shows every partition held, by `live` replicas only,
+    ⌊P/N⌋ or ⌈P/N⌉ each (guarantees §11, H2)."""
+    holders = Counter(etcd.keys(PARTITIONS).values())
+    members = set(etcd.keys(MEMBERS).values())
+    low, high = partitions // live, -(-partitions // live)
+    return (
+        len(members) == live
+        and set(holders) <= members
+        and sum(holders.values()) == partitions
+        and all(low <= holders.get(m, 0) <= high for m in members)
+    )
 HERE = Path(__file__).parent
 
 

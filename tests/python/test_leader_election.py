@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -26,7 +26,7 @@ def etcd() -> Iterator[Etcd]:
 
 def test_only_the_leader_reconciles_with_its_token_and_a_standby_takes_over(etcd: Etcd, make: Any) -> None:
     lock = threading.Lock()
-    done: List[Tuple[str, Any, int]] = []
+    done: List[Tuple[str, Any, Optional[int]]] = []
 
     def reconciler(who: str) -> Any:
         def reconcile(key: Any) -> None:
@@ -62,17 +62,20 @@ def test_only_the_leader_reconciles_with_its_token_and_a_standby_takes_over(etcd
     standby.stop()
 
 
-def test_interpreter_exit_gives_leadership_up_at_once(etcd: Etcd) -> None:
-    # A 30 s lease: without the exit revoking it, the standby would wait 30 s.
+def leading_child(etcd: Etcd, election: str, then: str) -> "subprocess.Popen[str]":
+    """A child process whose controller leads `election` (Python source,
+    with ENDPOINT for the test etcd's); returns once it leads, while the
+    child goes on with `then`."""
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import reconq
             from waiting import wait_for
-            le = reconq.LeaderElection({etcd.endpoint!r}, "exit", ttl=30, identity="child")
+            le = {election.replace("ENDPOINT", repr(etcd.endpoint))}
             c = reconq.Controller(lambda key: None, leader_election=le)
             c.start()
             wait_for(lambda: le.is_leader, what="leadership")
             print("leading", flush=True)
+            {then}
         """)],
         stdout=subprocess.PIPE,
         text=True,
@@ -80,6 +83,12 @@ def test_interpreter_exit_gives_leadership_up_at_once(etcd: Etcd) -> None:
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "leading"
+    return child
+
+
+def test_interpreter_exit_gives_leadership_up_at_once(etcd: Etcd) -> None:
+    # A 30 s lease: without the exit revoking it, the standby would wait 30 s.
+    child = leading_child(etcd, 'reconq.LeaderElection(ENDPOINT, "exit", ttl=30, identity="child")', then="pass")
     standby = reconq.LeaderElection(etcd.endpoint, "exit", ttl=30, identity="parent")
     standby.start()
     assert child.wait(PATIENCE) == 0
@@ -176,24 +185,11 @@ def test_stats_status_and_the_metric_show_who_leads(etcd: Etcd, make: Any) -> No
 
 
 def test_on_lost_exit_ends_the_process_with_status_1(etcd: Etcd) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import time
-            import reconq
-            from waiting import wait_for
-            le = reconq.LeaderElection({etcd.endpoint!r}, "exit-on-loss", ttl=2, on_lost="exit")
-            c = reconq.Controller(lambda key: None, leader_election=le)
-            c.start()
-            wait_for(lambda: le.is_leader, what="leadership")
-            print("leading", flush=True)
-            time.sleep(60)  # the exit comes first
-        """)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=str(__import__("pathlib").Path(__file__).parent),
+    child = leading_child(
+        etcd,
+        'reconq.LeaderElection(ENDPOINT, "exit-on-loss", ttl=2, on_lost="exit")',
+        then="__import__('time').sleep(60)  # the exit comes first",
     )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "leading"
     etcd.pause()  # renewals hang: the leader gives up at its renew deadline
     try:
         assert child.wait(PATIENCE) == 1

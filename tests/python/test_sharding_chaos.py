@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +22,7 @@ import pytest
 
 from etcd_server import Etcd
 from fenced_record import FencedRecord
-from replicas import Replicas, check
+from replicas import Replicas, balanced, check
 from waiting import PATIENCE, wait_for
 
 PARTITIONS = 8
@@ -41,22 +40,8 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
         etcd.close()
 
 
-def balanced(r: Replicas, live: int) -> bool:
-    """Every partition held, by the `live` replicas expected only,
-    ⌊P/N⌋ or ⌈P/N⌉ each, as etcd itself says."""
-    holders = Counter(r.etcd.keys("/reconq/shard/chaos/partitions/").values())
-    members = set(r.etcd.keys("/reconq/shard/chaos/members/").values())
-    low, high = PARTITIONS // live, -(-PARTITIONS // live)
-    return (
-        len(members) == live
-        and set(holders) <= members
-        and sum(holders.values()) == PARTITIONS
-        and all(low <= holders.get(m, 0) <= high for m in members)
-    )
-
-
 def wait_balanced(r: Replicas, live: int) -> None:
-    wait_for(lambda: balanced(r, live), timeout=PATIENCE + 3 * TTL, what=f"{live} replicas to balance")
+    wait_for(lambda: balanced(r.etcd, PARTITIONS, live), timeout=PATIENCE + 3 * TTL, what=f"{live} replicas to balance")
 
 
 def test_joins_leaves_crashes_and_pauses_move_partitions_without_overlap(replicas: Replicas) -> None:
