@@ -1,4 +1,4 @@
-//! W6 (API.md section 12): the durable store's cost, side by side in one
+//! W6 (guarantees, "Benchmarks of the second wave"): the durable store's cost, side by side in one
 //! run. W1 (N = 1,000,000 no-op reconciles) through a controller without
 //! and with a `SqliteStore`, per worker count, rounds interleaved; the time
 //! to restore 1,000,000 pending keys at start; the time to write 100,000

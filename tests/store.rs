@@ -1,4 +1,4 @@
-//! The durable store (API.md section 9): S2 stop/restart with every key
+//! The durable store (guarantees §9): S2 stop/restart with every key
 //! state, S3 exclusivity, bad files, flush failures (disk full) and S1
 //! crashes by SIGKILL of a child process.
 

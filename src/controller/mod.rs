@@ -111,7 +111,7 @@ type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, StoreError> 
 
 impl<K: ControllerKey + StoreKey> Controller<K> {
     /// Keeps this controller's pending, delayed and parked keys, failure
-    /// counts and priorities in `store` under its name (API.md section 9):
+    /// counts and priorities in `store` under its name (guarantees §9):
     /// [`try_start`](Self::try_start) restores them before any worker runs
     /// and a flusher thread writes changes at least every flush interval
     /// and at stop.

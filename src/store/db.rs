@@ -55,7 +55,7 @@ pub enum StoredState {
     Parked { error: String },
 }
 
-/// An embedded SQLite store for controllers' pending work (API.md section 9).
+/// An embedded SQLite store for controllers' pending work (guarantees §9).
 /// Cheap to clone: clones share one connection. Any number of controllers
 /// can use one file, each under its own name.
 #[derive(Clone)]

@@ -1,4 +1,4 @@
-//! Durable state on embedded SQLite (API.md section 9): a controller's
+//! Durable state on embedded SQLite (guarantees §9): a controller's
 //! pending, delayed and parked keys, failure counts and priorities survive
 //! a stop, a restart and a crash.
 //!

@@ -56,7 +56,7 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     fn run_flusher(&self, source: &dyn KeySource<K>);
     /// Writes every changed key now, from the caller's thread: a stop
     /// calls it before the queue drops its ready and delayed keys, so
-    /// their rows stay (API.md section 9, "When").
+    /// their rows stay (guarantees §9, "When").
     fn flush_now(&self, source: &dyn KeySource<K>);
     /// Wakes the flusher for a stop.
     fn wake(&self);

@@ -1,4 +1,4 @@
-"""Durable state (API.md section 9) from Python: store= shorthand and
+"""Durable state (guarantees §9) from Python: store= shorthand and
 SqliteStore, S2 stop/restart, S3 StoreLocked, bad files, the shared key
 encoding, and S1 crashes by SIGKILL of a Python child."""
 
