@@ -3,6 +3,7 @@
     python benches/python/bench.py            # P1 (queue and controller), P2, P3
     python benches/python/bench.py w9 --w9-a-keys 20000   # W9 fairness (not in the default set)
     python benches/python/bench.py p1 --n 200000 --workers 1 2 4 8 --repeat 3
+    python benches/python/bench.py w6 --n 200000 --workers 1 2 4   # P1 with a store (not in the default set)
 
 Build the extension optimised first (`pip install .`, or
 `RELEASE=1 bash scripts/python-dev.sh --co -q`): a debug build measures
@@ -24,6 +25,11 @@ nothing useful.
   the pure baseline logs nothing, so that logger is silenced (level
   CRITICAL) for a like-for-like comparison.
 
+* W6 (P1 with a store): P1 through ``reconq.Controller`` with
+  ``store=`` a fresh temporary SQLite file against without, rounds
+  alternating in one run (the store's cost, not reconq against the
+  baseline: the ratio is with / without, 0.9 is the W6 target).
+
 * W9 (guarantees, "Benchmarks of scheduling"): 100,000 ready keys of
   group A, then 100 of group B; 4 workers, reconcile = 100 µs of work (a
   busy loop, so it holds the GIL as real Python work does); time until
@@ -42,6 +48,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -223,6 +230,31 @@ def p3(repeat: int) -> Dict[str, float]:
     return best
 
 
+def w6(n: int, worker_counts: List[int], repeat: int) -> Dict[str, Dict[int, float]]:
+    """Best keys/s with and without a store, per worker count."""
+    def reconcile(key: Any) -> None:
+        pass
+
+    print(f"\nW6 (P1 with a store): N={n:,} keys through Controller, store= a temp file or none (best of {repeat})")
+    print(f"{'workers':>7} {'store keys/s':>15} {'none keys/s':>13} {'ratio':>7}")
+    results: Dict[str, Dict[int, float]] = {"store": {}, "none": {}}
+    with tempfile.TemporaryDirectory(prefix="reconq-w6-") as tmp:
+        for w in worker_counts:
+            rates: Dict[str, List[float]] = {"store": [], "none": []}
+            for r in range(repeat):
+                # A fresh file per round: each starts from an empty store.
+                db = os.path.join(tmp, f"w6-{w}-{r}.db")
+                for name, store in (("none", None), ("store", db)):
+                    c = reconq.Controller(reconcile, workers=w, name="bench", store=store)
+                    rates[name].append(n / run_controller(c, n))
+                    assert c.stats()["successes"] == n
+            for name in rates:
+                results[name][w] = max(rates[name])
+            store_rate, none_rate = results["store"][w], results["none"][w]
+            print(f"{w:>7} {store_rate:>15,.0f} {none_rate:>13,.0f} {store_rate / none_rate:>6.2f}x", flush=True)
+    return results
+
+
 def w9_once(grouped: bool, a_keys: int, b_keys: int = 100) -> float:
     """Seconds from the first B enqueue until every B key is done."""
     b_left = [b_keys]
@@ -276,7 +308,7 @@ def w9(a_keys: int, repeat: int) -> Dict[str, float]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", help="p1, p2, p3 and/or w9 (default: p1 p2 p3)")
+    ap.add_argument("which", nargs="*", help="p1, p2, p3, w6 and/or w9 (default: p1 p2 p3)")
     ap.add_argument("--w9-a-keys", type=int, default=100_000, help="W9 group A keys (default 100,000)")
     ap.add_argument("--n", type=int, default=200_000, help="P1 keys (default 200,000)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8], help="P1 worker counts")
@@ -284,8 +316,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (for scripts/bench_report.py)")
     args = ap.parse_args(argv)
     args.which = args.which or ["p1", "p2", "p3"]
-    if not set(args.which) <= {"p1", "p2", "p3", "w9"}:
-        ap.error("choose from p1, p2, p3, w9")
+    if not set(args.which) <= {"p1", "p2", "p3", "w6", "w9"}:
+        ap.error("choose from p1, p2, p3, w6, w9")
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
     results: Dict[str, Any] = {"n": args.n}
     if "p1" in args.which:
@@ -295,6 +327,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         results["p2"] = p2(args.repeat)
     if "p3" in args.which:
         results["p3"] = p3(args.repeat)
+    if "w6" in args.which:
+        results["w6"] = w6(args.n, args.workers, args.repeat)
     if "w9" in args.which:
         results["w9"] = w9(args.w9_a_keys, args.repeat)
     if args.json:

@@ -1,16 +1,23 @@
 //! The keys changed since the last flush.
 //!
 //! Engine threads mark a key after every change that a store keeps (an
-//! enqueue, the end of a reconcile); the flusher takes the whole set. The
-//! set is sharded so workers marking different keys rarely meet on a lock,
-//! and marking a key already marked clones nothing.
+//! enqueue, the end of a reconcile); the flusher takes every mark. A mark
+//! is a push onto the marking thread's own stripe: no hashing and no
+//! shared cache line on the workers' path (W6: the earlier sharded set
+//! insert per enqueue and per `done` was the store's whole cost in W1).
+//! The flusher, which has the time, removes the duplicates when it takes.
 //!
-//! The flusher sleeps in `park` while the set is empty: the mark that makes
-//! it non-empty unparks it (an unpark before the park is not lost: the
-//! token sticks), so an idle controller's flusher never wakes (G8).
+//! Invariant: a mark that returned before `take` began is in what `take`
+//! returns (each stripe is drained under its lock), so "take, then sample"
+//! sees every change made before the take.
+//!
+//! The flusher sleeps in `park` while every stripe is empty: the push that
+//! makes a stripe non-empty unparks it (an unpark before the park is not
+//! lost: the token sticks), so an idle controller's flusher never wakes
+//! (G8).
 
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::Thread;
@@ -18,16 +25,18 @@ use std::thread::Thread;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-type Hasher = foldhash::fast::FixedState;
+const STRIPES: usize = 16;
 
-const SHARDS: usize = 16;
+/// Hands out stripes round-robin to the threads as they first mark, so up
+/// to `STRIPES` marking threads never share one.
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static STRIPE: usize = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed) % STRIPES;
+}
 
 pub(crate) struct DirtySet<K> {
-    shards: Box<[CachePadded<Mutex<HashSet<K, Hasher>>>]>,
-    hasher: Hasher,
-    /// Keys in all shards (the stats' `store_pending`). Raised before the
-    /// flusher is woken, lowered by the flusher when it takes a shard.
-    len: AtomicUsize,
+    stripes: Box<[CachePadded<Mutex<Vec<K>>>]>,
     /// The flusher, once it runs.
     flusher: OnceLock<Thread>,
 }
@@ -35,9 +44,7 @@ pub(crate) struct DirtySet<K> {
 impl<K: Eq + Hash + Clone> DirtySet<K> {
     pub(crate) fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| CachePadded::new(Mutex::new(HashSet::default()))).collect(),
-            hasher: Hasher::default(),
-            len: AtomicUsize::new(0),
+            stripes: (0..STRIPES).map(|_| CachePadded::new(Mutex::new(Vec::new()))).collect(),
             flusher: OnceLock::new(),
         }
     }
@@ -48,14 +55,11 @@ impl<K: Eq + Hash + Clone> DirtySet<K> {
     }
 
     pub(crate) fn mark(&self, key: &K) {
-        let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
-        let mut set = shard.lock();
-        if set.contains(key) {
-            return;
-        }
-        set.insert(key.clone());
-        drop(set);
-        if self.len.fetch_add(1, Ordering::AcqRel) == 0 {
+        let mut stripe = self.stripes[STRIPE.with(|s| *s)].lock();
+        let was_empty = stripe.is_empty();
+        stripe.push(key.clone());
+        drop(stripe);
+        if was_empty {
             self.wake();
         }
     }
@@ -67,18 +71,19 @@ impl<K: Eq + Hash + Clone> DirtySet<K> {
         }
     }
 
+    /// Marks not taken yet (the stats' `store_pending`; a key marked twice
+    /// counts twice until the flusher takes it).
     pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.stripes.iter().map(|stripe| stripe.lock().len()).sum()
     }
 
-    /// Takes every marked key.
+    /// Takes every marked key, each once.
     pub(crate) fn take(&self) -> Vec<K> {
-        let mut keys = Vec::with_capacity(self.len());
-        for shard in self.shards.iter() {
-            let taken = std::mem::take(&mut *shard.lock());
-            self.len.fetch_sub(taken.len(), Ordering::AcqRel);
+        let mut keys = HashSet::with_hasher(foldhash::fast::FixedState::default());
+        for stripe in self.stripes.iter() {
+            let taken = std::mem::take(&mut *stripe.lock());
             keys.extend(taken);
         }
-        keys
+        keys.into_iter().collect()
     }
 }
