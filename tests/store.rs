@@ -384,6 +384,8 @@ fn disk_full_child(dir: &Path) {
         handle.enqueue_after(format!("{i:0>100}"), HOUR);
     }
     wait_for("a failed flush reported", || handle.stats().store.is_some_and(|s| s.error.is_some()));
+    let table = reconq::status::format_table(&reconq::status::snapshot());
+    assert!(table.lines().any(|l| l.starts_with("full ") && l.contains("store: ")), "{table}");
     let stats = handle.stats().store.unwrap();
     assert!(stats.pending > 0, "the failed keys stay pending: {stats:?}");
     assert_eq!(handle.stats().waiting, N, "nothing dropped from memory");

@@ -260,7 +260,16 @@ class _ShardFields(TypedDict, total=False):
     members: int
     shard_error: Optional[str]
 
-class _ControllerStats(_LeaderFields, _ShardFields):
+class _StoreFields(TypedDict, total=False):
+    """With ``store`` (guarantees §9)."""
+
+    store_pending: int
+    """Changes not yet written (a key changed twice since the last flush counts twice)."""
+    last_flush_time: Optional[float]
+    store_error: Optional[str]
+    """The last flush's error, until a flush succeeds."""
+
+class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     name: str
     workers: int
     state: Literal["new", "running", "stopping", "stopped"]
@@ -278,9 +287,6 @@ class _ControllerStats(_LeaderFields, _ShardFields):
     last_error_time: Optional[float]
     by_priority: Dict[int, int]
     in_flight_by_group: NotRequired[Dict[Optional[_Key], int]]
-    store_pending: NotRequired[int]
-    last_flush_time: NotRequired[Optional[float]]
-    store_error: NotRequired[Optional[str]]
 
 class _StopReport(TypedDict):
     finished: bool
@@ -345,7 +351,7 @@ class Controller:
 
 # --- Global status (issue 6) ---
 
-class _ControllerEntry(_LeaderFields, _ShardFields):
+class _ControllerEntry(_StoreFields, _LeaderFields, _ShardFields):
     """A ``reconq.Controller`` in ``status()``."""
 
     kind: Literal["controller"]

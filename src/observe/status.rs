@@ -366,7 +366,7 @@ pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> Strin
             waiting,
             age_cell(entry.last_success_time, now),
             age_cell(entry.last_error_time, now),
-            entry.last_error.as_deref().map_or_else(|| "-".to_owned(), |m| truncate(first_line(m), MESSAGE_WIDTH)),
+            message(entry).map_or_else(|| "-".to_owned(), |m| truncate(first_line(&m), MESSAGE_WIDTH)),
             hanging,
         ]);
     }
@@ -395,6 +395,20 @@ pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> Strin
         out.push('\n');
     }
     out
+}
+
+/// The MESSAGE cell: the last reconcile error, else what stands in the
+/// way of a controller's store or coordination (a failing flush, etcd out
+/// of reach), so the table shows those too.
+fn message(entry: &StatusEntry) -> Option<String> {
+    if let Some(error) = &entry.last_error {
+        return Some(error.clone());
+    }
+    let c = entry.controller()?;
+    let store = c.store.as_ref().and_then(|s| s.error.as_ref()).map(|e| format!("store: {e}"));
+    let leader = c.leader.as_ref().and_then(|l| l.last_error.as_ref()).map(|e| format!("etcd: {e}"));
+    let shards = c.shards.as_ref().and_then(|s| s.last_error.as_ref()).map(|e| format!("etcd: {e}"));
+    store.or(leader).or(shards)
 }
 
 fn age_cell(at: Option<SystemTime>, now: SystemTime) -> String {

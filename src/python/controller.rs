@@ -748,10 +748,8 @@ impl PyController {
         }
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
-        if let Some(store) = stats.store {
-            d.set_item("store_pending", store.pending)?;
-            d.set_item("last_flush_time", store.last_flush_time.map(unix_timestamp))?;
-            d.set_item("store_error", store.error)?;
+        if let Some(store) = &stats.store {
+            super::store::set_store_items(&d, store)?;
         }
         if let Some(leader) = &stats.leader {
             super::election::set_leader_items(&d, leader)?;

@@ -72,6 +72,11 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
         super::election::set_leader_items(&d, leader)?;
     }
     if let EntryKind::Controller(c) = &e.kind
+        && let Some(store) = &c.store
+    {
+        super::store::set_store_items(&d, store)?;
+    }
+    if let EntryKind::Controller(c) = &e.kind
         && let Some(shards) = &c.shards
     {
         d.set_item("not_owned", c.not_owned)?;

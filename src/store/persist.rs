@@ -66,7 +66,8 @@ pub(crate) trait StoreLink<K>: Send + Sync {
 /// The store's part of a controller's stats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
-    /// Keys changed and not yet written.
+    /// Changes not yet written (a key changed twice since the last flush
+    /// counts twice until it).
     pub pending: usize,
     /// When the last flush succeeded.
     pub last_flush_time: Option<SystemTime>,

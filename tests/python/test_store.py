@@ -71,6 +71,9 @@ def test_flushes_within_the_interval_and_reports_stats(tmp_path):
         wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
         rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM keys").fetchone()
         assert rows == (1,)
+        entry = next(e for e in reconq.status() if e["name"] == "sync")
+        assert (entry["store_pending"], entry["store_error"]) == (0, None)
+        assert entry["last_flush_time"] is not None
     finally:
         c.stop()
 
