@@ -69,7 +69,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
                 Admission::Drop => {
                     slot.running.lock().take();
                     core.counters.not_owned.fetch_add(1, Ordering::Relaxed);
-                    (next, started) = rt.queue.done_and_get_stamped(&key, ticks::now());
+                    (next, started) = done_and_get(rt, &key, ticks::now());
                     continue;
                 }
             }
@@ -104,11 +104,19 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         slot.metrics.record(ticks::since(started, finished), counted);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
-        (next, started) = rt.queue.done_and_get_stamped(&key, finished);
-        if let Some(store) = &rt.store {
-            store.mark(&key);
-        }
+        (next, started) = done_and_get(rt, &key, finished);
     }
+}
+
+/// Marks `key` done (at tick `now`, which stamps the next hand-out) and
+/// takes the next key; the store learns that `key` changed (whether it was
+/// reconciled or dropped as not ours).
+fn done_and_get<K: ControllerKey>(rt: &Runtime<K>, key: &K, now: u64) -> (Option<(K, Priority)>, u64) {
+    let next = rt.queue.done_and_get_stamped(key, now);
+    if let Some(store) = &rt.store {
+        store.mark(key);
+    }
+    next
 }
 
 /// A key was handed out while this process does not lead: put it back
