@@ -47,8 +47,6 @@ pub(crate) struct Coordinated<K> {
     /// Our membership (an election seat, a shard seat), given up once no
     /// worker is left (see [`Core::leave_coordination_if_no_workers`]).
     membership: Mutex<Option<Box<dyn Any + Send>>>,
-    /// Callbacks the coordinator holds weakly: they live as long as this.
-    _callbacks: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl<K> Coordinated<K> {
@@ -70,18 +68,12 @@ pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;
 pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {
     Box::new(move |core: &Arc<Core<K>>, _resync| {
         let weak = Arc::downgrade(core);
-        let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let seat = election.join(move || {
             if let Some(core) = weak.upgrade() {
                 core.cancel_running(|_| true);
             }
         });
-        election.when_lost(&on_lost);
-        let seat = election.join();
-        Ok(Coordinated {
-            gate: Box::new(LeaderGate(election)),
-            membership: Mutex::new(Some(Box::new(seat))),
-            _callbacks: Some(on_lost),
-        })
+        Ok(Coordinated { gate: Box::new(LeaderGate(election)), membership: Mutex::new(Some(Box::new(seat))) })
     })
 }
 
@@ -121,11 +113,7 @@ pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K>
         let hooks =
             Arc::new(ControllerShards { core: Arc::downgrade(core), resync, partitions: sharding.partition_count() });
         let seat = sharding.attach(hooks)?;
-        Ok(Coordinated {
-            gate: Box::new(ShardGate(sharding)),
-            membership: Mutex::new(Some(Box::new(seat))),
-            _callbacks: None,
-        })
+        Ok(Coordinated { gate: Box::new(ShardGate(sharding)), membership: Mutex::new(Some(Box::new(seat))) })
     })
 }
 

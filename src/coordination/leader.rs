@@ -18,6 +18,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
 };
@@ -193,12 +194,16 @@ impl LeaderElection {
     }
 
     /// A controller or manager starts using the election: it campaigns
-    /// until every [`Seat`] is dropped (or [`stop`](Self::stop)).
-    pub(crate) fn join(&self) -> Seat {
+    /// until every [`Seat`] is dropped (or [`stop`](Self::stop)), and
+    /// `on_lost` is called (with no lock held) each time leadership is lost
+    /// while the seat lives.
+    pub(crate) fn join(&self, on_lost: impl Fn() + Send + Sync + 'static) -> Seat {
+        let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(on_lost);
         let mut st = self.inner.state.lock();
         st.users += 1;
+        st.on_lost.push(Arc::downgrade(&on_lost));
         self.inner.campaign(&mut st);
-        Seat { election: self.clone() }
+        Seat { election: self.clone(), _on_lost: on_lost }
     }
 
     /// Whether this process leads now (and its leadership has not run past
@@ -265,11 +270,6 @@ impl LeaderElection {
         let _st = self.inner.state.lock();
         self.inner.cv.notify_all();
     }
-
-    /// Calls `f` each time leadership is lost, for as long as `f` lives.
-    pub(crate) fn when_lost(&self, f: &Arc<dyn Fn() + Send + Sync>) {
-        self.inner.state.lock().on_lost.push(Arc::downgrade(f));
-    }
 }
 
 /// Hooks for the shuttle models (`tests/shuttle_controller.rs`): an election
@@ -325,6 +325,8 @@ impl LeaderStatus {
 /// over at once (L4) without ever overlapping a reconcile of ours.
 pub(crate) struct Seat {
     election: LeaderElection,
+    /// The election holds it weakly: it is called while the seat lives.
+    _on_lost: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl Seat {
@@ -502,30 +504,17 @@ impl Election {
             self.cv.notify_all();
         }
         logs::election_won(&self.name, &self.identity, token);
-        let interval = self.ttl / 3;
-        let mut renewed = sent;
-        let mut next = sent + interval;
+        let mut keeper = LeaseKeeper::new(lease, self.ttl, sent);
         loop {
-            if self.sleep(next.saturating_duration_since(Instant::now())) {
+            if self.sleep(keeper.due().saturating_duration_since(Instant::now())) {
                 // Stopped, or the last user left: give leadership up at once (L4).
                 self.state.lock().leading = None;
                 let _ = self.client.revoke(lease);
                 self.set_lease_held(false);
                 return;
             }
-            // Leadership ends at the renew deadline, not whenever a hung
-            // call returns: each try waits only until then, so a leader cut
-            // off from etcd cancels its reconciles on time (L3).
-            let left = (renewed + self.renew_deadline()).saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.lose(token, "could not renew the lease in time");
-                return;
-            }
-            let sent = Instant::now();
-            match self.client.keep_alive(lease, left) {
-                Ok(Some(_)) => {
-                    renewed = sent;
-                    next = sent + interval;
+            match keeper.renew(&self.client) {
+                Renewal::Renewed(sent) => {
                     let mut st = self.state.lock();
                     if let Some(l) = &mut st.leading {
                         l.renewed = sent;
@@ -534,14 +523,10 @@ impl Election {
                     // answer was on its way wait for it.
                     self.cv.notify_all();
                 }
-                Ok(None) => {
-                    self.lose(token, "the lease expired");
+                Renewal::Failed(e) => self.state.lock().last_error = Some(format!("renewing the lease: {e}")),
+                Renewal::Lost(why) => {
+                    self.lose(token, why);
                     return;
-                }
-                Err(e) => {
-                    self.state.lock().last_error = Some(format!("renewing the lease: {e}"));
-                    // Try again soon; at the deadline at the latest.
-                    next = (Instant::now() + Duration::from_millis(200)).min(renewed + self.renew_deadline());
                 }
             }
         }

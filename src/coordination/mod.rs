@@ -3,6 +3,7 @@
 //! [`Sharding`] (replicas split the keys' partitions between them).
 
 mod leader;
+mod lease;
 mod partition;
 mod settings;
 mod sharding;

@@ -25,6 +25,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
 };
@@ -407,9 +408,7 @@ impl Shards {
     /// Keeps `lease` alive and the partitions balanced until the lease is
     /// lost (then everything held under it is dropped) or stopped.
     fn serve(&self, lease: i64, granted: Instant) {
-        let interval = self.ttl / 3;
-        let mut renewed = granted;
-        let mut next_keep_alive = granted + interval;
+        let mut keeper = LeaseKeeper::new(lease, self.ttl, granted);
         // The group as last read, and whether it may have changed since.
         let mut seen: Option<i64> = None;
         let mut stale = true;
@@ -431,7 +430,7 @@ impl Shards {
             // Wait for a change, the keep-alive, or (while giving
             // partitions up) their reconciles to return. An idle replica
             // asks etcd for nothing but its keep-alives.
-            let mut wake = next_keep_alive;
+            let mut wake = keeper.due();
             if self.releasing() {
                 wake = wake.min(Instant::now() + RELEASE_POLL);
             }
@@ -453,31 +452,19 @@ impl Shards {
                     self.sleep(wait.min(RELEASE_POLL * 10));
                 }
             }
-            if Instant::now() < next_keep_alive {
+            if Instant::now() < keeper.due() {
                 continue;
             }
-            let left = (renewed + renew_deadline(self.ttl)).saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.lose_everything("could not renew the lease in time");
-                return;
-            }
-            let sent = Instant::now();
-            match self.client.keep_alive(lease, left) {
-                Ok(Some(_)) => {
-                    renewed = sent;
-                    next_keep_alive = sent + interval;
+            match keeper.renew(&self.client) {
+                Renewal::Renewed(sent) => {
                     let mut st = self.state.lock();
                     st.renewed = Some(sent);
                     st.last_error = None;
                 }
-                Ok(None) => {
-                    self.lose_everything("the lease expired");
+                Renewal::Failed(e) => self.state.lock().last_error = Some(format!("renewing the lease: {e}")),
+                Renewal::Lost(why) => {
+                    self.lose_everything(why);
                     return;
-                }
-                Err(e) => {
-                    self.state.lock().last_error = Some(format!("renewing the lease: {e}"));
-                    next_keep_alive =
-                        (Instant::now() + Duration::from_millis(200)).min(renewed + renew_deadline(self.ttl));
                 }
             }
         }

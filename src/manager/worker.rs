@@ -32,9 +32,9 @@ pub(crate) struct Ctl {
     /// Keeps a fake clock's wake-up callback alive as long as the controller.
     _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
     /// With leader election: our use of it (the campaign runs while a
-    /// controller of the manager lives, and a `do` of ours may run), and the
-    /// callback that cancels the run in progress when leadership is lost.
-    leadership: Option<(Seat, Arc<dyn Fn() + Send + Sync>)>,
+    /// controller of the manager lives, and a `do` of ours may run; losing
+    /// leadership cancels the run in progress).
+    leadership: Option<Seat>,
     /// `State::removed`, readable without the state lock by a thread
     /// waiting for leadership under the election's lock.
     removing: AtomicBool,
@@ -98,13 +98,11 @@ impl Ctl {
             });
             let leadership = election.map(|election| {
                 let weak = weak.clone();
-                let on_lost: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                election.join(move || {
                     if let Some(ctl) = weak.upgrade() {
                         cancel_run(&ctl.state.lock());
                     }
-                });
-                election.when_lost(&on_lost);
-                (election.join(), on_lost)
+                })
             });
             Ctl {
                 name,
@@ -179,7 +177,7 @@ impl Ctl {
     }
 
     fn election(&self) -> Option<&LeaderElection> {
-        self.leadership.as_ref().map(|(seat, _)| seat.election())
+        self.leadership.as_ref().map(Seat::election)
     }
 
     pub(crate) fn status(&self) -> ControllerStatus {
