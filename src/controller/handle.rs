@@ -207,7 +207,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// With [`sharding`](super::Controller::sharding): the partitions this
     /// replica owns now (empty before start, or while cut off from etcd).
     pub fn owned_partitions(&self) -> std::collections::BTreeSet<u32> {
-        self.stats().shards.map(|s| s.owned).unwrap_or_default()
+        self.core.gate().and_then(super::gate::Gate::shard_status).map(|s| s.owned).unwrap_or_default()
     }
 
     /// Keys being reconciled per group (guarantees §8), for a controller built

@@ -772,16 +772,21 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
+    /// Leader election or sharding, once started with one.
+    fn coordination(&self) -> Option<&gate::Coordinated<K>> {
+        self.rt.get().and_then(|rt| rt.coordination.as_ref())
+    }
+
     /// The coordination gate, once started with one.
     fn gate(&self) -> Option<&dyn gate::Gate<K>> {
-        self.rt.get().and_then(|rt| rt.coordination.as_ref()).map(|c| &*c.gate)
+        self.coordination().map(|c| &*c.gate)
     }
 
     /// Gives up our membership (election seat, shard seat) once every
     /// worker has exited, so leadership or partitions pass on at once (L4)
     /// and never while a reconcile of ours may still run.
     pub(crate) fn leave_coordination_if_no_workers(&self) {
-        let Some(coordination) = self.rt.get().and_then(|rt| rt.coordination.as_ref()) else { return };
+        let Some(coordination) = self.coordination() else { return };
         if self.life.lock().live_workers > 0 {
             return;
         }
@@ -836,8 +841,8 @@ impl<K: ControllerKey> Core<K> {
                 watchdog.shut_down();
             }
             // Workers waiting for leadership look again, and exit.
-            if let Some(coordination) = self.rt.get().and_then(|rt| rt.coordination.as_ref()) {
-                coordination.gate.wake();
+            if let Some(gate) = self.gate() {
+                gate.wake();
             }
         }
         first

@@ -35,9 +35,7 @@ impl PySharding {
         identity: Option<String>,
     ) -> PyResult<Self> {
         let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
-        let partitions = u32::try_from(partitions).map_err(|_| {
-            PyValueError::new_err(format!("partitions must be between 1 and 2**32-1, got {partitions}"))
-        })?;
+        let partitions = partitions_from_py(partitions)?;
         let mut sharding = Sharding::new(&endpoints_from_py(endpoints)?, name).map_err(invalid)?;
         sharding = sharding.partitions(partitions).map_err(invalid)?;
         if let Some(ttl) = ttl.filter(|t| !t.is_none()) {
@@ -81,11 +79,15 @@ impl PySharding {
 /// of the key's store encoding, the same as Rust's `partition_of`.
 #[pyfunction]
 fn partition_of_py(key: &Bound<'_, PyAny>, partitions: i64) -> PyResult<u32> {
-    let partitions = u32::try_from(partitions)
+    Ok(partition_of(&PyKey::from_py(key)?, partitions_from_py(partitions)?))
+}
+
+/// A partition count from Python: 1 to 2**32-1.
+fn partitions_from_py(partitions: i64) -> PyResult<u32> {
+    u32::try_from(partitions)
         .ok()
         .filter(|&p| p > 0)
-        .ok_or_else(|| PyValueError::new_err(format!("partitions must be between 1 and 2**32-1, got {partitions}")))?;
-    Ok(partition_of(&PyKey::from_py(key)?, partitions))
+        .ok_or_else(|| PyValueError::new_err(format!("partitions must be between 1 and 2**32-1, got {partitions}")))
 }
 
 /// `resync` for the Rust controller: calls the Python callable (attached

@@ -57,30 +57,25 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
                 hanging.set_item(hanging_key_to_py(py, h)?, to_secs(h.running))?;
             }
             d.set_item("hanging", hanging)?;
+            if let Some(store) = &c.store {
+                super::store::set_store_items(&d, store)?;
+            }
+            if let Some(leader) = &c.leader {
+                super::election::set_leader_items(&d, leader)?;
+            }
+            if let Some(shards) = &c.shards {
+                d.set_item("not_owned", c.not_owned)?;
+                super::sharding::set_shard_items(&d, shards)?;
+            }
         }
         EntryKind::Periodic(p) => {
             d.set_item("running", p.running)?;
             d.set_item("last_duration", p.last_duration.map(to_secs))?;
             d.set_item("next_run_in", p.next_run_in.map(to_secs))?;
+            if let Some(leader) = &p.leader {
+                super::election::set_leader_items(&d, leader)?;
+            }
         }
-    }
-    let leader = match &e.kind {
-        EntryKind::Controller(c) => c.leader.as_ref(),
-        EntryKind::Periodic(p) => p.leader.as_ref(),
-    };
-    if let Some(leader) = leader {
-        super::election::set_leader_items(&d, leader)?;
-    }
-    if let EntryKind::Controller(c) = &e.kind
-        && let Some(store) = &c.store
-    {
-        super::store::set_store_items(&d, store)?;
-    }
-    if let EntryKind::Controller(c) = &e.kind
-        && let Some(shards) = &c.shards
-    {
-        d.set_item("not_owned", c.not_owned)?;
-        super::sharding::set_shard_items(&d, shards)?;
     }
     Ok(d)
 }
