@@ -72,7 +72,7 @@ pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
     Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
 };
-pub use coordination::{LeaderElection, LeaderStatus, OnLost, ShardStatus, Sharding, partition_of};
+pub use coordination::{Endpoints, LeaderElection, LeaderStatus, OnLost, ShardStatus, Sharding, partition_of};
 /// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,
 /// re-exported so a program uses the same version.
 pub use crossbeam_channel;

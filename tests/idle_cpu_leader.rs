@@ -26,7 +26,7 @@ const BUDGET: Duration = Duration::from_millis(50);
 #[test]
 fn g8_an_idle_leader_standby_and_shard_only_keep_alive() {
     let etcd = Etcd::start();
-    let election = |who: &str| LeaderElection::new(&[&etcd.endpoint], "idle").unwrap().ttl(TTL).unwrap().identity(who);
+    let election = |who: &str| LeaderElection::new(&etcd.endpoint, "idle").ttl(TTL).identity(who);
     let noop = |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) };
     let (ea, eb) = (election("a"), election("b"));
     let a = Controller::new("idle-a", noop).workers(2).leader_election(ea.clone()).start();
@@ -35,7 +35,7 @@ fn g8_an_idle_leader_standby_and_shard_only_keep_alive() {
     // The standby's workers wait for leadership with a key in hand.
     b.enqueue(1);
     wait_for("b to see a lead", || eb.leader().as_deref() == Some("a"));
-    let sharding = Sharding::new(&[&etcd.endpoint], "idle").unwrap().partitions(4).unwrap().ttl(TTL).unwrap();
+    let sharding = Sharding::new(&etcd.endpoint, "idle").partitions(4).ttl(TTL);
     let s = Controller::new("idle-s", noop).workers(2).sharding(sharding).resync(|| 0..100u32).start();
     wait_for("the replica to own every partition", || s.owned_partitions().len() == 4);
     assert!(s.wait_idle(common::PATIENCE));

@@ -20,7 +20,7 @@ use reconq::{
 const TTL: Duration = Duration::from_secs(2);
 
 fn election(etcd: &Etcd, name: &str, identity: &str) -> LeaderElection {
-    LeaderElection::new(&[&etcd.endpoint], name).unwrap().ttl(TTL).unwrap().identity(identity)
+    LeaderElection::new(&etcd.endpoint, name).ttl(TTL).identity(identity)
 }
 
 #[test]
@@ -146,19 +146,22 @@ fn a_leader_that_cannot_renew_cancels_its_reconciles_before_the_lease_can_expire
 #[test]
 fn bad_input_is_an_error() {
     for bad in ["127.0.0.1:2379", "http://nohost", "https://a:1"] {
-        assert!(LeaderElection::new(&[bad], "x").is_err(), "{bad}");
+        assert!(LeaderElection::try_new(bad, "x").is_err(), "{bad}");
     }
-    assert!(LeaderElection::new::<&str>(&[], "x").is_err());
-    assert!(LeaderElection::new(&["http://127.0.0.1:1"], "").is_err());
-    let le = LeaderElection::new(&["http://127.0.0.1:1"], "x").unwrap();
-    assert!(le.ttl(Duration::from_millis(1999)).is_err(), "etcd's minimum lease is 2 s");
+    assert!(LeaderElection::try_new(Vec::<String>::new(), "x").is_err());
+    assert!(LeaderElection::try_new(["http://127.0.0.1:1"], "").is_err());
+    let le = LeaderElection::new("http://127.0.0.1:1", "x");
+    assert!(le.clone().try_ttl(Duration::from_millis(1999)).is_err(), "etcd's minimum lease is 2 s");
+    let panicked = std::panic::catch_unwind(|| LeaderElection::new("127.0.0.1:2379", "x"));
+    assert!(panicked.is_err(), "the builder form panics on what try_new refuses");
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| le.ttl(Duration::from_secs(1)))).is_err());
 }
 
 #[test]
 fn etcd_unreachable_is_a_standby_with_the_error_shown() {
     // Nothing listens on this port once the listener is dropped.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let le = LeaderElection::new(&[format!("http://127.0.0.1:{port}")], "down").unwrap();
+    let le = LeaderElection::new(format!("http://127.0.0.1:{port}"), "down");
     let h = Controller::new("down-ctl", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
         panic!("a standby never reconciles")
     })
@@ -308,7 +311,7 @@ const EXIT_CHILD_ENV: &str = "RECONQ_ON_LOST_EXIT_ENDPOINT";
 #[test]
 fn on_lost_exit_ends_the_process_with_status_1() {
     if let Ok(endpoint) = std::env::var(EXIT_CHILD_ENV) {
-        let le = LeaderElection::new(&[endpoint], "l3-exit").unwrap().ttl(TTL).unwrap().on_lost(reconq::OnLost::Exit);
+        let le = LeaderElection::new(endpoint, "l3-exit").ttl(TTL).on_lost(reconq::OnLost::Exit);
         let _h =
             Controller::new("l3-exit", |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
                 .leader_election(le.clone())

@@ -23,7 +23,7 @@ const PARTITIONS: u32 = 8;
 const KEYS: u32 = 64;
 
 fn sharding(etcd: &Etcd, name: &str, identity: &str) -> Sharding {
-    Sharding::new(&[&etcd.endpoint], name).unwrap().partitions(PARTITIONS).unwrap().ttl(TTL).unwrap().identity(identity)
+    Sharding::new(&etcd.endpoint, name).partitions(PARTITIONS).ttl(TTL).identity(identity)
 }
 
 /// Reconciles of every replica: (replica, key, token).
@@ -145,15 +145,16 @@ fn a_partition_changes_hands_only_after_its_reconcile_returned() {
 #[test]
 fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     for bad in ["127.0.0.1:2379", "http://nohost"] {
-        assert!(Sharding::new(&[bad], "x").is_err(), "{bad}");
+        assert!(Sharding::try_new(bad, "x").is_err(), "{bad}");
     }
-    assert!(Sharding::new(&["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
-    let sh = Sharding::new(&["http://127.0.0.1:1"], "x").unwrap();
-    assert!(sh.clone().partitions(0).is_err());
-    assert!(sh.ttl(Duration::from_secs(1)).is_err());
+    assert!(Sharding::try_new(["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
+    let sh = Sharding::new("http://127.0.0.1:1", "x");
+    assert!(sh.clone().try_partitions(0).is_err());
+    assert!(sh.clone().try_ttl(Duration::from_secs(1)).is_err());
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.partitions(0))).is_err(), "the builder panics");
 
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let sh = Sharding::new(&[format!("http://127.0.0.1:{port}")], "down").unwrap();
+    let sh = Sharding::new(format!("http://127.0.0.1:{port}"), "down");
     let h = Controller::new("down-shard", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
         panic!("a replica that owns nothing reconciles nothing")
     })

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
-    DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
+    DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
+    renew_deadline,
 };
 use crate::error::InvalidArgument;
 use crate::etcd::{Created, EtcdClient, Watch};
@@ -105,14 +106,23 @@ struct Leadership {
 
 impl LeaderElection {
     /// A campaign for `name` on the etcd members at `endpoints`
-    /// (`http://host:port`, one or several), with a 5 s TTL and the host
+    /// (`http://host:port`, one or a list), with a 5 s TTL and the host
     /// name and process id as identity. Nothing happens until it is
     /// started, by the first controller that uses it or [`start`](Self::start).
     ///
+    /// # Panics
+    /// A malformed endpoint, no endpoint, or an empty name (or one with
+    /// `/`); [`try_new`](Self::try_new) returns the error instead.
+    pub fn new(endpoints: impl Endpoints, name: &str) -> Self {
+        Self::try_new(endpoints, name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`new`](Self::new), with bad input as an error.
+    ///
     /// # Errors
-    /// A malformed endpoint, no endpoint, or an empty name.
-    pub fn new<E: AsRef<str>>(endpoints: &[E], name: &str) -> Result<Self, InvalidArgument> {
-        let endpoints = check_endpoints_and_name(endpoints, name, "leader election")?;
+    /// A malformed endpoint, no endpoint, or an empty name (or one with `/`).
+    pub fn try_new(endpoints: impl Endpoints, name: &str) -> Result<Self, InvalidArgument> {
+        let endpoints = check_endpoints_and_name(&endpoints, name, "leader election")?;
         Ok(Self::build(name.to_owned(), endpoints, default_identity(), DEFAULT_TTL, OnLost::Standby))
     }
 
@@ -136,9 +146,17 @@ impl LeaderElection {
     /// The lease's time to live (default 5 s, at least 2 s: etcd's
     /// minimum). A crashed leader is replaced within about `ttl`.
     ///
+    /// # Panics
+    /// `ttl` under 2 s; [`try_ttl`](Self::try_ttl) returns the error instead.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.try_ttl(ttl).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`ttl`](Self::ttl), with bad input as an error.
+    ///
     /// # Errors
     /// `ttl` under 2 s.
-    pub fn ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
+    pub fn try_ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
         let ttl = check_ttl(ttl)?;
         Ok(self.rebuild(|e| e.ttl = ttl))
     }
@@ -278,7 +296,7 @@ impl LeaderElection {
 #[doc(hidden)]
 impl LeaderElection {
     pub fn model(name: &str) -> Self {
-        let election = Self::new(&["http://127.0.0.1:1"], name).expect("a valid model election");
+        let election = Self::new("http://127.0.0.1:1", name);
         // Stopped: no campaign thread; `model_win` and `model_lose` decide.
         election.inner.state.lock().stopped = true;
         election
@@ -585,7 +603,7 @@ mod tests {
     use super::*;
 
     fn leading_since(ago: Duration) -> LeaderElection {
-        let election = LeaderElection::new(&["http://127.0.0.1:1"], "t").unwrap();
+        let election = LeaderElection::new("http://127.0.0.1:1", "t");
         election.inner.state.lock().leading = Some(Leadership { token: 7, renewed: Instant::now() - ago });
         election
     }

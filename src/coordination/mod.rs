@@ -11,5 +11,6 @@ mod sharding;
 pub(crate) use leader::Seat;
 pub use leader::{LeaderElection, LeaderStatus, OnLost};
 pub use partition::partition_of;
+pub use settings::Endpoints;
 pub(crate) use sharding::ShardHooks;
 pub use sharding::{ShardStatus, Sharding};

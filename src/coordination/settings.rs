@@ -15,15 +15,59 @@ pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between retries while etcd is unreachable.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// etcd endpoints: one `http://host:port`, or a list of them (a slice, an
+/// array or a `Vec` of strings), as leader election and sharding take them.
+pub trait Endpoints {
+    /// The endpoints, unchecked.
+    fn endpoints(&self) -> Vec<&str>;
+}
+
+impl Endpoints for str {
+    fn endpoints(&self) -> Vec<&str> {
+        vec![self]
+    }
+}
+
+impl Endpoints for String {
+    fn endpoints(&self) -> Vec<&str> {
+        vec![self]
+    }
+}
+
+impl<S: AsRef<str>> Endpoints for [S] {
+    fn endpoints(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+impl<S: AsRef<str>, const N: usize> Endpoints for [S; N] {
+    fn endpoints(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+impl<S: AsRef<str>> Endpoints for Vec<S> {
+    fn endpoints(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+impl<E: Endpoints + ?Sized> Endpoints for &E {
+    fn endpoints(&self) -> Vec<&str> {
+        (**self).endpoints()
+    }
+}
+
 /// Checks `endpoints` (`http://host:port`, at least one) and `name`.
-pub(super) fn check_endpoints_and_name<E: AsRef<str>>(
-    endpoints: &[E],
+pub(super) fn check_endpoints_and_name(
+    endpoints: &(impl Endpoints + ?Sized),
     name: &str,
     what: &str,
 ) -> Result<Vec<String>, InvalidArgument> {
     let endpoints = endpoints
-        .iter()
-        .map(|e| check_endpoint(e.as_ref()))
+        .endpoints()
+        .into_iter()
+        .map(check_endpoint)
         .collect::<Result<Vec<_>, _>>()
         .map_err(InvalidArgument::new)?;
     if endpoints.is_empty() {

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
-    DEFAULT_TTL, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff, renew_deadline,
+    DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
+    renew_deadline,
 };
 use crate::error::InvalidArgument;
 use crate::etcd::{Created, EtcdClient, KeyValue, Watch};
@@ -119,13 +120,22 @@ pub struct ShardStatus {
 
 impl Sharding {
     /// Membership of the group `name` on the etcd members at `endpoints`
-    /// (`http://host:port`, one or several), with 64 partitions, a 5 s TTL
+    /// (`http://host:port`, one or a list), with 64 partitions, a 5 s TTL
     /// and the host name and process id as identity.
+    ///
+    /// # Panics
+    /// A malformed endpoint, no endpoint, or an empty name (or one with
+    /// `/`); [`try_new`](Self::try_new) returns the error instead.
+    pub fn new(endpoints: impl Endpoints, name: &str) -> Self {
+        Self::try_new(endpoints, name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`new`](Self::new), with bad input as an error.
     ///
     /// # Errors
     /// A malformed endpoint, no endpoint, or an empty name (or one with `/`).
-    pub fn new<E: AsRef<str>>(endpoints: &[E], name: &str) -> Result<Self, InvalidArgument> {
-        let endpoints = check_endpoints_and_name(endpoints, name, "sharding")?;
+    pub fn try_new(endpoints: impl Endpoints, name: &str) -> Result<Self, InvalidArgument> {
+        let endpoints = check_endpoints_and_name(&endpoints, name, "sharding")?;
         Ok(Self::build(name.to_owned(), endpoints, default_identity(), DEFAULT_TTL, DEFAULT_PARTITIONS))
     }
 
@@ -153,9 +163,18 @@ impl Sharding {
     /// How many partitions the key space is split into (default 64). Every
     /// replica of a group must use the same number.
     ///
+    /// # Panics
+    /// Zero partitions; [`try_partitions`](Self::try_partitions) returns
+    /// the error instead.
+    pub fn partitions(self, partitions: u32) -> Self {
+        self.try_partitions(partitions).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`partitions`](Self::partitions), with bad input as an error.
+    ///
     /// # Errors
     /// Zero partitions.
-    pub fn partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
+    pub fn try_partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
         if partitions == 0 {
             return Err(InvalidArgument::new("partitions must be at least 1"));
         }
@@ -166,9 +185,17 @@ impl Sharding {
     /// The lease's time to live (default 5 s, at least 2 s): a crashed
     /// replica's partitions move after about `ttl`.
     ///
+    /// # Panics
+    /// `ttl` under 2 s; [`try_ttl`](Self::try_ttl) returns the error instead.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.try_ttl(ttl).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`ttl`](Self::ttl), with bad input as an error.
+    ///
     /// # Errors
     /// `ttl` under 2 s.
-    pub fn ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
+    pub fn try_ttl(self, ttl: Duration) -> Result<Self, InvalidArgument> {
         let ttl = check_ttl(ttl)?;
         let (identity, partitions) = (self.inner.identity.clone(), self.inner.partitions);
         Ok(self.rebuild(identity, ttl, partitions))
@@ -268,8 +295,7 @@ impl Sharding {
 #[doc(hidden)]
 impl Sharding {
     pub fn model(name: &str, partitions: u32) -> Self {
-        let sharding = Self::new(&["http://127.0.0.1:1"], name).and_then(|s| s.partitions(partitions));
-        let sharding = sharding.expect("a valid model sharding");
+        let sharding = Self::new("http://127.0.0.1:1", name).partitions(partitions);
         {
             let mut st = sharding.inner.state.lock();
             // Stopped: its membership thread exits at once.

@@ -41,9 +41,9 @@ impl PyLeaderElection {
             other => return Err(PyValueError::new_err(format!("on_lost must be 'standby' or 'exit', not {other:?}"))),
         };
         let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
-        let mut election = LeaderElection::new(&endpoints, name).map_err(invalid)?.on_lost(on_lost);
+        let mut election = LeaderElection::try_new(endpoints, name).map_err(invalid)?.on_lost(on_lost);
         if let Some(ttl) = ttl.filter(|t| !t.is_none()) {
-            election = election.ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;
+            election = election.try_ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;
         }
         if let Some(identity) = identity {
             election = election.identity(identity);

@@ -36,10 +36,10 @@ impl PySharding {
     ) -> PyResult<Self> {
         let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
         let partitions = partitions_from_py(partitions)?;
-        let mut sharding = Sharding::new(&endpoints_from_py(endpoints)?, name).map_err(invalid)?;
-        sharding = sharding.partitions(partitions).map_err(invalid)?;
+        let mut sharding = Sharding::try_new(endpoints_from_py(endpoints)?, name).map_err(invalid)?;
+        sharding = sharding.try_partitions(partitions).map_err(invalid)?;
         if let Some(ttl) = ttl.filter(|t| !t.is_none()) {
-            sharding = sharding.ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;
+            sharding = sharding.try_ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;
         }
         if let Some(identity) = identity {
             sharding = sharding.identity(identity);
