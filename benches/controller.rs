@@ -6,71 +6,20 @@
 //!
 //! `cargo bench --bench controller -- --quick` (`-- W9` for the report only)
 
+#[path = "common/w1.rs"]
+mod w1;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use reconq::{Action, Context, Controller, ExponentialBackoff, ReconcileError, WorkQueue};
+use reconq::{Action, Context, Controller, ExponentialBackoff, ReconcileError};
 
 type Res = Result<Action, ReconcileError>;
 
 /// W1 keys (the spec's N is 1,000,000; smaller keeps the run short).
 const N: u64 = 200_000;
-
-/// W1 through the controller: one producer enqueues 0..N, W workers run a
-/// no-op reconcile; time until all N are reconciled. `scheduled` turns on
-/// priorities (four levels, `k % 4`) and groups (sixteen, `k % 16`).
-fn w1_controller(workers: usize, scheduled: bool) -> Duration {
-    let controller = Controller::new("w1", |_k: &u64, _: &Context| -> Res { Ok(Action::Done) }).workers(workers);
-    let h = if scheduled { controller.group(|k: &u64| k % 16) } else { controller }.start();
-    let start = Instant::now();
-    if scheduled {
-        for k in 0..N {
-            h.enqueue_with_priority(k, (k % 4) as i32);
-        }
-    } else {
-        for k in 0..N {
-            h.enqueue(k);
-        }
-    }
-    assert!(h.wait_idle(Duration::from_secs(600)));
-    let took = start.elapsed();
-    assert_eq!(h.stats().reconciles, N);
-    h.stop();
-    h.join_timeout(Duration::from_secs(60));
-    took
-}
-
-/// W1 through the bare queue: workers loop `done_and_get`.
-fn w1_queue(workers: usize) -> Duration {
-    let q: WorkQueue<u64> = WorkQueue::new();
-    let done = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..workers)
-        .map(|_| {
-            let (q, done) = (q.clone(), Arc::clone(&done));
-            std::thread::spawn(move || {
-                let mut next = q.get();
-                while let Some(k) = next {
-                    done.fetch_add(1, Ordering::Relaxed);
-                    next = q.done_and_get(&k);
-                }
-            })
-        })
-        .collect();
-    let start = Instant::now();
-    for k in 0..N {
-        q.add(k);
-    }
-    assert!(q.wait_idle(Duration::from_secs(600)));
-    let took = start.elapsed();
-    assert_eq!(done.load(Ordering::Relaxed), N);
-    q.shut_down();
-    for t in threads {
-        t.join().unwrap();
-    }
-    took
-}
 
 fn w1(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1");
@@ -78,13 +27,13 @@ fn w1(c: &mut Criterion) {
     group.sample_size(10);
     for workers in [1, 2, 4, 8] {
         group.bench_with_input(BenchmarkId::new("controller", workers), &workers, |b, &w| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_controller(w, false)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::controller(N, w, false)).sum())
         });
         group.bench_with_input(BenchmarkId::new("scheduled", workers), &workers, |b, &w| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_controller(w, true)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::controller(N, w, true)).sum())
         });
         group.bench_with_input(BenchmarkId::new("queue", workers), &workers, |b, &w| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_queue(w)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::queue(N, w, w1::WorkerLoop::DoneAndGet)).sum())
         });
     }
     group.finish();

@@ -14,13 +14,16 @@
 //! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
 //! group name) narrows it, and `--quick` shortens the criterion groups.
 
-use std::hint::black_box;
+#[path = "common/w1.rs"]
+mod w1;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use reconq::{ExponentialBackoff, WorkQueue};
+use w1::{WorkerLoop, drain_with};
 
 const W1_KEYS: u64 = 1_000_000;
 const W1_WORKERS: [usize; 4] = [1, 2, 4, 8];
@@ -32,94 +35,19 @@ const W4_IDLE: Duration = Duration::from_secs(5);
 const W5_KEYS: u64 = 10_000;
 const W5_FAILURES: u32 = 3;
 
-/// How a W1 worker drives the queue.
-#[derive(Clone, Copy)]
-enum WorkerLoop {
-    /// `get` then `done`: two lock round trips per key (client-go's loop).
-    GetDone,
-    /// `done_and_get`: one lock round trip per key.
-    DoneAndGet,
-}
-
-/// Runs `worker` on `workers` threads until the queue is shut down and empty.
-fn drain_with(q: &WorkQueue<u64>, style: WorkerLoop, mut on_key: impl FnMut(u64)) {
-    match style {
-        WorkerLoop::GetDone => {
-            while let Some(key) = q.get() {
-                on_key(key);
-                q.done(&key);
-            }
-        }
-        WorkerLoop::DoneAndGet => {
-            let mut next = q.get();
-            while let Some(key) = next {
-                on_key(key);
-                next = q.done_and_get(&key);
-            }
-        }
-    }
-}
-
-/// W1 through the queue: time from the first add until every key is done.
-fn w1_queue(workers: usize, style: WorkerLoop) -> Duration {
-    w1_on(WorkQueue::<u64>::new(), workers, style)
-}
-
-/// W1 through `q`.
-fn w1_on(q: WorkQueue<u64>, workers: usize, style: WorkerLoop) -> Duration {
-    let mut started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                drain_with(&q, style, |key| {
-                    black_box(key);
-                })
-            });
-        }
-        started = Instant::now();
-        for key in 0..W1_KEYS {
-            q.add(key);
-        }
-        q.shut_down();
-    });
-    started.elapsed()
-}
-
-/// W1 through a bare unbounded crossbeam channel (no dedup, no sets).
-fn w1_channel(workers: usize) -> Duration {
-    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
-    let mut started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..workers {
-            let rx = rx.clone();
-            s.spawn(move || {
-                for key in rx {
-                    black_box(key);
-                }
-            });
-        }
-        started = Instant::now();
-        for key in 0..W1_KEYS {
-            tx.send(key).unwrap();
-        }
-        drop(tx);
-    });
-    started.elapsed()
-}
-
 fn w1_throughput(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_throughput");
     group.throughput(Throughput::Elements(W1_KEYS)).sample_size(10);
     for workers in W1_WORKERS {
         let id = |name| BenchmarkId::new(name, workers);
         group.bench_function(id("crossbeam_channel"), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_channel(workers)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::channel(W1_KEYS, workers)).sum())
         });
         group.bench_function(id("reconq_get_done"), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_queue(workers, WorkerLoop::GetDone)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::queue(W1_KEYS, workers, WorkerLoop::GetDone)).sum())
         });
         group.bench_function(id("reconq_done_and_get"), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| w1_queue(workers, WorkerLoop::DoneAndGet)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| w1::queue(W1_KEYS, workers, WorkerLoop::DoneAndGet)).sum())
         });
     }
     group.finish();
@@ -157,7 +85,7 @@ fn w1_metrics_report(quick: bool) {
                     } else {
                         WorkQueue::<u64>::new()
                     };
-                    rate[which] = W1_KEYS as f64 / w1_on(q, workers, style).as_secs_f64();
+                    rate[which] = W1_KEYS as f64 / w1::queue_on(q, W1_KEYS, workers, style).as_secs_f64();
                 }
                 rates.push(rate);
             }

@@ -252,7 +252,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         let now = rt.clock.now();
         let since = rt.slots.iter().find_map(|slot| {
             let running = slot.running.lock();
-            running.as_ref().filter(|r| &r.key == key).map(|r| r.since)
+            running.as_ref().filter(|r| &r.key == key).map(|r| r.started.at(now))
         });
         match rt.queue.key_state(key) {
             KeyState::Absent => {

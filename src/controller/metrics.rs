@@ -16,9 +16,11 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::outcome::{Outcome, RetryPolicy};
+use super::worker::WorkerSlot;
 use super::{ControllerKey, Core};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
+use crate::observe::metrics::ticks;
 
 /// controller-runtime's `result` label values, in `WorkerMetrics::results`
 /// order.
@@ -43,13 +45,44 @@ impl Counted {
         };
         Self { result, terminal }
     }
+
+    /// A success for the status (controller-runtime's `success` and
+    /// `requeue_after`: the reconcile did its work).
+    fn is_success(self) -> bool {
+        self.result == 0 || self.result == 3
+    }
 }
 
-/// One worker's counts; only that worker writes them.
+/// A controller's reconciles by result, summed over its workers' slots, in
+/// [`RESULTS`] order.
+pub(crate) fn result_totals<K>(slots: &[WorkerSlot<K>]) -> [u64; 4] {
+    let mut totals = [0u64; 4];
+    for slot in slots {
+        for (total, count) in totals.iter_mut().zip(&slot.metrics.results) {
+            *total += count.load(Relaxed);
+        }
+    }
+    totals
+}
+
+/// The tick stamp of the latest success of any worker, if one succeeded.
+pub(crate) fn last_success_tick<K>(slots: &[WorkerSlot<K>]) -> Option<u64> {
+    slots.iter().map(|slot| slot.metrics.last_success.load(Relaxed)).filter(|&t| t != NO_SUCCESS).max()
+}
+
+/// `WorkerMetrics::last_success` before the worker's first success.
+const NO_SUCCESS: u64 = u64::MAX;
+
+/// One worker's counts; only that worker writes them. The controller's
+/// stats and status read them too (summed over the workers), so a reconcile
+/// costs no write to a cache line another worker writes.
 pub(crate) struct WorkerMetrics {
     reconcile_time: WorkerHistogram<RECONCILE_N>,
     results: [AtomicU64; 4],
     terminal: AtomicU64,
+    /// The tick stamp of this worker's latest success ([`NO_SUCCESS`]:
+    /// none yet); the status turns it into a wall-clock time when read.
+    last_success: AtomicU64,
 }
 
 impl WorkerMetrics {
@@ -58,16 +91,20 @@ impl WorkerMetrics {
             reconcile_time: WorkerHistogram::new(&RECONCILE_BUCKETS),
             results: [const { AtomicU64::new(0) }; 4],
             terminal: AtomicU64::new(0),
+            last_success: AtomicU64::new(NO_SUCCESS),
         }
     }
 
-    /// Records a reconcile that took `ticks`. Called only by the slot's own
-    /// worker.
-    pub(crate) fn record(&self, ticks: u64, counted: Counted) {
-        self.reconcile_time.observe_single_writer(ticks);
+    /// Records a reconcile that ran from tick `started` to tick `finished`.
+    /// Called only by the slot's own worker.
+    pub(crate) fn record(&self, started: u64, finished: u64, counted: Counted) {
+        self.reconcile_time.observe_single_writer(ticks::since(started, finished));
         bump(&self.results[counted.result]);
         if counted.terminal {
             bump(&self.terminal);
+        }
+        if counted.is_success() {
+            self.last_success.store(finished, Relaxed);
         }
     }
 }
@@ -87,10 +124,8 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
     let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
     let workers = match core.rt.get() {
         Some(rt) => {
+            results = result_totals(&rt.slots);
             for slot in &rt.slots {
-                for (total, count) in results.iter_mut().zip(&slot.metrics.results) {
-                    *total += count.load(Relaxed);
-                }
                 terminal += slot.metrics.terminal.load(Relaxed);
                 reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
                 active += usize::from(slot.running.lock().is_some());

@@ -619,12 +619,11 @@ impl<K: ControllerKey> Runtime<K> {
     }
 }
 
+/// Counts shared by the workers, for events off the hot path. (Reconciles
+/// by result and the time of the latest success are counted per worker:
+/// see `metrics::WorkerMetrics`.)
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) reconciles: AtomicU64,
-    pub(crate) successes: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    pub(crate) requeues: AtomicU64,
     pub(crate) panics: AtomicU64,
     /// Reconciles cancelled at their timeout.
     pub(crate) timeouts: AtomicU64,
@@ -634,8 +633,6 @@ pub(crate) struct Counters {
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
     pub(crate) consecutive_failures: AtomicU64,
-    /// The last success, in nanoseconds since the Unix epoch (0: none yet).
-    pub(crate) last_success: AtomicU64,
 }
 
 #[derive(Default)]

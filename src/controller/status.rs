@@ -1,30 +1,34 @@
 //! A controller's row in the global status ([`crate::status`]).
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use super::gate::Gate;
+use super::metrics::{last_success_tick, result_totals};
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
+use crate::observe::metrics::ticks;
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry};
 
 impl Counters {
-    /// Counts a success for the status: the time, and the end of a failure
-    /// streak. No lock; the streak counter is written only if non-zero, so
-    /// successes in a row do not bounce its cache line between workers.
+    /// Ends a failure streak at a success. No lock; the streak counter is
+    /// written only if non-zero, so successes in a row do not bounce its
+    /// cache line between workers. (The time of the success is the worker's
+    /// own record: see `WorkerMetrics`.)
     pub(crate) fn record_success(&self) {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| (d.as_nanos() as u64).max(1));
-        self.last_success.store(now, Ordering::Relaxed);
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
     }
+}
 
+impl<K: ControllerKey> Core<K> {
+    /// The wall-clock time of the latest success: the workers stamp it on
+    /// the tick clock (no system-clock read per reconcile), converted here.
     fn last_success_time(&self) -> Option<SystemTime> {
-        match self.last_success.load(Ordering::Relaxed) {
-            0 => None,
-            nanos => Some(UNIX_EPOCH + Duration::from_nanos(nanos)),
-        }
+        let tick = last_success_tick(&self.rt.get()?.slots)?;
+        let ago = ticks::to_seconds(u128::from(ticks::since(tick, ticks::now())));
+        Some(SystemTime::now() - Duration::from_secs_f64(ago))
     }
 }
 
@@ -56,11 +60,14 @@ impl<K: ControllerKey> Core<K> {
             Some((e, t)) => (Some(e), Some(t)),
             None => (None, None),
         };
+        // Indexed as `metrics::RESULTS`: success, error, requeue,
+        // requeue_after (a success that asked for a resync).
+        let results = self.rt.get().map_or([0; 4], |rt| result_totals(&rt.slots));
         let stats = Stats {
-            reconciles: c.reconciles.load(Ordering::Relaxed),
-            successes: c.successes.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
-            requeues: c.requeues.load(Ordering::Relaxed),
+            reconciles: results.iter().sum(),
+            successes: results[0] + results[3],
+            failures: results[1],
+            requeues: results[2],
             panics: c.panics.load(Ordering::Relaxed),
             depth,
             processing,
@@ -140,7 +147,7 @@ impl<K: ControllerKey> Core<K> {
             consecutive_failures: self.counters.consecutive_failures.load(Ordering::Relaxed),
             last_error: stats.last_error,
             last_error_time: stats.last_error_time,
-            last_success_time: self.counters.last_success_time(),
+            last_success_time: self.last_success_time(),
         }
     }
 }

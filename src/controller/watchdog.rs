@@ -72,7 +72,8 @@ pub(crate) fn scan<K: ControllerKey>(
         let Some(run) = running.as_mut() else {
             continue;
         };
-        let elapsed = now.saturating_duration_since(run.since);
+        let since = run.started.at(now);
+        let elapsed = now.saturating_duration_since(since);
         if let Some(timeout) = timeout
             && !run.timed_out
         {
@@ -81,7 +82,7 @@ pub(crate) fn scan<K: ControllerKey>(
                 run.timed_out = true;
                 slot.signal.set();
             } else {
-                wake_at(run.since + timeout);
+                wake_at(since + timeout);
             }
         }
         let Some(threshold) = threshold else { continue };
@@ -92,7 +93,7 @@ pub(crate) fn scan<K: ControllerKey>(
                 out.newly.push((run.key.clone(), elapsed));
             }
         } else {
-            wake_at(run.since + threshold);
+            wake_at(since + threshold);
         }
     }
     out.next = next;

@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::context::{Context, StopSignal};
 use super::gate::{Admission, Gate};
@@ -27,12 +27,36 @@ pub(crate) struct WorkerSlot<K> {
 
 pub(crate) struct Running<K> {
     pub(crate) key: K,
-    pub(crate) since: Instant,
+    pub(crate) started: Started,
     /// The hang warning for this reconcile was logged.
     pub(crate) hang_logged: bool,
     /// The watchdog cancelled it at its timeout: it counts as a failure
     /// whatever it returns.
     pub(crate) timed_out: bool,
+}
+
+/// When a reconcile started, on the controller's clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Started {
+    /// On a clock that runs in real time: the worker's tick stamp of the
+    /// hand-out, turned into the clock's time only when someone asks (hang
+    /// reports, timeouts, `inspect`), so a reconcile costs no clock read.
+    Tick(u64),
+    /// On a clock that jumps (`FakeClock`): its reading at the start.
+    At(Instant),
+}
+
+impl Started {
+    /// The start, given the controller clock's reading `now`.
+    pub(crate) fn at(self, now: Instant) -> Instant {
+        match self {
+            Started::At(at) => at,
+            Started::Tick(tick) => {
+                let ago = ticks::to_seconds(u128::from(ticks::since(tick, ticks::now())));
+                now.checked_sub(Duration::from_secs_f64(ago)).unwrap_or(now)
+            }
+        }
+    }
 }
 
 impl<K> WorkerSlot<K> {
@@ -53,7 +77,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
     while let Some((key, priority)) = next {
-        begin(core, rt, slot, &key);
+        begin(core, rt, slot, &key, started);
         // Asked after `begin`: a leadership lost after this answer cancels
         // this reconcile (the loss clears the token, then cancels what its
         // callback finds running, and `begin` made us findable).
@@ -101,7 +125,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
         let finished = ticks::now();
-        slot.metrics.record(ticks::since(started, finished), counted);
+        slot.metrics.record(started, finished, counted);
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
         (next, started) = done_and_get(rt, &key, finished);
@@ -139,10 +163,13 @@ fn stand_by<K: ControllerKey>(
     rt.queue.get_with_priority()
 }
 
-fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K) {
+/// Makes the reconcile of `key`, handed out at tick `tick`, visible to
+/// other threads.
+fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>, key: &K, tick: u64) {
+    let started = if rt.clock.is_real_time() { Started::Tick(tick) } else { Started::At(rt.clock.now()) };
     {
         let mut running = slot.running.lock();
-        *running = Some(Running { key: key.clone(), since: rt.clock.now(), hang_logged: false, timed_out: false });
+        *running = Some(Running { key: key.clone(), started, hang_logged: false, timed_out: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
         slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));
@@ -174,12 +201,10 @@ fn settle<K: ControllerKey>(
                 rt.queue.forget(key);
             }
             counters.record_success();
-            counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Requeue => {
             core.memory.bump(key, None);
             rt.retry_rate_limited(key, attempt, priority);
-            counters.requeues.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::RequeueAfter(delay) => {
             // The reconcile did its work and asks for a periodic resync: a
@@ -189,7 +214,6 @@ fn settle<K: ControllerKey>(
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
             counters.record_success();
-            counters.successes.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {
@@ -215,10 +239,8 @@ fn settle<K: ControllerKey>(
             }
             *counters.last_error.lock() = Some((message, SystemTime::now()));
             counters.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-            counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
-    counters.reconciles.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Worker and auxiliary threads report their exit through this guard (also

@@ -30,6 +30,7 @@
 mod delay_heap;
 mod metrics;
 mod ready;
+mod slab;
 mod state;
 
 use std::fmt;

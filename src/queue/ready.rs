@@ -29,6 +29,8 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 
+use super::slab::FREED;
+
 type Hasher = foldhash::fast::RandomState;
 
 /// Stale entries per (key, level, group). The group is part of it because a
@@ -505,6 +507,27 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
         let mut out: Vec<(GroupId, usize)> = groups.in_flight.iter().map(|(g, n)| (*g, *n)).collect();
         out.sort_unstable();
         out
+    }
+}
+
+impl ReadySet<u32> {
+    /// Maps every key, live or stale, through `remap` (`slab.rs`'s
+    /// compaction). Stale entries of keys that left map to `FREED`; they
+    /// stay counted one for one, so they are still dropped at their turn.
+    pub(crate) fn remap(&mut self, remap: &[u32]) {
+        let new = |key: u32| if key == FREED { FREED } else { remap[key as usize] };
+        let map = |key: &mut u32| *key = new(*key);
+        for level in std::iter::once(&mut self.zero).chain(self.others.values_mut()) {
+            match level {
+                Level::Plain(fifo) => fifo.keys.iter_mut().for_each(map),
+                Level::Fair(fair) => fair.fifos.values_mut().for_each(|gf| gf.fifo.keys.iter_mut().for_each(map)),
+            }
+        }
+        let mut stale = Stale::default();
+        for ((key, prio, group), n) in self.stale.drain() {
+            *stale.entry((new(key), prio, group)).or_insert(0) += n;
+        }
+        self.stale = stale;
     }
 }
 

@@ -7,11 +7,16 @@
 //! Each known key has exactly one [`Slot`], which replaces client-go's
 //! separate dirty set, processing set and waiting map: one hash lookup per
 //! operation instead of two or three, and the invariants are checked by the
-//! type instead of by convention:
+//! type instead of by convention. Keys and their slots are stored in a slab
+//! (`slab.rs`) and the ready set holds their indices, so handing a key out
+//! needs no hash lookup at all:
 //!
-//! * a key is in the ready set exactly when its slot is `Ready`, at the
-//!   priority and in the group its slot holds (the set's order is
-//!   `ready.rs`'s business);
+//! * a key is in the ready set (by its index) exactly when its slot is
+//!   `Ready`, at the priority and in the group its slot holds (the set's
+//!   order is `ready.rs`'s business);
+//! * a key's index never changes while the queue knows it, except all at
+//!   once when a sparse slab is compacted (every index held is then mapped
+//!   to its new value);
 //! * a key has a live delay-heap entry exactly when its slot holds a `Timer`;
 //! * a `Processing` key is never in the FIFO (G2), and what happens to it at
 //!   `done` (nothing, ready again, or wait for a due time) is in its slot (G3).
@@ -27,16 +32,27 @@
 //! slot keeps its add stamp, a processing key's slot the index of its start
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::time::Instant;
 
 use super::delay_heap::{DelayHeap, Timer};
 use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
+use super::slab::{KeyIndex, Keyed, Slab};
 
 type Hasher = foldhash::fast::RandomState;
+
+/// A known key and where it stands.
+struct Entry<K> {
+    key: K,
+    slot: Slot,
+}
+
+impl<K> Keyed<K> for Entry<K> {
+    fn key(&self) -> &K {
+        &self.key
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
@@ -111,8 +127,12 @@ pub enum KeyState {
 }
 
 pub(crate) struct QueueState<K> {
-    slots: HashMap<K, Slot, Hasher>,
-    ready: ReadySet<K>,
+    /// Every known key with its slot.
+    entries: Slab<Entry<K>>,
+    /// Finds a key's entry.
+    index: KeyIndex<Hasher>,
+    /// Ready keys, by entry index.
+    ready: ReadySet<u32>,
     delays: DelayHeap<K>,
     /// Number of slots holding a live timer (`Delayed` or `Processing(Wait)`).
     timers: usize,
@@ -133,15 +153,12 @@ pub(crate) struct QueueState<K> {
     dropped: Vec<K>,
 }
 
-/// Containers this large are shrunk once they fall to an eighth full, so a
-/// burst of keys does not pin its memory forever.
-const SHRINK_ABOVE: usize = 1024;
-
 impl<K: Eq + Hash + Clone> QueueState<K> {
     /// A queue state handing keys out from `ready` (plain or fair).
-    pub(crate) fn new(recorder: Recorder, ready: ReadySet<K>) -> Self {
+    pub(crate) fn new(recorder: Recorder, ready: ReadySet<u32>) -> Self {
         Self {
-            slots: HashMap::with_hasher(Hasher::default()),
+            entries: Slab::new(),
+            index: KeyIndex::new(Hasher::default()),
             ready,
             delays: DelayHeap::new(),
             timers: 0,
@@ -163,46 +180,50 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             return Added::Unchanged;
         }
         // One hash lookup whatever the key's state.
-        match self.slots.entry(key) {
-            Entry::Vacant(vacant) => {
+        let at = match self.index.entry(&key, &self.entries) {
+            Ok(at) => at,
+            Err(vacant) => {
                 let added = self.recorder.on_add(now);
-                self.ready.push(vacant.key().clone(), place.prio, place.group);
-                vacant.insert(Slot::Ready { owed: false, added, prio: place.prio, group: place.group });
+                let slot = Slot::Ready { owed: false, added, prio: place.prio, group: place.group };
+                let at = self.entries.insert(Entry { key, slot });
+                vacant.insert(at);
+                self.ready.push(at, place.prio, place.group);
+                return Added::Ready;
+            }
+        };
+        let slot = &mut self.entries.get_mut(at).slot;
+        match *slot {
+            Slot::Delayed { prio, group, .. } => {
+                let added = self.recorder.on_add(now);
+                let prio = prio.max(place.prio);
+                *slot = Slot::Ready { owed: false, added, prio, group };
+                self.timers -= 1;
+                self.delayed -= 1;
+                self.ready.push(at, prio, group);
                 Added::Ready
             }
-            Entry::Occupied(mut occupied) => match *occupied.get() {
-                Slot::Delayed { prio, group, .. } => {
-                    let added = self.recorder.on_add(now);
-                    let prio = prio.max(place.prio);
-                    occupied.insert(Slot::Ready { owed: false, added, prio, group });
+            Slot::Ready { owed, added, prio, group } if place.prio > prio => {
+                *slot = Slot::Ready { owed, added, prio: place.prio, group };
+                self.ready.raise(at, prio, place.prio, group);
+                Added::Unchanged
+            }
+            Slot::Ready { .. } => Added::Unchanged,
+            Slot::Processing { then: then @ Then::Requeue { .. }, run, group, again } => {
+                *slot = Slot::Processing { then, run, group, again: again.max(place.prio) };
+                Added::Unchanged
+            }
+            Slot::Processing { then, run, group, again } => {
+                let again = if let Then::Wait(_) = then {
                     self.timers -= 1;
-                    self.delayed -= 1;
-                    self.ready.push(occupied.key().clone(), prio, group);
-                    Added::Ready
-                }
-                Slot::Ready { owed, added, prio, group } if place.prio > prio => {
-                    self.ready.raise(occupied.key().clone(), prio, place.prio, group);
-                    occupied.insert(Slot::Ready { owed, added, prio: place.prio, group });
-                    Added::Unchanged
-                }
-                Slot::Ready { .. } => Added::Unchanged,
-                Slot::Processing { then: then @ Then::Requeue { .. }, run, group, again } => {
-                    occupied.insert(Slot::Processing { then, run, group, again: again.max(place.prio) });
-                    Added::Unchanged
-                }
-                Slot::Processing { then, run, group, again } => {
-                    let again = if let Then::Wait(_) = then {
-                        self.timers -= 1;
-                        again.max(place.prio)
-                    } else {
-                        place.prio
-                    };
-                    let added = self.recorder.on_add(now);
-                    self.requeue_after_done += 1;
-                    occupied.insert(Slot::Processing { then: Then::Requeue { added }, run, group, again });
-                    Added::Unchanged
-                }
-            },
+                    again.max(place.prio)
+                } else {
+                    place.prio
+                };
+                let added = self.recorder.on_add(now);
+                self.requeue_after_done += 1;
+                *slot = Slot::Processing { then: Then::Requeue { added }, run, group, again };
+                Added::Unchanged
+            }
         }
     }
 
@@ -225,30 +246,36 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             return Added::Unchanged;
         }
         let earlier = |timer: &Timer| due < timer.due;
-        match self.slots.get(&key).copied() {
-            None => {
+        let at = match self.index.entry(&key, &self.entries) {
+            Ok(at) => at,
+            Err(vacant) => {
                 let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Delayed { timer, prio: place.prio, group: place.group });
+                let slot = Slot::Delayed { timer, prio: place.prio, group: place.group };
+                vacant.insert(self.entries.insert(Entry { key, slot }));
                 self.timers += 1;
                 self.delayed += 1;
+                self.compact_delays();
+                return Added::Scheduled(due);
             }
-            Some(Slot::Delayed { timer: old, prio, group }) if earlier(&old) => {
-                let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Delayed { timer, prio: prio.max(place.prio), group });
+        };
+        let slot = &mut self.entries.get_mut(at).slot;
+        match *slot {
+            Slot::Delayed { timer: old, prio, group } if earlier(&old) => {
+                let timer = self.delays.schedule(key, due);
+                *slot = Slot::Delayed { timer, prio: prio.max(place.prio), group };
             }
-            Some(Slot::Processing { then: Then::Finish, run, group, .. }) => {
-                let timer = self.delays.schedule(key.clone(), due);
-                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run, group, again: place.prio });
+            Slot::Processing { then: Then::Finish, run, group, .. } => {
+                let timer = self.delays.schedule(key, due);
+                *slot = Slot::Processing { then: Then::Wait(timer), run, group, again: place.prio };
                 self.timers += 1;
             }
-            Some(Slot::Processing { then: Then::Wait(old), run, group, again }) if earlier(&old) => {
-                let timer = self.delays.schedule(key.clone(), due);
-                let again = again.max(place.prio);
-                self.slots.insert(key, Slot::Processing { then: Then::Wait(timer), run, group, again });
+            Slot::Processing { then: Then::Wait(old), run, group, again } if earlier(&old) => {
+                let timer = self.delays.schedule(key, due);
+                *slot = Slot::Processing { then: Then::Wait(timer), run, group, again: again.max(place.prio) };
             }
-            Some(_) => {
+            _ => {
                 // The timing stays; the priority may still rise (P2).
-                self.raise(&key, place.prio);
+                self.raise(at, place.prio);
                 return Added::Unchanged;
             }
         }
@@ -256,14 +283,14 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         Added::Scheduled(due)
     }
 
-    /// Raises the priority `key` has, or comes back with, to `to` if that is
-    /// higher (P2). A key being processed that will not come back keeps
-    /// nothing.
-    fn raise(&mut self, key: &K, to: Priority) {
-        let Some(slot) = self.slots.get_mut(key) else { return };
+    /// Raises the priority the key at `at` has, or comes back with, to `to`
+    /// if that is higher (P2). A key being processed that will not come
+    /// back keeps nothing.
+    fn raise(&mut self, at: u32, to: Priority) {
+        let slot = &mut self.entries.get_mut(at).slot;
         match slot {
             Slot::Ready { prio, group, .. } if to > *prio => {
-                self.ready.raise(key.clone(), *prio, to, *group);
+                self.ready.raise(at, *prio, to, *group);
                 *prio = to;
             }
             Slot::Delayed { prio, .. } => *prio = (*prio).max(to),
@@ -279,13 +306,14 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     pub(crate) fn promote_due(&mut self, now: Instant, stamp: &mut Now) -> usize {
         let mut promoted = 0;
         while let Some((key, timer)) = self.delays.pop_due(now) {
-            let Some(slot) = self.slots.get_mut(&key) else { continue };
+            let Some(at) = self.index.find(&key, &self.entries) else { continue };
+            let slot = &mut self.entries.get_mut(at).slot;
             match *slot {
                 Slot::Delayed { timer: live, prio, group } if live == timer => {
                     *slot = Slot::Ready { owed: false, added: self.recorder.on_add(stamp), prio, group };
                     self.timers -= 1;
                     self.delayed -= 1;
-                    self.ready.push(key, prio, group);
+                    self.ready.push(at, prio, group);
                     promoted += 1;
                 }
                 Slot::Processing { then: Then::Wait(live), run, group, again } if live == timer => {
@@ -308,35 +336,35 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             }
             return None;
         }
-        let slots = &self.slots;
-        self.delays.peek_live(|key, timer| is_live(slots, key, timer)).map(|t| t.due)
+        let (index, entries) = (&self.index, &self.entries);
+        self.delays.peek_live(|key, timer| is_live(index, entries, key, timer)).map(|t| t.due)
     }
 
     /// Hands out the next ready key (G4, P1, P4, P5: see `ready.rs`) with
     /// its priority, and marks it processing (G2).
     pub(crate) fn take(&mut self, now: &mut Now) -> Option<(K, Priority)> {
-        let (key, prio, group) = self.ready.pop()?;
-        let slot = self.slots.get_mut(&key).expect("every ready key has a slot");
-        let Slot::Ready { owed, added, .. } = *slot else { unreachable!("a key in the ready set has a Ready slot") };
+        let (at, prio, group) = self.ready.pop()?;
+        let entry = self.entries.get_mut(at);
+        let Slot::Ready { owed, added, .. } = entry.slot else {
+            unreachable!("a key in the ready set has a Ready slot")
+        };
         if owed {
             self.owed -= 1;
         }
         let run = self.recorder.on_get(added, now);
-        *slot = Slot::Processing { then: Then::Finish, run, group, again: prio };
+        entry.slot = Slot::Processing { then: Then::Finish, run, group, again: prio };
         self.processing += 1;
-        Some((key, prio))
+        Some((entry.key.clone(), prio))
     }
 
     /// Ends the processing of `key`. `now` is asked only when the key waits
     /// for a due time, to tell whether that time has already come.
     pub(crate) fn done(&mut self, key: &K, now: impl FnOnce() -> Instant, stamp: &mut Now) -> Finished {
-        // Remove first: the common case (nothing more to do) then costs one
-        // hash lookup; the rarer cases put the key back.
-        let Some((key, slot)) = self.slots.remove_entry(key) else {
+        let Some(at) = self.index.find(key, &self.entries) else {
             return Finished::NotProcessing;
         };
-        let Slot::Processing { then, run, group, again } = slot else {
-            self.slots.insert(key, slot);
+        let slot = &mut self.entries.get_mut(at).slot;
+        let Slot::Processing { then, run, group, again } = *slot else {
             return Finished::NotProcessing;
         };
         self.processing -= 1;
@@ -345,13 +373,11 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.ready.finished(group);
         match then {
             Then::Finish => {
-                if self.slots.capacity() > SHRINK_ABOVE && self.slots.len() * 8 < self.slots.capacity() {
-                    self.slots.shrink_to(self.slots.len() * 2);
-                }
+                self.forget(at);
                 Finished::Removed
             }
             Then::Wait(timer) if timer.due > now() => {
-                self.slots.insert(key, Slot::Delayed { timer, prio: again, group });
+                *slot = Slot::Delayed { timer, prio: again, group };
                 self.delayed += 1;
                 Finished::Waiting(timer.due)
             }
@@ -369,10 +395,28 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 };
                 let owed = self.draining;
                 self.owed += usize::from(owed);
-                self.ready.push(key.clone(), again, group);
-                self.slots.insert(key, Slot::Ready { owed, added, prio: again, group });
+                *slot = Slot::Ready { owed, added, prio: again, group };
+                self.ready.push(at, again, group);
                 Finished::Requeued
             }
+        }
+    }
+
+    /// Removes the key at `at` from the queue and returns it.
+    fn forget(&mut self, at: u32) -> K {
+        let entry = self.entries.remove(at);
+        self.index.remove(&entry.key, at);
+        self.compact_if_sparse();
+        entry.key
+    }
+
+    /// Compacts a mostly free slab, mapping the indices the index and the
+    /// ready set hold.
+    fn compact_if_sparse(&mut self) {
+        if self.entries.is_sparse() {
+            let remap = self.entries.compact();
+            self.index.remap(&remap);
+            self.ready.remap(&remap);
         }
     }
 
@@ -384,19 +428,23 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if self.timers == 0 {
             return;
         }
-        let dropped = &mut self.dropped;
-        self.slots.retain(|key, slot| match slot {
-            Slot::Delayed { .. } => {
-                dropped.push(key.clone());
-                false
+        let (entries, dropped) = (&mut self.entries, &mut self.dropped);
+        self.index.retain(|at| {
+            let entry = entries.get_mut(at);
+            match entry.slot {
+                Slot::Delayed { .. } => {
+                    dropped.push(entries.remove(at).key);
+                    false
+                }
+                Slot::Processing { then: Then::Wait(_), run, group, again } => {
+                    entry.slot = Slot::Processing { then: Then::Finish, run, group, again };
+                    dropped.push(entry.key.clone());
+                    true
+                }
+                _ => true,
             }
-            Slot::Processing { then: then @ Then::Wait(_), .. } => {
-                dropped.push(key.clone());
-                *then = Then::Finish;
-                true
-            }
-            _ => true,
         });
+        self.compact_if_sparse();
         self.delays.clear();
         self.timers = 0;
         self.delayed = 0;
@@ -406,14 +454,14 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// are untouched; `done` will finish them without re-queueing.
     pub(crate) fn discard_ready(&mut self) {
         self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
-        for key in self.ready.drain() {
-            self.slots.remove(&key);
+        for at in self.ready.drain() {
+            let key = self.forget(at);
             self.dropped.push(key);
         }
-        for (key, slot) in &mut self.slots {
-            if let Slot::Processing { then, .. } = slot {
+        for (_, entry) in self.entries.iter_mut() {
+            if let Slot::Processing { then, .. } = &mut entry.slot {
                 if matches!(then, Then::Requeue { .. }) {
-                    self.dropped.push(key.clone());
+                    self.dropped.push(entry.key.clone());
                 }
                 *then = Then::Finish;
             }
@@ -441,8 +489,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.draining
     }
 
+    /// The slot of `key`, if the queue knows it.
+    fn slot(&self, key: &K) -> Option<&Slot> {
+        Some(&self.entries.get(self.index.find(key, &self.entries)?).slot)
+    }
+
     pub(crate) fn key_state(&self, key: &K) -> KeyState {
-        match self.slots.get(key) {
+        match self.slot(key) {
             None => KeyState::Absent,
             Some(Slot::Ready { .. }) => KeyState::Ready,
             Some(Slot::Delayed { timer, .. }) => KeyState::Waiting { due: timer.due },
@@ -462,7 +515,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// it counts as waiting (a crash must not lose it), at the priority it
     /// would come back with.
     pub(crate) fn pending_view(&self, key: &K) -> Option<(Option<Instant>, Priority)> {
-        Some(match self.slots.get(key)? {
+        Some(match self.slot(key)? {
             Slot::Ready { prio, .. } => (None, *prio),
             Slot::Delayed { timer, prio, .. } => (Some(timer.due), *prio),
             Slot::Processing { then: Then::Wait(timer), again, .. } => (Some(timer.due), *again),
@@ -523,13 +576,15 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     fn compact_delays(&mut self) {
-        let slots = &self.slots;
-        self.delays.compact_if_sparse(self.timers, |key, timer| is_live(slots, key, timer));
+        let (index, entries) = (&self.index, &self.entries);
+        self.delays.compact_if_sparse(self.timers, |key, timer| is_live(index, entries, key, timer));
     }
 }
 
-fn is_live<K: Eq + Hash>(slots: &HashMap<K, Slot, Hasher>, key: &K, timer: Timer) -> bool {
-    matches!(slots.get(key), Some(Slot::Delayed { timer: t, .. } | Slot::Processing { then: Then::Wait(t), .. }) if *t == timer)
+/// Whether `timer` is `key`'s live due time (a heap entry can be stale).
+fn is_live<K: Eq + Hash>(index: &KeyIndex<Hasher>, entries: &Slab<Entry<K>>, key: &K, timer: Timer) -> bool {
+    let slot = index.find(key, entries).map(|at| &entries.get(at).slot);
+    matches!(slot, Some(Slot::Delayed { timer: t, .. } | Slot::Processing { then: Then::Wait(t), .. }) if *t == timer)
 }
 
 #[cfg(test)]
@@ -661,6 +716,47 @@ mod tests {
         assert_eq!(adds(&q), 4, "dropped keys were still added");
         assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
         assert_eq!(adds(&q), 4);
+    }
+
+    #[test]
+    fn compaction_keeps_order_priorities_stale_entries_and_timers() {
+        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
+        let t0 = Instant::now();
+        let prio = |p| Place { prio: p, group: 0 };
+        // 200 keys; every tenth raised (leaving a stale entry behind), two
+        // waiting for a due time, and one processing and dirty.
+        for k in 0..200u32 {
+            q.add(k, P0, n());
+        }
+        for k in (0..200u32).step_by(10) {
+            q.add(k, prio(1), n());
+        }
+        q.add_at(1000, t0 + ms(50), t0, n(), P0);
+        q.add_at(1001, t0 + ms(60), t0, n(), P0);
+        let mut taken = Vec::new();
+        // Take the raised keys, then most of the rest: done frees entries
+        // until the slab is sparse and compacts (more than once).
+        for _ in 0..190 {
+            let (k, _) = q.take(n()).unwrap();
+            taken.push(k);
+            if k != 11 {
+                assert_eq!(q.done(&k, || t0, n()), Finished::Removed);
+            }
+        }
+        assert!(q.entries.len() < 20, "{} entries", q.entries.len());
+        q.add(11, prio(2), n()); // dirty while processing
+        q.add(199, prio(3), n()); // raises a ready key after compaction
+        let raised: Vec<u32> = (0..200).step_by(10).collect();
+        assert_eq!(taken[..20], raised[..], "raised keys first, in FIFO order");
+        assert_eq!(q.done(&11, || t0, n()), Finished::Requeued);
+        let rest: Vec<u32> = std::iter::from_fn(|| q.take(n()).map(|t| t.0)).collect();
+        let mut expected = vec![199, 11];
+        expected.extend((0..200u32).filter(|k| k % 10 != 0 && !taken.contains(k) && *k != 199));
+        assert_eq!(rest, expected);
+        assert_eq!(q.key_state(&1000), KeyState::Waiting { due: t0 + ms(50) });
+        assert_eq!(q.next_due(), Some(t0 + ms(50)));
+        assert_eq!(q.promote_due(t0 + ms(60), n()), 2);
+        assert_eq!(std::iter::from_fn(|| q.take(n()).map(|t| t.0)).collect::<Vec<_>>(), vec![1000, 1001]);
     }
 
     #[test]

@@ -1,0 +1,96 @@
+//! The hot path (W1, guarantees §6): the bare crossbeam channel, the bare
+//! `WorkQueue` and the full `Controller` side by side, N = 1,000,000.
+//!
+//! * `W1_table` is a criterion group with each of them at 1, 2, 4 and 8
+//!   workers (rates with criterion's statistics).
+//! * `W1_ratios` (a report printed after it) runs them in rounds, rotating
+//!   their order within each round, and prints the medians of the per-round
+//!   ratios: queue / channel and controller / queue. Ratios from one round
+//!   share the machine's load of that moment, so they are the figures to
+//!   read on a shared VM. `RECONQ_W1_ROUNDS` sets the rounds (default 5).
+//!
+//! `cargo bench --bench hot_path` runs both; `-- W1_ratios` only the report.
+
+#[path = "common/w1.rs"]
+mod w1;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use std::time::Duration;
+use w1::WorkerLoop;
+
+const N: u64 = 1_000_000;
+const WORKERS: [usize; 4] = [1, 2, 4, 8];
+
+/// The contenders, in the report's column order.
+const CONTENDERS: [&str; 4] = ["channel", "queue", "queue_done_and_get", "controller"];
+
+fn run(contender: &str, workers: usize) -> Duration {
+    match contender {
+        "channel" => w1::channel(N, workers),
+        "queue" => w1::queue(N, workers, WorkerLoop::GetDone),
+        "queue_done_and_get" => w1::queue(N, workers, WorkerLoop::DoneAndGet),
+        "controller" => w1::controller(N, workers, false),
+        _ => unreachable!("unknown contender {contender}"),
+    }
+}
+
+fn w1_table(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W1_table");
+    group.throughput(Throughput::Elements(N)).sample_size(10);
+    for workers in WORKERS {
+        for contender in CONTENDERS {
+            group.bench_with_input(BenchmarkId::new(contender, workers), &workers, |b, &w| {
+                b.iter_custom(|iters| (0..iters).map(|_| run(contender, w)).sum())
+            });
+        }
+    }
+    group.finish();
+}
+
+fn w1_ratios() {
+    let rounds: usize = std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    println!("W1_ratios: N = {N}, {rounds} rounds; rates in M keys/s (medians), ratios medians of per-round ratios");
+    println!(
+        "| workers | channel | queue (get+done) | queue (done_and_get) | Controller | queue / channel | Controller / queue |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for workers in WORKERS {
+        let mut rates: Vec<[f64; 4]> = Vec::new();
+        for round in 0..rounds {
+            let mut rate = [0.0; 4];
+            for i in 0..CONTENDERS.len() {
+                let which = (i + round) % CONTENDERS.len();
+                rate[which] = N as f64 / run(CONTENDERS[which], workers).as_secs_f64();
+            }
+            rates.push(rate);
+        }
+        let col = |i: usize| w1::median(rates.iter().map(|r| r[i] / 1e6).collect());
+        // The queue's best loop against the channel; the controller against
+        // the queue's best loop (it could use either).
+        let queue_best = |r: &[f64; 4]| r[1].max(r[2]);
+        let to_channel = w1::median(rates.iter().map(|r| queue_best(r) / r[0]).collect());
+        let controller_cost = w1::median(rates.iter().map(|r| r[3] / queue_best(r)).collect());
+        println!(
+            "| {workers} | {:.1} | {:.2} | {:.2} | {:.2} | {to_channel:.3} | {controller_cost:.2} |",
+            col(0),
+            col(1),
+            col(2),
+            col(3)
+        );
+    }
+}
+
+fn main() {
+    // The last bare argument is the filter (an earlier one may be an
+    // option's value, as in `--profile-time 5`).
+    let filter = std::env::args().skip(1).rfind(|a| !a.starts_with('-'));
+    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let mut c = Criterion::default().configure_from_args();
+    if wanted("W1_table") {
+        w1_table(&mut c);
+    }
+    c.final_summary();
+    if wanted("W1_ratios") {
+        w1_ratios();
+    }
+}
