@@ -18,25 +18,30 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
 use w1::WorkerLoop;
 
-const N: u64 = 1_000_000;
+/// W1's N; `RECONQ_W1_KEYS` overrides it (a backlog that fits in cache
+/// shows how much of the cost is cache misses).
+fn keys() -> u64 {
+    std::env::var("RECONQ_W1_KEYS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
+}
 const WORKERS: [usize; 4] = [1, 2, 4, 8];
 
 /// The contenders, in the report's column order.
 const CONTENDERS: [&str; 4] = ["channel", "queue", "queue_done_and_get", "controller"];
 
 fn run(contender: &str, workers: usize) -> Duration {
+    let n = keys();
     match contender {
-        "channel" => w1::channel(N, workers),
-        "queue" => w1::queue(N, workers, WorkerLoop::GetDone),
-        "queue_done_and_get" => w1::queue(N, workers, WorkerLoop::DoneAndGet),
-        "controller" => w1::controller(N, workers, false),
+        "channel" => w1::channel(n, workers),
+        "queue" => w1::queue(n, workers, WorkerLoop::GetDone),
+        "queue_done_and_get" => w1::queue(n, workers, WorkerLoop::DoneAndGet),
+        "controller" => w1::controller(n, workers, false),
         _ => unreachable!("unknown contender {contender}"),
     }
 }
 
 fn w1_table(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_table");
-    group.throughput(Throughput::Elements(N)).sample_size(10);
+    group.throughput(Throughput::Elements(keys())).sample_size(10);
     for workers in WORKERS {
         for contender in CONTENDERS {
             group.bench_with_input(BenchmarkId::new(contender, workers), &workers, |b, &w| {
@@ -49,7 +54,7 @@ fn w1_table(c: &mut Criterion) {
 
 fn w1_ratios() {
     let rounds: usize = std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    println!("W1_ratios: N = {N}, {rounds} rounds; rates in M keys/s (medians), ratios medians of per-round ratios");
+    println!("W1_ratios: N = {}, {rounds} rounds; rates in M keys/s (medians), ratios medians of per-round ratios", keys());
     println!(
         "| workers | channel | queue (get+done) | queue (done_and_get) | Controller | queue / channel | Controller / queue |"
     );
@@ -60,7 +65,7 @@ fn w1_ratios() {
             let mut rate = [0.0; 4];
             for i in 0..CONTENDERS.len() {
                 let which = (i + round) % CONTENDERS.len();
-                rate[which] = N as f64 / run(CONTENDERS[which], workers).as_secs_f64();
+                rate[which] = keys() as f64 / run(CONTENDERS[which], workers).as_secs_f64();
             }
             rates.push(rate);
         }

@@ -28,6 +28,7 @@
 //!   delayed key is handed out within a wake-up latency of its due time.
 
 mod delay_heap;
+mod key_index;
 mod metrics;
 mod ready;
 mod slab;
@@ -42,7 +43,7 @@ use crate::clock::{Clock, SystemClock, deadline_after};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
-use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard};
+use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard, lock_hot};
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
@@ -230,7 +231,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 let weak = weak.clone();
                 let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
                     if let Some(shared) = weak.upgrade() {
-                        let mut g = shared.locked.lock();
+                        let mut g = shared.lock();
                         shared.sync(&mut g, &mut Now::new());
                         shared.wake_all(&mut g);
                     }
@@ -329,7 +330,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         // of duplicates (a hot key) does not read it at all.
         let predicted = self.shared.name.is_some() && self.shared.add_stamps.load(Relaxed);
         let mut now = if predicted { Now::read() } else { Now::new() };
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.sync(&mut g, &mut now);
         if retry {
             g.q.count_retry();
@@ -354,7 +355,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     fn add_at_instant(&self, key: K, due: Instant, now: Instant, place: Place) {
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         let mut stamp = Now::new();
         self.shared.sync(&mut g, &mut stamp);
         g.q.count_retry();
@@ -392,7 +393,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// out with (to re-add it with on a retry, P3).
     pub fn get_with_priority(&self) -> Option<(K, i32)> {
         let mut now = self.shared.stamp();
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.next(&mut g, None, &mut now).ok()
     }
 
@@ -401,14 +402,14 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     pub fn get_timeout(&self, timeout: Duration) -> Result<K, GetError> {
         let deadline = deadline_after(self.shared.clock.now(), timeout);
         let mut now = self.shared.stamp();
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.next(&mut g, Some(deadline), &mut now).map(|(key, _)| key)
     }
 
     /// Hands out a key if one is ready now, without blocking.
     pub fn try_get(&self) -> Option<K> {
         let mut now = self.shared.stamp();
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.take(&mut g, &mut now).map(|(key, _)| key)
     }
 
@@ -416,7 +417,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// it becomes ready again. A key not being processed is left alone.
     pub fn done(&self, key: &K) {
         let mut now = self.shared.stamp();
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.finish(&mut g, key, &mut now);
         self.shared.wake_ready(&mut g);
     }
@@ -426,7 +427,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// the clock once for both.)
     pub fn done_and_get(&self, key: &K) -> Option<K> {
         let mut now = self.shared.stamp();
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.finish(&mut g, key, &mut now);
         self.shared.next(&mut g, None, &mut now).ok().map(|(key, _)| key)
     }
@@ -438,7 +439,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// next key comes with its priority.
     pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
         let mut now = Now::at(stamp);
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         self.shared.finish(&mut g, key, &mut now);
         let next = self.shared.next(&mut g, None, &mut now).ok();
         drop(g);
@@ -472,7 +473,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// Keys being processed per group id (empty for a queue without groups).
     pub(crate) fn in_flight_by_group(&self) -> Vec<(GroupId, usize)> {
-        self.shared.locked.lock().q.in_flight_by_group()
+        self.shared.lock().q.in_flight_by_group()
     }
 
     /// The ready, processing and delayed counts at one instant.
@@ -498,7 +499,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// `timeout` of real time. Returns whether the queue became idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = deadline_after(Instant::now(), timeout);
-        let mut g = self.shared.locked.lock();
+        let mut g = self.shared.lock();
         loop {
             self.shared.sync(&mut g, &mut Now::new());
             self.shared.wake_ready(&mut g);
@@ -570,11 +571,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// keys waiting to retry (any shutdown), and ready keys (an immediate
     /// one, or a drain cut short). A stopping controller reports them.
     pub(crate) fn take_dropped(&self) -> Vec<K> {
-        self.shared.locked.lock().q.take_dropped()
+        self.shared.lock().q.take_dropped()
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.shared.locked.lock().q.is_shutting_down()
+        self.shared.lock().q.is_shutting_down()
     }
 
     /// The clock this queue measures delays on.
@@ -620,6 +621,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         if self.name.is_some() { Now::read() } else { Now::new() }
     }
 
+    /// Takes the queue's lock (see `sync::lock_hot`: it is held briefly,
+    /// by one thread per core at a time).
+    #[inline]
+    fn lock(&self) -> Guard<'_, K> {
+        lock_hot(&self.locked)
+    }
+
     /// Promotes keys whose due time has come (the caller wakes getters for
     /// them).
     fn sync(&self, g: &mut Guard<'_, K>, now: &mut Now) {
@@ -631,7 +639,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
 
     /// Locks, syncs and wakes getters for the keys that became ready.
     fn lock_synced(&self) -> Guard<'_, K> {
-        let mut g = self.locked.lock();
+        let mut g = self.lock();
         self.sync(&mut g, &mut Now::new());
         self.wake_ready(&mut g);
         g

@@ -376,6 +376,20 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
         self.pop_slow()
     }
 
+    /// The entry the fast path of [`pop`](Self::pop) meets `n`-th from now
+    /// (0: next; it may be stale), if the set is a plain FIFO; `None`
+    /// otherwise. A hint for prefetching only.
+    #[inline]
+    pub(crate) fn peek(&self, n: usize) -> Option<K>
+    where
+        K: Copy,
+    {
+        match &self.zero {
+            Level::Plain(fifo) if self.others.is_empty() => fifo.keys.get(n).copied(),
+            _ => None,
+        }
+    }
+
     fn pop_slow(&mut self) -> Option<(K, Priority, GroupId)> {
         let mut below: Option<Priority> = None;
         loop {

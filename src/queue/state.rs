@@ -38,7 +38,8 @@ use std::time::Instant;
 use super::delay_heap::{DelayHeap, Timer};
 use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
-use super::slab::{KeyIndex, Keyed, Slab};
+use super::key_index::KeyIndex;
+use super::slab::{Keyed, Slab};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -344,6 +345,17 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// its priority, and marks it processing (G2).
     pub(crate) fn take(&mut self, now: &mut Now) -> Option<(K, Priority)> {
         let (at, prio, group) = self.ready.pop()?;
+        // On a deep backlog the entries ahead are not cached: start loading
+        // them a step ahead, as a pipeline. The entry after next, so the
+        // next `take` finds it; and the next key's home bucket in the index
+        // (its entry was loaded by the previous `take`), so its `done` finds
+        // that (see `key_index.rs`).
+        if let Some(after_next) = self.ready.peek(1) {
+            self.entries.prefetch(after_next);
+        }
+        if let Some(next) = self.ready.peek(0).and_then(|next| self.entries.get_live(next)) {
+            self.index.prefetch(&next.key);
+        }
         let entry = self.entries.get_mut(at);
         let Slot::Ready { owed, added, .. } = entry.slot else {
             unreachable!("a key in the ready set has a Ready slot")
