@@ -1,11 +1,14 @@
-//! The hot path (W1, guarantees §6): the bare crossbeam channel, the bare
-//! `WorkQueue` and the full `Controller` side by side, N = 1,000,000.
+//! The hot path (W1, guarantees §6): the bare crossbeam channel, a
+//! one-lock FIFO, the bare `WorkQueue` and the full `Controller` side by
+//! side, N = 1,000,000.
 //!
 //! * `W1_table` is a criterion group with each of them at 1, 2, 4 and 8
 //!   workers (rates with criterion's statistics).
 //! * `W1_ratios` (a report printed after it) runs them in rounds, rotating
 //!   their order within each round, and prints the medians of the per-round
-//!   ratios: queue / channel and controller / queue. Ratios from one round
+//!   ratios: queue / channel, queue / the one-lock floor (`mutex_fifo`: a
+//!   `VecDeque` behind a mutex, what any queue with one lock pays per key)
+//!   and controller / queue. Ratios from one round
 //!   share the machine's load of that moment, so they are the figures to
 //!   read on a shared VM. `RECONQ_W1_ROUNDS` sets the rounds (default 5).
 //!
@@ -26,12 +29,13 @@ fn keys() -> u64 {
 const WORKERS: [usize; 4] = [1, 2, 4, 8];
 
 /// The contenders, in the report's column order.
-const CONTENDERS: [&str; 4] = ["channel", "queue", "queue_done_and_get", "controller"];
+const CONTENDERS: [&str; 5] = ["channel", "mutex_fifo", "queue", "queue_done_and_get", "controller"];
 
 fn run(contender: &str, workers: usize) -> Duration {
     let n = keys();
     match contender {
         "channel" => w1::channel(n, workers),
+        "mutex_fifo" => w1::mutex_fifo(n, workers),
         "queue" => w1::queue(n, workers, WorkerLoop::GetDone),
         "queue_done_and_get" => w1::queue(n, workers, WorkerLoop::DoneAndGet),
         "controller" => w1::controller(n, workers, false),
@@ -54,15 +58,19 @@ fn w1_table(c: &mut Criterion) {
 
 fn w1_ratios() {
     let rounds: usize = std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    println!("W1_ratios: N = {}, {rounds} rounds; rates in M keys/s (medians), ratios medians of per-round ratios", keys());
     println!(
-        "| workers | channel | queue (get+done) | queue (done_and_get) | Controller | queue / channel | Controller / queue |"
+        "W1_ratios: N = {}, {rounds} rounds; rates in M keys/s (medians), ratios medians of per-round ratios",
+        keys()
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| workers | channel | one-lock floor | queue (get+done) | queue (done_and_get) | Controller \
+         | queue / channel | queue / floor | Controller / queue |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for workers in WORKERS {
-        let mut rates: Vec<[f64; 4]> = Vec::new();
+        let mut rates: Vec<[f64; 5]> = Vec::new();
         for round in 0..rounds {
-            let mut rate = [0.0; 4];
+            let mut rate = [0.0; 5];
             for i in 0..CONTENDERS.len() {
                 let which = (i + round) % CONTENDERS.len();
                 rate[which] = keys() as f64 / run(CONTENDERS[which], workers).as_secs_f64();
@@ -70,17 +78,20 @@ fn w1_ratios() {
             rates.push(rate);
         }
         let col = |i: usize| w1::median(rates.iter().map(|r| r[i] / 1e6).collect());
-        // The queue's best loop against the channel; the controller against
-        // the queue's best loop (it could use either).
-        let queue_best = |r: &[f64; 4]| r[1].max(r[2]);
-        let to_channel = w1::median(rates.iter().map(|r| queue_best(r) / r[0]).collect());
-        let controller_cost = w1::median(rates.iter().map(|r| r[3] / queue_best(r)).collect());
+        let ratio = |f: &dyn Fn(&[f64; 5]) -> f64| w1::median(rates.iter().map(f).collect());
+        // The queue's best loop against the channel and the one-lock floor;
+        // the controller against the queue's best loop (it could use either).
+        let queue_best = |r: &[f64; 5]| r[2].max(r[3]);
         println!(
-            "| {workers} | {:.1} | {:.2} | {:.2} | {:.2} | {to_channel:.3} | {controller_cost:.2} |",
+            "| {workers} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} |",
             col(0),
             col(1),
             col(2),
-            col(3)
+            col(3),
+            col(4),
+            ratio(&|r| queue_best(r) / r[0]),
+            ratio(&|r| queue_best(r) / r[1]),
+            ratio(&|r| r[4] / queue_best(r)),
         );
     }
 }

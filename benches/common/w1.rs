@@ -92,6 +92,43 @@ pub fn channel(n: u64, workers: usize) -> Duration {
     started.elapsed()
 }
 
+/// W1 through the floor of a one-lock queue: a `VecDeque` behind a
+/// parking_lot mutex, one lock acquisition per add and per take, with no
+/// deduplication and no per-key state; a worker that finds it empty spins
+/// (with the lock released) until the producer has finished. What every
+/// design with one lock around the queue's state pays per key, whatever it
+/// does inside.
+pub fn mutex_fifo(n: u64, workers: usize) -> Duration {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fifo = parking_lot::Mutex::new(std::collections::VecDeque::new());
+    let finished = AtomicBool::new(false);
+    let mut started = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let backoff = crossbeam_utils::Backoff::new();
+                loop {
+                    let key = fifo.lock().pop_front();
+                    match key {
+                        Some(key) => {
+                            black_box(key);
+                            backoff.reset();
+                        }
+                        None if finished.load(Ordering::Acquire) && fifo.lock().is_empty() => return,
+                        None => backoff.snooze(),
+                    }
+                }
+            });
+        }
+        started = Instant::now();
+        for key in 0..n {
+            fifo.lock().push_back(key);
+        }
+        finished.store(true, Ordering::Release);
+    });
+    started.elapsed()
+}
+
 /// W1 through a `Controller` with a no-op reconcile and none of its options
 /// (its queue is named, so queue metrics are on, as for every controller).
 /// `scheduled` turns priorities (four levels, `k % 4`) and groups (sixteen,

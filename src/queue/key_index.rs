@@ -20,13 +20,48 @@
 
 use std::hash::{BuildHasher, Hash};
 
-use super::slab::{COMPACT_ABOVE, Keyed, Slab, prefetch_read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
+
+use super::slab::{COMPACT_ABOVE, Keyed, Slab, prefetch};
 
 pub(crate) struct KeyIndex<S> {
     /// A power of two long (or empty).
     buckets: Box<[Bucket]>,
     len: usize,
     hasher: S,
+    /// Where `buckets` is, for threads that do not hold the queue's lock.
+    hint: Arc<Prefetcher<S>>,
+}
+
+/// Lets a thread prefetch a key's home bucket before it takes the queue's
+/// lock to add the key, so the lookup inside the lock finds it cached: the
+/// table's address and mask, republished at every resize. A thread that
+/// reads them just before a resize prefetches a stale address, which only
+/// wastes the hint.
+pub(crate) struct Prefetcher<S> {
+    buckets: AtomicPtr<Bucket>,
+    /// `usize::MAX` while the table is empty.
+    mask: AtomicUsize,
+    hasher: S,
+}
+
+impl<S: BuildHasher> Prefetcher<S> {
+    #[inline]
+    pub(crate) fn prefetch<K: Hash>(&self, key: &K) {
+        let mask = self.mask.load(Relaxed);
+        if mask != usize::MAX {
+            let at = hash32(&self.hasher, key) as usize & mask;
+            prefetch(self.buckets.load(Relaxed).wrapping_add(at));
+        }
+    }
+}
+
+/// 32 bits of `key`'s hash.
+#[inline]
+fn hash32<S: BuildHasher, K: Hash>(hasher: &S, key: &K) -> u32 {
+    let hash = hasher.hash_one(key);
+    (hash ^ (hash >> 32)) as u32
 }
 
 #[derive(Clone, Copy, Default)]
@@ -55,15 +90,21 @@ impl Vacant<'_> {
     }
 }
 
-impl<S: BuildHasher> KeyIndex<S> {
+impl<S: BuildHasher + Clone> KeyIndex<S> {
     pub(crate) fn new(hasher: S) -> Self {
-        Self { buckets: Box::default(), len: 0, hasher }
+        let hint =
+            Prefetcher { buckets: AtomicPtr::default(), mask: AtomicUsize::new(usize::MAX), hasher: hasher.clone() };
+        Self { buckets: Box::default(), len: 0, hasher, hint: Arc::new(hint) }
+    }
+
+    /// A handle to prefetch buckets without the lock (see [`Prefetcher`]).
+    pub(crate) fn prefetcher(&self) -> Arc<Prefetcher<S>> {
+        Arc::clone(&self.hint)
     }
 
     #[inline]
     fn hash<K: Hash>(&self, key: &K) -> u32 {
-        let hash = self.hasher.hash_one(key);
-        (hash ^ (hash >> 32)) as u32
+        hash32(&self.hasher, key)
     }
 
     #[inline]
@@ -151,7 +192,7 @@ impl<S: BuildHasher> KeyIndex<S> {
     pub(crate) fn prefetch<K: Hash>(&self, key: &K) {
         if self.len > 0 {
             let at = self.hash(key) as usize & self.mask();
-            prefetch_read(&self.buckets[at]);
+            prefetch(&self.buckets[at]);
         }
     }
 
@@ -189,6 +230,8 @@ impl<S: BuildHasher> KeyIndex<S> {
             }
             self.buckets[at] = *b;
         }
+        self.hint.buckets.store(self.buckets.as_mut_ptr(), Relaxed);
+        self.hint.mask.store(mask, Relaxed);
     }
 }
 

@@ -44,11 +44,12 @@ use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard, lock_hot};
+use key_index::Prefetcher;
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
 pub(crate) use state::Place;
-use state::{Added, Finished, QueueState};
+use state::{Added, Finished, Hasher, QueueState};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -135,6 +136,8 @@ struct Shared<K> {
     clock: Arc<dyn Clock>,
     /// Keeps a fake clock's wake-up callback alive (see `build`).
     _clock_subscription: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Prefetches an added key's index bucket before the lock is taken.
+    prefetcher: Arc<Prefetcher<Hasher>>,
     /// The metrics label; only named queues record metrics.
     name: Option<String>,
     /// Lists a named queue for metrics while it lives.
@@ -239,9 +242,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 self.clock.subscribe(Arc::downgrade(&wake));
                 wake
             });
+            let q = QueueState::new(recorder, ready);
             Shared {
+                prefetcher: q.prefetcher(),
                 locked: Mutex::new(Locked {
-                    q: QueueState::new(recorder, ready),
+                    q,
                     sleepers: 0,
                     waking: 0,
                     timekeeper: None,
@@ -330,6 +335,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         // of duplicates (a hot key) does not read it at all.
         let predicted = self.shared.name.is_some() && self.shared.add_stamps.load(Relaxed);
         let mut now = if predicted { Now::read() } else { Now::new() };
+        // A new key's bucket is a cache miss on a deep backlog: let it load
+        // while we wait for the lock, not while we hold it.
+        self.shared.prefetcher.prefetch(&key);
         let mut g = self.shared.lock();
         self.shared.sync(&mut g, &mut now);
         if retry {

@@ -79,7 +79,7 @@ impl<T> Slab<T> {
     #[inline]
     pub(crate) fn prefetch(&self, index: u32) {
         if let Some(entry) = self.entries.get(index as usize) {
-            prefetch_read(entry);
+            prefetch(entry);
         }
     }
 
@@ -124,19 +124,20 @@ impl<T> Slab<T> {
     }
 }
 
-/// A prefetch of the cache line holding `value`: a hint to the CPU, with
-/// no effect the program can see.
+/// Asks the CPU to start loading the cache line at `address`: a hint with
+/// no effect the program can see. Any address will do (a stale one just
+/// wastes the hint): a prefetch never faults and reads nothing.
 #[inline(always)]
-pub(crate) fn prefetch_read<T>(value: &T) {
+pub(crate) fn prefetch<T>(address: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing the program sees (and `value` is a
-    // valid reference anyway).
+    // SAFETY: `_mm_prefetch` only hints the cache; it never dereferences
+    // `address` in a way the program can observe, nor faults on it.
     unsafe {
         use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast());
+        _mm_prefetch::<_MM_HINT_T0>(address.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
+    let _ = address;
 }
 
 /// An entry that knows its key.

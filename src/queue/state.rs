@@ -33,15 +33,16 @@
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
 
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::delay_heap::{DelayHeap, Timer};
+use super::key_index::{KeyIndex, Prefetcher};
 use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
-use super::key_index::KeyIndex;
 use super::slab::{Keyed, Slab};
 
-type Hasher = foldhash::fast::RandomState;
+pub(crate) type Hasher = foldhash::fast::RandomState;
 
 /// A known key and where it stands.
 struct Entry<K> {
@@ -228,6 +229,12 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// Prefetches the index bucket an [`add`](Self::add) of a key will
+    /// look at, for threads about to take the lock (see `key_index.rs`).
+    pub(crate) fn prefetcher(&self) -> Arc<Prefetcher<Hasher>> {
+        self.index.prefetcher()
+    }
+
     /// Counts an `add_after`-style call for the metrics' retries (client-go
     /// counts every one made before shutdown).
     pub(crate) fn count_retry(&mut self) {
@@ -386,6 +393,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         match then {
             Then::Finish => {
                 self.forget(at);
+                self.compact_if_sparse();
                 Finished::Removed
             }
             Then::Wait(timer) if timer.due > now() => {
@@ -414,11 +422,11 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
-    /// Removes the key at `at` from the queue and returns it.
+    /// Removes the key at `at` from the queue and returns it. (Indices
+    /// stay valid: the caller compacts when it holds none.)
     fn forget(&mut self, at: u32) -> K {
         let entry = self.entries.remove(at);
         self.index.remove(&entry.key, at);
-        self.compact_if_sparse();
         entry.key
     }
 
@@ -470,6 +478,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             let key = self.forget(at);
             self.dropped.push(key);
         }
+        self.compact_if_sparse();
         for (_, entry) in self.entries.iter_mut() {
             if let Slot::Processing { then, .. } = &mut entry.slot {
                 if matches!(then, Then::Requeue { .. }) {
@@ -769,6 +778,23 @@ mod tests {
         assert_eq!(q.next_due(), Some(t0 + ms(50)));
         assert_eq!(q.promote_due(t0 + ms(60), n()), 2);
         assert_eq!(std::iter::from_fn(|| q.take(n()).map(|t| t.0)).collect::<Vec<_>>(), vec![1000, 1001]);
+    }
+
+    #[test]
+    fn an_immediate_stop_drops_every_ready_key_once() {
+        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
+        for k in 0..300u32 {
+            q.add(k, P0, n());
+        }
+        let (processing, _) = q.take(n()).unwrap();
+        q.shut_down(false);
+        q.discard_ready();
+        let mut dropped = q.take_dropped();
+        dropped.sort_unstable();
+        assert_eq!(dropped, (1..300).collect::<Vec<u32>>());
+        assert_eq!(q.key_state(&processing), KeyState::Processing { again: None });
+        assert_eq!(q.done(&processing, Instant::now, n()), Finished::Removed);
+        assert!(q.is_idle() && q.entries.len() == 0);
     }
 
     #[test]
