@@ -124,8 +124,9 @@ struct Shared<K> {
     locked: Mutex<Locked<K>>,
     /// Getters spinning, lock released, before they park.
     spinners: AtomicUsize,
-    /// The ready FIFO's length, published under the lock for spinners.
-    ready_hint: AtomicUsize,
+    /// Whether a getter could take a key now, published under the lock for
+    /// spinners. Written only when it flips (see `publish_ready`).
+    any_ready: crate::sync::AtomicBool,
     /// Getters wait here for a ready key (or a due time, or shutdown).
     ready: Condvar,
     /// `shut_down_with_drain` waits here for processing keys to finish.
@@ -254,7 +255,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                     idle_waiters: 0,
                 }),
                 spinners: AtomicUsize::new(0),
-                ready_hint: AtomicUsize::new(0),
+                any_ready: crate::sync::AtomicBool::new(false),
                 ready: Condvar::new(),
                 drained: Condvar::new(),
                 idle: Condvar::new(),
@@ -344,7 +345,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
             g.q.count_retry();
         }
         g.q.add(key, place, &mut now);
-        self.shared.ready_hint.store(g.q.available(), Relaxed);
+        self.shared.publish_ready(&g);
         self.shared.wake_ready(&mut g);
         if self.shared.name.is_some() && now.used() != predicted {
             self.shared.add_stamps.store(now.used(), Relaxed);
@@ -370,7 +371,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         if let Added::Scheduled(due) = g.q.add_at(key, due, now, &mut stamp, place) {
             self.shared.on_scheduled(&mut g, due);
         }
-        self.shared.ready_hint.store(g.q.available(), Relaxed);
+        self.shared.publish_ready(&g);
         self.shared.wake_ready(&mut g);
     }
 
@@ -636,12 +637,24 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         lock_hot(&self.locked)
     }
 
+    /// Publishes whether a key is ready, for spinners. Written only when it
+    /// changes: a line every operation wrote bounced between the producer's
+    /// and the workers' cores on each one, though spinners only ask
+    /// whether it is zero.
+    #[inline]
+    fn publish_ready(&self, g: &Guard<'_, K>) {
+        let any = g.q.available() > 0;
+        if self.any_ready.load(Relaxed) != any {
+            self.any_ready.store(any, Relaxed);
+        }
+    }
+
     /// Promotes keys whose due time has come (the caller wakes getters for
     /// them).
     fn sync(&self, g: &mut Guard<'_, K>, now: &mut Now) {
         if g.q.has_timers() {
             g.q.promote_due(self.clock.now(), now);
-            self.ready_hint.store(g.q.available(), Relaxed);
+            self.publish_ready(g);
         }
     }
 
@@ -657,7 +670,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn take(&self, g: &mut Guard<'_, K>, now: &mut Now) -> Option<(K, Priority)> {
         self.sync(g, now);
         let key = g.q.take(now);
-        self.ready_hint.store(g.q.available(), Relaxed);
+        self.publish_ready(g);
         // Keys remain beyond this one: keep the waking chain going.
         self.wake_ready(g);
         if key.is_some() && g.timekeeper.is_none() && g.q.has_timers() {
@@ -700,7 +713,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         if self.spinners.fetch_add(1, Relaxed) < max_spinners() {
             MutexGuard::unlocked(g, || {
                 let backoff = crossbeam_utils::Backoff::new();
-                while self.ready_hint.load(Relaxed) == 0 && !backoff.is_completed() {
+                while !self.any_ready.load(Relaxed) && !backoff.is_completed() {
                     backoff.snooze();
                 }
                 *now = self.stamp();
@@ -747,10 +760,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn finish(&self, g: &mut Guard<'_, K>, key: &K, now: &mut Now) {
         self.sync(g, now);
         match g.q.done(key, || self.clock.now(), now) {
-            Finished::Requeued => self.ready_hint.store(g.q.available(), Relaxed),
+            Finished::Requeued => self.publish_ready(g),
             Finished::Waiting(due) => self.on_scheduled(g, due),
             // A full group may have got room: its keys became takeable.
-            Finished::Removed if g.q.has_groups() => self.ready_hint.store(g.q.available(), Relaxed),
+            Finished::Removed if g.q.has_groups() => self.publish_ready(g),
             Finished::Removed | Finished::NotProcessing => {}
         }
         if g.q.is_draining() && g.q.drained() {
@@ -763,7 +776,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
         g.q.shut_down(how == Shutdown::Drain);
         if how == Shutdown::Discard {
             g.q.discard_ready();
-            self.ready_hint.store(0, Relaxed);
+            self.publish_ready(g);
         }
         self.wake_all(g);
         self.drained.notify_all();
