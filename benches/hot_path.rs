@@ -12,7 +12,12 @@
 //!   share the machine's load of that moment, so they are the figures to
 //!   read on a shared VM. `RECONQ_W1_ROUNDS` sets the rounds (default 5).
 //!
-//! `cargo bench --bench hot_path` runs both; `-- W1_ratios` only the report.
+//! * `W1_alone` (a report) times one thread adding N keys and then draining
+//!   them: the data structure's cost per key on a deep backlog, without the
+//!   lock hand-offs between threads that W1 adds.
+//!
+//! `cargo bench --bench hot_path` runs all three; `-- W1_ratios` (or
+//! `-- W1_alone`) only that report.
 
 #[path = "common/w1.rs"]
 mod w1;
@@ -96,6 +101,36 @@ fn w1_ratios() {
     }
 }
 
+/// The queue's per-key cost with no second thread: one thread adds N keys,
+/// then drains them with `done_and_get` (a backlog of N, as W1 builds when
+/// the producer runs ahead, but no lock hand-offs). Separates what the data
+/// structure costs on a deep backlog from what contention adds in W1.
+fn w1_alone() {
+    let rounds: usize = std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let n = keys();
+    let (mut adds, mut drains) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let q = reconq::WorkQueue::new();
+        let started = std::time::Instant::now();
+        for key in 0..n {
+            q.add(key);
+        }
+        adds.push(n as f64 / started.elapsed().as_secs_f64() / 1e6);
+        let started = std::time::Instant::now();
+        let mut next = q.get();
+        while let Some(key) = next {
+            std::hint::black_box(key);
+            next = if q.len() == 0 { None } else { q.done_and_get(&key) };
+        }
+        drains.push(n as f64 / started.elapsed().as_secs_f64() / 1e6);
+    }
+    println!(
+        "W1_alone: one thread, N = {n}: add {:.2} M keys/s, then get/done (done_and_get) {:.2} M keys/s (medians of {rounds})",
+        w1::median(adds),
+        w1::median(drains)
+    );
+}
+
 fn main() {
     // The last bare argument is the filter (an earlier one may be an
     // option's value, as in `--profile-time 5`).
@@ -108,5 +143,8 @@ fn main() {
     c.final_summary();
     if wanted("W1_ratios") {
         w1_ratios();
+    }
+    if wanted("W1_alone") {
+        w1_alone();
     }
 }
