@@ -120,7 +120,7 @@ fn w1_alone() {
         let mut next = q.get();
         while let Some(key) = next {
             std::hint::black_box(key);
-            next = if q.len() == 0 { None } else { q.done_and_get(&key) };
+            next = if q.is_empty() { None } else { q.done_and_get(&key) };
         }
         drains.push(n as f64 / started.elapsed().as_secs_f64() / 1e6);
     }

@@ -246,6 +246,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn indices_are_reused_and_compaction_keeps_order() {
+        let mut slab = Slab::new();
+        let mut index = KeyIndex::new(foldhash::fast::RandomState::default());
+        for k in 0..5000u64 {
+            let Err(vacant) = index.entry(&k, &slab) else { panic!("new key") };
+            vacant.insert(slab.insert(E(k)));
+        }
+        for k in 0..4900u64 {
+            let i = index.find(&k, &slab).unwrap();
+            index.remove(&k, i);
+            assert_eq!(slab.remove(i).0, k);
+        }
+        assert!(slab.is_sparse());
+        let remap = slab.compact();
+        index.remap(&remap);
+        assert_eq!(slab.len(), 100);
+        for k in 4900..5000u64 {
+            let i = index.find(&k, &slab).unwrap();
+            assert_eq!(i as u64, k - 4900, "live entries keep their order");
+            assert_eq!(index.entry(&k, &slab).ok(), Some(i));
+        }
+        assert_eq!(index.find(&1, &slab), None);
+        let i = slab.insert(E(7));
+        assert_eq!(i, 100, "a compacted slab has no free indices");
+    }
+
     /// A hasher that sends every key to a few home buckets, so removals
     /// must shift long, wrapping runs.
     #[derive(Clone, Default)]

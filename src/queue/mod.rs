@@ -3,7 +3,10 @@
 //! One mutex guards a [`QueueState`] (ready FIFO, per-key slots, delay heap);
 //! getters block on a condvar. What makes it fast is avoiding what costs far
 //! more than the queue operations themselves on a VM: waking a parked thread
-//! (a futex round trip, 10–20 µs).
+//! (a futex round trip, 10–20 µs), giving the CPU up while the lock is held
+//! for tens of nanoseconds (`sync::lock_hot` spins briefly instead), and
+//! cache misses inside the lock (`state.rs` hands keys out by slab index,
+//! and the key index's buckets are prefetched before they are needed).
 //!
 //! (A lock-free inbox for adds was tried and measured: it lets a producer
 //! run far ahead, so the backlog lands in the key map, which then misses the
@@ -17,7 +20,7 @@
 //!   that takes a key passes the wake on while keys remain).
 //! * **A short spin before parking.** A getter that finds nothing spins
 //!   briefly (one spinner at a time per two cores), lock released, watching
-//!   the ready count before it parks, so a steady producer keeps its
+//!   a "keys ready" flag before it parks, so a steady producer keeps its
 //!   consumers awake without syscalls; adds leave the spinner its key
 //!   instead of waking a sleeper.
 //! * **No timer thread.** At most one parked getter, the *timekeeper*, sleeps
