@@ -101,15 +101,18 @@ fn w1_ratios() {
     }
 }
 
-/// The queue's per-key cost with no second thread: one thread adds N keys,
-/// then drains them with `done_and_get` (a backlog of N, as W1 builds when
-/// the producer runs ahead, but no lock hand-offs). Separates what the data
-/// structure costs on a deep backlog from what contention adds in W1.
+/// The per-key cost with no second thread: one thread adds N keys, then
+/// drains them with `done_and_get` (a backlog of N, as W1 builds when the
+/// producer runs ahead, but no lock hand-offs); and a one-worker
+/// `Controller` draining N keys enqueued before it started (its worker
+/// alone). Separates what the data structure and the reconcile loop cost
+/// from what contention adds in W1.
 fn w1_alone() {
     let rounds: usize = std::env::var("RECONQ_W1_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
     let n = keys();
-    let (mut adds, mut drains) = (Vec::new(), Vec::new());
+    let (mut adds, mut drains, mut controller) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
+        controller.push(n as f64 / w1::controller_drain(n).as_secs_f64() / 1e6);
         let q = reconq::WorkQueue::new();
         let started = std::time::Instant::now();
         for key in 0..n {
@@ -125,9 +128,11 @@ fn w1_alone() {
         drains.push(n as f64 / started.elapsed().as_secs_f64() / 1e6);
     }
     println!(
-        "W1_alone: one thread, N = {n}: add {:.2} M keys/s, then get/done (done_and_get) {:.2} M keys/s (medians of {rounds})",
+        "W1_alone: one thread, N = {n}: add {:.2} M keys/s, then get/done (done_and_get) {:.2} M keys/s; \
+         a one-worker Controller draining N keys enqueued before start {:.2} M keys/s (medians of {rounds})",
         w1::median(adds),
-        w1::median(drains)
+        w1::median(drains),
+        w1::median(controller)
     );
 }
 

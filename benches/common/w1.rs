@@ -155,6 +155,25 @@ pub fn controller(n: u64, workers: usize, scheduled: bool) -> Duration {
     took
 }
 
+/// A one-worker `Controller` (no-op reconcile) draining `n` keys enqueued
+/// before it started: the time from start until idle, with no producer
+/// running meanwhile (start queues the keys before the worker runs).
+pub fn controller_drain(n: u64) -> Duration {
+    let reconcile = |_k: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) };
+    let controller = Controller::new("w1_drain", reconcile).workers(1);
+    let handle = controller.handle();
+    for k in 0..n {
+        handle.enqueue(k);
+    }
+    let h = controller.start();
+    let started = Instant::now();
+    assert!(h.wait_idle(Duration::from_secs(600)));
+    let took = started.elapsed();
+    h.stop();
+    h.join_timeout(Duration::from_secs(60));
+    took
+}
+
 /// The median of `v` (not empty).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
