@@ -63,6 +63,7 @@ mod parallelize;
 mod python;
 mod queue;
 mod rate_limit;
+mod shrink;
 mod store;
 mod sync;
 mod thread;

@@ -8,6 +8,8 @@ use std::time::{Instant, SystemTime};
 
 use parking_lot::Mutex;
 
+use crate::shrink::is_sparse;
+
 type Hasher = foldhash::fast::RandomState;
 
 /// Where a key stands, as seen by [`ControllerHandle::inspect`](super::ControllerHandle::inspect).
@@ -96,7 +98,7 @@ impl<K: Eq + Hash + Clone> KeyMemory<K> {
         }
         let mut map = self.map.lock();
         map.remove(key);
-        if map.capacity() > 1024 && map.len() * 8 < map.capacity() {
+        if is_sparse(map.len(), map.capacity()) {
             let keep = map.len() * 2;
             map.shrink_to(keep);
         }

@@ -23,7 +23,8 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
-use super::slab::{COMPACT_ABOVE, Keyed, Slab, prefetch};
+use super::slab::{Keyed, Slab, prefetch};
+use crate::shrink::is_sparse;
 
 pub(crate) struct KeyIndex<S> {
     /// A power of two long (or empty).
@@ -179,7 +180,7 @@ impl<S: BuildHasher + Clone> KeyIndex<S> {
         }
         self.buckets[hole] = Bucket::default();
         self.len -= 1;
-        if self.buckets.len() > COMPACT_ABOVE && self.len * 8 < self.buckets.len() {
+        if is_sparse(self.len, self.buckets.len()) {
             self.resize((self.len * 2).next_power_of_two().max(MIN_BUCKETS));
         }
     }

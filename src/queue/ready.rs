@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 
 use super::slab::FREED;
+use crate::shrink::is_sparse;
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -44,10 +45,6 @@ pub type Priority = i32;
 /// A group, as the queue sees it: an id the controller interned. Queues
 /// without groups put every key in group 0.
 pub(crate) type GroupId = u32;
-
-/// Containers this large are shrunk once they fall to an eighth full, so a
-/// burst of keys does not pin its memory forever.
-const SHRINK_ABOVE: usize = 1024;
 
 pub(crate) struct ReadySet<K> {
     /// Priority 0: the only level of a queue that never uses priorities.
@@ -126,7 +123,7 @@ impl<K: Eq + Hash + Clone> Fifo<K> {
                 continue;
             }
             self.live -= 1;
-            if self.keys.capacity() > SHRINK_ABOVE && self.keys.len() * 8 < self.keys.capacity() {
+            if is_sparse(self.keys.len(), self.keys.capacity()) {
                 self.keys.shrink_to(self.keys.len() * 2);
             }
             return Some(key);

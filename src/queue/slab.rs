@@ -13,10 +13,7 @@
 
 use std::collections::VecDeque;
 
-/// Slabs (and key index tables) this long are compacted once they fall to
-/// an eighth full, so a burst of keys does not pin its memory forever. Unit
-/// tests compact early, so the queue's own tests compact often.
-pub(crate) const COMPACT_ABOVE: usize = if cfg!(test) { 16 } else { 1024 };
+use crate::shrink::is_sparse;
 
 /// An index no live entry has: what [`Slab::compact`] maps a free index to.
 pub(crate) const FREED: u32 = u32::MAX;
@@ -98,10 +95,11 @@ impl<T> Slab<T> {
         self.entries.iter_mut().enumerate().filter_map(|(i, e)| Some((i as u32, e.as_mut()?)))
     }
 
-    /// Whether the slab is long and mostly free.
+    /// Whether the slab is long and mostly free (`crate::shrink`), so a
+    /// burst of keys does not pin its memory forever.
     #[inline]
     pub(crate) fn is_sparse(&self) -> bool {
-        self.entries.len() > COMPACT_ABOVE && self.len() * 8 < self.entries.len()
+        is_sparse(self.len(), self.entries.len())
     }
 
     /// Moves the live entries to the front (keeping their order) and frees

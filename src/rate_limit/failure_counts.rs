@@ -5,14 +5,14 @@ use std::hash::Hash;
 
 use parking_lot::Mutex;
 
+use crate::shrink::is_sparse;
+
 /// Maps each key to the number of `when` calls since it was last forgotten.
 /// Forgotten keys are removed, and the map is shrunk when it empties out, so
 /// its size follows the keys currently failing.
 pub(crate) struct FailureCounts<K> {
     counts: Mutex<HashMap<K, u32, foldhash::fast::RandomState>>,
 }
-
-const SHRINK_ABOVE: usize = 1024;
 
 impl<K: Eq + Hash + Clone> FailureCounts<K> {
     pub(crate) fn new() -> Self {
@@ -34,7 +34,7 @@ impl<K: Eq + Hash + Clone> FailureCounts<K> {
 
     pub(crate) fn forget(&self, key: &K) {
         let mut counts = self.counts.lock();
-        if counts.remove(key).is_some() && counts.capacity() > SHRINK_ABOVE && counts.len() * 8 < counts.capacity() {
+        if counts.remove(key).is_some() && is_sparse(counts.len(), counts.capacity()) {
             let len = counts.len();
             counts.shrink_to(len * 2);
         }
