@@ -25,6 +25,17 @@ use crate::observe::metrics::ticks;
 /// controller-runtime's `result` label values, in `WorkerMetrics::results`
 /// order.
 const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
+const SUCCESS: usize = 0;
+const ERROR: usize = 1;
+const REQUEUE: usize = 2;
+const REQUEUE_AFTER: usize = 3;
+
+/// Whether a result counts as a success for the stats and the status:
+/// `success`, and `requeue_after` (the reconcile did its work and asked for
+/// a resync).
+fn is_success(result: usize) -> bool {
+    result == SUCCESS || result == REQUEUE_AFTER
+}
 
 /// How one reconcile is counted.
 #[derive(Debug, Clone, Copy)]
@@ -38,31 +49,45 @@ pub(crate) struct Counted {
 impl Counted {
     pub(crate) fn of(outcome: &Outcome) -> Self {
         let (result, terminal) = match outcome {
-            Outcome::Success => (0, false),
-            Outcome::Failure { retry, .. } => (1, *retry == RetryPolicy::Never),
-            Outcome::Requeue => (2, false),
-            Outcome::RequeueAfter(_) => (3, false),
+            Outcome::Success => (SUCCESS, false),
+            Outcome::Failure { retry, .. } => (ERROR, *retry == RetryPolicy::Never),
+            Outcome::Requeue => (REQUEUE, false),
+            Outcome::RequeueAfter(_) => (REQUEUE_AFTER, false),
         };
         Self { result, terminal }
     }
-
-    /// A success for the status (controller-runtime's `success` and
-    /// `requeue_after`: the reconcile did its work).
-    fn is_success(self) -> bool {
-        self.result == 0 || self.result == 3
-    }
 }
 
-/// A controller's reconciles by result, summed over its workers' slots, in
-/// [`RESULTS`] order.
-pub(crate) fn result_totals<K>(slots: &[WorkerSlot<K>]) -> [u64; 4] {
-    let mut totals = [0u64; 4];
-    for slot in slots {
-        for (total, count) in totals.iter_mut().zip(&slot.metrics.results) {
-            *total += count.load(Relaxed);
+/// A controller's reconciles by result, summed over its workers' slots.
+#[derive(Default)]
+pub(crate) struct ResultTotals([u64; 4]);
+
+impl ResultTotals {
+    pub(crate) fn sum<K>(slots: &[WorkerSlot<K>]) -> Self {
+        let mut totals = [0u64; 4];
+        for slot in slots {
+            for (total, count) in totals.iter_mut().zip(&slot.metrics.results) {
+                *total += count.load(Relaxed);
+            }
         }
+        Self(totals)
     }
-    totals
+
+    pub(crate) fn reconciles(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    pub(crate) fn successes(&self) -> u64 {
+        (0..RESULTS.len()).filter(|&r| is_success(r)).map(|r| self.0[r]).sum()
+    }
+
+    pub(crate) fn failures(&self) -> u64 {
+        self.0[ERROR]
+    }
+
+    pub(crate) fn requeues(&self) -> u64 {
+        self.0[REQUEUE]
+    }
 }
 
 /// The tick stamp of the latest success of any worker, if one succeeded.
@@ -103,7 +128,7 @@ impl WorkerMetrics {
         if counted.terminal {
             bump(&self.terminal);
         }
-        if counted.is_success() {
+        if is_success(counted.result) {
             self.last_success.store(finished, Relaxed);
         }
     }
@@ -118,13 +143,13 @@ fn bump(counter: &AtomicU64) {
 pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies) {
     let controller = core.name.as_str();
     let labels = [("controller", controller)];
-    let mut results = [0u64; 4];
+    let mut results = ResultTotals::default();
     let mut terminal = 0;
     let mut active = 0;
     let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
     let workers = match core.rt.get() {
         Some(rt) => {
-            results = result_totals(&rt.slots);
+            results = ResultTotals::sum(&rt.slots);
             for slot in &rt.slots {
                 terminal += slot.metrics.terminal.load(Relaxed);
                 reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
@@ -134,7 +159,7 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
         }
         None => core.configured_workers(),
     };
-    for (result, count) in RESULTS.iter().zip(results) {
+    for (result, count) in RESULTS.iter().zip(results.0) {
         out.counter(
             "controller_runtime_reconcile_total",
             "Total number of reconciliations per controller",
@@ -146,7 +171,7 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
         "controller_runtime_reconcile_errors_total",
         "Total number of reconciliation errors per controller",
         &labels,
-        results[1] as f64,
+        results.failures() as f64,
     );
     out.counter(
         "controller_runtime_terminal_reconcile_errors_total",

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use super::gate::Gate;
-use super::metrics::{last_success_tick, result_totals};
+use super::metrics::{ResultTotals, last_success_tick};
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
 use crate::observe::metrics::ticks;
@@ -27,8 +27,7 @@ impl<K: ControllerKey> Core<K> {
     /// the tick clock (no system-clock read per reconcile), converted here.
     fn last_success_time(&self) -> Option<SystemTime> {
         let tick = last_success_tick(&self.rt.get()?.slots)?;
-        let ago = ticks::to_seconds(u128::from(ticks::since(tick, ticks::now())));
-        Some(SystemTime::now() - Duration::from_secs_f64(ago))
+        Some(SystemTime::now() - ticks::elapsed_since(tick))
     }
 }
 
@@ -60,14 +59,12 @@ impl<K: ControllerKey> Core<K> {
             Some((e, t)) => (Some(e), Some(t)),
             None => (None, None),
         };
-        // Indexed as `metrics::RESULTS`: success, error, requeue,
-        // requeue_after (a success that asked for a resync).
-        let results = self.rt.get().map_or([0; 4], |rt| result_totals(&rt.slots));
+        let results = self.rt.get().map_or_else(ResultTotals::default, |rt| ResultTotals::sum(&rt.slots));
         let stats = Stats {
-            reconciles: results.iter().sum(),
-            successes: results[0] + results[3],
-            failures: results[1],
-            requeues: results[2],
+            reconciles: results.reconciles(),
+            successes: results.successes(),
+            failures: results.failures(),
+            requeues: results.requeues(),
             panics: c.panics.load(Ordering::Relaxed),
             depth,
             processing,

@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use super::context::{Context, StopSignal};
 use super::gate::{Admission, Gate};
@@ -51,10 +51,7 @@ impl Started {
     pub(crate) fn at(self, now: Instant) -> Instant {
         match self {
             Started::At(at) => at,
-            Started::Tick(tick) => {
-                let ago = ticks::to_seconds(u128::from(ticks::since(tick, ticks::now())));
-                now.checked_sub(Duration::from_secs_f64(ago)).unwrap_or(now)
-            }
+            Started::Tick(tick) => now.checked_sub(ticks::elapsed_since(tick)).unwrap_or(now),
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
 
 struct TickClock {
     clock: quanta::Clock,
@@ -97,6 +98,12 @@ pub(crate) fn from_seconds(seconds: f64) -> u64 {
 #[inline(always)]
 pub(crate) fn since(start: u64, end: u64) -> u64 {
     end.saturating_sub(start)
+}
+
+/// The real time since the stamp `start` (for turning a stored stamp into
+/// a clock's time when someone asks for it).
+pub(crate) fn elapsed_since(start: u64) -> Duration {
+    Duration::from_secs_f64(to_seconds(u128::from(since(start, now()))))
 }
 
 #[cfg(test)]
