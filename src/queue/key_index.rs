@@ -188,13 +188,11 @@ impl<S: BuildHasher + Clone> KeyIndex<S> {
     /// Asks the CPU to start loading the home bucket of `key`: the first
     /// bucket a later [`remove`](Self::remove) or [`find`](Self::find) of it
     /// reads. Only a hint: it changes nothing, and a resize before the key is
-    /// looked up just wastes it.
+    /// looked up just wastes it. (The hint this index publishes is current
+    /// while the caller holds the index.)
     #[inline]
     pub(crate) fn prefetch<K: Hash>(&self, key: &K) {
-        if self.len > 0 {
-            let at = self.hash(key) as usize & self.mask();
-            prefetch(&self.buckets[at]);
-        }
+        self.hint.prefetch(key);
     }
 
     /// Keeps the keys whose slab index `keep` says to keep.
