@@ -748,16 +748,13 @@ impl PyController {
         }
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
-        if let Some(store) = &stats.store {
-            super::store::set_store_items(&d, store)?;
-        }
-        if let Some(leader) = &stats.leader {
-            super::election::set_leader_items(&d, leader)?;
-        }
-        if let Some(shards) = &stats.shards {
-            d.set_item("not_owned", stats.not_owned)?;
-            super::sharding::set_shard_items(&d, shards)?;
-        }
+        super::status::set_scale_out_items(
+            &d,
+            stats.store.as_ref(),
+            stats.leader.as_ref(),
+            stats.shards.as_ref(),
+            stats.not_owned,
+        )?;
         Ok(d)
     }
 

@@ -57,16 +57,7 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
                 hanging.set_item(hanging_key_to_py(py, h)?, to_secs(h.running))?;
             }
             d.set_item("hanging", hanging)?;
-            if let Some(store) = &c.store {
-                super::store::set_store_items(&d, store)?;
-            }
-            if let Some(leader) = &c.leader {
-                super::election::set_leader_items(&d, leader)?;
-            }
-            if let Some(shards) = &c.shards {
-                d.set_item("not_owned", c.not_owned)?;
-                super::sharding::set_shard_items(&d, shards)?;
-            }
+            set_scale_out_items(&d, c.store.as_ref(), c.leader.as_ref(), c.shards.as_ref(), c.not_owned)?;
         }
         EntryKind::Periodic(p) => {
             d.set_item("running", p.running)?;
@@ -114,6 +105,28 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let kwargs = PyDict::new(m.py());
         kwargs.set_item("after_in_child", wrap_pyfunction!(_after_fork_in_child, m)?)?;
         os.call_method("register_at_fork", (), Some(&kwargs))?;
+    }
+    Ok(())
+}
+
+/// The store, leader-election and sharding fields of a controller's
+/// `stats()` and status entry: each only when the controller uses it.
+pub(crate) fn set_scale_out_items(
+    d: &Bound<'_, PyDict>,
+    store: Option<&crate::StoreStats>,
+    leader: Option<&crate::LeaderStatus>,
+    shards: Option<&crate::ShardStatus>,
+    not_owned: u64,
+) -> PyResult<()> {
+    if let Some(store) = store {
+        super::store::set_store_items(d, store)?;
+    }
+    if let Some(leader) = leader {
+        super::election::set_leader_items(d, leader)?;
+    }
+    if let Some(shards) = shards {
+        d.set_item("not_owned", not_owned)?;
+        super::sharding::set_shard_items(d, shards)?;
     }
     Ok(())
 }
