@@ -6,6 +6,8 @@
 //!
 //! `cargo bench --bench controller -- --quick` (`-- W9` for the report only)
 
+#[path = "common/groups.rs"]
+mod groups;
 #[path = "common/w1.rs"]
 mod w1;
 
@@ -142,8 +144,7 @@ fn w9_report(quick: bool) {
 }
 
 fn main() {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let wanted = groups::wanted();
     let mut c = Criterion::default().configure_from_args();
     if wanted("W1") {
         w1(&mut c);

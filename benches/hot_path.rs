@@ -19,6 +19,8 @@
 //! `cargo bench --bench hot_path` runs all three; `-- W1_ratios` (or
 //! `-- W1_alone`) only that report.
 
+#[path = "common/groups.rs"]
+mod groups;
 #[path = "common/w1.rs"]
 mod w1;
 
@@ -137,10 +139,7 @@ fn w1_alone() {
 }
 
 fn main() {
-    // The last bare argument is the filter (an earlier one may be an
-    // option's value, as in `--profile-time 5`).
-    let filter = std::env::args().skip(1).rfind(|a| !a.starts_with('-'));
-    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let wanted = groups::wanted();
     let mut c = Criterion::default().configure_from_args();
     if wanted("W1_table") {
         w1_table(&mut c);

@@ -14,6 +14,8 @@
 //! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
 //! group name) narrows it, and `--quick` shortens the criterion groups.
 
+#[path = "common/groups.rs"]
+mod groups;
 #[path = "common/w1.rs"]
 mod w1;
 
@@ -276,8 +278,7 @@ fn w4_idle_report() {
 }
 
 fn main() {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let wanted = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group));
+    let wanted = groups::wanted();
     let mut c = Criterion::default().configure_from_args();
     if wanted("W1_throughput") {
         w1_throughput(&mut c);

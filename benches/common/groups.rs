@@ -1,0 +1,12 @@
+//! Which of a bench's groups and reports to run, from its command line
+//! (`cargo bench --bench NAME -- FILTER`), shared by the benches.
+
+/// A predicate on group names: true for every group without a filter, else
+/// for the groups whose name contains the filter or starts it (so
+/// `W1_table/queue/1` selects the group `W1_table`). The filter is the last
+/// bare argument: an earlier one may be an option's value, as in
+/// `--profile-time 5 W1_table/queue/1`.
+pub fn wanted() -> impl Fn(&str) -> bool {
+    let filter = std::env::args().skip(1).rfind(|a| !a.starts_with('-'));
+    move |group: &str| filter.as_deref().is_none_or(|f| group.contains(f) || f.starts_with(group))
+}
