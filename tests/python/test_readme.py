@@ -25,7 +25,8 @@ PAGES = [README, *DOCS]
 # A fence's language says what a block is: `python` examples run here, `rust`
 # ones are doc tests, `sh` is the set-up, and `text` is output or an API
 # listing that is not meant to run. Nothing else, so that no example escapes
-# its test under an unexpected name.
+# its test under an unexpected name (and no bare fence: rustdoc would compile
+# it as Rust).
 LANGUAGES = {"python", "rust", "rust,no_run", "sh", "text"}
 OPENING_FENCE = re.compile(r"^```(\S*)$", re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
@@ -98,7 +99,7 @@ def test_the_examples_are_where_a_reader_looks() -> None:
 def test_every_page_is_doc_tested() -> None:
     """src/lib.rs includes the README and every page of docs/, so their
     ```rust blocks run as doc tests; a new page must be added there."""
-    included = set(re.findall(r'include_str!\("\.\./([^"]+)"\)', (ROOT / "src/lib.rs").read_text()))
+    included = set(re.findall(r'= "\.\./([^"]+\.md)",', (ROOT / "src/lib.rs").read_text()))
     assert included == {name(page) for page in PAGES}
 
 
