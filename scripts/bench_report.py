@@ -1,4 +1,4 @@
-"""Runs the W1 and Python benchmarks and renders the README's charts.
+"""Runs the W1 and Python benchmarks and renders the charts of docs/benchmarks.md.
 
     .venv/bin/pip install matplotlib      # once, into the dev venv
     RELEASE=1 bash scripts/python-dev.sh --co -q   # optimised extension

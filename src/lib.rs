@@ -46,8 +46,8 @@
 //! - [`Manager`]: Cilium-style named periodic controllers.
 //! - [`metrics`] (Prometheus text and the `metrics` facade) and [`status`].
 //! - [`FakeClock`] for deterministic tests of back-offs and delays.
-//! - The README (two commands to set up, the Python API, benchmarks) and
-//!   `docs/` in the repository.
+//! - The README (two commands to set up, a first controller in Python,
+//!   what else it does, benchmarks) and the pages of `docs/` it links.
 
 mod clock;
 mod controller;
@@ -95,7 +95,33 @@ pub use store::{
 };
 pub use thread::ThreadWrapper;
 
-/// The README's Rust examples, compiled and run as doc tests.
+/// The Rust examples of the README and of every page in `docs/`, compiled
+/// and run as doc tests: one hidden item per page, documented by the page.
+/// `tests/python/test_readme.py` checks that every page is listed.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+mod doc_pages {
+    macro_rules! pages {
+        ($($page:ident = $path:literal,)*) => {
+            $(#[doc = include_str!($path)] pub struct $page;)*
+        };
+    }
+
+    pages! {
+        Readme = "../README.md",
+        Architecture = "../docs/architecture.md",
+        Benchmarks = "../docs/benchmarks.md",
+        Guarantees = "../docs/guarantees.md",
+        HotPath = "../docs/hot_path.md",
+        Lifecycle = "../docs/lifecycle.md",
+        Logs = "../docs/logs.md",
+        Metrics = "../docs/metrics.md",
+        Periodic = "../docs/periodic.md",
+        Queue = "../docs/queue.md",
+        Replicas = "../docs/replicas.md",
+        Scheduling = "../docs/scheduling.md",
+        Sources = "../docs/sources.md",
+        Status = "../docs/status.md",
+        Store = "../docs/store.md",
+        Testing = "../docs/testing.md",
+    }
+}

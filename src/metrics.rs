@@ -22,9 +22,8 @@
 //! no metrics and does no timing): name one with
 //! [`WorkQueueBuilder::name`](crate::WorkQueueBuilder::name). A
 //! [`Controller`](crate::Controller)'s queue is named after the controller.
-//! Objects with the same name add up into one series. The README's
-//! "Metrics" section lists the semantics and where they differ from
-//! client-go.
+//! Objects with the same name add up into one series. `docs/metrics.md`
+//! lists the semantics and where they differ from client-go.
 //!
 //! Three ways to read them, none of which costs anything until used:
 //!

@@ -1,5 +1,5 @@
-"""W7 fail-over (docs/guarantees.md, "Benchmarks of the second wave"; the
-README's "Running several replicas" shows the figures):
+"""W7 fail-over (docs/guarantees.md, "Benchmarks of the second wave";
+docs/replicas.md, "Leader election", shows the figures):
 two replica processes under one election on a loopback etcd, ttl=5. Each
 round ends the leader, by SIGKILL (a crash) or SIGTERM (``run()`` stops:
 reconciles return, then the lease is revoked), and times how long until

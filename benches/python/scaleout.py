@@ -1,5 +1,5 @@
-"""W8 scale-out (docs/guarantees.md, "Benchmarks of the second wave"; the
-README's "Sharding" section shows the figures): 1, 2 and 4 replica
+"""W8 scale-out (docs/guarantees.md, "Benchmarks of the second wave";
+docs/replicas.md, "Sharding", shows the figures): 1, 2 and 4 replica
 processes sharded over one etcd on loopback, 64 partitions, 4 workers
 each, 20,000 keys whose reconcile is ``time.sleep(0.005)``. Every replica
 enqueues every key (as every Kubernetes replica watches every object) and

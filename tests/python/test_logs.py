@@ -328,7 +328,7 @@ FORK_AND_EXIT_SCRIPT = textwrap.dedent(
     wait_records("parent", 20)
     # Stopped before forking: its watchdog wakes every millisecond, and a
     # fork that catches an engine thread inside parking_lot's parking table
-    # can leave the child's copy locked (see the README on fork).
+    # can leave the child's copy locked (see docs/lifecycle.md, "fork").
     # test_fork.py forks with engine threads running at a gentler pace.
     assert parent.stop(drain=True, timeout=30)
 

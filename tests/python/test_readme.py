@@ -1,6 +1,8 @@
-"""Every Python example in the README runs as written (the metrics one on a
-free port instead of 9100, the replicas ones against a test etcd), so none
-can rot."""
+"""Every Python example in the README and in the pages of docs/ runs as
+written (the metrics one on a free port instead of 9100, the replicas ones
+against a test etcd), so none can rot. Their Rust examples are doc tests:
+src/lib.rs includes every page, which the last tests here check, along with
+the links between the pages."""
 
 from __future__ import annotations
 
@@ -8,35 +10,53 @@ import pathlib
 import re
 import signal
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 from etcd_server import Etcd
 from waiting import wait_for
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+
+# A fence's language says what a block is: `python` examples run here, `rust`
+# ones are doc tests, `sh` is the set-up, and `text` is output or an API
+# listing that is not meant to run. Nothing else, so that no example escapes
+# its test under an unexpected name (and no bare fence: rustdoc would compile
+# it as Rust).
+LANGUAGES = {"python", "rust", "rust,no_run", "sh", "text"}
+OPENING_FENCE = re.compile(r"^```(\S*)$", re.M)
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+
+
+def name(page: pathlib.Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+EXAMPLES: List[Tuple[str, str]] = [(name(page), block) for page in PAGES for block in PYTHON_BLOCK.findall(page.read_text())]
 
 
 def first_line(block: str) -> str:
     return next(line for line in block.splitlines() if line and not line.startswith("import"))
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[first_line(b)[:40] for b in BLOCKS])
-def test_readme_example_runs(block: str) -> None:
+@pytest.mark.parametrize(("page", "block"), EXAMPLES, ids=[f"{page}: {first_line(b)[:40]}" for page, b in EXAMPLES])
+def test_example_runs(page: str, block: str) -> None:
     block = block.replace("port=9100", "port=0")
     namespace: Dict[str, Any] = {"__name__": "readme_example"}
     if "LeaderElection(" in block or "Sharding(" in block:
-        return run_replicas_example(block, namespace)
-    exec(compile(block, "README.md", "exec"), namespace)
+        return run_replicas_example(page, block, namespace)
+    exec(compile(block, page, "exec"), namespace)
     # A block written as a pytest file: run its tests.
-    for name, value in list(namespace.items()):
-        if name.startswith("test_") and callable(value):
+    for attribute, value in list(namespace.items()):
+        if attribute.startswith("test_") and callable(value):
             value()
 
 
-def run_replicas_example(block: str, namespace: Dict[str, Any]) -> None:
+def run_replicas_example(page: str, block: str, namespace: Dict[str, Any]) -> None:
     """A replicas example (leader election, sharding), against a test etcd:
     once it has reconciled, Ctrl-C ends its `run()` as it would a user's."""
     etcd = Etcd()
@@ -48,31 +68,69 @@ def run_replicas_example(block: str, namespace: Dict[str, Any]) -> None:
             signal.raise_signal(signal.SIGINT)
 
         threading.Thread(target=interrupt_once_reconciled, daemon=True).start()
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, page, "exec"), namespace)
         assert namespace["c"].stats()["state"] == "stopped"
     finally:
         etcd.close()
 
 
 def test_the_first_example_counts_its_work(capsys: pytest.CaptureFixture[str]) -> None:
-    (block,) = [b for b in BLOCKS if 'name="sync"' in b]
+    (block,) = [b for page, b in EXAMPLES if page == "README.md" and 'name="sync"' in b]
     exec(compile(block, "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "'successes': 3" in printed and "'failures': 1" in printed, printed
 
 
-def test_every_python_example_is_collected() -> None:
-    assert len(BLOCKS) >= 6
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_python_example_is_collected(page: pathlib.Path) -> None:
+    """Every fence names a known language, and every `python` one is run."""
+    text = page.read_text()
+    languages = OPENING_FENCE.findall(text)[::2]  # opening and closing fences alternate
+    assert set(languages) <= LANGUAGES, languages
+    assert len(PYTHON_BLOCK.findall(text)) == languages.count("python")
+
+
+def test_the_examples_are_where_a_reader_looks() -> None:
+    by_page = {page: sum(1 for p, _ in EXAMPLES if p == page) for page, _ in EXAMPLES}
+    assert by_page["README.md"] >= 3, by_page  # the first controller, a test, replicas
+    assert len(EXAMPLES) >= 9, by_page
+
+
+def test_every_page_is_doc_tested() -> None:
+    """src/lib.rs includes the README and every page of docs/, so their
+    ```rust blocks run as doc tests; a new page must be added there."""
+    included = set(re.findall(r'= "\.\./([^"]+\.md)",', (ROOT / "src/lib.rs").read_text()))
+    assert included == {name(page) for page in PAGES}
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    """The anchors GitHub gives a page's headings."""
+    headings = re.findall(r"^#+ (.*)$", re.sub(r"^```.*?^```$", "", page.read_text(), flags=re.S | re.M), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_link_between_pages_resolves(page: pathlib.Path) -> None:
+    """A link to a page or a section that does not exist fails here (the
+    README's table of capabilities links each row to its page)."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+            broken.append(target)
+    assert broken == []
 
 
 def test_nothing_points_outside_the_repository() -> None:
     """The guarantees live in docs/guarantees.md: no README line or doc
     comment may send a reader to a file a clone does not have."""
-    root = README.parent
-    files = [README, *root.glob("src/**/*.rs"), *root.glob("python/reconq/*.py*"), *root.glob("docs/*.md"),
-             *root.glob("tests/**/*.rs"), *root.glob("tests/python/*.py"), *root.glob("benches/**/*.*")]
+    files = [*PAGES, *ROOT.glob("src/**/*.rs"), *ROOT.glob("python/reconq/*.py*"), *ROOT.glob("tests/**/*.rs"),
+             *ROOT.glob("tests/python/*.py"), *ROOT.glob("benches/**/*.*")]
     offenders = [
-        str(f.relative_to(root))
+        name(f)
         for f in files
         if f != pathlib.Path(__file__).resolve()
         and any(outside in f.read_text(errors="replace") for outside in ("shared/spec", "API.md", "shared/research"))
