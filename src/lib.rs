@@ -50,10 +50,12 @@
 //!   what else it does, benchmarks) and the pages of `docs/` it links.
 
 mod clock;
+mod context;
 mod controller;
 mod coordination;
 mod error;
 mod etcd;
+mod key_encoding;
 mod logs;
 mod manager;
 pub mod metrics;
@@ -79,6 +81,7 @@ pub use coordination::{Endpoints, LeaderElection, LeaderStatus, OnLost, ShardSta
 pub use crossbeam_channel;
 pub use error::InvalidArgument;
 pub use etcd::EtcdError;
+pub use key_encoding::{StoreKey, decode_key, encode_key};
 pub use manager::{
     ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DEFAULT_MANAGER_NAME, DoError, Manager,
     ManagerBuilder, UnknownController, WeakManager,
@@ -89,10 +92,7 @@ pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
-pub use store::{
-    SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreKey, StoreStats, StoredKey, StoredState, decode_key,
-    encode_key,
-};
+pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreStats, StoredKey, StoredState};
 pub use thread::ThreadWrapper;
 
 /// The Rust examples of the README and of every page in `docs/`, compiled

@@ -8,7 +8,7 @@ one added, though not always of the same type: ``True`` comes back as ``1``,
 a ``str`` subclass as a plain ``str``.
 """
 
-from . import _lifecycle  # noqa: F401  (atexit: stop running controllers)
+from . import _lifecycle  # noqa: F401  (exit and fork: reconq._lifecycle)
 from ._native import (
     Context,
     Controller,
@@ -39,8 +39,8 @@ from ._native import (
 from ._results import PermanentError, Requeue, RetryAfter
 from ._types import Key
 
-# At exit, hooks stop running controllers (reconq._lifecycle) and remove
-# every live manager's controllers (registered by the extension).
+# At exit, one hook stops running controllers, then managers, then
+# elections; after os.fork() the child forgets the parent's (reconq._lifecycle).
 #
 # `reconq.status()` and `reconq.format_status()` report every live
 # controller and manager controller; `python -m reconq.status` shows the

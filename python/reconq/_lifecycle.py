@@ -1,19 +1,33 @@
-"""Keeps started controllers alive until stopped, and stops the ones still
-running when the interpreter exits.
+"""The one registry of everything in this process that runs engine threads:
+controllers, managers and leader elections. It has one ``atexit`` hook with
+one deadline and one at-fork hook, so process exit and ``os.fork()`` are
+handled in one place.
 
-A started ``reconq.Controller`` is referenced from here until ``stop()``
-(like a running ``threading.Thread``), so dropping the last user reference
-does not leave its worker threads orphaned. At exit, an ``atexit`` hook
-stops every controller still running with drain, giving them together at
-most ``EXIT_TIMEOUT`` seconds: the hook runs before the interpreter starts
-finalizing, so reconciles in progress finish normally and the process exits
-cleanly.
+What is held, and how:
 
-After ``os.fork()`` the child forgets the parent's controllers: their
-threads exist only in the parent, so stopping them from the child would wait
-for threads that are not there. The child must not use controllers started
-before the fork (calls may block on locks held at fork time); it can create
-and run new ones.
+* A started ``reconq.Controller`` is held strongly until ``stop()`` (like a
+  running ``threading.Thread``), so dropping the last user reference does not
+  leave its worker threads orphaned.
+* Managers and elections are held weakly: dropping a manager stops its
+  controllers, and an election a program no longer references is only used
+  through the controllers and managers holding it, which give it up when they
+  stop.
+
+Every entry belongs to the process that registered it: after ``os.fork()``
+the child forgets them all, since their threads exist only in the parent
+(stopping one from the child would wait for threads that are not there, and
+a parent's leadership is not the child's to give up). The child must not use
+objects made before the fork (calls may block on locks held at fork time);
+it can make and run new ones.
+
+At exit, in this order, within ``EXIT_TIMEOUT`` seconds in all:
+
+1. controllers still running stop with drain, so reconciles in progress
+   finish while the interpreter is whole;
+2. managers remove their controllers (their ``stop`` functions run);
+3. elections give leadership up at once, so a standby takes over without
+   waiting for the lease to expire. Last, because a leadership must not pass
+   on while a reconcile or a ``do`` of ours may still run.
 """
 
 from __future__ import annotations
@@ -22,62 +36,101 @@ import atexit
 
 # Imported before the hook below is registered, so that logging's own exit
 # hook (logging.shutdown, registered at its first import) runs after ours:
-# stopping controllers may still log.
+# stopping may still log.
 import logging  # noqa: F401
 import os
 import threading
 import time
-from typing import Any, Set
+import weakref
+from typing import Any, List, Set
 
-#: Seconds the exit hook waits for running controllers to drain, in total.
+from . import _native
+
+#: Seconds the exit hook waits, in total, for controllers to drain and
+#: managers' controllers to stop.
 EXIT_TIMEOUT = 5.0
 
 #: Seconds leaving a ``with Controller(...)`` block drains before it stops
 #: the rest at once (running reconciles are cancelled and left to return).
 WITH_EXIT_TIMEOUT = 30.0
 
-_lock = threading.Lock()
-_running: Set[Any] = set()
+
+class _Registry:
+    """What this process registered; replaced whole in a forked child."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.controllers: Set[Any] = set()
+        self.managers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.elections: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+_registry = _Registry()
 
 
 def track(controller: Any) -> None:
-    with _lock:
-        _running.add(controller)
+    """A controller started: hold it until it stops."""
+    with _registry.lock:
+        _registry.controllers.add(controller)
 
 
 def untrack(controller: Any) -> None:
-    with _lock:
-        _running.discard(controller)
+    """A controller stopped."""
+    with _registry.lock:
+        _registry.controllers.discard(controller)
 
 
-def running() -> list:
-    with _lock:
-        return list(_running)
+def running() -> List[Any]:
+    """The controllers of this process that are started and not stopped."""
+    with _registry.lock:
+        return list(_registry.controllers)
+
+
+def add_manager(manager: Any) -> None:
+    with _registry.lock:
+        _registry.managers.add(manager)
+
+
+def add_election(election: Any) -> None:
+    with _registry.lock:
+        _registry.elections.add(election)
 
 
 def _stop_all_at_exit() -> None:
     deadline = time.monotonic() + EXIT_TIMEOUT
-    for controller in running():
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    with _registry.lock:
+        controllers = list(_registry.controllers)
+        managers = list(_registry.managers)
+        elections = list(_registry.elections)
+    for controller in controllers:
         try:
-            controller.stop(drain=True, timeout=max(0.0, deadline - time.monotonic()))
+            controller.stop(drain=True, timeout=left())
         except BaseException:  # noqa: BLE001 - never block or fail the exit
             pass
-    # Then give up leaderships at once, so a standby takes over (not after
-    # the lease's TTL).
-    try:
-        from . import _native
-
-        _native._stop_elections()
-    except BaseException:  # noqa: BLE001 - never block or fail the exit
-        pass
+    for manager in managers:
+        try:
+            manager._stop_at_exit(left())
+        except BaseException:  # noqa: BLE001
+            pass
+    for election in elections:
+        try:
+            election.stop()
+        except BaseException:  # noqa: BLE001
+            pass
 
 
 def _forget_after_fork() -> None:
-    global _lock, _running
-    # A lock held by another thread at fork time stays held in the child.
-    _lock = threading.Lock()
-    _running = set()
+    global _registry
+    # A new registry, new lock included: a lock held by another thread at
+    # fork time stays held in the child.
+    _registry = _Registry()
+    _native._after_fork_in_child()
 
 
 atexit.register(_stop_all_at_exit)
-os.register_at_fork(after_in_child=_forget_after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

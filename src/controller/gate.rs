@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 
 use super::{ControllerKey, Core, When};
 use crate::coordination::{LeaderElection, ShardHooks, Sharding, partition_of};
-use crate::store::StoreKey;
+use crate::key_encoding::StoreKey;
 use crate::sync::Mutex;
 use crate::{LeaderStatus, ShardStatus};
 

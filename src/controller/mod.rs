@@ -4,7 +4,6 @@
 //! * [`Controller`] (this file) is the builder; `start` spawns the threads.
 //! * `worker` is the loop and the result table.
 //! * `outcome` holds [`Action`], [`ReconcileError`] and [`Reconciler`].
-//! * `context` holds [`Context`] and [`StopSignal`].
 //! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
 //! * `inspect` keeps per-key memory and the parked set.
 //! * `triggers` runs Consul-style triggers and watches.
@@ -30,7 +29,6 @@
 //! assert!(handle.stop_with_drain(Duration::from_secs(10)));
 //! ```
 
-mod context;
 mod gate;
 mod groups;
 mod handle;
@@ -52,15 +50,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
 use crate::coordination::{LeaderElection, Sharding};
+use crate::key_encoding::StoreKey;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
-use crate::store::{Persister, SqliteStore, StoreError, StoreKey, StoreLink};
+use crate::store::{Persister, SqliteStore, StoreError, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
-pub use context::{Context, StopSignal};
+pub use crate::context::{Context, StopSignal};
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};

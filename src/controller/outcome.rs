@@ -6,7 +6,7 @@ use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
-use super::context::Context;
+use crate::context::Context;
 
 /// What to do with a key after a successful reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::context::StopSignal;
 use super::handle::ControllerHandle;
 use super::outcome::panic_message;
 use super::{ControllerKey, Core, When};
+use crate::context::StopSignal;
 use crate::logs;
 
 type Hasher = foldhash::fast::RandomState;

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
-use super::context::{Context, StopSignal};
 use super::gate::{Admission, Gate};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
 use super::{ControllerKey, Core, Runtime};
+use crate::context::{Context, StopSignal};
 use crate::logs;
 use crate::observe::metrics::ticks;
 use crate::queue::Priority;

@@ -1,6 +1,6 @@
 //! Which partition a key belongs to (guarantees §11, H1).
 
-use crate::store::{StoreKey, encode_key};
+use crate::key_encoding::{StoreKey, encode_key};
 
 /// The partition of `key` among `partitions`: FNV-1a (64-bit) of the key's
 /// store encoding (the documented byte form shared by Rust and Python, see

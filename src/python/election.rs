@@ -2,7 +2,6 @@
 //! Python. Campaign, keep-alives and watches run on the election's own
 //! thread, with no Python in them; the properties read its state.
 
-use parking_lot::Mutex;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -10,15 +9,11 @@ use pyo3::types::{PyDict, PyString};
 use super::duration::non_negative_from_py;
 use crate::{LeaderElection, LeaderStatus, OnLost};
 
-/// Every election made in this process, so the interpreter's exit can
-/// give leadership up at once (L4) after controllers have drained.
-static LIVE: Mutex<Vec<LeaderElection>> = Mutex::new(Vec::new());
-
 /// A campaign for leadership of `name` among every process with an
 /// election of that name on the same etcd (`endpoints`: one
 /// `http://host:port` or a list). Pass it to `Controller(leader_election=)`:
 /// the controller reconciles only while this process leads.
-#[pyclass(name = "LeaderElection", module = "reconq", frozen)]
+#[pyclass(name = "LeaderElection", module = "reconq", frozen, weakref)]
 pub(crate) struct PyLeaderElection {
     pub(crate) inner: LeaderElection,
 }
@@ -48,7 +43,6 @@ impl PyLeaderElection {
         if let Some(identity) = identity {
             election = election.identity(identity);
         }
-        LIVE.lock().push(election.clone());
         Ok(Self { inner: election })
     }
 
@@ -76,9 +70,13 @@ impl PyLeaderElection {
         self.inner.last_error()
     }
 
-    /// Starts campaigning (a controller using it starts it too).
-    fn start(&self) {
-        self.inner.start();
+    /// Starts campaigning (a controller using it starts it too, and gives
+    /// it up when it stops). Started here, it is given up at the
+    /// interpreter's exit (`reconq._lifecycle`), after controllers drained.
+    fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
+        slf.py().import("reconq._lifecycle")?.call_method1("add_election", (slf,))?;
+        slf.get().inner.start();
+        Ok(())
     }
 
     /// Gives leadership up at once (a standby takes over) and stops
@@ -115,21 +113,6 @@ pub(crate) fn set_leader_items(d: &Bound<'_, PyDict>, status: &LeaderStatus) -> 
     d.set_item("leader_error", status.last_error.as_deref())
 }
 
-/// Stops every election (reconq._lifecycle calls it at exit, after the
-/// controllers drained; managers are shut down first here): leaders revoke
-/// their leases, so standbys take over at once.
-#[pyfunction]
-fn _stop_elections(py: Python<'_>) {
-    // Managers' `do` functions first (the atexit hooks run in an order of
-    // their own): leadership must not pass on while one still runs.
-    super::manager::_shutdown_managers(py);
-    let live = std::mem::take(&mut *LIVE.lock());
-    py.detach(|| live.iter().for_each(LeaderElection::stop));
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyLeaderElection>()?;
-    // Private: set as an attribute, so it stays out of `__all__`.
-    m.as_any().setattr("_stop_elections", wrap_pyfunction!(_stop_elections, m)?)?;
-    Ok(())
+    m.add_class::<PyLeaderElection>()
 }

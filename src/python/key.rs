@@ -16,6 +16,11 @@ use pyo3::exceptions::{PyOverflowError, PyRecursionError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
 
+use crate::key_encoding::{
+    StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
+    encode_len_prefixed, encode_tuple_header,
+};
+
 /// Nesting deeper than this is refused (it would only risk the stack).
 const MAX_DEPTH: usize = 64;
 
@@ -134,5 +139,45 @@ mod tests {
             PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
         assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
         assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
+    }
+}
+
+/// The documented key encoding (`crate::key_encoding`): the same bytes as
+/// Rust keys of the same shape, for the store and for `partition_of`.
+impl StoreKey for PyKey {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            PyKey::Int(i) => encode_int(*i, out),
+            PyKey::Str(s) => encode_len_prefixed(TAG_STR, s.as_bytes(), out),
+            // Lone surrogates: their `surrogatepass` bytes under the str tag
+            // (not UTF-8, so a Rust `String` refuses them).
+            PyKey::SurrogateStr(b) => encode_len_prefixed(TAG_STR, b, out),
+            PyKey::Bytes(b) => encode_len_prefixed(TAG_BYTES, b, out),
+            PyKey::Tuple(items) => {
+                encode_tuple_header(items.len(), out);
+                for item in items.iter() {
+                    item.encode(out);
+                }
+            }
+        }
+    }
+
+    fn decode(input: &mut &[u8]) -> Option<Self> {
+        match *input.first()? {
+            TAG_INT => decode_int(input).map(PyKey::Int),
+            TAG_STR => {
+                let bytes = decode_len_prefixed(TAG_STR, input)?;
+                Some(match std::str::from_utf8(bytes) {
+                    Ok(s) => PyKey::Str(s.into()),
+                    Err(_) => PyKey::SurrogateStr(bytes.into()),
+                })
+            }
+            TAG_BYTES => decode_len_prefixed(TAG_BYTES, input).map(|b| PyKey::Bytes(b.into())),
+            _ => {
+                let arity = decode_tuple_header(input)?;
+                let items = (0..arity).map(|_| PyKey::decode(input)).collect::<Option<Vec<_>>>()?;
+                Some(PyKey::Tuple(items.into()))
+            }
+        }
     }
 }

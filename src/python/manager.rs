@@ -13,18 +13,15 @@
 //! * Failures are logged through the `reconq` logger from the controller
 //!   thread, outside every engine lock.
 //!
-//! Interpreter exit: every live manager is remembered weakly; an `atexit`
-//! hook (registered at import) removes all their controllers and waits up to
-//! [`EXIT_WAIT`] for their threads, so `stop` functions run before the
-//! interpreter finalizes, and a hung `do` cannot hang the exit. A process
-//! forked from one with managers skips the parent's: their threads exist
-//! only in the parent.
+//! Interpreter exit and fork: a manager with controllers is in
+//! `reconq._lifecycle`'s registry (weakly), whose exit hook stops it with
+//! [`PyManager::_stop_at_exit`]: its `stop` functions run before the
+//! interpreter finalizes, and a hung `do` cannot hang the exit.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use pyo3::exceptions::{PyException, PyKeyError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -36,16 +33,7 @@ use super::context::with_scope;
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::election::PyLeaderElection;
 use super::errors::describe;
-use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController, WeakManager};
-
-/// How long the exit hook waits for controller threads to finish.
-const EXIT_WAIT: Duration = Duration::from_secs(5);
-
-/// Every manager created, held weakly, for the exit hook.
-/// Live managers, each with the id of the process that created it: after
-/// `os.fork()` the child inherits this list but not the managers' threads,
-/// so the child's exit hook must leave the parent's managers alone.
-static LIVE: Mutex<Vec<(u32, WeakManager)>> = Mutex::new(Vec::new());
+use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController};
 
 /// The `reconq` logger, looked up once.
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -53,7 +41,7 @@ static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
 /// backoff; `stop()` runs once when it is removed.
-#[pyclass(name = "Manager", module = "reconq", frozen)]
+#[pyclass(name = "Manager", module = "reconq", frozen, weakref)]
 pub(crate) struct PyManager {
     manager: Manager,
 }
@@ -160,11 +148,7 @@ impl PyManager {
         if let Some(election) = leader_election {
             builder = builder.leader_election(election.inner.clone());
         }
-        let manager = builder.build();
-        let mut live = LIVE.lock();
-        live.retain(|(_, w)| w.upgrade().is_some());
-        live.push((std::process::id(), manager.downgrade()));
-        Self { manager }
+        Self { manager: builder.build() }
     }
 
     /// Creates the controller `name`, or replaces its parameters; either way
@@ -186,7 +170,7 @@ impl PyManager {
         text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
     )]
     fn update(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         name: &Bound<'_, PyAny>,
         r#do: &Bound<'_, PyAny>,
@@ -230,7 +214,9 @@ impl PyManager {
                 let _ = call_logged(&stop_fn, "stop", &stop_name, None);
             });
         }
-        let manager = &self.manager;
+        // From its first controller on, the exit hook stops it.
+        py.import("reconq._lifecycle")?.call_method1("add_manager", (slf,))?;
+        let manager = &slf.get().manager;
         py.detach(|| manager.try_update(name, params))?;
         Ok(())
     }
@@ -308,6 +294,27 @@ impl PyManager {
         self.remove_all(py, true);
     }
 
+    /// The interpreter's exit (`reconq._lifecycle`): removes every
+    /// controller and waits up to `timeout` seconds for their threads, on a
+    /// thread of its own so a hung `do` cannot hang the exit.
+    fn _stop_at_exit(&self, py: Python<'_>, timeout: f64) {
+        let manager = self.manager.clone();
+        let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
+        py.detach(move || {
+            let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+            let joiner = std::thread::Builder::new().name("reconq-mgr-exit".into()).spawn(move || {
+                manager.remove_all_and_wait();
+                // The manager's last handle may hold Python callables: drop
+                // it here, detached (the decrefs are deferred), not later.
+                drop(manager);
+                let _ = tx.send(());
+            });
+            if joiner.is_ok() {
+                let _ = rx.recv_timeout(timeout);
+            }
+        });
+    }
+
     fn __repr__(&self) -> String {
         let names = self.manager.names();
         let shown: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
@@ -315,41 +322,6 @@ impl PyManager {
     }
 }
 
-/// The exit hook: removes every live manager's controllers and waits for
-/// their threads (detached, at most [`EXIT_WAIT`]).
-#[pyfunction]
-pub(crate) fn _shutdown_managers(py: Python<'_>) {
-    let managers: Vec<Manager> = {
-        let pid = std::process::id();
-        let mut live = LIVE.lock();
-        let managers = live.iter().filter(|(owner, _)| *owner == pid).filter_map(|(_, w)| w.upgrade()).collect();
-        live.clear();
-        managers
-    };
-    if managers.is_empty() {
-        return;
-    }
-    py.detach(move || {
-        let (tx, rx) = crossbeam_channel::bounded::<()>(0);
-        let joiner = std::thread::Builder::new().name("reconq-mgr-exit".into()).spawn(move || {
-            for m in &managers {
-                m.remove_all_and_wait();
-            }
-            // The managers' last handles may hold Python callables: drop
-            // them here, detached (the decrefs are deferred), not later.
-            drop(managers);
-            let _ = tx.send(());
-        });
-        if joiner.is_ok() {
-            let _ = rx.recv_timeout(EXIT_WAIT);
-        }
-    });
-}
-
-/// Registers the classes and the exit hook.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyManager>()?;
-    let hook = wrap_pyfunction!(_shutdown_managers, m)?;
-    m.py().import("atexit")?.call_method1("register", (hook,))?;
-    Ok(())
+    m.add_class::<PyManager>()
 }

@@ -90,23 +90,18 @@ fn format_status(py: Python<'_>) -> String {
     py.detach(|| format_table(&snapshot()))
 }
 
-/// `os.register_at_fork(after_in_child=...)`: see `observe::registry`.
+/// After `os.fork()`, in the child (`reconq._lifecycle`'s at-fork hook):
+/// see `observe::registry`.
 #[pyfunction]
 fn _after_fork_in_child() {
     crate::observe::after_fork_in_child();
 }
 
-/// Registers the functions and, where there is `fork`, the at-fork hook.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(format_status, m)?)?;
-    let os = m.py().import("os")?;
-    if os.hasattr("register_at_fork")? {
-        let kwargs = PyDict::new(m.py());
-        kwargs.set_item("after_in_child", wrap_pyfunction!(_after_fork_in_child, m)?)?;
-        os.call_method("register_at_fork", (), Some(&kwargs))?;
-    }
-    Ok(())
+    // Private: set as an attribute, so it stays out of `__all__`.
+    m.as_any().setattr("_after_fork_in_child", wrap_pyfunction!(_after_fork_in_child, m)?)
 }
 
 /// The store, leader-election and sharding fields of a controller's

@@ -1,6 +1,4 @@
-//! `reconq.SqliteStore`, the `store=` option's value, and the store
-//! encoding of Python keys (the same bytes as Rust keys of the same shape:
-//! see `crate::store` key docs).
+//! `reconq.SqliteStore` and the `store=` option's value.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,11 +6,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::key::PyKey;
-use crate::store::{
-    SqliteStore, StoreError, StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed,
-    decode_tuple_header, encode_int, encode_len_prefixed, encode_tuple_header,
-};
+use crate::store::{SqliteStore, StoreError};
 
 pyo3::create_exception!(
     reconq,
@@ -92,42 +86,4 @@ pub(crate) fn set_store_items(d: &Bound<'_, pyo3::types::PyDict>, store: &crate:
     d.set_item("store_pending", store.pending)?;
     d.set_item("last_flush_time", store.last_flush_time.map(super::duration::unix_timestamp))?;
     d.set_item("store_error", store.error.as_deref())
-}
-
-impl StoreKey for PyKey {
-    fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            PyKey::Int(i) => encode_int(*i, out),
-            PyKey::Str(s) => encode_len_prefixed(TAG_STR, s.as_bytes(), out),
-            // Lone surrogates: their `surrogatepass` bytes under the str tag
-            // (not UTF-8, so a Rust `String` refuses them).
-            PyKey::SurrogateStr(b) => encode_len_prefixed(TAG_STR, b, out),
-            PyKey::Bytes(b) => encode_len_prefixed(TAG_BYTES, b, out),
-            PyKey::Tuple(items) => {
-                encode_tuple_header(items.len(), out);
-                for item in items.iter() {
-                    item.encode(out);
-                }
-            }
-        }
-    }
-
-    fn decode(input: &mut &[u8]) -> Option<Self> {
-        match *input.first()? {
-            TAG_INT => decode_int(input).map(PyKey::Int),
-            TAG_STR => {
-                let bytes = decode_len_prefixed(TAG_STR, input)?;
-                Some(match std::str::from_utf8(bytes) {
-                    Ok(s) => PyKey::Str(s.into()),
-                    Err(_) => PyKey::SurrogateStr(bytes.into()),
-                })
-            }
-            TAG_BYTES => decode_len_prefixed(TAG_BYTES, input).map(|b| PyKey::Bytes(b.into())),
-            _ => {
-                let arity = decode_tuple_header(input)?;
-                let items = (0..arity).map(|_| PyKey::decode(input)).collect::<Option<Vec<_>>>()?;
-                Some(PyKey::Tuple(items.into()))
-            }
-        }
-    }
 }

@@ -18,7 +18,7 @@ pub const SCHEMA_VERSION: i64 = 1;
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS keys (
     controller TEXT NOT NULL,
-    key BLOB NOT NULL,          -- the documented key encoding (store::key)
+    key BLOB NOT NULL,          -- the documented key encoding (crate::key_encoding)
     state INTEGER NOT NULL,     -- 0 waiting, 1 delayed, 2 parked
     due_unix_ms INTEGER,        -- delayed: wall-clock due time
     error TEXT,                 -- parked: the last error

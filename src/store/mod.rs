@@ -2,7 +2,6 @@
 //! pending, delayed and parked keys, failure counts and priorities survive
 //! a stop, a restart and a crash.
 //!
-//! * `key` is the documented, stable key encoding (Rust and Python alike).
 //! * `lock` is the claim a live controller holds on its name (S3).
 //! * `db` is the SQLite file: schema version, validation, batched writes.
 //! * `dirty` is the set of keys changed since the last flush.
@@ -10,12 +9,10 @@
 
 mod db;
 mod dirty;
-mod key;
 mod lock;
 mod persist;
 
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
-pub use key::{StoreKey, decode_key, encode_key};
 pub use lock::StoreClaim;
 pub use persist::StoreStats;
 pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
@@ -65,8 +62,3 @@ impl From<io::Error> for StoreError {
         StoreError::Io(err)
     }
 }
-#[cfg(feature = "python")]
-pub(crate) use key::{
-    TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int, encode_len_prefixed,
-    encode_tuple_header,
-};

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use super::dirty::DirtySet;
-use super::{SqliteStore, StoreClaim, StoreError, StoreKey, StoredKey, StoredState, decode_key, encode_key};
+use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
+use crate::key_encoding::{StoreKey, decode_key, encode_key};
 
 /// What a store keeps of one key, in the controller's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]

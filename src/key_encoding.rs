@@ -1,6 +1,7 @@
-//! The store's key encoding: stable across versions and identical for Rust
-//! and Python keys of the same shape, so a file written by one reads in the
-//! other.
+//! The documented key encoding: stable across versions and identical for
+//! Rust and Python keys of the same shape. The store writes keys in it (a
+//! file written by one language reads in the other) and `partition_of`
+//! hashes it (H1: the same partition in every process and language).
 //!
 //! Every value is one tag byte followed by its payload:
 //!
