@@ -64,14 +64,17 @@ class _Registry:
         self.managers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.elections: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
+    def add(self, entries: str, entry: Any) -> None:
+        with self.lock:
+            getattr(self, entries).add(entry)
+
 
 _registry = _Registry()
 
 
 def track(controller: Any) -> None:
     """A controller started: hold it until it stops."""
-    with _registry.lock:
-        _registry.controllers.add(controller)
+    _registry.add("controllers", controller)
 
 
 def untrack(controller: Any) -> None:
@@ -87,13 +90,13 @@ def running() -> List[Any]:
 
 
 def add_manager(manager: Any) -> None:
-    with _registry.lock:
-        _registry.managers.add(manager)
+    """A manager got its first controller: stop it at exit."""
+    _registry.add("managers", manager)
 
 
 def add_election(election: Any) -> None:
-    with _registry.lock:
-        _registry.elections.add(election)
+    """An election was started by hand: give it up at exit."""
+    _registry.add("elections", election)
 
 
 def _stop_all_at_exit() -> None:
