@@ -49,6 +49,7 @@
 //! - The README (two commands to set up, a first controller in Python,
 //!   what else it does, benchmarks) and the pages of `docs/` it links.
 
+mod cache;
 mod clock;
 mod context;
 mod controller;
@@ -66,10 +67,12 @@ mod python;
 mod queue;
 mod rate_limit;
 mod shrink;
+pub mod source;
 mod store;
 mod sync;
 mod thread;
 
+pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
@@ -92,6 +95,7 @@ pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
+pub use source::{EtcdSource, PollingSource, Source, SourceError};
 pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreStats, StoredKey, StoredState};
 pub use thread::ThreadWrapper;
 

@@ -13,5 +13,6 @@ pub(crate) use leader::Seat;
 pub use leader::{LeaderElection, LeaderStatus, OnLost};
 pub use partition::partition_of;
 pub use settings::Endpoints;
+pub(crate) use settings::check_endpoints;
 pub(crate) use sharding::ShardHooks;
 pub use sharding::{ShardStatus, Sharding};

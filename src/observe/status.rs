@@ -73,14 +73,18 @@ pub enum EntryKind {
     Controller(ControllerDetails),
     /// A named periodic controller of a [`Manager`](crate::Manager).
     Periodic(PeriodicDetails),
+    /// A [`Cache`](crate::Cache): `successes` counts the events it
+    /// applied, `failures` its source's failures.
+    Cache(CacheDetails),
 }
 
 impl EntryKind {
-    /// `"controller"` or `"periodic"`.
+    /// `"controller"`, `"periodic"` or `"cache"`.
     pub fn label(&self) -> &'static str {
         match self {
             EntryKind::Controller(_) => "controller",
             EntryKind::Periodic(_) => "periodic",
+            EntryKind::Cache(_) => "cache",
         }
     }
 
@@ -88,7 +92,29 @@ impl EntryKind {
         match self {
             EntryKind::Controller(_) => 0,
             EntryKind::Periodic(_) => 1,
+            EntryKind::Cache(_) => 2,
         }
+    }
+}
+
+/// What only a [`Cache`](crate::Cache)'s entry has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDetails {
+    pub state: RunState,
+    /// The first list has been applied.
+    pub synced: bool,
+    pub keys: usize,
+    /// The position of the last list or event applied (`Debug`-formatted).
+    pub position: Option<String>,
+    /// Lists after the first.
+    pub relists: u64,
+}
+
+impl CacheDetails {
+    /// `"syncing"` for a running cache not synced yet, else its
+    /// [`RunState`].
+    pub fn state(&self) -> &'static str {
+        if self.state == RunState::Running && !self.synced { "syncing" } else { self.state.as_str() }
     }
 }
 
@@ -240,7 +266,7 @@ impl StatusEntry {
     pub fn controller(&self) -> Option<&ControllerDetails> {
         match &self.kind {
             EntryKind::Controller(details) => Some(details),
-            EntryKind::Periodic(_) => None,
+            _ => None,
         }
     }
 
@@ -248,7 +274,15 @@ impl StatusEntry {
     pub fn periodic(&self) -> Option<&PeriodicDetails> {
         match &self.kind {
             EntryKind::Periodic(details) => Some(details),
-            EntryKind::Controller(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The cache-only fields, if this is a cache.
+    pub fn cache(&self) -> Option<&CacheDetails> {
+        match &self.kind {
+            EntryKind::Cache(details) => Some(details),
+            _ => None,
         }
     }
 
@@ -264,14 +298,15 @@ impl StatusEntry {
             }
             EntryKind::Controller(details) => details.state.as_str(),
             EntryKind::Periodic(details) => details.state(),
+            EntryKind::Cache(details) => details.state(),
         }
     }
 
     /// `manager/name` for a periodic controller, the name otherwise.
     pub fn qualified_name(&self) -> String {
         match &self.kind {
-            EntryKind::Controller(_) => self.name.clone(),
             EntryKind::Periodic(details) => format!("{}/{}", details.manager, self.name),
+            _ => self.name.clone(),
         }
     }
 
@@ -283,8 +318,9 @@ impl StatusEntry {
     }
 }
 
-/// Every live controller and every named controller of every live manager,
-/// sorted by kind (controllers first), then name (then manager name; entries
+/// Every live controller, every named controller of every live manager
+/// and every live cache, sorted by kind (controllers, periodic, caches),
+/// then name (then manager name; entries
 /// equal in all three keep their creation order).
 pub fn snapshot() -> Vec<StatusEntry> {
     let mut entries = Vec::new();
@@ -322,12 +358,18 @@ pub fn format_table(entries: &[StatusEntry]) -> String {
 pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> String {
     let mut out = String::new();
     let controllers = entries.iter().filter(|e| e.controller().is_some()).count();
-    let periodic = entries.len() - controllers;
+    let periodic = entries.iter().filter(|e| e.periodic().is_some()).count();
+    let caches = entries.len() - controllers - periodic;
     let failing = entries.iter().filter(|e| e.consecutive_failures > 0).count();
     let hanging = entries.iter().filter(|e| e.controller().is_some_and(|c| !c.hanging.is_empty())).count();
+    let caches = match caches {
+        0 => String::new(),
+        1 => ", 1 cache".to_owned(),
+        n => format!(", {n} caches"),
+    };
     let _ = writeln!(
         out,
-        "reconq status: {controllers} controller{}, {periodic} periodic; {failing} failing, {hanging} hanging",
+        "reconq status: {controllers} controller{}, {periodic} periodic{caches}; {failing} failing, {hanging} hanging",
         if controllers == 1 { "" } else { "s" }
     );
     if entries.is_empty() {
