@@ -5,12 +5,14 @@
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-const FIRST: Duration = Duration::from_millis(800);
+pub(super) const FIRST: Duration = Duration::from_millis(800);
 const MAX: Duration = Duration::from_secs(30);
 /// A stream that ran this long without failing resets the back-off.
 pub(super) const RESET_AFTER: Duration = Duration::from_secs(120);
 
 pub(super) struct Backoff {
+    /// The first `d` (tests shorten it).
+    first: Duration,
     /// `d` of the next wait.
     next: Duration,
     /// splitmix64 state, seeded at random: caches that fail together
@@ -19,12 +21,12 @@ pub(super) struct Backoff {
 }
 
 impl Backoff {
-    pub(super) fn new() -> Self {
-        Self { next: FIRST, seed: RandomState::new().hash_one(std::thread::current().id()) }
+    pub(super) fn new(first: Duration) -> Self {
+        Self { first, next: first, seed: RandomState::new().hash_one(std::thread::current().id()) }
     }
 
     pub(super) fn reset(&mut self) {
-        self.next = FIRST;
+        self.next = self.first;
     }
 
     /// The next wait, in [d, 2d); `d` doubles (at most 30 s).
@@ -50,7 +52,7 @@ mod tests {
 
     #[test]
     fn waits_double_to_thirty_seconds_each_drawn_from_d_to_2d_and_reset() {
-        let mut b = Backoff::new();
+        let mut b = Backoff::new(FIRST);
         let mut d = FIRST;
         for _ in 0..12 {
             let wait = b.wait();

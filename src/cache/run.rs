@@ -21,7 +21,7 @@ enum LastEnd {
 impl<S: Source> Inner<S> {
     /// The thread's body: runs until the cache stops.
     pub(super) fn keep(self: Arc<Self>, mut source: S) {
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::new(self.first_backoff);
         let mut listed = false;
         let mut need_list = true;
         let mut last_end = LastEnd::Other;
