@@ -19,9 +19,9 @@ use crate::error::InvalidArgument;
 use crate::etcd::{EtcdClient, EtcdError, RawKeyValue, WatchItem, key_after};
 use crate::logs;
 
-/// Keys read per call of the list: each page is one call within the
-/// client's call timeout.
-const PAGE: usize = 1000;
+/// Keys read per call of the list by default: each page is one call
+/// within the client's call timeout.
+const DEFAULT_PAGE_SIZE: usize = 1000;
 
 /// etcd's default `--experimental-watch-progress-notify-interval` (10
 /// min) and a minute of slack.
@@ -38,6 +38,7 @@ pub struct EtcdSource<O = Vec<u8>> {
     prefix: String,
     decode: Decode<O>,
     progress_timeout: Duration,
+    page_size: usize,
 }
 
 impl EtcdSource<Vec<u8>> {
@@ -54,6 +55,7 @@ impl EtcdSource<Vec<u8>> {
             prefix,
             decode: Arc::new(|bytes: &[u8]| Ok(bytes.to_vec())),
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
+            page_size: DEFAULT_PAGE_SIZE,
         })
     }
 }
@@ -70,6 +72,7 @@ impl<O> EtcdSource<O> {
             prefix: self.prefix,
             decode: Arc::new(move |bytes: &[u8]| decode(bytes).map_err(|e| e.to_string())),
             progress_timeout: self.progress_timeout,
+            page_size: self.page_size,
         }
     }
 
@@ -83,6 +86,17 @@ impl<O> EtcdSource<O> {
             return Err(InvalidArgument::new("EtcdSource: progress_timeout must be positive, got 0 s"));
         }
         self.progress_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Keys read per call of the list (positive; default 1000): smaller
+    /// pages for large values, so each call ends within the client's
+    /// 2 s call timeout.
+    pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
+        if keys == 0 {
+            return Err(InvalidArgument::new("EtcdSource: page_size must be positive, got 0"));
+        }
+        self.page_size = keys;
         Ok(self)
     }
 
@@ -133,6 +147,7 @@ impl<O> fmt::Debug for EtcdSource<O> {
             .field("endpoints", &self.client.endpoints())
             .field("prefix", &self.prefix)
             .field("progress_timeout", &self.progress_timeout)
+            .field("page_size", &self.page_size)
             .finish()
     }
 }
@@ -152,7 +167,7 @@ impl<O: PartialEq + Send + Sync + 'static> Source for EtcdSource<O> {
             if stop.is_set() {
                 return Err(SourceError::new("stopped"));
             }
-            let page = self.client.range_page(&self.prefix, &from, revision, PAGE).map_err(source_error)?;
+            let page = self.client.range_page(&self.prefix, &from, revision, self.page_size).map_err(source_error)?;
             revision = page.revision;
             for kv in &page.kvs {
                 if let Some((key, obj)) = self.put(kv) {
