@@ -32,13 +32,13 @@ struct Entry<O, V> {
 
 pub(super) struct Contents<K, O, V> {
     entries: HashMap<K, Entry<O, V>>,
-    index_fns: Vec<(String, IndexFn<K, O>)>,
+    index_fns: super::Indexes<K, O>,
     /// Per index: value → keys.
     indexes: Vec<HashMap<String, HashSet<K>>>,
 }
 
 impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
-    pub(super) fn new(index_fns: Vec<(String, IndexFn<K, O>)>) -> Self {
+    pub(super) fn new(index_fns: super::Indexes<K, O>) -> Self {
         let indexes = index_fns.iter().map(|_| HashMap::new()).collect();
         Self { entries: HashMap::new(), index_fns, indexes }
     }

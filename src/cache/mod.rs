@@ -64,6 +64,10 @@ pub struct Applied<K, O> {
 }
 
 type Subscriber<K, O> = Arc<dyn Fn(&Applied<K, O>) + Send + Sync>;
+/// Subscribers with their ids, as the cache's thread takes them.
+type Subscribers<K, O> = [(u64, Subscriber<K, O>)];
+/// Index functions by name, in the order given.
+type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
 
 /// Why a cache cannot start.
 #[derive(Debug)]
@@ -134,7 +138,7 @@ impl<S: Source> Clone for Cache<S> {
 pub struct CacheBuilder<S: Source> {
     name: String,
     source: S,
-    indexes: Vec<(String, IndexFn<S::Key, S::Object>)>,
+    indexes: Indexes<S::Key, S::Object>,
     first_backoff: Duration,
 }
 
@@ -175,7 +179,7 @@ impl<S: Source> CacheBuilder<S> {
             state: RwLock::new(State {
                 contents: Contents::new(self.indexes),
                 position: None,
-                subscribers: Arc::new(Vec::new()),
+                subscribers: Arc::new([]),
                 next_subscriber: 0,
             }),
             delivery: ReentrantMutex::new(()),
@@ -195,7 +199,7 @@ struct State<S: Source> {
     position: Option<S::Position>,
     /// Replaced, never changed in place: the cache's thread takes the
     /// list with the change it applied, under the same lock.
-    subscribers: Arc<Vec<(u64, Subscriber<S::Key, S::Object>)>>,
+    subscribers: Arc<Subscribers<S::Key, S::Object>>,
     next_subscriber: u64,
 }
 
@@ -329,9 +333,9 @@ impl<S: Source> Cache<S> {
             let mut state = self.inner.state.write();
             let id = state.next_subscriber;
             state.next_subscriber += 1;
-            let mut subscribers = Vec::clone(&state.subscribers);
+            let mut subscribers = state.subscribers.to_vec();
             subscribers.push((id, Arc::clone(&subscriber)));
-            state.subscribers = Arc::new(subscribers);
+            state.subscribers = subscribers.into();
             let replay: Vec<Applied<S::Key, S::Object>> = state
                 .contents
                 .objects()
@@ -413,8 +417,7 @@ trait Unsubscribe: Send + Sync {
 impl<S: Source> Unsubscribe for Inner<S> {
     fn unsubscribe(&self, id: u64) {
         let mut state = self.state.write();
-        let subscribers = state.subscribers.iter().filter(|(s, _)| *s != id).cloned().collect();
-        state.subscribers = Arc::new(subscribers);
+        state.subscribers = state.subscribers.iter().filter(|(s, _)| *s != id).cloned().collect();
     }
 }
 
@@ -500,7 +503,7 @@ impl<S: Source> Inner<S> {
     /// that applied them), unless the cache stopped meanwhile.
     fn deliver(
         &self,
-        subscribers: &[(u64, Subscriber<S::Key, S::Object>)],
+        subscribers: &Subscribers<S::Key, S::Object>,
         changes: &[Applied<S::Key, S::Object>],
         failures: Vec<IndexFailure<S::Key>>,
     ) {

@@ -170,9 +170,12 @@ impl Source for MemorySource {
     }
 }
 
+/// What a subscriber heard last of each key.
+type Heard = Arc<Mutex<BTreeMap<u32, Option<u32>>>>;
+
 /// A cache of `memory` with a short back-off, and what its subscriber
 /// heard last of each key.
-fn cache(memory: &Memory) -> (Cache<MemorySource>, Arc<Mutex<BTreeMap<u32, Option<u32>>>>, super::Subscription) {
+fn cache(memory: &Memory) -> (Cache<MemorySource>, Heard, super::Subscription) {
     let cache = Cache::builder("memory", memory.source())
         .index("parity", |_, v: &u32| vec![(v % 2).to_string()])
         .first_backoff(Duration::from_millis(1))

@@ -175,10 +175,10 @@ mod tests {
 
     #[test]
     fn polls_become_the_differences_and_failures_breaks() {
-        let answers: Arc<Mutex<VecDeque<Result<Vec<(u32, &str)>, String>>>> = Arc::new(Mutex::new(
-            [Ok(vec![(1, "a"), (2, "b")]), Err("down".to_owned()), Ok(vec![(1, "a"), (2, "c"), (3, "d")])].into(),
-        ));
-        let feed = Arc::clone(&answers);
+        type Answer = Result<Vec<(u32, &'static str)>, String>;
+        let answers: VecDeque<Answer> =
+            [Ok(vec![(1, "a"), (2, "b")]), Err("down".to_owned()), Ok(vec![(1, "a"), (2, "c"), (3, "d")])].into();
+        let feed = Arc::new(Mutex::new(answers));
         let mut source =
             PollingSource::new(Duration::from_millis(1), move || feed.lock().unwrap().pop_front().unwrap()).unwrap();
         let stop = Stop::new();
