@@ -80,7 +80,10 @@ impl History {
     /// (which is the one seen from then on), or a reset is pending.
     pub(super) fn observe(&mut self, reply: &Value) -> Result<(), Reset> {
         self.check()?;
-        let Some(h) = Header::of(reply) else { return Ok(()) };
+        // etcd's revisions start at 1: a header with none (a watch
+        // canceled because its start revision was compacted) says
+        // nothing about the history.
+        let Some(h) = Header::of(reply).filter(|h| h.revision > 0) else { return Ok(()) };
         let other_cluster = self.cluster.is_some_and(|c| c != h.cluster);
         let went_back =
             self.members.get(&h.member).is_some_and(|&(revision, term)| h.revision < revision || h.term < term);
@@ -142,6 +145,7 @@ mod tests {
         assert_eq!(h.observe(&reply(1, 200, 3)), Ok(()));
         assert_eq!(h.observe(&reply(2, 198, 3)), Ok(()));
         assert_eq!(h.observe(&json!({ "error": "x" })), Ok(()));
+        assert_eq!(h.observe(&reply(1, 0, 3)), Ok(()), "a header without a revision (a compacted watch)");
         let streamed = json!({ "result": { "header": reply(1, 150, 3)["header"].clone() } });
         assert_eq!(h.observe(&streamed), Err(Reset { highest_revision: 200, revision: 150 }));
     }
