@@ -116,6 +116,16 @@ impl<O> EtcdSource<O> {
         self.skipping(kv, || Ok((self.key(kv)?, (self.decode)(&kv.value)?)))
     }
 
+    /// What a batch of watched changes is for the cache.
+    fn events(&self, batch: Vec<(bool, RawKeyValue)>) -> Vec<Event<String, O, i64, i64>> {
+        let revisions: Vec<i64> = batch.iter().map(|(_, kv)| kv.mod_revision).collect();
+        let events = batch.into_iter().enumerate().filter_map(|(i, (deleted, kv))| {
+            let last = revisions.get(i + 1) != Some(&kv.mod_revision);
+            self.event(deleted, kv, last)
+        });
+        events.collect()
+    }
+
     /// What a watched change is for the cache. Only the last change of a
     /// revision carries it as a position (`last`): a resume after it must
     /// not skip the others of that transaction. A change that cannot be
@@ -201,13 +211,7 @@ impl<O: PartialEq + Send + Sync + 'static> Source for EtcdSource<O> {
                     return Some(Ok(event));
                 }
                 match stream.next() {
-                    Ok(WatchItem::Events(events)) => {
-                        let revisions: Vec<i64> = events.iter().map(|(_, kv)| kv.mod_revision).collect();
-                        for (i, (deleted, kv)) in events.into_iter().enumerate() {
-                            let last = revisions.get(i + 1) != Some(&kv.mod_revision);
-                            pending.extend(this.event(deleted, kv, last));
-                        }
-                    }
+                    Ok(WatchItem::Events(events)) => pending.extend(this.events(events)),
                     Ok(WatchItem::Progress(revision)) => return Some(Ok(Event::Bookmark { position: revision })),
                     Ok(WatchItem::Quiet) => {
                         let quiet = this.progress_timeout;
@@ -220,5 +224,39 @@ impl<O: PartialEq + Send + Sync + 'static> Source for EtcdSource<O> {
                 }
             }
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
+        RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), mod_revision }
+    }
+
+    /// A resume after any event must not skip the rest of its transaction:
+    /// only the last change of a revision is a position, and a change that
+    /// cannot be had still moves the position (as a bookmark).
+    #[test]
+    fn only_the_last_change_of_a_revision_is_a_position() {
+        let source = EtcdSource::new("http://127.0.0.1:1", "/p/").unwrap();
+        let source = source.decode(|v: &[u8]| std::str::from_utf8(v).map(str::to_owned));
+        let batch = vec![
+            (false, kv(b"a", "1", 7)),
+            (true, kv(b"b", "", 7)),
+            (false, kv(b"c", "3", 8)),
+            (false, kv(b"\xff", "4", 9)),
+        ];
+        let events = source.events(batch);
+        assert_eq!(
+            events,
+            [
+                Event::Put { key: "a".into(), obj: "1".into(), position: None, version: Some(7) },
+                Event::Delete { key: "b".into(), position: Some(7) },
+                Event::Put { key: "c".into(), obj: "3".into(), position: Some(8), version: Some(8) },
+                Event::Bookmark { position: 9 },
+            ]
+        );
     }
 }
