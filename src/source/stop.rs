@@ -4,10 +4,10 @@
 //! read) registers a hook that unblocks it ([`Stop::on_set`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::sync::{Condvar, Mutex};
+use crate::StopSignal;
+use crate::sync::Mutex;
 
 type Hook = Box<dyn FnOnce() + Send>;
 
@@ -20,9 +20,8 @@ pub struct Stop {
 
 #[derive(Default)]
 struct Inner {
-    set: AtomicBool,
+    signal: StopSignal,
     hooks: Mutex<Hooks>,
-    cv: Condvar,
 }
 
 #[derive(Default)]
@@ -39,16 +38,17 @@ impl Stop {
 
     /// Whether it is set.
     pub fn is_set(&self) -> bool {
-        self.inner.set.load(Ordering::Acquire)
+        self.inner.signal.is_set()
     }
 
     /// Sets it, wakes every waiter and runs every hook (once, on this
     /// thread, with no lock held). Setting twice is harmless.
     pub fn set(&self) {
+        // Set under the hooks' lock: a hook registered after this sees
+        // the stop set and runs at once.
         let hooks = {
             let mut hooks = self.inner.hooks.lock();
-            self.inner.set.store(true, Ordering::Release);
-            self.inner.cv.notify_all();
+            self.inner.signal.set();
             std::mem::take(&mut hooks.waiting)
         };
         for (_, hook) in hooks {
@@ -59,19 +59,7 @@ impl Stop {
     /// Blocks until it is set or `timeout` passes; returns whether it is
     /// set. An interruptible sleep.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now().checked_add(timeout);
-        let mut hooks = self.inner.hooks.lock();
-        while !self.is_set() {
-            match deadline {
-                Some(deadline) => {
-                    if self.inner.cv.wait_until(&mut hooks, deadline).timed_out() {
-                        break;
-                    }
-                }
-                None => self.inner.cv.wait(&mut hooks),
-            }
-        }
-        self.is_set()
+        self.inner.signal.wait_timeout(timeout)
     }
 
     /// Runs `hook` when the stop is set (at once, here, if it already
@@ -115,7 +103,7 @@ impl Drop for StopHook {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
 
