@@ -100,7 +100,8 @@ pub struct ControllerDetails {
     pub workers: usize,
     /// Reconcile calls that returned (or panicked).
     pub reconciles: u64,
-    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    /// Calls that returned `Ok(Action::Requeue)` (`Ok(Action::RequeueAfter(_))`
+    /// counts as a success, see [`Stats::requeues`](crate::Stats::requeues)).
     pub requeues: u64,
     /// Failures that were panics.
     pub panics: u64,
@@ -194,8 +195,9 @@ impl PeriodicDetails {
 }
 
 /// Runs with leader election and does not lead: it keeps its queue warm
-/// but reconciles nothing.
-fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
+/// but reconciles nothing. Python's `stats()["state"]` asks this too, so
+/// it and the status say `"standby"` alike.
+pub(crate) fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
     leader.is_some_and(|l| !l.is_leader())
 }
 
