@@ -686,6 +686,21 @@ impl<K: ControllerKey> Observed for Core<K> {
     fn collect_metrics(&self, out: &mut MetricFamilies) {
         metrics::collect(self, out);
     }
+
+    /// Workers leave only when a stop asks them to (a reconcile's panic is
+    /// caught): one gone before that died in the engine itself.
+    fn check_live(&self, out: &mut Vec<String>) {
+        let Some(rt) = self.rt.get() else { return };
+        let life = self.life.lock();
+        if life.started && !life.stop_requested && life.live_workers < rt.workers {
+            out.push(format!(
+                "controller {:?}: {} of {} worker threads exited",
+                self.name,
+                rt.workers - life.live_workers,
+                rt.workers
+            ));
+        }
+    }
 }
 
 impl<K: ControllerKey> Core<K> {

@@ -36,6 +36,9 @@ use std::time::{Duration, SystemTime};
 
 use super::visit;
 
+pub use super::probes::{liveness_problems, readiness_problems};
+pub use super::status_json::to_json;
+
 /// One row of the global status: a [`Controller`](crate::Controller), or one
 /// named controller of a [`Manager`](crate::Manager).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,6 +270,28 @@ impl StatusEntry {
             EntryKind::Controller(details) => details.state.as_str(),
             EntryKind::Periodic(details) => details.state(),
         }
+    }
+
+    /// Why this row keeps the process from being ready, if it does: a
+    /// controller not running (not started yet, stopping or stopped), or
+    /// one whose leader election or sharding has not yet learnt who leads
+    /// or who the members are. A standby that knows its leader is ready:
+    /// it is doing what it should.
+    pub fn not_ready(&self) -> Option<String> {
+        let who = format!("{} {:?}", self.kind.label(), self.qualified_name());
+        let (leader, shards) = match &self.kind {
+            EntryKind::Controller(c) if c.state != RunState::Running => return Some(format!("{who}: {}", c.state)),
+            EntryKind::Controller(c) => (c.leader.as_ref(), c.shards.as_ref()),
+            EntryKind::Periodic(p) => (p.leader.as_ref(), None),
+        };
+        let etcd_error = |error: &Option<String>| error.as_ref().map(|e| format!(" (etcd: {e})")).unwrap_or_default();
+        if let Some(l) = leader.filter(|l| !l.is_leader() && l.leader.is_none()) {
+            return Some(format!("{who}: leader of election {:?} unknown{}", l.name, etcd_error(&l.last_error)));
+        }
+        if let Some(s) = shards.filter(|s| s.members == 0) {
+            return Some(format!("{who}: members of sharding {:?} unknown{}", s.name, etcd_error(&s.last_error)));
+        }
+        None
     }
 
     /// `manager/name` for a periodic controller, the name otherwise.
