@@ -66,6 +66,7 @@ mod python;
 mod queue;
 mod rate_limit;
 mod shrink;
+mod signals;
 mod store;
 mod sync;
 mod thread;

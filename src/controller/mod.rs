@@ -38,6 +38,7 @@ mod inspect;
 mod metrics;
 mod outcome;
 mod persist;
+mod run_signals;
 mod status;
 mod triggers;
 mod watchdog;
@@ -504,7 +505,8 @@ impl<K: ControllerKey> Controller<K> {
 
     /// [`start`](Self::start), then blocks until a handle stops the
     /// controller and its workers have exited (or a drain's deadline gave up
-    /// on them).
+    /// on them). Signals are not handled: see
+    /// [`run_until_signal`](Self::run_until_signal) for Ctrl-C and SIGTERM.
     pub fn run(self) {
         let handle = self.start();
         handle.wait_stopped(None);
