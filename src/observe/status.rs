@@ -564,6 +564,39 @@ mod tests {
     }
 
     #[test]
+    fn readiness_needs_a_running_controller_that_knows_its_leader() {
+        let leader = |token: Option<u64>, leader: Option<&str>| crate::LeaderStatus {
+            name: "e".into(),
+            fencing_token: token,
+            leader: leader.map(str::to_owned),
+            last_error: leader.is_none().then(|| "connection refused".to_owned()),
+        };
+        let periodic = |status: Option<crate::LeaderStatus>| StatusEntry {
+            name: "gc".into(),
+            kind: EntryKind::Periodic(PeriodicDetails {
+                manager: "m".into(),
+                running: false,
+                leader: status,
+                last_duration: None,
+                next_run_in: None,
+            }),
+            successes: 0,
+            failures: 0,
+            consecutive_failures: 0,
+            last_error: None,
+            last_error_time: None,
+            last_success_time: None,
+        };
+        assert_eq!(periodic(None).not_ready(), None, "no election: nothing to wait for");
+        assert_eq!(periodic(Some(leader(Some(3), Some("me")))).not_ready(), None, "the leader");
+        assert_eq!(periodic(Some(leader(None, Some("other")))).not_ready(), None, "a standby that knows its leader");
+        assert_eq!(
+            periodic(Some(leader(None, None))).not_ready().as_deref(),
+            Some("periodic \"m/gc\": leader of election \"e\" unknown (etcd: connection refused)")
+        );
+    }
+
+    #[test]
     fn an_empty_table_is_a_summary_line() {
         assert_eq!(format_table(&[]), "reconq status: 0 controllers, 0 periodic; 0 failing, 0 hanging\n");
     }
