@@ -89,14 +89,20 @@ impl Drop for Subscription {
 impl Listener {
     fn start() -> io::Result<Self> {
         let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        // SAFETY: `fds` has room for the two descriptors. (Not `pipe2`:
+        // macOS has none.)
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let [read_fd, write_fd] = fds;
-        // The handler must never block on a full pipe.
-        // SAFETY: plain fcntl on a descriptor we own.
-        unsafe { libc::fcntl(write_fd, libc::F_SETFL, libc::O_NONBLOCK) };
+        // Not inherited by programs this process runs; and the handler
+        // must never block on a full pipe.
+        // SAFETY: plain fcntl on descriptors we own.
+        unsafe {
+            libc::fcntl(read_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            libc::fcntl(write_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            libc::fcntl(write_fd, libc::F_SETFL, libc::O_NONBLOCK);
+        }
         // A plain thread, not `thread::spawn_named`: it only forwards bytes,
         // nothing for the shuttle models to explore.
         let reader = std::thread::Builder::new().name("reconq-signals".into()).spawn(move || read_signals(read_fd));
