@@ -4,7 +4,9 @@
 //! work queue (client-go's `workqueue` semantics, minus its known bugs)
 //! feeding a fixed pool of OS threads that run your reconcile function. No
 //! async runtime: idle threads block and use no CPU. The same engine is a
-//! Python extension (`pip install reconq`).
+//! Python extension, not on PyPI yet: install it from a checkout of the
+//! repository into a virtualenv (`python3 -m venv .venv && .venv/bin/pip
+//! install .`; building needs a Rust toolchain).
 //!
 //! You hand it keys; it guarantees that each key is reconciled, never by two
 //! workers at once, with duplicates collapsed while it waits, and that a key
@@ -66,6 +68,7 @@ mod python;
 mod queue;
 mod rate_limit;
 mod shrink;
+mod signals;
 mod store;
 mod sync;
 mod thread;

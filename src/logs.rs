@@ -177,6 +177,38 @@ pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {
     );
 }
 
+/// `run_until_signal` got its first signal and drains.
+pub(crate) fn signal_draining(controller: &str) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller,
+        "stopping on a signal, draining (a second signal stops at once)"
+    );
+}
+
+/// `run_until_signal`'s drain ran out of `stop_timeout`.
+pub(crate) fn signal_stop_timeout_passed<K: fmt::Debug>(controller: &str, unfinished: &[K]) {
+    tracing::warn!(target: CONTROLLER, controller = %controller, unfinished = ?unfinished, "stop_timeout passed; left running");
+}
+
+/// `run_until_signal` got a second signal and stopped at once; `returned`:
+/// the cancelled reconciles returned within the grace.
+pub(crate) fn second_signal(controller: &str, returned: bool) {
+    if returned {
+        tracing::warn!(
+            target: CONTROLLER,
+            controller = %controller,
+            "second signal; stopped at once (running reconciles were cancelled and returned)"
+        );
+    } else {
+        tracing::warn!(
+            target: CONTROLLER,
+            controller = %controller,
+            "second signal; stopped without waiting for running reconciles"
+        );
+    }
+}
+
 /// A trigger function panicked (call with no lock held).
 pub(crate) fn trigger_panicked<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
     tracing::error!(target: CONTROLLER, controller = %controller, key = ?key, error, "trigger panicked");

@@ -36,6 +36,7 @@ mod inspect;
 mod metrics;
 mod outcome;
 mod persist;
+mod run_signals;
 mod status;
 mod triggers;
 mod watchdog;
@@ -503,7 +504,8 @@ impl<K: ControllerKey> Controller<K> {
 
     /// [`start`](Self::start), then blocks until a handle stops the
     /// controller and its workers have exited (or a drain's deadline gave up
-    /// on them).
+    /// on them). Signals are not handled: see
+    /// [`run_until_signal`](Self::run_until_signal) for Ctrl-C and SIGTERM.
     pub fn run(self) {
         let handle = self.start();
         handle.wait_stopped(None);
@@ -684,6 +686,21 @@ impl<K: ControllerKey> Observed for Core<K> {
 
     fn collect_metrics(&self, out: &mut MetricFamilies) {
         metrics::collect(self, out);
+    }
+
+    /// Workers leave only when a stop asks them to (a reconcile's panic is
+    /// caught): one gone before that died in the engine itself.
+    fn check_live(&self, out: &mut Vec<String>) {
+        let Some(rt) = self.rt.get() else { return };
+        let life = self.life.lock();
+        if life.started && !life.stop_requested && life.live_workers < rt.workers {
+            out.push(format!(
+                "controller {:?}: {} of {} worker threads exited",
+                self.name,
+                rt.workers - life.live_workers,
+                rt.workers
+            ));
+        }
     }
 }
 

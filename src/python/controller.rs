@@ -57,6 +57,36 @@ struct TriggerEvents {
 /// value is a failure (TypeError). Every exception is a failure, including
 /// `KeyboardInterrupt` and `SystemExit`: a worker never dies. Failures are
 /// logged on the "reconq" logger.
+///
+/// Keyword arguments (durations in seconds; docs/guarantees.md has the
+/// details):
+///
+/// - `workers=1`: worker threads, at least 1.
+/// - `rate_limiter=None`: the retry back-off (a `RateLimiter`); None means
+///   `default_rate_limiter()`.
+/// - `name="controller"`: the name in logs, metrics, `status()` and a
+///   store.
+/// - `hanging_threshold=None`: report reconciles running longer than this
+///   (`stats()["hanging"]`, the status table, a log line).
+/// - `timeout=None`: cancel a reconcile running longer than this; it then
+///   counts as a failure and is retried.
+/// - `group=None`: `group(key)` names the key's group, for
+///   `max_in_flight_per_group`.
+/// - `max_in_flight_per_group=None`: at most this many reconciles of one
+///   group at once.
+/// - `clock=None`: a `FakeClock` that every delay and back-off is measured
+///   on (tests).
+/// - `jitter=None`: `(fraction, seed)`: retry delays scaled by a seeded
+///   random factor in [1 - fraction, 1 + fraction].
+/// - `parked_capacity=None`: the most permanently failed keys kept.
+/// - `leader_election=None`: a `LeaderElection`: reconcile only while this
+///   process leads.
+/// - `store=None`: a `SqliteStore` or a path: pending and parked keys and
+///   failure counts survive a restart.
+/// - `sharding=None`: a `Sharding`: reconcile only the keys of the
+///   partitions this replica owns.
+/// - `resync=None`: with `sharding`, a callable listing every key; called
+///   when partitions are gained.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -715,7 +745,11 @@ impl PyController {
         let d = PyDict::new(py);
         d.set_item("name", &*self.name)?;
         d.set_item("workers", self.workers)?;
-        d.set_item("state", self.state())?;
+        let state = match self.state() {
+            "running" if crate::observe::status::is_standby(stats.leader.as_ref()) => "standby",
+            state => state,
+        };
+        d.set_item("state", state)?;
         d.set_item("reconciles", stats.reconciles)?;
         d.set_item("successes", stats.successes)?;
         d.set_item("failures", stats.failures)?;

@@ -662,3 +662,13 @@ def test_coroutine_functions_are_refused_with_a_clear_type_error():
 def test_the_package_has_a_version_and_a_key_alias():
     assert reconq.__version__.count(".") == 2
     assert reconq.Key is not None and "Key" in reconq.__all__
+
+
+def test_help_documents_every_constructor_keyword():
+    import inspect
+
+    doc = reconq.Controller.__doc__ or ""
+    keywords = [name for name in inspect.signature(reconq.Controller).parameters if name != "reconcile"]
+    assert len(keywords) >= 14, keywords
+    missing = [name for name in keywords if f"`{name}=" not in doc]
+    assert not missing, f"help(reconq.Controller) does not document {missing}"
