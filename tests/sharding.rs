@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PATIENCE, wait_for};
+use common::{PATIENCE, wait_for, wait_for_within};
 use etcd::Etcd;
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ControllerHandle, ReconcileError, Sharding, partition_of};
@@ -197,6 +197,27 @@ fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
     b.stop();
 }
 
+/// Claiming many partitions neither starves the keep-alive nor starts
+/// over (a lost lease drops them all): a lone replica comes to own every
+/// one of 4,096 partitions, and of 65,536 (the most a group may have).
+#[test]
+fn a_replica_owns_thousands_of_partitions() {
+    let etcd = Etcd::start();
+    for (partitions, patience) in [(4096, PATIENCE), (65_536, PATIENCE * 9)] {
+        let name = format!("many-{partitions}");
+        // etcd's default TTL, as a user would run it.
+        let sh = Sharding::new(&etcd.endpoint, &name).partitions(partitions).ttl(Duration::from_secs(5)).identity("a");
+        let h = Controller::new(name, |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .sharding(sh)
+            .start();
+        wait_for_within(&format!("all {partitions} partitions owned"), patience, || {
+            h.owned_partitions().len() == partitions as usize
+        });
+        h.stop();
+        assert!(h.join_timeout(PATIENCE));
+    }
+}
+
 #[test]
 fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     for bad in ["127.0.0.1:2379", "http://nohost"] {
@@ -205,6 +226,9 @@ fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     assert!(Sharding::try_new(["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
     let sh = Sharding::new("http://127.0.0.1:1", "x");
     assert!(sh.clone().try_partitions(0).is_err());
+    let too_many = sh.clone().try_partitions(65_537).unwrap_err().to_string();
+    assert!(too_many.contains("partitions") && too_many.contains("65536"), "{too_many}");
+    assert!(sh.clone().try_partitions(65_536).is_ok());
     assert!(sh.clone().try_ttl(Duration::from_secs(1)).is_err());
     assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.partitions(0))).is_err(), "the builder panics");
 

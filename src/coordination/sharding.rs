@@ -51,6 +51,12 @@ use crate::thread::spawn_named;
 
 /// The default number of partitions.
 const DEFAULT_PARTITIONS: u32 = 64;
+/// The most partitions a group may have. Each is a key in etcd that every
+/// replica reads (without values) on every change to the group: 65,536
+/// keys make a read of a few megabytes, which a busy etcd sends within
+/// seconds, and a lone replica claims them all in tens of seconds (batches
+/// of [`MAX_TXN_OPS`]). More would make each change cost more than a TTL.
+const MAX_PARTITIONS: u32 = 65_536;
 /// How long the reconciles of a partition being given up may run on
 /// before they are cancelled.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
@@ -175,12 +181,14 @@ impl Sharding {
         Self::build(s.name.clone(), s.client.endpoints().to_vec(), identity, ttl, partitions)
     }
 
-    /// How many partitions the key space is split into (default 64). Every
-    /// replica of a group must use the same number.
+    /// How many partitions the key space is split into (default 64, at most
+    /// 65,536: each is a key in etcd that every replica reads on every
+    /// change to the group). Every replica of a group must use the same
+    /// number.
     ///
     /// # Panics
-    /// Zero partitions; [`try_partitions`](Self::try_partitions) returns
-    /// the error instead.
+    /// Zero partitions or more than 65,536;
+    /// [`try_partitions`](Self::try_partitions) returns the error instead.
     pub fn partitions(self, partitions: u32) -> Self {
         self.try_partitions(partitions).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -188,10 +196,13 @@ impl Sharding {
     /// [`partitions`](Self::partitions), with bad input as an error.
     ///
     /// # Errors
-    /// Zero partitions.
+    /// Zero partitions or more than 65,536.
     pub fn try_partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
-        if partitions == 0 {
-            return Err(InvalidArgument::new("partitions must be at least 1"));
+        if !(1..=MAX_PARTITIONS).contains(&partitions) {
+            return Err(InvalidArgument::new(format!(
+                "partitions must be between 1 and {MAX_PARTITIONS} (each is a key in etcd that every replica \
+                 reads on every change to the group), got {partitions}"
+            )));
         }
         let (identity, ttl) = (self.inner.identity.clone(), self.inner.ttl);
         Ok(self.rebuild(identity, ttl, partitions))
@@ -718,13 +729,23 @@ impl Shards {
         if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
             hooks.cancel(&overdue);
         }
-        for (p, created) in done {
-            // Only while still ours: a key recreated by someone else (our
-            // lease expired meanwhile) is theirs.
-            match self.client.delete_if_created(&self.partition_key(p), created) {
-                Ok(_) => self.forget(p),
-                Err(e) => self.note_error(&format!("giving partition {p} up"), &e),
-            }
+        for batch in done.chunks(MAX_TXN_OPS) {
+            self.give_up(batch);
+        }
+    }
+
+    /// Deletes the keys of `batch` (partitions and their keys' create
+    /// revisions) in one transaction, each only while still ours: a key
+    /// recreated by someone else (our lease expired meanwhile) is theirs.
+    /// If one is not ours any more, the others go one by one.
+    fn give_up(&self, batch: &[(u32, i64)]) {
+        let keys: Vec<(String, i64)> = batch.iter().map(|&(p, created)| (self.partition_key(p), created)).collect();
+        match self.client.delete_if_created(&keys) {
+            Ok(true) => batch.iter().for_each(|&(p, _)| self.forget(p)),
+            Ok(false) if batch.len() > 1 => batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one))),
+            // Not ours any more: gone already.
+            Ok(false) => self.forget(batch[0].0),
+            Err(e) => self.note_error("giving partitions up", &e),
         }
     }
 
