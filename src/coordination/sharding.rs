@@ -531,7 +531,12 @@ impl Shards {
                         st.renewed = Some(sent);
                     }
                 }
-                // A reset: the membership thread deals with it.
+                // Stop at once; the membership thread does the rest.
+                Renewal::Failed(e) if e.reset().is_some() => {
+                    self.lose_everything("etcd's history was reset");
+                    self.cv.notify_all();
+                    return;
+                }
                 Renewal::Failed(e) => self.note_error("renewing the lease", &e),
                 Renewal::Lost(why) => {
                     self.lose_everything(why);
