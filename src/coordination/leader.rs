@@ -549,14 +549,13 @@ impl Election {
     /// leader of the old history has passed its renew deadline; returns
     /// whether unwanted.
     fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
-        let message = EtcdError::from(reset).to_string();
         let seen = self.state.lock().floor;
-        let target = floor::floor_after(reset, seen);
-        logs::election_reset(&self.name, &message, target);
-        self.state.lock().last_error = Some(message);
-        let raised =
-            floor::raise_after(&self.client, reset, seen, |e| self.failed("raising the fencing floor", e, backoff));
-        let Some(floor) = raised else { return true };
+        let report = |message: String, target| {
+            logs::election_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
         self.state.lock().floor = floor;
         self.sleep(self.ttl)
     }

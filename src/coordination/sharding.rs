@@ -496,14 +496,14 @@ impl Shards {
     /// replica saw, then wait a TTL, by when every owner of the old history
     /// has passed its renew deadline; returns whether stopped.
     fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
-        let message = EtcdError::from(reset).to_string();
         self.lose_everything("etcd's history was reset");
         let seen = self.state.lock().floor;
-        logs::sharding_reset(&self.name, &message, floor::floor_after(reset, seen));
-        self.state.lock().last_error = Some(message);
-        let raised =
-            floor::raise_after(&self.client, reset, seen, |e| self.failed("raising the fencing floor", e, backoff));
-        let Some(floor) = raised else { return true };
+        let report = |message: String, target| {
+            logs::sharding_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
         self.state.lock().floor = floor;
         self.sleep(self.ttl)
     }
