@@ -141,6 +141,15 @@ pub(crate) fn election_reset(election: &str, error: &str, floor: u64) {
     );
 }
 
+/// The leader campaigned before the fencing floor last rose: its lease is
+/// revoked, so that the next leader's token lies above the floor.
+pub(crate) fn election_below_floor(election: &str, leader: &str, created: i64) {
+    tracing::error!(
+        target: ELECTION, election = %election, leader, create_revision = created,
+        "the leader campaigned before the fencing floor rose (after a reset of etcd it did not see); revoking its lease"
+    );
+}
+
 /// Target of sharding's events.
 const SHARDING: &str = "reconq::sharding";
 

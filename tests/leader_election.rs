@@ -172,6 +172,28 @@ fn a_fencing_floor_set_by_hand_lifts_every_token_and_a_bad_one_is_shown() {
     le.stop();
 }
 
+/// A leadership won below the fencing floor (by a process that started
+/// after a reset of etcd it could not see, or before an operator raised the
+/// floor) is ended by the next process that campaigns: it revokes that
+/// leader's lease, waits a TTL (no two leaders), and the next token lies
+/// above the floor.
+#[test]
+fn a_leadership_below_the_fencing_floor_is_ended_by_the_next_campaign() {
+    let etcd = Etcd::start();
+    let (ea, eb) = (election(&etcd, "below", "a"), election(&etcd, "below", "b"));
+    ea.start();
+    wait_for("a to lead", || ea.is_leader());
+    let low = ea.fencing_token().unwrap();
+    etcd.put("/reconq/fencing-floor", "1000000");
+    eb.start();
+    wait_for("a's leadership to end", || ea.fencing_token() != Some(low));
+    wait_for("a leader above the floor", || {
+        [&ea, &eb].iter().any(|e| e.fencing_token().is_some_and(|t| t > 1_000_000))
+    });
+    ea.stop();
+    eb.stop();
+}
+
 #[test]
 fn a_leader_that_cannot_renew_cancels_its_reconciles_before_the_lease_can_expire() {
     let etcd = Etcd::start();

@@ -197,6 +197,35 @@ fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
     b.stop();
 }
 
+/// Partitions claimed below the fencing floor (by a replica that joined
+/// after a reset of etcd it could not see, or before an operator raised
+/// the floor) are handed over and claimed again above it once the group
+/// changes.
+#[test]
+fn partitions_claimed_below_the_fencing_floor_are_claimed_again_above_it() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = replica(&etcd, "below", "a", &record);
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    etcd.put("/reconq/fencing-floor", "1000000");
+    let b = replica(&etcd, "below", "b", &record);
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    record.lock().clear();
+    for r in [&a, &b] {
+        for key in 0..KEYS {
+            r.enqueue(key);
+        }
+    }
+    for r in [&a, &b] {
+        assert!(r.wait_idle(PATIENCE));
+    }
+    let runs = record.lock().clone();
+    assert_eq!(runs.iter().map(|(_, k, _)| *k).collect::<BTreeSet<u32>>().len(), KEYS as usize);
+    assert!(runs.iter().all(|(_, _, token)| *token > 1_000_000), "{runs:?}");
+    a.stop();
+    b.stop();
+}
+
 /// Claiming many partitions neither starves the keep-alive nor starts
 /// over (a lost lease drops them all): a lone replica comes to own every
 /// one of 4,096 partitions, and of 65,536 (the most a group may have).

@@ -521,7 +521,15 @@ impl Election {
                         st.leader = holders.first().map(|holder| String::from_utf8_lossy(&holder.value).into_owned());
                         st.last_error = floor_error;
                     }
-                    self.watch_until_free(revision, &mut backoff);
+                    let floor_changed = read.as_ref().map_or(0, |floor| floor.mod_revision);
+                    match holders.first().filter(|holder| holder.create_revision < floor_changed) {
+                        Some(holder) => {
+                            if self.end_below_floor(holder, &mut backoff) {
+                                break;
+                            }
+                        }
+                        None => self.watch_until_free(revision, &mut backoff),
+                    }
                 }
                 Err(e) => {
                     let _ = self.client.revoke(lease);
@@ -558,6 +566,21 @@ impl Election {
         let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
         self.state.lock().floor = floor;
         self.sleep(self.ttl)
+    }
+
+    /// The leader `holder` campaigned before the fencing floor last rose
+    /// (after a reset of etcd's history it could not see, having started
+    /// after it; or an operator set the floor): its token may lie below
+    /// tokens of the old history. End its leadership by revoking its lease
+    /// (its next keep-alive finds it gone, L3), then wait a TTL, by when it
+    /// has passed its renew deadline, before campaigning (L1). Returns
+    /// whether unwanted.
+    fn end_below_floor(&self, holder: &crate::etcd::KeyValue, backoff: &mut Duration) -> bool {
+        logs::election_below_floor(&self.name, &String::from_utf8_lossy(&holder.value), holder.create_revision);
+        match self.client.revoke(holder.lease) {
+            Ok(()) => self.sleep(self.ttl),
+            Err(e) => self.failed("ending a leadership below the fencing floor", &e, backoff),
+        }
     }
 
     /// Waits until the election key is deleted after `revision`, or no

@@ -580,7 +580,8 @@ impl Shards {
                         if let Err(e) = self.note_floor(group.read.as_ref()) {
                             self.note_error("reading the fencing floor", &e);
                         }
-                        self.rebalance(&group.kvs, lease);
+                        let floor_changed = group.read.as_ref().map_or(0, |floor| floor.mod_revision);
+                        self.rebalance(&group.kvs, lease, floor_changed);
                     }
                     Err(e) => self.note_error("reading the group", &e),
                 }
@@ -617,7 +618,7 @@ impl Shards {
     /// One look at the group (`kvs`: every member and partition key):
     /// forget partitions that are no longer ours, finish hand-overs whose
     /// reconciles returned, give extras up and claim free ones.
-    fn rebalance(&self, kvs: &[KeyValue], lease: i64) {
+    fn rebalance(&self, kvs: &[KeyValue], lease: i64, floor_changed: i64) {
         let members_prefix = format!("{}members/", self.prefix);
         let partitions_prefix = format!("{}partitions/", self.prefix);
         let mut members: Vec<&str> = kvs.iter().filter_map(|kv| kv.key.strip_prefix(&members_prefix)).collect();
@@ -649,7 +650,7 @@ impl Shards {
             let mut st = self.state.lock();
             st.members = members.len();
             let held = st.owned.values().filter(|o| o.releasing.is_none()).count();
-            let extras: Vec<u32> = st
+            let mut extras: Vec<u32> = st
                 .owned
                 .iter()
                 .rev()
@@ -657,6 +658,19 @@ impl Shards {
                 .map(|(&p, _)| p)
                 .take(held.saturating_sub(target))
                 .collect();
+            // Claimed before the fencing floor last rose (after a reset of
+            // etcd this replica did not see, having joined after it; or an
+            // operator set the floor): their tokens may lie below tokens of
+            // the old history. Hand them over like extras, and claim them
+            // again (if still ours to own) above the floor.
+            let below_floor: Vec<u32> = st
+                .owned
+                .iter()
+                .filter(|(p, o)| o.releasing.is_none() && o.created < floor_changed && !extras.contains(p))
+                .map(|(&p, _)| p)
+                .collect();
+            extras.extend(below_floor);
+            let held = held - extras.len().min(held);
             let now = Instant::now();
             for p in &extras {
                 if let Some(o) = st.owned.get_mut(p) {
