@@ -529,6 +529,7 @@ impl Shards {
                     let mut st = self.state.lock();
                     if st.lease == Some(lease) {
                         st.renewed = Some(sent);
+                        st.last_error = None;
                     }
                 }
                 // Stop at once; the membership thread does the rest.
@@ -649,28 +650,17 @@ impl Shards {
         let (held, extras) = {
             let mut st = self.state.lock();
             st.members = members.len();
-            let held = st.owned.values().filter(|o| o.releasing.is_none()).count();
-            let mut extras: Vec<u32> = st
-                .owned
-                .iter()
-                .rev()
-                .filter(|(_, o)| o.releasing.is_none())
-                .map(|(&p, _)| p)
-                .take(held.saturating_sub(target))
-                .collect();
             // Claimed before the fencing floor last rose (after a reset of
             // etcd this replica did not see, having joined after it; or an
             // operator set the floor): their tokens may lie below tokens of
-            // the old history. Hand them over like extras, and claim them
-            // again (if still ours to own) above the floor.
-            let below_floor: Vec<u32> = st
-                .owned
-                .iter()
-                .filter(|(p, o)| o.releasing.is_none() && o.created < floor_changed && !extras.contains(p))
-                .map(|(&p, _)| p)
-                .collect();
-            extras.extend(below_floor);
-            let held = held - extras.len().min(held);
+            // the old history. Handed over like extras, to be claimed again
+            // (by whoever should own them) above the floor.
+            let kept = |o: &Owned| o.releasing.is_none() && o.created >= floor_changed;
+            let below_floor = st.owned.iter().filter(|(_, o)| o.releasing.is_none() && !kept(o)).map(|(&p, _)| p);
+            let mut extras: Vec<u32> = below_floor.collect();
+            let held = st.owned.values().filter(|o| kept(o)).count();
+            let kept_ones = st.owned.iter().rev().filter(|(_, o)| kept(o)).map(|(&p, _)| p);
+            extras.extend(kept_ones.take(held.saturating_sub(target)));
             let now = Instant::now();
             for p in &extras {
                 if let Some(o) = st.owned.get_mut(p) {
