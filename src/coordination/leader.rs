@@ -32,7 +32,7 @@ use super::settings::{
     renew_deadline,
 };
 use crate::error::InvalidArgument;
-use crate::etcd::{Created, EtcdClient, EtcdError, Reset, Watch};
+use crate::etcd::{Created, EtcdClient, EtcdError, KeyValue, Reset, Watch};
 use crate::logs;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
@@ -544,7 +544,7 @@ impl Election {
 
     /// Takes in the fencing floor as read with the election key: the floor
     /// it holds.
-    fn note_floor(&self, kv: Option<&crate::etcd::KeyValue>) -> Result<u64, EtcdError> {
+    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
         let floor = floor_of(kv)?;
         let mut st = self.state.lock();
         st.floor = st.floor.max(floor);
@@ -575,7 +575,7 @@ impl Election {
     /// (its next keep-alive finds it gone, L3), then wait a TTL, by when it
     /// has passed its renew deadline, before campaigning (L1). Returns
     /// whether unwanted.
-    fn end_below_floor(&self, holder: &crate::etcd::KeyValue, backoff: &mut Duration) -> bool {
+    fn end_below_floor(&self, holder: &KeyValue, backoff: &mut Duration) -> bool {
         logs::election_below_floor(&self.name, &String::from_utf8_lossy(&holder.value), holder.create_revision);
         match self.client.revoke(holder.lease) {
             Ok(()) => self.sleep(self.ttl),
