@@ -55,7 +55,14 @@ struct Record {
     done: Vec<(String, u32)>,
 }
 
-fn recording_controller(election: LeaderElection, record: &Arc<Mutex<Record>>, who: &str) -> ControllerHandle<u32> {
+/// A controller that records its reconciles in `record`; each key runs
+/// again after `again` if given.
+fn recording_controller(
+    election: LeaderElection,
+    record: &Arc<Mutex<Record>>,
+    who: &str,
+    again: Option<Duration>,
+) -> ControllerHandle<u32> {
     let (record, who) = (Arc::clone(record), who.to_owned());
     Controller::new("leader-ctl", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
         let token = ctx.fencing_token().expect("a token under leader election");
@@ -71,7 +78,7 @@ fn recording_controller(election: LeaderElection, record: &Arc<Mutex<Record>>, w
         let mut r = record.lock();
         *r.running.get_mut(&who).unwrap() -= 1;
         r.done.push((who.clone(), *key));
-        Ok(Action::Done)
+        Ok(again.map_or(Action::Done, Action::RequeueAfter))
     })
     .workers(2)
     .leader_election(election)
@@ -83,8 +90,8 @@ fn only_the_leaders_controller_reconciles_and_the_standby_is_warm() {
     let etcd = Etcd::start();
     let record = Arc::new(Mutex::new(Record::default()));
     let (ea, eb) = (election(&etcd, "l1-ctl", "a"), election(&etcd, "l1-ctl", "b"));
-    let a = recording_controller(ea.clone(), &record, "a");
-    let b = recording_controller(eb.clone(), &record, "b");
+    let a = recording_controller(ea.clone(), &record, "a", None);
+    let b = recording_controller(eb.clone(), &record, "b", None);
     for key in 0..20 {
         a.enqueue(key);
         b.enqueue(key);
@@ -107,6 +114,84 @@ fn only_the_leaders_controller_reconciles_and_the_standby_is_warm() {
     drop(r);
     standby.stop();
     standby_election.stop();
+}
+
+/// L1 and L2 across a reset of etcd's history (its data directory wiped,
+/// revisions starting over): the leader steps down once it sees the reset,
+/// and the next leadership's token exceeds every token used before, with
+/// never two processes reconciling at once nor a token going back.
+#[test]
+fn after_etcd_is_wiped_no_two_leaders_and_the_next_token_exceeds_every_old_one() {
+    let mut etcd = Etcd::start();
+    // The old history's tokens lie above the new history's first revisions.
+    etcd.bump("/filler", 50);
+    let record = Arc::new(Mutex::new(Record::default()));
+    let (ea, eb) = (election(&etcd, "reset", "a"), election(&etcd, "reset", "b"));
+    let again = Some(Duration::from_millis(5));
+    let a = recording_controller(ea.clone(), &record, "a", again);
+    let b = recording_controller(eb.clone(), &record, "b", again);
+    for key in 0..4 {
+        a.enqueue(key);
+        b.enqueue(key);
+    }
+    wait_for("a leader", || ea.is_leader() || eb.is_leader());
+    let old = ea.fencing_token().or(eb.fencing_token()).unwrap();
+    assert!(old > 50);
+    wait_for("reconciles under the first leadership", || record.lock().done.len() >= 20);
+
+    etcd.wipe();
+    let newer = || [&ea, &eb].iter().any(|e| e.fencing_token().is_some_and(|t| t > old));
+    wait_for("a leader with a token above every old one", newer);
+    let done = record.lock().done.len();
+    wait_for("reconciles under the new leadership", || record.lock().done.len() >= done + 20);
+    let r = record.lock();
+    assert_eq!((r.overlaps, r.stale), (0, 0), "never two processes at once, never a token going back");
+    assert!(r.highest_token > old);
+    drop(r);
+    for (h, e) in [(a, ea), (b, eb)] {
+        h.stop();
+        e.stop();
+    }
+}
+
+/// What an operator does after resetting etcd with no replica alive to
+/// see it (docs/guarantees.md §10): set the fencing floor by hand; every
+/// token lies above it. A floor that is not a number is an error, shown,
+/// and nobody leads.
+#[test]
+fn a_fencing_floor_set_by_hand_lifts_every_token_and_a_bad_one_is_shown() {
+    let etcd = Etcd::start();
+    etcd.put("/reconq/fencing-floor", "lots");
+    let le = election(&etcd, "floor", "a");
+    le.start();
+    wait_for("the bad floor shown", || le.last_error().is_some_and(|e| e.contains("/reconq/fencing-floor")));
+    assert!(!le.is_leader());
+    etcd.put("/reconq/fencing-floor", "1000000");
+    wait_for("leadership", || le.is_leader());
+    assert!(le.fencing_token().unwrap() > 1_000_000);
+    le.stop();
+}
+
+/// A leadership won below the fencing floor (by a process that started
+/// after a reset of etcd it could not see, or before an operator raised the
+/// floor) is ended by the next process that campaigns: it revokes that
+/// leader's lease, waits a TTL (no two leaders), and the next token lies
+/// above the floor.
+#[test]
+fn a_leadership_below_the_fencing_floor_is_ended_by_the_next_campaign() {
+    let etcd = Etcd::start();
+    let (ea, eb) = (election(&etcd, "below", "a"), election(&etcd, "below", "b"));
+    ea.start();
+    wait_for("a to lead", || ea.is_leader());
+    let low = ea.fencing_token().unwrap();
+    etcd.put("/reconq/fencing-floor", "1000000");
+    eb.start();
+    wait_for("a's leadership to end", || ea.fencing_token() != Some(low));
+    wait_for("a leader above the floor", || {
+        [&ea, &eb].iter().any(|e| e.fencing_token().is_some_and(|t| t > 1_000_000))
+    });
+    ea.stop();
+    eb.stop();
 }
 
 #[test]

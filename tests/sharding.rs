@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PATIENCE, wait_for};
+use common::{PATIENCE, wait_for, wait_for_within};
 use etcd::Etcd;
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ControllerHandle, ReconcileError, Sharding, partition_of};
@@ -142,6 +142,111 @@ fn a_partition_changes_hands_only_after_its_reconcile_returned() {
     b.stop();
 }
 
+/// H4 across a reset of etcd's history (its data directory wiped): the
+/// replicas drop their partitions once they see it and claim them again
+/// with tokens above every token of the old history, never a key
+/// reconciled by two replicas at once.
+#[test]
+fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
+    let mut etcd = Etcd::start();
+    etcd.bump("/filler", 50);
+    let running: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
+    let overlaps = Arc::new(Mutex::new(Vec::new()));
+    let record = Record::default();
+    let replica = |who: &'static str| {
+        let (running, overlaps, record) = (Arc::clone(&running), Arc::clone(&overlaps), Arc::clone(&record));
+        Controller::new(format!("reset-{who}"), move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+            if let Some(other) = running.lock().insert(*key, who.to_owned()) {
+                overlaps.lock().push((*key, other, who));
+            }
+            record.lock().push((who.to_owned(), *key, ctx.fencing_token().unwrap()));
+            std::thread::sleep(Duration::from_millis(2));
+            running.lock().remove(key);
+            Ok(Action::RequeueAfter(Duration::from_millis(5)))
+        })
+        .workers(2)
+        .sharding(sharding(&etcd, "reset", who))
+        .resync(|| 0..KEYS)
+        .start()
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    let old = record.lock().iter().map(|(_, _, t)| *t).max();
+    wait_for("reconciles of every key", || record.lock().len() >= 2 * KEYS as usize);
+    let old = record.lock().iter().map(|(_, _, t)| *t).max().max(old).unwrap();
+    assert!(old > 50);
+
+    etcd.wipe();
+    let seen = record.lock().len();
+    wait_for("two-way balance again", || balanced(&[&a, &b]) && record.lock().len() > seen);
+    let newer = |(_, _, t): &(String, u32, u64)| *t > old;
+    wait_for("every key reconciled under a new token", || {
+        let keys: BTreeSet<u32> = record.lock()[seen..].iter().filter(|r| newer(r)).map(|(_, k, _)| *k).collect();
+        keys.len() == KEYS as usize
+    });
+    let runs = record.lock()[seen..].to_vec();
+    // Reconciles under old tokens may only have begun before the reset was seen.
+    let mut tokens: BTreeMap<u32, u64> = BTreeMap::new();
+    for (who, key, token) in &runs {
+        let highest = tokens.entry(partition_of(key, PARTITIONS)).or_default();
+        assert!(*token >= *highest, "H4: {who} ran {key} under {token} after {highest}");
+        *highest = *token;
+    }
+    assert_eq!(*overlaps.lock(), [], "H4: never a key reconciled by two replicas at once");
+    a.stop();
+    b.stop();
+}
+
+/// Partitions claimed below the fencing floor (by a replica that joined
+/// after a reset of etcd it could not see, or before an operator raised
+/// the floor) are handed over and claimed again above it once the group
+/// changes.
+#[test]
+fn partitions_claimed_below_the_fencing_floor_are_claimed_again_above_it() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = replica(&etcd, "below", "a", &record);
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    etcd.put("/reconq/fencing-floor", "1000000");
+    let b = replica(&etcd, "below", "b", &record);
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    record.lock().clear();
+    for r in [&a, &b] {
+        for key in 0..KEYS {
+            r.enqueue(key);
+        }
+    }
+    for r in [&a, &b] {
+        assert!(r.wait_idle(PATIENCE));
+    }
+    let runs = record.lock().clone();
+    assert_eq!(runs.iter().map(|(_, k, _)| *k).collect::<BTreeSet<u32>>().len(), KEYS as usize);
+    assert!(runs.iter().all(|(_, _, token)| *token > 1_000_000), "{runs:?}");
+    a.stop();
+    b.stop();
+}
+
+/// Claiming many partitions neither starves the keep-alive nor starts
+/// over (a lost lease drops them all): a lone replica comes to own every
+/// one of 4,096 partitions, and of 65,536 (the most a group may have).
+#[test]
+fn a_replica_owns_thousands_of_partitions() {
+    let etcd = Etcd::start();
+    for (partitions, patience) in [(4096, PATIENCE), (65_536, PATIENCE * 9)] {
+        let name = format!("many-{partitions}");
+        // etcd's default TTL, as a user would run it.
+        let sh = Sharding::new(&etcd.endpoint, &name).partitions(partitions).ttl(Duration::from_secs(5)).identity("a");
+        let h = Controller::new(name, |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .sharding(sh)
+            .start();
+        wait_for_within(&format!("all {partitions} partitions owned"), patience, || {
+            h.owned_partitions().len() == partitions as usize
+        });
+        h.stop();
+        assert!(h.join_timeout(PATIENCE));
+    }
+}
+
 #[test]
 fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     for bad in ["127.0.0.1:2379", "http://nohost"] {
@@ -150,6 +255,9 @@ fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     assert!(Sharding::try_new(["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
     let sh = Sharding::new("http://127.0.0.1:1", "x");
     assert!(sh.clone().try_partitions(0).is_err());
+    let too_many = sh.clone().try_partitions(65_537).unwrap_err().to_string();
+    assert!(too_many.contains("partitions") && too_many.contains("65536"), "{too_many}");
+    assert!(sh.clone().try_partitions(65_536).is_ok());
     assert!(sh.clone().try_ttl(Duration::from_secs(1)).is_err());
     assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.partitions(0))).is_err(), "the builder panics");
 

@@ -2,8 +2,15 @@
 //! a lease kept alive every `ttl / 3`; a campaign is one transaction that
 //! creates the election key, attached to the lease, only if it is absent;
 //! standbys watch the key and campaign again the moment it is deleted (no
-//! polling). The key's create revision is the fencing token: each new
-//! leadership creates the key anew, so tokens strictly increase.
+//! polling). The fencing token is the key's create revision above the
+//! fencing floor (`floor.rs`): each new leadership creates the key anew, so
+//! tokens strictly increase, across a reset of etcd's history too.
+//!
+//! A reply from a reset history (etcd wiped, or restored from an older
+//! snapshot) makes a leader step down at once, as a lost lease does; every
+//! process that sees it raises the floor and waits a TTL before it
+//! campaigns again, by when any leader of the old history has stopped (its
+//! renew deadline has passed: it cannot renew in the new history).
 //!
 //! Safety does not rest on the campaign thread being timely. A leader
 //! counts itself leader only until `renewed + renew_deadline`, measured
@@ -18,13 +25,14 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::floor::{self, FLOOR_KEY, floor_of};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
     renew_deadline,
 };
 use crate::error::InvalidArgument;
-use crate::etcd::{Created, EtcdClient, Watch};
+use crate::etcd::{Created, EtcdClient, EtcdError, KeyValue, Reset, Watch};
 use crate::logs;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
@@ -92,6 +100,8 @@ struct State {
     /// Who leads, as last seen (their identity).
     leader: Option<String>,
     last_error: Option<String>,
+    /// The highest fencing floor read (see `floor.rs`).
+    floor: u64,
     /// Called (outside the lock) when leadership is lost.
     on_lost: Vec<Weak<dyn Fn() + Send + Sync>>,
     thread: Option<JoinHandle<()>>,
@@ -231,8 +241,8 @@ impl LeaderElection {
     }
 
     /// The fencing token of the current leadership, if this process leads:
-    /// etcd's create revision of the election key, strictly increasing
-    /// with each new leadership (L2).
+    /// etcd's create revision of the election key above the fencing floor,
+    /// strictly increasing with each new leadership (L2).
     pub fn fencing_token(&self) -> Option<u64> {
         self.token()
     }
@@ -369,9 +379,12 @@ struct Settings {
 }
 
 impl Election {
-    /// The token of a leadership still within its renew deadline.
+    /// The token of a leadership still within its renew deadline, with no
+    /// reset of etcd's history seen and not yet dealt with (the campaign
+    /// thread then steps down).
     fn live_token(&self, st: &State) -> Option<u64> {
-        st.leading.filter(|l| l.renewed.elapsed() < self.renew_deadline()).map(|l| l.token)
+        let reset = self.client.pending_reset().is_some();
+        st.leading.filter(|l| !reset && l.renewed.elapsed() < self.renew_deadline()).map(|l| l.token)
     }
 
     /// The leader stops counting itself leader this long after its last
@@ -425,7 +438,13 @@ impl Election {
         !Self::wanted(&st)
     }
 
-    fn failed(&self, what: &str, error: &dyn fmt::Display, backoff: &mut Duration) -> bool {
+    /// A call failed: log, show and wait the back-off; returns whether
+    /// unwanted. A reset of etcd's history is left at once to the
+    /// campaign's loop ([`recover_from_reset`](Self::recover_from_reset)).
+    fn failed(&self, what: &str, error: &EtcdError, backoff: &mut Duration) -> bool {
+        if error.reset().is_some() {
+            return self.unwanted();
+        }
         let message = format!("{what}: {error}");
         logs::election_error(&self.name, &message, *backoff);
         self.state.lock().last_error = Some(message);
@@ -452,6 +471,12 @@ impl Election {
     fn campaign_while_wanted(&self) {
         let mut backoff = FIRST_BACKOFF;
         while !self.unwanted() {
+            if let Some(reset) = self.client.pending_reset() {
+                if self.recover_from_reset(reset, &mut backoff) {
+                    break;
+                }
+                continue;
+            }
             self.set_lease_held(true);
             let sent = Instant::now();
             let lease = match self.client.grant(self.ttl) {
@@ -464,23 +489,47 @@ impl Election {
                     continue;
                 }
             };
-            match self.client.create_if_absent(&self.key, self.identity.as_bytes(), lease) {
-                Ok(Created::Created { revision }) => {
-                    backoff = FIRST_BACKOFF;
-                    self.lead(lease, revision as u64, sent);
-                }
-                Ok(Created::Taken { holder, revision }) => {
+            let created = self.client.create_if_absent(
+                std::slice::from_ref(&self.key),
+                self.identity.as_bytes(),
+                lease,
+                FLOOR_KEY,
+            );
+            match created {
+                Ok(Created::Created { revision, read }) => match self.note_floor(read.as_ref()) {
+                    Ok(floor) => {
+                        backoff = FIRST_BACKOFF;
+                        self.lead(lease, floor::token(floor, revision), sent);
+                    }
+                    Err(e) => {
+                        let _ = self.client.revoke(lease);
+                        self.set_lease_held(false);
+                        if self.failed("campaigning", &e, &mut backoff) {
+                            break;
+                        }
+                    }
+                },
+                Ok(Created::Taken { holders, revision, read }) => {
                     backoff = FIRST_BACKOFF;
                     // Not ours: give the lease back and watch for the key's
                     // deletion (by its holder's stop, or its lease expiring).
                     let _ = self.client.revoke(lease);
                     self.set_lease_held(false);
+                    let floor_error = self.note_floor(read.as_ref()).err().map(|e| e.to_string());
                     {
                         let mut st = self.state.lock();
-                        st.leader = Some(String::from_utf8_lossy(&holder.value).into_owned());
-                        st.last_error = None;
+                        st.leader = holders.first().map(|holder| String::from_utf8_lossy(&holder.value).into_owned());
+                        st.last_error = floor_error;
                     }
-                    self.watch_until_free(revision, &mut backoff);
+                    let floor_changed = read.as_ref().map_or(0, |floor| floor.mod_revision);
+                    match holders.first().filter(|holder| holder.create_revision < floor_changed) {
+                        Some(holder) => {
+                            if self.end_below_floor(holder, &mut backoff) {
+                                break;
+                            }
+                        }
+                        None => self.watch_until_free(revision, &mut backoff),
+                    }
                 }
                 Err(e) => {
                     let _ = self.client.revoke(lease);
@@ -490,6 +539,47 @@ impl Election {
                     }
                 }
             }
+        }
+    }
+
+    /// Takes in the fencing floor as read with the election key: the floor
+    /// it holds.
+    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
+        let floor = floor_of(kv)?;
+        let mut st = self.state.lock();
+        st.floor = st.floor.max(floor);
+        Ok(floor)
+    }
+
+    /// etcd's history was reset (guarantees §10 L2): a leader has stepped
+    /// down already (its renewal failed with the reset). Raise the floor
+    /// past every token this process saw, then wait a TTL, by when any
+    /// leader of the old history has passed its renew deadline; returns
+    /// whether unwanted.
+    fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
+        let seen = self.state.lock().floor;
+        let report = |message: String, target| {
+            logs::election_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
+        self.state.lock().floor = floor;
+        self.sleep(self.ttl)
+    }
+
+    /// The leader `holder` campaigned before the fencing floor last rose
+    /// (after a reset of etcd's history it could not see, having started
+    /// after it; or an operator set the floor): its token may lie below
+    /// tokens of the old history. End its leadership by revoking its lease
+    /// (its next keep-alive finds it gone, L3), then wait a TTL, by when it
+    /// has passed its renew deadline, before campaigning (L1). Returns
+    /// whether unwanted.
+    fn end_below_floor(&self, holder: &KeyValue, backoff: &mut Duration) -> bool {
+        logs::election_below_floor(&self.name, &String::from_utf8_lossy(&holder.value), holder.create_revision);
+        match self.client.revoke(holder.lease) {
+            Ok(()) => self.sleep(self.ttl),
+            Err(e) => self.failed("ending a leadership below the fencing floor", &e, backoff),
         }
     }
 
@@ -540,6 +630,11 @@ impl Election {
                     // Workers that found the leadership lapsed while this
                     // answer was on its way wait for it.
                     self.cv.notify_all();
+                }
+                // Step down at once: the campaign's loop recovers.
+                Renewal::Failed(e) if e.reset().is_some() => {
+                    self.lose(token, "etcd's history was reset");
+                    return;
                 }
                 Renewal::Failed(e) => self.state.lock().last_error = Some(format!("renewing the lease: {e}")),
                 Renewal::Lost(why) => {

@@ -2,6 +2,7 @@
 //! replica of many reconciles; the others wait as warm standbys) and
 //! [`Sharding`] (replicas split the keys' partitions between them).
 
+mod floor;
 mod leader;
 mod lease;
 mod partition;

@@ -5,11 +5,14 @@
 //! Each replica keeps a lease and a member key under it
 //! (`/reconq/shard/<name>/members/<identity>`). A partition is owned by
 //! holding `/reconq/shard/<name>/partitions/<p>` with one's lease, created
-//! only if absent (one transaction); its create revision is the partition's
+//! only if absent (up to [`MAX_TXN_OPS`] of them in one transaction); its
+//! create revision above the fencing floor (`floor.rs`) is the partition's
 //! fencing token, so tokens strictly increase with each owner. One thread
 //! per replica watches the prefix (no polling) and, on every change,
 //! targets ⌊P/N⌋ or ⌈P/N⌉ partitions (by its rank among the sorted member
-//! identities): it claims free ones and gives extras up.
+//! identities): it claims free ones and gives extras up. Another keeps the
+//! lease alive, so neither claiming thousands of partitions nor a slow
+//! `resync` can make it late.
 //!
 //! Giving a partition up (H4): it is first marked releasing, so its keys
 //! are no longer handed out; once the reconciles of its keys have returned
@@ -19,19 +22,27 @@
 //! election, a replica acts on its partitions only until its renew
 //! deadline (two thirds of the TTL after its last renewal was sent), so
 //! one cut off from etcd stops before its lease can expire on the server.
+//!
+//! A reply from a reset history (etcd wiped, or restored from an older
+//! snapshot) stops every reconcile at once (the client refuses every call
+//! until the reset is accepted, and a replica with a reset pending owns
+//! nothing); the replica drops its partitions, raises the fencing floor,
+//! and joins again after a TTL, by when every owner of the old history has
+//! passed its renew deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::floor::{self, FLOOR_KEY, floor_of};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
     renew_deadline,
 };
 use crate::error::InvalidArgument;
-use crate::etcd::{Created, EtcdClient, KeyValue, Watch};
+use crate::etcd::{Created, EtcdClient, EtcdError, KeyValue, MAX_TXN_OPS, Reset, Watch};
 use crate::logs;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
@@ -40,6 +51,12 @@ use crate::thread::spawn_named;
 
 /// The default number of partitions.
 const DEFAULT_PARTITIONS: u32 = 64;
+/// The most partitions a group may have. Each is a key in etcd that every
+/// replica reads (without values) on every change to the group: 65,536
+/// keys make a read of a few megabytes, which a busy etcd sends within
+/// seconds, and a lone replica claims them all in tens of seconds (batches
+/// of [`MAX_TXN_OPS`]). More would make each change cost more than a TTL.
+const MAX_PARTITIONS: u32 = 65_536;
 /// How long the reconciles of a partition being given up may run on
 /// before they are cancelled.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
@@ -82,11 +99,15 @@ struct State {
     /// Live replicas, as last seen.
     members: usize,
     last_error: Option<String>,
+    /// The highest fencing floor read (see `floor.rs`).
+    floor: u64,
     hooks: Option<Arc<dyn ShardHooks>>,
 }
 
 struct Owned {
     token: u64,
+    /// The create revision of its key (ours while it is this).
+    created: i64,
     /// Being given up: its keys are no longer handed out; since when.
     releasing: Option<Instant>,
     /// The reconciles of its keys still running were cancelled.
@@ -160,12 +181,14 @@ impl Sharding {
         Self::build(s.name.clone(), s.client.endpoints().to_vec(), identity, ttl, partitions)
     }
 
-    /// How many partitions the key space is split into (default 64). Every
-    /// replica of a group must use the same number.
+    /// How many partitions the key space is split into (default 64, at most
+    /// 65,536: each is a key in etcd that every replica reads on every
+    /// change to the group). Every replica of a group must use the same
+    /// number.
     ///
     /// # Panics
-    /// Zero partitions; [`try_partitions`](Self::try_partitions) returns
-    /// the error instead.
+    /// Zero partitions or more than 65,536;
+    /// [`try_partitions`](Self::try_partitions) returns the error instead.
     pub fn partitions(self, partitions: u32) -> Self {
         self.try_partitions(partitions).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -173,10 +196,13 @@ impl Sharding {
     /// [`partitions`](Self::partitions), with bad input as an error.
     ///
     /// # Errors
-    /// Zero partitions.
+    /// Zero partitions or more than 65,536.
     pub fn try_partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
-        if partitions == 0 {
-            return Err(InvalidArgument::new("partitions must be at least 1"));
+        if !(1..=MAX_PARTITIONS).contains(&partitions) {
+            return Err(InvalidArgument::new(format!(
+                "partitions must be between 1 and {MAX_PARTITIONS} (each is a key in etcd that every replica \
+                 reads on every change to the group), got {partitions}"
+            )));
         }
         let (identity, ttl) = (self.inner.identity.clone(), self.inner.ttl);
         Ok(self.rebuild(identity, ttl, partitions))
@@ -306,7 +332,7 @@ impl Sharding {
     }
 
     pub fn model_claim(&self, partition: u32, token: u64) {
-        let owned = Owned { token, releasing: None, cancelled: false, in_flight: 0 };
+        let owned = Owned { token, created: token as i64, releasing: None, cancelled: false, in_flight: 0 };
         self.inner.state.lock().owned.insert(partition, owned);
     }
 
@@ -356,8 +382,18 @@ impl Drop for ShardSeat {
 }
 
 impl Shards {
+    /// Whether our partitions are ours to act on: the lease renewed within
+    /// its deadline, and no reset of etcd's history seen and not yet dealt
+    /// with (the membership thread then drops them).
     fn live(&self, st: &State) -> bool {
-        st.renewed.is_some_and(|r| r.elapsed() < renew_deadline(self.ttl))
+        st.renewed.is_some_and(|r| r.elapsed() < renew_deadline(self.ttl)) && self.client.pending_reset().is_none()
+    }
+
+    /// Whether the membership thread should leave [`serve`](Self::serve):
+    /// stopped, the lease lost (or replaced), or a reset to deal with.
+    fn interrupted(&self, lease: i64) -> bool {
+        let st = self.state.lock();
+        st.stopped || st.lease != Some(lease) || self.client.pending_reset().is_some()
     }
 
     fn stopped(&self) -> bool {
@@ -384,7 +420,13 @@ impl Shards {
         st.stopped
     }
 
-    fn failed(&self, what: &str, error: &dyn fmt::Display, backoff: &mut Duration) -> bool {
+    /// A call failed: log, show and wait the back-off; returns whether
+    /// stopped. A reset of etcd's history is left at once to the
+    /// membership thread's loop.
+    fn failed(&self, what: &str, error: &EtcdError, backoff: &mut Duration) -> bool {
+        if error.reset().is_some() {
+            return self.stopped();
+        }
         let message = format!("{what}: {error}");
         logs::sharding_error(&self.name, &message, *backoff);
         self.state.lock().last_error = Some(message);
@@ -398,6 +440,12 @@ impl Shards {
     fn run(self: Arc<Self>) {
         let mut backoff = FIRST_BACKOFF;
         while !self.stopped() {
+            if let Some(reset) = self.client.pending_reset() {
+                if self.recover_from_reset(reset, &mut backoff) {
+                    return;
+                }
+                continue;
+            }
             let sent = Instant::now();
             let lease = match self.client.grant(self.ttl) {
                 Ok(lease) => lease,
@@ -427,70 +475,138 @@ impl Shards {
                 st.last_error = None;
             }
             backoff = FIRST_BACKOFF;
-            self.serve(lease, sent);
+            let keeper = Arc::clone(&self);
+            if let Err(e) = spawn_named(format!("reconq-shard-lease-{}", self.name), None, move || {
+                keeper.keep_alive(lease, sent);
+            }) {
+                let e = EtcdError::invalid(format!("cannot spawn the keep-alive thread: {e}"));
+                self.lose_everything("no keep-alive thread");
+                let _ = self.client.revoke(lease);
+                if self.failed("joining", &e, &mut backoff) {
+                    return;
+                }
+                continue;
+            }
+            self.serve(lease);
         }
     }
 
-    /// Keeps `lease` alive and the partitions balanced until the lease is
-    /// lost (then everything held under it is dropped) or stopped.
-    fn serve(&self, lease: i64, granted: Instant) {
+    /// etcd's history was reset (guarantees §11 H4): drop every partition
+    /// (cancelling their reconciles), raise the floor past every token this
+    /// replica saw, then wait a TTL, by when every owner of the old history
+    /// has passed its renew deadline; returns whether stopped.
+    fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
+        self.lose_everything("etcd's history was reset");
+        let seen = self.state.lock().floor;
+        let report = |message: String, target| {
+            logs::sharding_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
+        self.state.lock().floor = floor;
+        self.sleep(self.ttl)
+    }
+
+    /// Keeps `lease` (granted by a call sent at `granted`) alive, on a
+    /// thread of its own, until stopped, lost, or replaced.
+    fn keep_alive(&self, lease: i64, granted: Instant) {
         let mut keeper = LeaseKeeper::new(lease, self.ttl, granted);
-        // The group as last read, and whether it may have changed since.
-        let mut seen: Option<i64> = None;
-        let mut stale = true;
         loop {
-            if self.stopped() {
-                return;
-            }
-            if stale {
-                match self.client.range_prefix(&self.prefix) {
-                    Ok((kvs, revision)) => {
-                        (seen, stale) = (Some(revision), false);
-                        self.rebalance(&kvs, lease);
+            {
+                let mut st = self.state.lock();
+                loop {
+                    if st.stopped || st.lease != Some(lease) {
+                        return;
                     }
-                    Err(e) => self.state.lock().last_error = Some(format!("reading the group: {e}")),
-                }
-            } else if self.releasing() {
-                self.finish_hand_overs();
-            }
-            // Wait for a change, the keep-alive, or (while giving
-            // partitions up) their reconciles to return. An idle replica
-            // asks etcd for nothing but its keep-alives.
-            let mut wake = keeper.due();
-            if self.releasing() {
-                wake = wake.min(Instant::now() + RELEASE_POLL);
-            }
-            let wait = wake.saturating_duration_since(Instant::now());
-            match seen {
-                Some(revision) if !wait.is_zero() => {
-                    match self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.stopped()) {
-                        Ok(changed) => stale |= changed,
-                        Err(e) => {
-                            self.state.lock().last_error = Some(format!("watching the group: {e}"));
-                            (seen, stale) = (None, true);
-                            self.sleep(wake.saturating_duration_since(Instant::now()).min(RELEASE_POLL * 10));
-                        }
+                    if self.cv.wait_until(&mut st, keeper.due()).timed_out() {
+                        break;
                     }
                 }
-                Some(_) => {}
-                None => {
-                    stale = true;
-                    self.sleep(wait.min(RELEASE_POLL * 10));
-                }
-            }
-            if Instant::now() < keeper.due() {
-                continue;
             }
             match keeper.renew(&self.client) {
                 Renewal::Renewed(sent) => {
                     let mut st = self.state.lock();
-                    st.renewed = Some(sent);
-                    st.last_error = None;
+                    if st.lease == Some(lease) {
+                        st.renewed = Some(sent);
+                        st.last_error = None;
+                    }
                 }
-                Renewal::Failed(e) => self.state.lock().last_error = Some(format!("renewing the lease: {e}")),
+                // Stop at once; the membership thread does the rest.
+                Renewal::Failed(e) if e.reset().is_some() => {
+                    self.lose_everything("etcd's history was reset");
+                    self.cv.notify_all();
+                    return;
+                }
+                Renewal::Failed(e) => self.note_error("renewing the lease", &e),
                 Renewal::Lost(why) => {
                     self.lose_everything(why);
+                    self.cv.notify_all();
                     return;
+                }
+            }
+        }
+    }
+
+    fn note_error(&self, what: &str, e: &EtcdError) {
+        self.state.lock().last_error = Some(format!("{what}: {e}"));
+    }
+
+    /// Takes in the fencing floor as read: the floor it holds.
+    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
+        let floor = floor_of(kv)?;
+        let mut st = self.state.lock();
+        st.floor = st.floor.max(floor);
+        Ok(floor)
+    }
+
+    /// Keeps the partitions balanced under `lease` until the lease is lost
+    /// (then everything held under it is dropped), a reset of etcd's
+    /// history is seen, or stopped.
+    fn serve(&self, lease: i64) {
+        // How long a quiet watch stays open before the thread looks whether
+        // it was interrupted (the keep-alive thread renews meanwhile).
+        let poll = self.ttl / 3;
+        // The group as last read, and whether it may have changed since.
+        let mut seen: Option<i64> = None;
+        let mut stale = true;
+        loop {
+            if self.interrupted(lease) {
+                return;
+            }
+            if stale {
+                match self.client.range_prefix(&self.prefix, FLOOR_KEY) {
+                    Ok(group) => {
+                        (seen, stale) = (Some(group.revision), false);
+                        if let Err(e) = self.note_floor(group.read.as_ref()) {
+                            self.note_error("reading the fencing floor", &e);
+                        }
+                        let floor_changed = group.read.as_ref().map_or(0, |floor| floor.mod_revision);
+                        self.rebalance(&group.kvs, lease, floor_changed);
+                    }
+                    Err(e) => self.note_error("reading the group", &e),
+                }
+            } else if self.releasing() {
+                self.finish_hand_overs();
+            }
+            // Wait for a change or (while giving partitions up) their
+            // reconciles to return. An idle replica asks etcd for nothing
+            // but its keep-alives and this watch.
+            let wait = if self.releasing() { RELEASE_POLL } else { poll };
+            match seen {
+                Some(revision) => {
+                    match self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.interrupted(lease)) {
+                        Ok(changed) => stale |= changed,
+                        Err(e) => {
+                            self.note_error("watching the group", &e);
+                            (seen, stale) = (None, true);
+                            self.sleep(RELEASE_POLL * 10);
+                        }
+                    }
+                }
+                None => {
+                    stale = true;
+                    self.sleep(RELEASE_POLL * 10);
                 }
             }
         }
@@ -503,7 +619,7 @@ impl Shards {
     /// One look at the group (`kvs`: every member and partition key):
     /// forget partitions that are no longer ours, finish hand-overs whose
     /// reconciles returned, give extras up and claim free ones.
-    fn rebalance(&self, kvs: &[KeyValue], lease: i64) {
+    fn rebalance(&self, kvs: &[KeyValue], lease: i64, floor_changed: i64) {
         let members_prefix = format!("{}members/", self.prefix);
         let partitions_prefix = format!("{}partitions/", self.prefix);
         let mut members: Vec<&str> = kvs.iter().filter_map(|kv| kv.key.strip_prefix(&members_prefix)).collect();
@@ -517,7 +633,7 @@ impl Shards {
             let st = self.state.lock();
             st.owned
                 .iter()
-                .filter(|(p, o)| holders.get(p).is_none_or(|kv| kv.create_revision as u64 != o.token))
+                .filter(|(p, o)| holders.get(p).is_none_or(|kv| kv.create_revision != o.created))
                 .map(|(&p, _)| p)
                 .collect()
         };
@@ -534,15 +650,17 @@ impl Shards {
         let (held, extras) = {
             let mut st = self.state.lock();
             st.members = members.len();
-            let held = st.owned.values().filter(|o| o.releasing.is_none()).count();
-            let extras: Vec<u32> = st
-                .owned
-                .iter()
-                .rev()
-                .filter(|(_, o)| o.releasing.is_none())
-                .map(|(&p, _)| p)
-                .take(held.saturating_sub(target))
-                .collect();
+            // Claimed before the fencing floor last rose (after a reset of
+            // etcd this replica did not see, having joined after it; or an
+            // operator set the floor): their tokens may lie below tokens of
+            // the old history. Handed over like extras, to be claimed again
+            // (by whoever should own them) above the floor.
+            let kept = |o: &Owned| o.releasing.is_none() && o.created >= floor_changed;
+            let below_floor = st.owned.iter().filter(|(_, o)| o.releasing.is_none() && !kept(o)).map(|(&p, _)| p);
+            let mut extras: Vec<u32> = below_floor.collect();
+            let held = st.owned.values().filter(|o| kept(o)).count();
+            let kept_ones = st.owned.iter().rev().filter(|(_, o)| kept(o)).map(|(&p, _)| p);
+            extras.extend(kept_ones.take(held.saturating_sub(target)));
             let now = Instant::now();
             for p in &extras {
                 if let Some(o) = st.owned.get_mut(p) {
@@ -559,19 +677,11 @@ impl Shards {
         if wanted == 0 {
             return;
         }
+        let free: Vec<u32> = (0..self.partitions).filter(|p| !holders.contains_key(p)).take(wanted).collect();
         let mut gained = BTreeSet::new();
-        for p in (0..self.partitions).filter(|p| !holders.contains_key(p)).take(wanted) {
-            match self.client.create_if_absent(&self.partition_key(p), self.identity.as_bytes(), lease) {
-                Ok(Created::Created { revision }) => {
-                    let owned = Owned { token: revision as u64, releasing: None, cancelled: false, in_flight: 0 };
-                    self.state.lock().owned.insert(p, owned);
-                    gained.insert(p);
-                }
-                Ok(Created::Taken { .. }) => {}
-                Err(e) => {
-                    self.state.lock().last_error = Some(format!("claiming partition {p}: {e}"));
-                    break;
-                }
+        for batch in free.chunks(MAX_TXN_OPS) {
+            if self.interrupted(lease) || !self.claim(batch, lease, &mut gained) {
+                break;
             }
         }
         if !gained.is_empty() {
@@ -579,6 +689,43 @@ impl Shards {
             let hooks = self.state.lock().hooks.clone();
             if let Some(hooks) = hooks {
                 hooks.gained(&gained);
+            }
+        }
+    }
+
+    /// Claims `batch` (free when last read) in one transaction, adding them
+    /// to `gained`; returns whether it did (a partition taken meanwhile
+    /// fails the whole batch: the watch then says the group changed).
+    fn claim(&self, batch: &[u32], lease: i64, gained: &mut BTreeSet<u32>) -> bool {
+        let keys: Vec<String> = batch.iter().map(|&p| self.partition_key(p)).collect();
+        match self.client.create_if_absent(&keys, self.identity.as_bytes(), lease, FLOOR_KEY) {
+            Ok(Created::Created { revision, read }) => {
+                // A floor that is not a number: give the batch back at once,
+                // never admitting a key of it.
+                let (token, releasing) = match self.note_floor(read.as_ref()) {
+                    Ok(floor) => (floor::token(floor, revision), None),
+                    Err(e) => {
+                        self.note_error("claiming partitions", &e);
+                        (0, Some(Instant::now()))
+                    }
+                };
+                let mut st = self.state.lock();
+                // Lost meanwhile: the keys go with the lease.
+                if st.lease != Some(lease) {
+                    return false;
+                }
+                for &p in batch {
+                    st.owned.insert(p, Owned { token, created: revision, releasing, cancelled: false, in_flight: 0 });
+                }
+                if releasing.is_none() {
+                    gained.extend(batch);
+                }
+                releasing.is_none()
+            }
+            Ok(Created::Taken { .. }) => false,
+            Err(e) => {
+                self.note_error("claiming partitions", &e);
+                false
             }
         }
     }
@@ -591,27 +738,37 @@ impl Shards {
         if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
             hooks.cancel(&overdue);
         }
-        for (p, token) in done {
-            // Only while still ours: a key recreated by someone else (our
-            // lease expired meanwhile) is theirs.
-            match self.client.delete_if_created(&self.partition_key(p), token as i64) {
-                Ok(_) => self.forget(p),
-                Err(e) => self.state.lock().last_error = Some(format!("giving partition {p} up: {e}")),
-            }
+        for batch in done.chunks(MAX_TXN_OPS) {
+            self.give_up(batch);
+        }
+    }
+
+    /// Deletes the keys of `batch` (partitions and their keys' create
+    /// revisions) in one transaction, each only while still ours: a key
+    /// recreated by someone else (our lease expired meanwhile) is theirs.
+    /// If one is not ours any more, the others go one by one.
+    fn give_up(&self, batch: &[(u32, i64)]) {
+        let keys: Vec<(String, i64)> = batch.iter().map(|&(p, created)| (self.partition_key(p), created)).collect();
+        match self.client.delete_if_created(&keys) {
+            Ok(true) => batch.iter().for_each(|&(p, _)| self.forget(p)),
+            Ok(false) if batch.len() > 1 => batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one))),
+            // Not ours any more: gone already.
+            Ok(false) => self.forget(batch[0].0),
+            Err(e) => self.note_error("giving partitions up", &e),
         }
     }
 
     /// Of the partitions being given up: those whose reconciles have all
-    /// returned (their keys may be deleted now: being given up, no new
-    /// reconcile of them is admitted), and those whose reconciles run past
-    /// the grace, to cancel (once).
-    fn hand_overs_due(&self) -> (Vec<(u32, u64)>, BTreeSet<u32>) {
+    /// returned, with their keys' create revisions (their keys may be
+    /// deleted now: being given up, no new reconcile of them is admitted),
+    /// and those whose reconciles run past the grace, to cancel (once).
+    fn hand_overs_due(&self) -> (Vec<(u32, i64)>, BTreeSet<u32>) {
         let mut st = self.state.lock();
         let done = st
             .owned
             .iter()
             .filter(|(_, o)| o.releasing.is_some() && o.in_flight == 0)
-            .map(|(&p, o)| (p, o.token))
+            .map(|(&p, o)| (p, o.created))
             .collect();
         let mut overdue = BTreeSet::new();
         for (&p, o) in st.owned.iter_mut() {

@@ -4,30 +4,83 @@
 //! reconq runs them on its own threads, with no async runtime.
 //!
 //! Only what leader election and sharding need: leases (grant, keep-alive,
-//! revoke), a put, a create-if-absent and a delete-if-ours transaction, a
-//! prefix read, and a watch (for a key's deletion, or any change under a
-//! prefix). Keys and values are base64 in the gateway's JSON and 64-bit
-//! integers are JSON strings; this module hides both.
+//! revoke), a put, a create-if-absent, a put-if-unchanged and a
+//! delete-if-ours transaction, reads, and a watch (for a key's deletion, or
+//! any change under a prefix). Keys and values are base64 in the gateway's
+//! JSON and 64-bit integers are JSON strings; this module hides both.
+//!
+//! Every reply's header goes through the client's [`History`]: a reply
+//! from a reset history fails the call with [`EtcdError::reset`] set, once,
+//! so whoever acts on what etcd said can stop first (see `history.rs`).
+
+mod history;
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
+pub(crate) use self::history::Reset;
+use self::history::{History, Seen};
+use crate::sync::Mutex;
+
 /// How long a unary call may take, connection included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why a call failed: etcd unreachable, an HTTP error, or a reply that is
-/// not what the gateway sends.
+/// How long [`EtcdClient::range_prefix`] may take: long enough for etcd to
+/// send tens of thousands of keys while busy; only the thread reading
+/// waits on it.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most keys [`EtcdClient::create_if_absent`] creates in one
+/// transaction: etcd refuses transactions of more than `--max-txn-ops`
+/// operations per branch (128 by default); one is left for the read.
+pub(crate) const MAX_TXN_OPS: usize = 127;
+
+/// Why a call failed: etcd unreachable, an HTTP error, a reply that is
+/// not what the gateway sends, or a reply from a reset history.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdError(String);
+pub struct EtcdError {
+    message: String,
+    reset: Option<Reset>,
+}
+
+impl EtcdError {
+    fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), reset: None }
+    }
+
+    /// What etcd holds is not what reconq put there.
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(format!("etcd: {}", message.into()))
+    }
+
+    /// The reply came from a new history (etcd's data wiped, or restored
+    /// from an older snapshot): what was seen of the old one. The call
+    /// itself may have been carried out in the new history.
+    pub(crate) fn reset(&self) -> Option<Reset> {
+        self.reset
+    }
+}
+
+impl From<Reset> for EtcdError {
+    fn from(reset: Reset) -> Self {
+        let message = format!(
+            "etcd's history was reset: a reply at revision {} after revision {} was seen \
+             (its data wiped, or restored from an older snapshot)",
+            reset.revision, reset.highest_revision
+        );
+        Self { message, reset: Some(reset) }
+    }
+}
 
 impl fmt::Display for EtcdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -35,7 +88,7 @@ impl std::error::Error for EtcdError {}
 
 impl From<ureq::Error> for EtcdError {
     fn from(e: ureq::Error) -> Self {
-        EtcdError(format!("etcd: {e}"))
+        EtcdError::new(format!("etcd: {e}"))
     }
 }
 
@@ -46,16 +99,31 @@ pub(crate) struct KeyValue {
     pub(crate) value: Vec<u8>,
     /// The revision that created the key: unique per creation, increasing.
     pub(crate) create_revision: i64,
+    /// The revision of its last change.
+    pub(crate) mod_revision: i64,
     pub(crate) lease: i64,
 }
 
-/// What a create-if-absent transaction found.
+/// What a create-if-absent transaction found, with the key it also read
+/// (in the same transaction).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Created {
-    /// The key was absent and is now ours, created at this revision.
-    Created { revision: i64 },
-    /// Someone holds it; `revision` is the store's revision when we looked.
-    Taken { holder: KeyValue, revision: i64 },
+    /// The keys were absent and are now ours, created at this revision.
+    Created { revision: i64, read: Option<KeyValue> },
+    /// Some are held (`holders`: those); `revision` is the store's
+    /// revision when we looked.
+    Taken { holders: Vec<KeyValue>, revision: i64, read: Option<KeyValue> },
+}
+
+/// What [`EtcdClient::range_prefix`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrefixRead {
+    /// Every key under the prefix, without its value.
+    pub(crate) kvs: Vec<KeyValue>,
+    /// The key read with them, if it exists.
+    pub(crate) read: Option<KeyValue>,
+    /// The store's revision at that read.
+    pub(crate) revision: i64,
 }
 
 /// What a [`EtcdClient::watch`] waits for.
@@ -86,6 +154,8 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 pub(crate) struct EtcdClient {
     endpoints: Vec<String>,
     agent: ureq::Agent,
+    /// Shared by clones: one view of etcd's history per client.
+    history: Arc<Mutex<History>>,
 }
 
 impl fmt::Debug for EtcdClient {
@@ -112,7 +182,7 @@ impl EtcdClient {
     pub(crate) fn new(endpoints: Vec<String>) -> Self {
         let agent =
             ureq::Agent::config_builder().timeout_global(Some(CALL_TIMEOUT)).http_status_as_error(true).build().into();
-        Self { endpoints, agent }
+        Self { endpoints, agent, history: Arc::default() }
     }
 
     pub(crate) fn endpoints(&self) -> &[String] {
@@ -128,12 +198,13 @@ impl EtcdClient {
     /// [`call`](Self::call), giving up after `timeout` in all (over every
     /// member tried).
     fn call_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value, EtcdError> {
+        let before = self.before_request()?;
         let deadline = Instant::now() + timeout;
-        let mut last = EtcdError("etcd: no endpoint".into());
+        let mut last = EtcdError::new("etcd: no endpoint");
         for endpoint in &self.endpoints {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(EtcdError(format!("etcd: no answer within {timeout:?}")));
+                return Err(EtcdError::new(format!("etcd: no answer within {timeout:?}")));
             }
             let url = format!("{endpoint}/v3/{path}");
             let request = self
@@ -146,13 +217,40 @@ impl EtcdClient {
             match request.send(body.to_string()) {
                 Ok(mut response) => {
                     let text = response.body_mut().read_to_string()?;
-                    return serde_json::from_str(&text)
-                        .map_err(|e| EtcdError(format!("etcd: bad reply to {path}: {e}: {text}")));
+                    let reply = serde_json::from_str(&text)
+                        .map_err(|e| EtcdError::new(format!("etcd: bad reply to {path}: {e}: {text}")))?;
+                    self.observe(&before, &reply)?;
+                    return Ok(reply);
                 }
-                Err(e) => last = EtcdError(format!("etcd at {endpoint}: {e}")),
+                Err(e) => last = EtcdError::new(format!("etcd at {endpoint}: {e}")),
             }
         }
         Err(last)
+    }
+
+    /// What has been seen of etcd's history before a request is sent: an
+    /// error if a reset is pending.
+    fn before_request(&self) -> Result<Seen, EtcdError> {
+        Ok(self.history.lock().before_request()?)
+    }
+
+    /// Takes in the header of a reply to a request sent after `before`:
+    /// an error if it comes from a reset history (or one is pending).
+    fn observe(&self, before: &Seen, reply: &Value) -> Result<(), EtcdError> {
+        Ok(self.history.lock().observe(before, reply)?)
+    }
+
+    /// A reset of etcd's history seen and not yet
+    /// [`accept`](Self::accept_reset)ed: every call fails with it, without
+    /// reaching etcd.
+    pub(crate) fn pending_reset(&self) -> Option<Reset> {
+        self.history.lock().check().err()
+    }
+
+    /// The caller stopped acting on what the old history said: calls go
+    /// on, in the new one.
+    pub(crate) fn accept_reset(&self) {
+        self.history.lock().accept();
     }
 
     /// Grants a lease of `ttl` (whole seconds, at least 1); returns its id.
@@ -175,26 +273,65 @@ impl EtcdClient {
         self.call("lease/revoke", &json!({ "ID": id.to_string() })).map(drop)
     }
 
-    /// Creates `key` = `value` attached to `lease` if `key` does not exist,
-    /// in one transaction; otherwise reads who holds it.
-    pub(crate) fn create_if_absent(&self, key: &str, value: &[u8], lease: i64) -> Result<Created, EtcdError> {
+    /// Creates every key of `keys` = `value`, attached to `lease`, if none
+    /// of them exists, in one transaction (one revision), and reads `read`
+    /// in the same transaction; otherwise reads who holds them. At most
+    /// [`MAX_TXN_OPS`] keys.
+    pub(crate) fn create_if_absent(
+        &self,
+        keys: &[String],
+        value: &[u8],
+        lease: i64,
+        read: &str,
+    ) -> Result<Created, EtcdError> {
+        assert!(keys.len() <= MAX_TXN_OPS, "{} keys in one transaction", keys.len());
+        let keys64: Vec<String> = keys.iter().map(|k| BASE64.encode(k)).collect();
+        let read_op = json!({ "request_range": { "key": BASE64.encode(read) } });
+        let compare: Vec<Value> = keys64
+            .iter()
+            .map(|k| json!({ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }))
+            .collect();
+        let value64 = BASE64.encode(value);
+        let lease = lease.to_string();
+        let mut success: Vec<Value> =
+            keys64.iter().map(|k| json!({ "request_put": { "key": k, "value": value64, "lease": lease } })).collect();
+        success.push(read_op.clone());
+        let mut failure: Vec<Value> = keys64.iter().map(|k| json!({ "request_range": { "key": k } })).collect();
+        failure.push(read_op);
+        let reply = self.call("kv/txn", &json!({ "compare": compare, "success": success, "failure": failure }))?;
+        let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
+        let responses = reply.get("responses").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        let mut ranges = responses.iter().map(|r| {
+            let kvs = r.pointer("/response_range/kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+            kvs.first().map(key_value).transpose()
+        });
+        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            let read = ranges.nth(keys.len()).transpose()?.flatten();
+            return Ok(Created::Created { revision, read });
+        }
+        let found: Vec<Option<KeyValue>> = ranges.collect::<Result<_, _>>()?;
+        let read = found.get(keys.len()).cloned().flatten();
+        let holders = found.into_iter().take(keys.len()).flatten().collect();
+        Ok(Created::Taken { holders, revision, read })
+    }
+
+    /// Puts `key` = `value` if the key's last change is still the one at
+    /// `mod_revision` (0: if it is absent); returns whether it did.
+    pub(crate) fn put_if_unchanged(&self, key: &str, value: &[u8], mod_revision: i64) -> Result<bool, EtcdError> {
         let key64 = BASE64.encode(key);
         let body = json!({
-            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
-            "success": [{ "request_put": { "key": key64, "value": BASE64.encode(value), "lease": lease.to_string() } }],
-            "failure": [{ "request_range": { "key": key64 } }],
+            "compare": [{ "key": key64, "target": "MOD", "result": "EQUAL", "mod_revision": mod_revision.to_string() }],
+            "success": [{ "request_put": { "key": key64, "value": BASE64.encode(value) } }],
         });
         let reply = self.call("kv/txn", &body)?;
-        let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
-        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
-            return Ok(Created::Created { revision });
-        }
-        let kvs = reply.pointer("/responses/0/response_range/kvs").and_then(Value::as_array);
-        match kvs.and_then(|kvs| kvs.first()) {
-            Some(kv) => Ok(Created::Taken { holder: key_value(kv)?, revision }),
-            // Deleted between the compare and the range: try again.
-            None => Err(EtcdError(format!("etcd: {key} vanished during the transaction"))),
-        }
+        Ok(reply.get("succeeded").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// `key` as it stands, if it exists.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
+        let reply = self.call("kv/range", &json!({ "key": BASE64.encode(key) }))?;
+        let kvs = reply.get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        kvs.first().map(key_value).transpose()
     }
 
     /// Puts `key` = `value`, attached to `lease`.
@@ -203,26 +340,38 @@ impl EtcdClient {
         self.call("kv/put", &body).map(drop)
     }
 
-    /// Deletes `key` if it is still the one created at `create_revision`
-    /// (ours), in one transaction; returns whether it was.
-    pub(crate) fn delete_if_created(&self, key: &str, create_revision: i64) -> Result<bool, EtcdError> {
-        let key64 = BASE64.encode(key);
-        let body = json!({
-            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL",
-                          "create_revision": create_revision.to_string() }],
-            "success": [{ "request_delete_range": { "key": key64 } }],
-        });
-        let reply = self.call("kv/txn", &body)?;
+    /// Deletes every key of `keys` if each is still the one created at its
+    /// create revision (ours), in one transaction; returns whether they
+    /// were (if one was not, none is deleted). At most [`MAX_TXN_OPS`].
+    pub(crate) fn delete_if_created(&self, keys: &[(String, i64)]) -> Result<bool, EtcdError> {
+        assert!(keys.len() <= MAX_TXN_OPS, "{} keys in one transaction", keys.len());
+        let keys64: Vec<(String, String)> = keys.iter().map(|(k, r)| (BASE64.encode(k), r.to_string())).collect();
+        let compare: Vec<Value> = keys64
+            .iter()
+            .map(|(k, r)| json!({ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": r }))
+            .collect();
+        let success: Vec<Value> = keys64.iter().map(|(k, _)| json!({ "request_delete_range": { "key": k } })).collect();
+        let reply = self.call("kv/txn", &json!({ "compare": compare, "success": success }))?;
         Ok(reply.get("succeeded").and_then(Value::as_bool) == Some(true))
     }
 
-    /// Every key under `prefix`, and the store's revision at that read.
-    pub(crate) fn range_prefix(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), EtcdError> {
-        let body = json!({ "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)) });
-        let reply = self.call("kv/range", &body)?;
+    /// Every key under `prefix` (without its value), `read` (with its
+    /// value, in the same transaction), and the store's revision at that
+    /// read. Waits up to [`READ_TIMEOUT`]: tens of thousands of keys may
+    /// take etcd seconds to send.
+    pub(crate) fn range_prefix(&self, prefix: &str, read: &str) -> Result<PrefixRead, EtcdError> {
+        let body = json!({ "success": [
+            { "request_range": { "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)),
+                                 "keys_only": true } },
+            { "request_range": { "key": BASE64.encode(read) } },
+        ]});
+        let reply = self.call_within("kv/txn", &body, READ_TIMEOUT)?;
         let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
-        let kvs = reply.get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-        Ok((kvs.iter().map(key_value).collect::<Result<_, _>>()?, revision))
+        let kvs = |i: usize| -> Result<Vec<KeyValue>, EtcdError> {
+            let kvs = reply.pointer(&format!("/responses/{i}/response_range/kvs")).and_then(Value::as_array);
+            kvs.map_or(&[][..], Vec::as_slice).iter().map(key_value).collect()
+        };
+        Ok(PrefixRead { kvs: kvs(0)?, read: kvs(1)?.into_iter().next(), revision })
     }
 
     /// Blocks until what `watch` names happens at a revision after
@@ -250,7 +399,8 @@ impl EtcdClient {
                 "start_revision": start_revision,
             }}),
         };
-        let mut last = EtcdError("etcd: no endpoint".into());
+        let before = self.before_request()?;
+        let mut last = EtcdError::new("etcd: no endpoint");
         for endpoint in &self.endpoints {
             let url = format!("{endpoint}/v3/watch");
             let request = self
@@ -265,7 +415,7 @@ impl EtcdClient {
             let response = match request.send(body.to_string()) {
                 Ok(response) => response,
                 Err(e) => {
-                    last = EtcdError(format!("etcd at {endpoint}: {e}"));
+                    last = EtcdError::new(format!("etcd at {endpoint}: {e}"));
                     continue;
                 }
             };
@@ -278,13 +428,14 @@ impl EtcdClient {
                     Ok(line) => line,
                     // A quiet stream timed out: the caller looks again.
                     Err(e) if is_timeout(&e) => return Ok(false),
-                    Err(e) => return Err(EtcdError(format!("etcd watch: {e}"))),
+                    Err(e) => return Err(EtcdError::new(format!("etcd watch: {e}"))),
                 };
-                let event: Value =
-                    serde_json::from_str(&line).map_err(|e| EtcdError(format!("etcd watch: bad event {line}: {e}")))?;
+                let event: Value = serde_json::from_str(&line)
+                    .map_err(|e| EtcdError::new(format!("etcd watch: bad event {line}: {e}")))?;
+                self.observe(&before, &event)?;
                 let result = event.get("result").unwrap_or(&event);
                 if result.get("canceled").and_then(Value::as_bool) == Some(true) {
-                    return Err(EtcdError(format!("etcd watch canceled: {result}")));
+                    return Err(EtcdError::new(format!("etcd watch canceled: {result}")));
                 }
                 // Deletions carry `"type": "DELETE"`; with the NOPUT filter
                 // they are the only events a deletion watch gets.
@@ -292,7 +443,7 @@ impl EtcdClient {
                     return Ok(true);
                 }
             }
-            return Err(EtcdError("etcd watch ended".into()));
+            return Err(EtcdError::new("etcd watch ended"));
         }
         Err(last)
     }
@@ -306,25 +457,33 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// A 64-bit integer field, which the gateway writes as a JSON string.
 fn int_field(object: &Value, name: &str) -> Result<i64, EtcdError> {
     match object.get(name) {
-        Some(Value::String(s)) => s.parse().map_err(|_| EtcdError(format!("etcd: bad {name} {s:?}"))),
-        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| EtcdError(format!("etcd: bad {name} {n}"))),
+        Some(Value::String(s)) => s.parse().map_err(|_| EtcdError::new(format!("etcd: bad {name} {s:?}"))),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| EtcdError::new(format!("etcd: bad {name} {n}"))),
         // Zero values are left out of the gateway's JSON.
         None => Ok(0),
-        Some(other) => Err(EtcdError(format!("etcd: bad {name} {other}"))),
+        Some(other) => Err(EtcdError::new(format!("etcd: bad {name} {other}"))),
     }
 }
 
 fn key_value(kv: &Value) -> Result<KeyValue, EtcdError> {
     let value = match kv.get("value").and_then(Value::as_str) {
-        Some(v) => BASE64.decode(v).map_err(|e| EtcdError(format!("etcd: bad value: {e}")))?,
+        Some(v) => BASE64.decode(v).map_err(|e| EtcdError::new(format!("etcd: bad value: {e}")))?,
         None => Vec::new(),
     };
     let key = match kv.get("key").and_then(Value::as_str) {
-        Some(k) => String::from_utf8_lossy(&BASE64.decode(k).map_err(|e| EtcdError(format!("etcd: bad key: {e}")))?)
-            .into_owned(),
+        Some(k) => {
+            String::from_utf8_lossy(&BASE64.decode(k).map_err(|e| EtcdError::new(format!("etcd: bad key: {e}")))?)
+                .into_owned()
+        }
         None => String::new(),
     };
-    Ok(KeyValue { key, value, create_revision: int_field(kv, "create_revision")?, lease: int_field(kv, "lease")? })
+    Ok(KeyValue {
+        key,
+        value,
+        create_revision: int_field(kv, "create_revision")?,
+        mod_revision: int_field(kv, "mod_revision")?,
+        lease: int_field(kv, "lease")?,
+    })
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub struct Etcd {
     child: Child,
     dir: PathBuf,
+    peer: u16,
     pub endpoint: String,
 }
 
@@ -23,20 +24,56 @@ impl Etcd {
         let (client, peer) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("reconq-etcd-{}-{client}", std::process::id()));
         let endpoint = format!("http://127.0.0.1:{client}");
+        let child = Self::spawn(&dir, &endpoint, peer);
+        let etcd = Etcd { child, dir, peer, endpoint };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    fn spawn(dir: &std::path::Path, endpoint: &str, peer: u16) -> Child {
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
+        Command::new("etcd")
             .args(["--name", "test", "--data-dir"])
-            .arg(&dir)
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .arg(dir)
+            .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("test={peer_url}")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("the etcd binary (Debian's etcd-server; .ci/run installs it)");
-        let etcd = Etcd { child, dir, endpoint };
-        etcd.wait_healthy();
-        etcd
+            .expect("the etcd binary (Debian's etcd-server; .ci/run installs it)")
+    }
+
+    /// Kills etcd, lets `change` do what it will to its data directory,
+    /// and starts it again on the same ports.
+    fn restart_with(&mut self, change: impl FnOnce(&std::path::Path)) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        change(&self.dir);
+        self.child = Self::spawn(&self.dir, &self.endpoint, self.peer);
+        self.wait_healthy();
+    }
+
+    /// Wipes etcd's history: stops it, deletes its data directory, starts
+    /// it again on the same ports (same member and cluster ids, revisions
+    /// starting over).
+    pub fn wipe(&mut self) {
+        self.restart_with(|dir| std::fs::remove_dir_all(dir).unwrap());
+    }
+
+    /// Puts `key` = `value`.
+    pub fn put(&self, key: &str, value: &str) {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, b64(key), b64(value));
+        ureq::post(format!("{}/v3/kv/put", self.endpoint)).send(&body).unwrap();
+    }
+
+    /// Puts `key` `times` times: the store's revision grows by `times`.
+    pub fn bump(&self, key: &str, times: usize) {
+        for _ in 0..times {
+            self.put(key, "x");
+        }
     }
 
     fn wait_healthy(&self) {

@@ -71,8 +71,13 @@ pub fn expect_within<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
 }
 
 /// Polls `cond` until it holds, panicking after [`PATIENCE`].
-pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait_for_within(what, PATIENCE, cond);
+}
+
+/// Polls `cond` until it holds, panicking after `patience`.
+pub fn wait_for_within(what: &str, patience: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(ms(1));

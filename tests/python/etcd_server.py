@@ -71,6 +71,55 @@ class Etcd:
         self.proc.wait()
         self._run()
 
+    def grants(self) -> int:
+        """Leases granted since etcd last started (its own counter)."""
+        with urllib.request.urlopen(f"{self.endpoint}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("grpc_server_msg_received_total{") and 'grpc_method="LeaseGrant"' in line
+        )
+
+    def put(self, key: str, value: str) -> None:
+        body = json.dumps({"key": b64(key), "value": b64(value)}).encode()
+        request = urllib.request.Request(f"{self.endpoint}/v3/kv/put", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()
+
+    def bump(self, times: int) -> None:
+        """Puts a filler key `times` times: the store's revision grows by as many."""
+        for _ in range(times):
+            self.put("/filler", "x")
+
+    def wipe(self) -> None:
+        """Resets etcd's history: kills it, deletes its data directory and
+        starts it again on the same ports (same member and cluster ids,
+        revisions starting over)."""
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir)
+        self._run()
+
+    def backup(self) -> str:
+        """A cold copy of the data directory (etcd killed, copied, started
+        again on the same data): a snapshot to `restore` later."""
+        self.proc.kill()
+        self.proc.wait()
+        copy = tempfile.mkdtemp(prefix="reconq-etcd-backup-")
+        shutil.copytree(self.dir, copy, dirs_exist_ok=True)
+        self._run()
+        return copy
+
+    def restore(self, backup: str) -> None:
+        """Puts etcd back to `backup`: its history goes back to then."""
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir)
+        shutil.copytree(backup, self.dir)
+        shutil.rmtree(backup)
+        self._run()
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as response:

@@ -55,6 +55,10 @@ class Replicas:
         self.paused: List[Tuple[int, int, float]] = []
 
     def spawn(self, n: int = 1) -> None:
+        """Starts `n` replicas and waits until each has asked etcd for a
+        lease (campaigned, or joined): from then on it has seen etcd's
+        history, and notices if it is reset."""
+        granted = self.etcd.grants()
         started = []
         for _ in range(n):
             identity = f"replica-{self.spawned}"
@@ -69,6 +73,7 @@ class Replicas:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             self.procs[proc.pid] = proc
             self.identities[proc.pid] = identity
+        wait_for(lambda: self.etcd.grants() >= granted + n, what=f"{n} new replicas to ask for a lease")
 
     def leader_after(self, token: int, since: float = 0.0) -> Tuple[int, int]:
         """Waits for an accepted write with a token above `token` (or, with

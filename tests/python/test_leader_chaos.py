@@ -2,7 +2,8 @@
 replicas (``chaos_child.py``) reconcile under one election on a real etcd
 and write every reconcile's start and end to a fenced record. The leader
 is SIGKILLed, SIGSTOPped past its lease and woken, stopped with SIGTERM,
-and etcd itself is restarted; three candidates race. Afterwards the record
+and etcd itself is restarted, wiped (its data directory deleted) and put
+back to an older copy of its data; three candidates race. Afterwards the record
 must show what may never happen:
 
 - one token used by two processes (L1, L2);
@@ -77,6 +78,36 @@ def test_etcd_restarts_under_a_running_election(replicas: Replicas) -> None:
         restarted = time.monotonic()
         r.etcd.restart()
         _, token = r.leader_after(token, since=restarted)
+    check(r, time.monotonic())
+
+
+def test_a_wiped_etcd_never_gives_a_token_twice_nor_two_leaders(replicas: Replicas) -> None:
+    r = replicas
+    # The old history's tokens lie above the new history's first revisions.
+    r.etcd.bump(50)
+    r.spawn(2)
+    _, token = r.leader_after(0)
+    for _ in range(2):
+        r.etcd.wipe()
+        _, token = r.leader_after(token)
+        r.etcd.bump(50)
+    check(r, time.monotonic())
+
+
+def test_etcd_put_back_to_an_old_copy_of_its_data(replicas: Replicas) -> None:
+    r = replicas
+    r.etcd.bump(50)
+    r.spawn(2)
+    pid, token = r.leader_after(0)
+    backup = r.etcd.backup()
+    r.etcd.bump(50)
+    r.kill(pid, signal.SIGKILL)
+    r.spawn()
+    _, token = r.leader_after(token)
+    # Back to when the killed leader held the election key: its lease comes
+    # back too, until it expires.
+    r.etcd.restore(backup)
+    r.leader_after(token)
     check(r, time.monotonic())
 
 

@@ -2,7 +2,8 @@
 (``chaos_child.py --partitions``) split the partitions of one group on a
 real etcd and write every reconcile's start and end to a record fenced per
 partition. Replicas join, leave cleanly (SIGTERM), are SIGKILLed, and are
-SIGSTOPped past their lease then woken. After every change the partitions
+SIGSTOPped past their lease then woken, and etcd's data is wiped. After
+every change the partitions
 must come to be held by the live replicas alone, ⌊P/N⌋ or ⌈P/N⌉ each
 (H2), and afterwards the record must show what may never happen (see
 replicas.check): a partition token used by two processes, a key
@@ -67,4 +68,22 @@ def test_joins_leaves_crashes_and_pauses_move_partitions_without_overlap(replica
         for token in {a.token for a in r.record.attempts() if a.pid == pid and a.at < before}:
             r.paused.append((pid, token, woken))
         wait_balanced(r, len(r.procs))  # it rejoins with a new lease
+    check(r, settled=time.monotonic())
+
+
+def test_a_wiped_etcd_moves_no_partition_to_two_owners(replicas: Replicas) -> None:
+    r = replicas
+    # The old history's tokens lie above the new history's first revisions.
+    r.etcd.bump(50)
+    r.spawn(2)
+    wait_balanced(r, 2)
+    old = max(a.token for a in r.record.attempts()) if r.record.attempts() else 0
+    r.etcd.wipe()
+    wait_balanced(r, 2)
+
+    def every_partition_past_the_old_tokens() -> bool:
+        fences = {a.fence for a in r.record.attempts() if a.accepted and a.token > old}
+        return len(fences) == PARTITIONS
+
+    wait_for(every_partition_past_the_old_tokens, timeout=PATIENCE + 3 * TTL, what="new tokens above the old ones")
     check(r, settled=time.monotonic())
