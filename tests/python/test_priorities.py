@@ -209,6 +209,16 @@ def test_the_work_queue_hands_out_by_priority(q):
     assert [q.get(timeout=PATIENCE) for _ in range(4)] == ["d", "b", "c", "a"]
 
 
+def test_a_bare_queue_retry_keeps_the_priority_it_was_handed_out_with():
+    q = reconq.WorkQueue(rate_limiter=reconq.ExponentialBackoff(0.0, 0.0))
+    q.add("hi", priority=5)
+    assert q.get(timeout=PATIENCE) == "hi"
+    q.add_rate_limited("hi")  # a failed attempt, retried before done
+    q.add("lo", priority=1)
+    q.done("hi")
+    assert [q.get(timeout=PATIENCE) for _ in range(2)] == ["hi", "lo"]
+
+
 # --- bad input --------------------------------------------------------------------
 
 
