@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -233,4 +233,25 @@ fn a_drain_reports_the_keys_it_dropped_and_an_immediate_stop_drops_ready_ones_to
     report.dropped.sort();
     assert!(report.finished);
     assert_eq!(report.dropped, ["failing", "later"], "a retry in back-off and a delayed key");
+}
+
+#[test]
+fn waiting_for_itself_from_inside_a_reconcile_returns_false_at_once() {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let slot: Arc<OnceLock<ControllerHandle<u32>>> = Arc::new(OnceLock::new());
+    let inner = Arc::clone(&slot);
+    let c = Controller::new("self-waiter", move |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        let h = inner.get().expect("set before the key is enqueued");
+        let answers = (h.on_own_worker(), h.wait_idle(Duration::from_secs(3600)), h.wait_stopped(None));
+        tx.lock().send(answers).unwrap();
+        Ok(Action::Done)
+    });
+    slot.set(c.handle()).ok();
+    let h = c.start();
+    h.enqueue(1);
+    assert_eq!(expect_within(&rx, "the reconcile's waits return"), (true, false, false));
+    assert!(!h.on_own_worker(), "the test thread is no worker");
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
 }

@@ -300,17 +300,18 @@ impl PyController {
         life.stop_requested && life.live_workers == 0
     }
 
-    /// Whether the calling thread is one of this controller's workers.
-    fn on_own_worker(&self) -> bool {
-        let current = std::thread::current();
-        let Some(name) = current.name() else {
-            return false;
-        };
-        name.strip_prefix("reconq-")
-            .and_then(|rest| rest.strip_prefix(&*self.name))
-            .and_then(|rest| rest.strip_prefix('-'))
-            .and_then(|index| index.parse::<usize>().ok())
-            .is_some_and(|index| index < self.workers)
+    /// Refuses a call that waits for the controller to become idle or
+    /// stopped when made from one of its own reconciles: it would wait for
+    /// itself forever (the worker never returns, and a later `stop()`
+    /// without a timeout waits for that worker).
+    fn refuse_on_own_worker(&self, call: &str) -> PyResult<()> {
+        if self.handle.on_own_worker() {
+            return Err(PyRuntimeError::new_err(format!(
+                "{call} called from a reconcile of controller {:?}: it would wait for that reconcile itself",
+                &*self.name
+            )));
+        }
+        Ok(())
     }
 
     /// `stop` and `stop_with_report`: stops, and reports what was left.
@@ -329,7 +330,7 @@ impl PyController {
             this.handle.stop();
             drop(builder);
         }
-        let result = if this.on_own_worker() {
+        let result = if this.handle.on_own_worker() {
             // Called from a reconcile of this controller: waiting for the
             // workers would wait for ourselves. Start the stop and return.
             if drain {
@@ -595,10 +596,12 @@ impl PyController {
     /// seconds (None: until the reconciles return); a second signal during
     /// the drain stops at once (running reconciles are cancelled and left
     /// to return on their own). Either way `run()` then returns normally;
-    /// the keys it left are logged.
+    /// the keys it left are logged. Raises RuntimeError when called from
+    /// one of this controller's reconciles (it would wait for itself).
     #[pyo3(signature = (stop_timeout=None))]
     fn run(slf: &Bound<'_, Self>, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
+        slf.get().refuse_on_own_worker("run()")?;
         let stop_timeout = timeout_from_py(stop_timeout)?;
         let handle = &slf.get().handle;
         let _sigterm = SigtermAsInterrupt::install(py)?;
@@ -697,10 +700,13 @@ impl PyController {
     /// time; returns False if `timeout` seconds passed first. Once it
     /// returns True, `stats()` counts every reconcile that has returned.
     /// Keys waiting for a retry or a `Requeue(after=)` resync count as
-    /// busy, so a controller that resyncs never becomes idle.
+    /// busy, so a controller that resyncs never becomes idle. Raises
+    /// RuntimeError when called from one of this controller's reconciles
+    /// (it would wait for itself).
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
+        self.refuse_on_own_worker("wait_idle()")?;
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let handle = &self.handle;
         let idle =

@@ -641,6 +641,27 @@ def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
     assert c.stop(timeout=PATIENCE) is True
 
 
+@pytest.mark.parametrize("call", ["wait_idle", "run"])
+def test_waiting_for_itself_from_inside_a_reconcile_raises(make, call: str):
+    holder: Dict[str, reconq.Controller] = {}
+    raised: List[BaseException] = []
+
+    def reconcile(key: Any) -> None:
+        try:
+            getattr(holder["c"], call)()
+        except RuntimeError as e:
+            raised.append(e)
+
+    c = make(reconcile, name="self-waiter")
+    holder["c"] = c
+    c.start()
+    c.enqueue("k")
+    wait_for(lambda: raised, what=f"{call}() to raise")
+    assert f"{call}() called from a reconcile" in str(raised[0])
+    assert c.wait_idle(PATIENCE)
+    assert c.stop() is True  # no timeout: the worker is not stuck
+
+
 # --- callables that cannot work ------------------------------------------------------
 
 
