@@ -191,16 +191,25 @@ fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
 }
 
 #[test]
-fn stop_before_start_means_nothing_runs() {
+fn stop_before_start_means_nothing_runs_and_start_is_an_error() {
     let controller = Controller::new("never", |_k: &u32, _: &Context| -> Res { panic!("must not run") });
     let h = controller.handle();
     h.enqueue(1);
     h.stop();
     assert!(h.stop_with_drain(Duration::ZERO));
-    let h2 = controller.start();
-    assert!(h2.is_stopped());
-    assert!(h2.wait_idle(Duration::ZERO));
-    assert_eq!(h2.stats(), Stats::default());
+    let refused = controller.try_start().expect_err("a stopped controller cannot start");
+    assert!(refused.to_string().contains("stopped through a handle before start"), "{refused}");
+    assert!(h.is_stopped());
+    assert!(h.wait_idle(Duration::ZERO));
+    assert_eq!(h.stats(), Stats::default());
+}
+
+#[test]
+#[should_panic(expected = "stopped through a handle before start")]
+fn start_after_a_stop_panics() {
+    let controller = Controller::new("stopped", |_k: &u32, _: &Context| -> Res { Ok(Action::Done) });
+    controller.handle().stop();
+    controller.start();
 }
 
 #[test]

@@ -354,13 +354,14 @@ impl<K: ControllerKey> Controller<K> {
         ControllerHandle { core: Arc::clone(&self.core) }
     }
 
-    /// Spawns the worker threads and returns at once. If the controller was
-    /// stopped through a handle before this, nothing is spawned.
+    /// Spawns the worker threads and returns at once. A controller starts
+    /// once: `start` takes it by value, and one stopped through a handle
+    /// before this cannot start.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread (see [`try_start`](Self::try_start)
-    /// for an error instead), or `max_in_flight_per_group` was set without
-    /// `group`.
+    /// If the OS refuses to spawn a thread or the controller was stopped
+    /// through a handle (see [`try_start`](Self::try_start) for an error
+    /// instead), or `max_in_flight_per_group` was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
         let name = self.core.name.clone();
         self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
@@ -372,7 +373,9 @@ impl<K: ControllerKey> Controller<K> {
     /// and joined (a reconcile one of them already began is cancelled and
     /// waited for up to 5 s, then detached), the controller is stopped
     /// (enqueues are ignored), and the error says how many threads could
-    /// be made.
+    /// be made. A controller stopped through a handle before this is an
+    /// error too ([`io::ErrorKind::Other`]): nothing is spawned and it
+    /// stays stopped.
     ///
     /// # Panics
     /// If `max_in_flight_per_group` was set without `group`.
@@ -435,7 +438,7 @@ impl<K: ControllerKey> Controller<K> {
                 drop(life);
                 rt.queue.shut_down_now();
                 core.leave_coordination_if_no_workers();
-                return Ok(handle);
+                return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
             }
             life.live_workers = config.workers;
         }
@@ -504,7 +507,7 @@ impl<K: ControllerKey> Controller<K> {
 
     /// [`start`](Self::start), then blocks until a handle stops the
     /// controller and its workers have exited (or a drain's deadline gave up
-    /// on them).
+    /// on them). Panics as [`start`](Self::start) does.
     pub fn run(self) {
         let handle = self.start();
         handle.wait_stopped(None);

@@ -559,21 +559,24 @@ impl PyController {
         Ok(())
     }
 
-    /// Starts the worker threads and returns at once. Starting twice, or
-    /// after stop, does nothing. Raises RuntimeError, with nothing left
-    /// running and the controller stopped, if the OS refuses a thread (each
-    /// worker needs a stack: thousands of workers can exceed a memory or
-    /// thread limit).
+    /// Starts the worker threads and returns at once. Raises RuntimeError
+    /// if it was started before or stopped (a controller runs once: make a
+    /// new one), and, with nothing left running and the controller
+    /// stopped, if the OS refuses a thread (each worker needs a stack:
+    /// thousands of workers can exceed a memory or thread limit).
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
-        let Some(builder) = this.builder.lock().take() else {
-            return Ok(());
-        };
+        let refused = |why: &str| PyRuntimeError::new_err(format!("controller {:?} {why}", &*this.name));
+        // `stop()` takes the builder too: it decides which refusal this is.
+        let builder = this.builder.lock().take();
         if this.stop_called.load(Ordering::SeqCst) {
             drop(builder);
-            return Ok(());
+            return Err(refused("was stopped and cannot start again: make a new Controller"));
         }
+        let Some(builder) = builder else {
+            return Err(refused("is already started"));
+        };
         // Spawning takes engine locks; the new threads attach at once. A
         // store's claim and restore happen here too (file I/O).
         let started = py.detach(move || builder.try_start().map(drop));

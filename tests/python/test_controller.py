@@ -271,7 +271,6 @@ def test_enqueue_before_start_is_kept(make):
     assert c.stats()["depth"] >= 1
     assert not c.wait_idle(0.05)
     c.start()
-    c.start()  # harmless
     assert c.wait_idle(PATIENCE)
     assert sorted(rec.calls) == ["a", "b"]
 
@@ -420,11 +419,14 @@ def test_stop_without_drain_abandons_ready_keys(make):
     assert b.rec.calls == ["block"]
 
 
-def test_stop_twice_and_before_start(make):
+def test_stop_twice_and_before_start_and_no_second_start(make):
     c = make(print)
     assert c.stop() is True
     assert c.stop(drain=False) is True
-    c.start()  # after stop: nothing runs
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        c.start()
+    with pytest.raises(RuntimeError, match="was stopped"):
+        c.run()
     c.enqueue("k")
     assert c.stats()["depth"] == 0
     assert c.wait_idle(1)
@@ -432,9 +434,13 @@ def test_stop_twice_and_before_start(make):
     rec = Recorder()
     d = make(rec)
     d.start()
+    with pytest.raises(RuntimeError, match="is already started"):
+        d.start()
     d.enqueue(1)
     assert d.wait_idle(PATIENCE)
     assert d.stop() is True
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        d.start()
     assert d.stop() is True
     d.enqueue(2)
     d.enqueue_after(3, 0)
