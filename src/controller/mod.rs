@@ -55,7 +55,7 @@ use crate::coordination::{LeaderElection, Sharding};
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
-use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::rate_limit::{ExponentialBackoff, RateLimiter};
 use crate::store::{Persister, SqliteStore, StoreError, StoreKey, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
@@ -154,9 +154,15 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
 /// spawn to exit.
 const FAILED_START_JOIN: Duration = Duration::from_secs(5);
 
+/// The default limiter's first retry delay and its cap (see
+/// [`Controller::rate_limiter`]).
+const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
+const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(1000);
+
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
-    /// calls `reconciler` with one worker and [`default_rate_limiter`].
+    /// calls `reconciler` with one worker and a per-key
+    /// `ExponentialBackoff(5 ms, 1000 s)` (see [`rate_limiter`](Self::rate_limiter)).
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
         Self {
             core: Core::new(name.into()),
@@ -210,10 +216,13 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
-    /// The limiter for errors and `Action::Requeue` (default
-    /// [`default_rate_limiter`]). The controller assumes it is the only one
-    /// asking the limiter about its keys (it skips `forget` for keys it never
-    /// retried).
+    /// The limiter for errors and `Action::Requeue`. The default is a
+    /// per-key `ExponentialBackoff(5 ms, 1000 s)`, controller-runtime's
+    /// current default: client-go's [`default_rate_limiter`](crate::default_rate_limiter)
+    /// adds an overall 10-per-second bucket, so 400 keys failing once
+    /// waited up to 30 s for their first retry. The controller assumes it is
+    /// the only one asking the limiter about its keys (it skips `forget` for
+    /// keys it never retried).
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
         self.limiter = Some(Arc::new(limiter));
         self
@@ -396,7 +405,8 @@ impl<K: ControllerKey> Controller<K> {
             "controller {:?}: max_in_flight_per_group needs a group function",
             self.core.name
         );
-        let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
+        let limiter =
+            self.limiter.unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
         // Named after the controller, so it records `workqueue_*` metrics.
         let mut queue = WorkQueue::builder()
             .name(self.core.name.clone())

@@ -30,7 +30,7 @@ use super::clock::fake_clock_from_py;
 use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
 use super::election::PyLeaderElection;
 use super::key::PyKey;
-use super::limiters::optional_limiter_from_py;
+use super::limiters::limiter_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use super::sharding::{PySharding, resync_from_py};
@@ -407,7 +407,8 @@ impl PyController {
         if name.contains('\0') {
             return Err(PyValueError::new_err("name must not contain NUL characters"));
         }
-        let limiter = optional_limiter_from_py(rate_limiter)?;
+        // None keeps the engine's default (a per-key exponential back-off).
+        let limiter = rate_limiter.filter(|l| !l.is_none()).map(|l| limiter_from_py(l, "rate_limiter")).transpose()?;
         let threshold = match hanging_threshold {
             Some(t) if !t.is_none() => Some(non_negative_from_py(t, "hanging_threshold")?),
             _ => None,
@@ -450,10 +451,12 @@ impl PyController {
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
         let mut builder = Controller::new(&*name, reconciler)
             .workers(workers)
-            .rate_limiter(limiter)
             .thread_wrapper(python_thread_wrapper())
             // `PyReconciler` logs exceptions itself, with their tracebacks.
             .log_errors(false);
+        if let Some(limiter) = limiter {
+            builder = builder.rate_limiter(limiter);
+        }
         if let Some(threshold) = threshold {
             builder = builder.hanging_threshold(threshold);
         }

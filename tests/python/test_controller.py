@@ -668,6 +668,25 @@ def test_waiting_for_itself_from_inside_a_reconcile_raises(make, call: str):
     assert c.stop() is True  # no timeout: the worker is not stuck
 
 
+def test_the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket():
+    # client-go's default adds a 10-per-second bucket (burst 100): keys past
+    # the 100th would wait up to 10 s for their first retry.
+    clock = reconq.FakeClock()
+
+    def reconcile(key: Any) -> None:
+        if reconq.context().attempt == 0:
+            raise ValueError("first try fails")
+
+    c = reconq.Controller(reconcile, workers=2, clock=clock)
+    with c:
+        for k in range(200):
+            c.enqueue(k)
+        wait_for(lambda: c.stats()["failures"] == 200, what="every key failed once")
+        clock.advance(0.005)
+        assert c.wait_idle(PATIENCE), c.stats()
+        assert c.stats()["successes"] == 200
+
+
 # --- callables that cannot work ------------------------------------------------------
 
 
