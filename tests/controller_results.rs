@@ -274,3 +274,22 @@ fn the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket() {
     assert_eq!(h.stats().successes, 200);
     assert!(h.stop_with_drain(PATIENCE));
 }
+
+#[test]
+fn without_sharding_resync_runs_at_start_and_its_keys_are_reconciled() {
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    let c = Controller::new("resync-at-start", move |k: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        log.lock().push(*k);
+        Ok(Action::Done)
+    })
+    .resync(|| [1, 2, 3]);
+    let h = c.handle();
+    h.enqueue(2); // enqueued before start too: still one reconcile
+    let h = c.start();
+    assert!(h.wait_idle(PATIENCE));
+    let mut seen = seen.lock().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2, 3]);
+    assert!(h.stop_with_drain(PATIENCE));
+}

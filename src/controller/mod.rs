@@ -141,9 +141,12 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     }
 
     /// Lists every key that should be reconciled (every replica's, as a
-    /// Kubernetes controller lists every object): called when sharding
-    /// gives this replica partitions, to enqueue their keys. Called on
-    /// sharding's thread; keep it quick.
+    /// Kubernetes controller lists every object). Without sharding it is
+    /// called once, by [`start`](Self::start), and its keys are enqueued
+    /// (a panic in it propagates out of `start`, with nothing started).
+    /// With sharding it is called instead whenever this replica gains
+    /// partitions, on sharding's thread (keep it quick), and the keys of
+    /// those partitions are enqueued.
     pub fn resync<I: IntoIterator<Item = K>>(mut self, resync: impl Fn() -> I + Send + Sync + 'static) -> Self {
         self.resync = Some(Arc::new(move || resync().into_iter().collect()));
         self
@@ -418,10 +421,14 @@ impl<K: ControllerKey> Controller<K> {
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
+        let mut resync = self.resync.take();
         let coordination = match self.coordinate.take() {
-            Some(join) => Some(join(&self.core, self.resync.take())?),
+            Some(join) => Some(join(&self.core, &mut resync)?),
             None => None,
         };
+        // Before anything is shared, so a panicking resync leaves nothing
+        // half started (the claim and the membership drop as it unwinds).
+        let listed = resync.map(|resync| resync()).unwrap_or_default();
         let rt = Runtime {
             queue,
             limiter,
@@ -460,6 +467,9 @@ impl<K: ControllerKey> Controller<K> {
         let pending = std::mem::take(&mut *core.pending.lock());
         for (key, when, priority) in pending {
             core.apply(rt, key, when, priority);
+        }
+        for key in listed {
+            core.apply(rt, key, When::Now, 0);
         }
         {
             // Only now is the queue the whole story (see `wait_idle`).

@@ -687,6 +687,29 @@ def test_the_default_limiter_retries_each_key_after_5_ms_without_an_overall_buck
         assert c.stats()["successes"] == 200
 
 
+def test_without_sharding_resync_runs_at_start_and_its_keys_are_reconciled(make):
+    rec = Recorder()
+    c = make(rec, resync=lambda: ["a", ("b", 1)])
+    c.enqueue("a")  # enqueued before start too: still one reconcile
+    c.start()
+    assert c.wait_idle(PATIENCE)
+    assert sorted(rec.calls, key=repr) == ["a", ("b", 1)]
+
+
+def test_a_raising_resync_is_logged_and_the_controller_runs(make, caplog):
+    def resync() -> List[Any]:
+        raise OSError("listing failed")
+
+    rec = Recorder()
+    c = make(rec, resync=resync)
+    with caplog.at_level(logging.ERROR, logger="reconq"):
+        c.start()
+    assert "listing failed" in caplog.text
+    c.enqueue("k")
+    assert c.wait_idle(PATIENCE)
+    assert rec.calls == ["k"]
+
+
 # --- callables that cannot work ------------------------------------------------------
 
 
