@@ -116,7 +116,8 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         }
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
-        ctx.attempt = core.memory.attempts(&key);
+        let memory = core.memory.get(&key);
+        (ctx.attempt, ctx.previous_error) = (memory.attempts, memory.last_error);
         ctx.priority = priority;
         // The reconcile and the handling of its result run in the span; the
         // queue calls around them do not (no logging under engine locks:
@@ -236,7 +237,8 @@ fn settle<K: ControllerKey>(
                 counters.panics.fetch_add(1, Ordering::Relaxed);
             }
             if panicked || timed_out || rt.log_errors {
-                logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked);
+                let previous = ctx.previous_error.as_deref();
+                logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked, previous);
             }
             match retry {
                 RetryPolicy::RateLimited => {

@@ -21,6 +21,7 @@ use super::attach::attach;
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
+use crate::logs::{Loudness, failure_loudness};
 use crate::{Action, Context, ReconcileError, Reconciler};
 
 /// The Python callable a controller calls; emptied when the controller stops
@@ -99,9 +100,17 @@ impl PyReconciler {
         };
         let result = with_scope(&key_obj, ctx, || callback.bind(py).call1((&key_obj,)));
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
+        // A repeat of the key's previous error is logged more quietly and
+        // without its traceback (see `logs::failure_loudness`).
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
+            let (level, exc, what) = match failure_loudness(attempt, ctx.previous_error.as_deref(), message) {
+                Loudness::Full => (level, exc, "failed"),
+                Loudness::Again => ("warning", None, "failed again"),
+                Loudness::Quiet => ("debug", None, "failed again"),
+            };
+            let shown = key.log_repr(&key_obj);
             let args =
-                ("controller %r: reconcile of %r failed (attempt %d): %s", &*self.name, &key_obj, attempt, message);
+                ("controller %r: reconcile of %s %s (attempt %d): %s", &*self.name, shown, what, attempt, message);
             log(py, level, args, exc);
         };
         match classify(py, result) {
