@@ -193,6 +193,10 @@ def test_bad_constructor_arguments():
         reconq.Controller(print, workers=0)
     with pytest.raises(ValueError, match="workers"):
         reconq.Controller(print, workers=-3)
+    # Past about a thousand, workers waiting for the GIL make work quadratic.
+    with pytest.raises(ValueError, match="workers must be between 1 and 1024, got 1025"):
+        reconq.Controller(print, workers=1025)
+    assert reconq.Controller(print, workers=1024).workers == 1024
     with pytest.raises(ValueError, match="hanging_threshold"):
         reconq.Controller(print, hanging_threshold=-1)
     with pytest.raises(ValueError, match="NaN"):
