@@ -27,10 +27,11 @@ use super::attach::attach;
 use super::attach::python_thread_wrapper;
 use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
-use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
+use super::duration::{delay_from_py, non_negative_from_py, shown, timeout_from_py, to_secs, unix_timestamp};
 use super::election::PyLeaderElection;
 use super::key::PyKey;
 use super::limiters::limiter_from_py;
+use super::priority::priority_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use super::sharding::{PySharding, resync_from_py};
@@ -185,10 +186,11 @@ fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<
     Ok(timeout)
 }
 
-fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Py<PyAny>>> {
+/// An optional callable taking `args` positional arguments.
+fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str, args: usize) -> PyResult<Option<Py<PyAny>>> {
     match obj {
         Some(f) if !f.is_none() => {
-            check_sync_callable(f, what)?;
+            check_sync_callable(f, what, args)?;
             Ok(Some(f.clone().unbind()))
         }
         _ => Ok(None),
@@ -410,7 +412,7 @@ impl PyController {
         sharding: Option<PyRef<'_, PySharding>>,
         resync: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        check_sync_callable(reconcile, "reconcile")?;
+        check_sync_callable(reconcile, "reconcile", 1)?;
         if !(1..=MAX_WORKERS).contains(&workers) {
             return Err(PyValueError::new_err(format!("workers must be between 1 and {MAX_WORKERS}, got {workers}")));
         }
@@ -425,7 +427,7 @@ impl PyController {
             _ => None,
         };
         let timeout = reconcile_timeout_from_py(timeout)?;
-        let group = optional_callable(group, "group")?;
+        let group = optional_callable(group, "group", 1)?;
         let max_in_flight_per_group = match max_in_flight_per_group {
             None => None,
             Some(n) if n < 1 => {
@@ -456,7 +458,7 @@ impl PyController {
         if leader_election.is_some() && sharding.is_some() {
             return Err(PyValueError::new_err("a controller takes leader_election or sharding, not both"));
         }
-        let resync = optional_callable(resync, "resync")?;
+        let resync = optional_callable(resync, "resync", 0)?;
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
@@ -532,7 +534,7 @@ impl PyController {
     /// enqueue raises a waiting key's priority, never lowers it). Ignored
     /// once stopped.
     #[pyo3(signature = (key, priority=0))]
-    fn enqueue(&self, key: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         if !self.stopping() {
             self.handle.enqueue_with_priority(key, priority);
@@ -542,7 +544,12 @@ impl PyController {
 
     /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
     #[pyo3(signature = (key, seconds, priority=0))]
-    fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue_after(
+        &self,
+        key: &Bound<'_, PyAny>,
+        seconds: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+    ) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
         if !self.stopping() {
@@ -554,7 +561,12 @@ impl PyController {
     /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
     /// time in the past means now).
     #[pyo3(signature = (key, t, priority=0))]
-    fn enqueue_at(&self, key: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue_at(
+        &self,
+        key: &Bound<'_, PyAny>,
+        t: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+    ) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let t = timestamp_from_py(t, "t")?;
         let now = Instant::now();
@@ -565,7 +577,7 @@ impl PyController {
             Duration::try_from_secs_f64(ahead)
                 .ok()
                 .and_then(|d| now.checked_add(d))
-                .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {t}")))?
+                .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {}", shown(t))))?
         };
         if !self.stopping() {
             self.handle.enqueue_at_with_priority(key, at, priority);
@@ -839,7 +851,7 @@ impl PyController {
     #[pyo3(name = "add_trigger")]
     fn add_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>, r#fn: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
-        check_sync_callable(r#fn, "fn")?;
+        check_sync_callable(r#fn, "fn", 1)?;
         let event = py.import("threading")?.getattr("Event")?.call0()?;
         let (id, replaced) = {
             let mut reg = self.triggers.lock();
@@ -917,7 +929,7 @@ impl PyController {
     /// ends the watch. Ignored once stopped.
     #[pyo3(signature = (iterable, transform=None))]
     fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let transform = optional_callable(transform, "transform")?;
+        let transform = optional_callable(transform, "transform", 1)?;
         let iter = iterable.try_iter()?.unbind();
         if self.stop_called.load(Ordering::SeqCst) {
             return Ok(());

@@ -714,6 +714,57 @@ def test_a_raising_resync_is_logged_and_the_controller_runs(make, caplog):
     assert rec.calls == ["k"]
 
 
+def test_out_of_range_durations_are_short_in_the_error(make, q):
+    c = make(lambda key: None)
+    for call, what in (
+        (lambda: q.add_after("k", 1e300), "seconds"),
+        (lambda: q.get(timeout=10**300), "timeout"),
+        (lambda: c.enqueue_after("k", 1e300), "seconds"),
+        (lambda: reconq.ExponentialBackoff(1e300, 1e301), "base"),
+        (lambda: make(lambda key: None, hanging_threshold=1e300), "hanging_threshold"),
+    ):
+        with pytest.raises(OverflowError) as raised:
+            call()
+        message = str(raised.value)
+        assert message.startswith(f"{what} is out of range: 1e300 seconds") and len(message) < 100, message
+    with pytest.raises(OverflowError, match=r"^t is out of range: 1e300$"):
+        c.enqueue_at("k", 1e300)
+
+
+@pytest.mark.parametrize(
+    "kw, problem",
+    [
+        ({"reconcile": lambda: None}, r"reconcile must accept one positional argument, but its signature is \(\)"),
+        ({"reconcile": lambda key, extra: None}, r"reconcile must accept one .* \(key, extra\)"),
+        ({"group": lambda: "g"}, r"group must accept one positional argument"),
+        ({"resync": lambda key: []}, r"resync must accept no arguments, but its signature is \(key\)"),
+        ({"reconcile": print}, None),  # a builtin: accepted, signature or not
+        ({"reconcile": lambda key, *rest, option=1: None}, None),
+    ],
+)
+def test_a_callable_with_the_wrong_signature_is_refused_at_construction(kw: Dict[str, Any], problem: Any):
+    kw = {"reconcile": lambda key: None, **kw}
+    if problem is None:
+        reconq.Controller(**kw)
+        return
+    with pytest.raises(TypeError, match=problem):
+        reconq.Controller(**kw)
+
+
+def test_trigger_and_manager_callables_with_the_wrong_signature_are_refused(make):
+    c = make(lambda key: None)
+    with pytest.raises(TypeError, match="fn must accept one positional argument"):
+        c.add_trigger("k", lambda: None)
+    with pytest.raises(TypeError, match="transform must accept one positional argument"):
+        c.watch([], transform=lambda: None)
+    m = reconq.Manager()
+    with pytest.raises(TypeError, match="do must accept no arguments"):
+        m.update("x", lambda ctx: None)
+    with pytest.raises(TypeError, match="stop must accept no arguments"):
+        m.update("x", lambda: None, stop=lambda ctx: None)
+    assert len(m) == 0
+
+
 # --- callables that cannot work ------------------------------------------------------
 
 
