@@ -116,8 +116,10 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         }
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
-        let memory = core.memory.get(&key);
-        (ctx.attempt, ctx.previous_error) = (memory.attempts, memory.last_error);
+        ctx.attempt = core.memory.attempts(&key);
+        // Only a retry has a previous error (one more lookup, off the hot
+        // path of first tries).
+        ctx.previous_error = if ctx.attempt > 0 { core.memory.get(&key).last_error } else { None };
         ctx.priority = priority;
         // The reconcile and the handling of its result run in the span; the
         // queue calls around them do not (no logging under engine locks:
