@@ -67,12 +67,12 @@ impl<K> WorkerSlot<K> {
     }
 }
 
-thread_local! {
+crate::sync::thread_local! {
     /// The address of the controller core this thread is a worker of (0 on
     /// other threads), so a call that would wait for this very worker (a
     /// `wait_idle` from its own reconcile) can tell and refuse instead of
     /// deadlocking. Thread names cannot tell: two controllers may share one.
-    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
+    static WORKER_OF: Cell<usize> = Cell::new(0);
 }
 
 /// Whether the calling thread is one of `core`'s workers.
