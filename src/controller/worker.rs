@@ -72,7 +72,7 @@ crate::sync::thread_local! {
     /// other threads), so a call that would wait for this very worker (a
     /// `wait_idle` from its own reconcile) can tell and refuse instead of
     /// deadlocking. Thread names cannot tell: two controllers may share one.
-    static WORKER_OF: Cell<usize> = Cell::new(0);
+    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Whether the calling thread is one of `core`'s workers.
