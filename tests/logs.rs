@@ -160,19 +160,28 @@ fn fast_retries<K: Eq + std::hash::Hash + Clone + Send + Sync>() -> ExponentialB
     ExponentialBackoff::new(ms(1), ms(1))
 }
 
-#[test]
-fn events_in_a_reconcile_carry_controller_key_and_attempt() {
-    let logs = Logs::new();
-    let h = Controller::new("logs-attempts", |_key: &String, ctx: &Context| -> Res {
-        tracing::info!(target: "user", "inside");
-        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
-    })
-    .rate_limiter(fast_retries())
-    .thread_wrapper(logs.wrapper())
-    .start();
+/// Runs a controller named `name` logging into `logs`, with 1 ms retries,
+/// until key "web" went through `reconcile` to its end; returns its
+/// stopped handle.
+fn reconcile_web_until_done(
+    logs: &Logs,
+    name: &str,
+    reconcile: impl Fn(&String, &Context) -> Res + Send + Sync + 'static,
+) -> reconq::ControllerHandle<String> {
+    let h = Controller::new(name, reconcile).rate_limiter(fast_retries()).thread_wrapper(logs.wrapper()).start();
     h.enqueue("web".to_string());
     assert!(h.wait_idle(PATIENCE));
     assert!(h.stop_with_drain(PATIENCE));
+    h
+}
+
+#[test]
+fn events_in_a_reconcile_carry_controller_key_and_attempt() {
+    let logs = Logs::new();
+    reconcile_web_until_done(&logs, "logs-attempts", |_key: &String, ctx: &Context| -> Res {
+        tracing::info!(target: "user", "inside");
+        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
+    });
 
     let user: Vec<_> = logs.on("user");
     let expected: Vec<Captured> = (0..3)
@@ -214,19 +223,13 @@ fn events_in_a_reconcile_carry_controller_key_and_attempt() {
 #[test]
 fn a_key_failing_again_and_again_is_an_error_once_then_quieter_and_a_new_error_is_an_error_again() {
     let logs = Logs::new();
-    let h = Controller::new("logs-repeats", |_key: &String, ctx: &Context| -> Res {
+    let h = reconcile_web_until_done(&logs, "logs-repeats", |_key: &String, ctx: &Context| -> Res {
         match ctx.attempt() {
             0..9 => Err(ReconcileError::new("backend down")),
             9 => Err(ReconcileError::new("backend refused")),
             _ => Ok(Action::Done),
         }
-    })
-    .rate_limiter(fast_retries())
-    .thread_wrapper(logs.wrapper())
-    .start();
-    h.enqueue("web".to_string());
-    assert!(h.wait_idle(PATIENCE));
-    assert!(h.stop_with_drain(PATIENCE));
+    });
     let levels: Vec<(Level, String)> = logs
         .on("reconq::controller")
         .into_iter()
