@@ -893,11 +893,11 @@ impl PyController {
                         Ok(_) => !event.is_truthy_method(),
                         Err(e) => {
                             let message = super::errors::describe(py, &e);
-                            let key = trigger_key.to_py(py).ok();
+                            let key = trigger_key.to_py(py).map(|obj| trigger_key.log_repr(&obj)).unwrap_or_default();
                             log(
                                 py,
                                 "error",
-                                ("controller %r: trigger for %r raised: %s", &*name, key, message),
+                                ("controller %r: trigger for %s raised: %s", &*name, key, message),
                                 Some(&e),
                             );
                             false

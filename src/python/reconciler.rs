@@ -187,6 +187,16 @@ impl Drop for PyEvents {
 /// The keys a watch enqueues for one event: `transform(event)` (or the
 /// event), a `list` giving one key per element. Bad keys and exceptions in
 /// `transform` are logged and skipped.
+/// `reprlib.repr(obj)`: a repr of any object short enough for a log line
+/// (an event or a bad key can be arbitrarily large).
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let py = obj.py();
+    py.import("reprlib")
+        .and_then(|reprlib| reprlib.call_method1("repr", (obj,)))
+        .and_then(|r| r.extract::<String>())
+        .unwrap_or_else(|e| format!("<unprintable: {}>", describe(py, &e)))
+}
+
 pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: Py<PyAny>) -> Vec<PyKey> {
     attach(|py| {
         let event = event.into_bound(py);
@@ -198,7 +208,7 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
                     log(
                         py,
                         "error",
-                        ("controller %r: watch transform raised for event %r: %s", name, &event, message),
+                        ("controller %r: watch transform raised for event %s: %s", name, short_repr(&event), message),
                         Some(&e),
                     );
                     return Vec::new();
@@ -210,7 +220,8 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
             Ok(k) => Some(k),
             Err(e) => {
                 let message = describe(py, &e);
-                log(py, "error", ("controller %r: watch produced a bad key %r: %s", name, item, message), None);
+                let item = short_repr(item);
+                log(py, "error", ("controller %r: watch produced a bad key %s: %s", name, item, message), None);
                 None
             }
         };

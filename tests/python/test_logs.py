@@ -105,6 +105,24 @@ def test_a_key_failing_the_same_way_logs_one_traceback_then_quieter_lines(logs):
     assert [(r.levelno, r.exc_info is not None) for r in records] == expected
 
 
+def test_huge_trigger_keys_and_watch_events_make_short_log_lines(logs):
+    huge = "k" * (1 << 20)
+
+    def failing_trigger(stop_event):
+        raise OSError("no watch")
+
+    def transform(event):
+        raise ValueError("bad event")
+
+    with reconq.Controller(lambda key: None, name="logs-huge-watch") as c:
+        c.add_trigger(huge, failing_trigger)
+        c.watch([[huge] * 3, {"blob": huge}], transform=transform)
+        records = wait_for(lambda: len(logs.about("logs-huge-watch")) >= 3 and logs.about("logs-huge-watch"))
+    messages = [r.getMessage() for r in records]
+    assert any("trigger for" in m for m in messages) and sum("raised for event" in m for m in messages) == 2
+    assert all(len(m) < 1000 for m in messages), [m[:200] for m in messages]
+
+
 def test_a_huge_key_makes_a_short_log_line(logs):
     huge = "k" * (1 << 20)
     with reconq.Controller(lambda key: 1 / 0, name="logs-huge", rate_limiter=reconq.ExponentialBackoff(3600, 3600)) as c:
