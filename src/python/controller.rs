@@ -625,8 +625,11 @@ impl PyController {
     /// seconds (None: until the reconciles return); a second signal during
     /// the drain stops at once (running reconciles are cancelled and left
     /// to return on their own). Either way `run()` then returns normally;
-    /// the keys it left are logged. Raises RuntimeError when called from
-    /// one of this controller's reconciles (it would wait for itself).
+    /// the keys it left are logged. After `start()`, it only blocks until
+    /// the controller is stopped; stopped before it ever started, it
+    /// raises RuntimeError, as `start()` does. Raises
+    /// RuntimeError when called from one of this controller's reconciles
+    /// (it would wait for itself).
     #[pyo3(signature = (stop_timeout=None))]
     fn run(slf: &Bound<'_, Self>, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
@@ -634,8 +637,10 @@ impl PyController {
         let stop_timeout = timeout_from_py(stop_timeout)?;
         let handle = &slf.get().handle;
         let _sigterm = SigtermAsInterrupt::install(py)?;
-        // A Ctrl-C may land while start() runs Python code, too.
-        let waited = Self::start(slf)
+        // A Ctrl-C may land while start() runs Python code, too. Started
+        // already: run() only blocks until stopped (at once if it is).
+        let started = slf.get().started.load(Ordering::SeqCst);
+        let waited = (if started { Ok(()) } else { Self::start(slf) })
             .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
         match waited {
             Ok(_) => Ok(()),

@@ -440,6 +440,12 @@ def test_stop_twice_and_before_start_and_no_second_start(make):
     d.start()
     with pytest.raises(RuntimeError, match="is already started"):
         d.start()
+    stopper = threading.Thread(target=d.stop)
+    stopper.start()
+    d.run()  # after start(): only blocks until stopped (returns at once if it is)
+    stopper.join()
+    d = make(rec)
+    d.start()
     d.enqueue(1)
     assert d.wait_idle(PATIENCE)
     assert d.stop() is True
