@@ -253,3 +253,43 @@ fn jitter_spreads_retries_deterministically() {
     assert!(delays.windows(2).any(|w| w[0] != w[1]), "keys get different factors");
     assert_eq!(delays[0], first_delay(7, "a"), "same seed, key and attempt: same delay");
 }
+
+#[test]
+fn the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket() {
+    // client-go's default adds a 10-per-second bucket (burst 100): keys past
+    // the 100th would wait up to 10 s for their first retry.
+    let clock = FakeClock::new();
+    let h = Controller::new("default-limiter", |_: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        if ctx.attempt() == 0 { Err(ReconcileError::new("first try fails")) } else { Ok(Action::Done) }
+    })
+    .workers(2)
+    .clock(clock.clone())
+    .start();
+    for k in 0..200 {
+        h.enqueue(k);
+    }
+    wait_for("every key failed once", || h.stats().failures == 200);
+    clock.advance(std::time::Duration::from_millis(5));
+    assert!(h.wait_idle(PATIENCE), "every retry was due 5 ms after its failure: {:?}", h.stats());
+    assert_eq!(h.stats().successes, 200);
+    assert!(h.stop_with_drain(PATIENCE));
+}
+
+#[test]
+fn without_sharding_resync_runs_at_start_and_its_keys_are_reconciled() {
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    let c = Controller::new("resync-at-start", move |k: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        log.lock().push(*k);
+        Ok(Action::Done)
+    })
+    .resync(|| [1, 2, 3]);
+    let h = c.handle();
+    h.enqueue(2); // enqueued before start too: still one reconcile
+    let h = c.start();
+    assert!(h.wait_idle(PATIENCE));
+    let mut seen = seen.lock().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2, 3]);
+    assert!(h.stop_with_drain(PATIENCE));
+}

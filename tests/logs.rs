@@ -160,19 +160,28 @@ fn fast_retries<K: Eq + std::hash::Hash + Clone + Send + Sync>() -> ExponentialB
     ExponentialBackoff::new(ms(1), ms(1))
 }
 
-#[test]
-fn events_in_a_reconcile_carry_controller_key_and_attempt() {
-    let logs = Logs::new();
-    let h = Controller::new("logs-attempts", |_key: &String, ctx: &Context| -> Res {
-        tracing::info!(target: "user", "inside");
-        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
-    })
-    .rate_limiter(fast_retries())
-    .thread_wrapper(logs.wrapper())
-    .start();
+/// Runs a controller named `name` logging into `logs`, with 1 ms retries,
+/// until key "web" went through `reconcile` to its end; returns its
+/// stopped handle.
+fn reconcile_web_until_done(
+    logs: &Logs,
+    name: &str,
+    reconcile: impl Fn(&String, &Context) -> Res + Send + Sync + 'static,
+) -> reconq::ControllerHandle<String> {
+    let h = Controller::new(name, reconcile).rate_limiter(fast_retries()).thread_wrapper(logs.wrapper()).start();
     h.enqueue("web".to_string());
     assert!(h.wait_idle(PATIENCE));
     assert!(h.stop_with_drain(PATIENCE));
+    h
+}
+
+#[test]
+fn events_in_a_reconcile_carry_controller_key_and_attempt() {
+    let logs = Logs::new();
+    reconcile_web_until_done(&logs, "logs-attempts", |_key: &String, ctx: &Context| -> Res {
+        tracing::info!(target: "user", "inside");
+        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
+    });
 
     let user: Vec<_> = logs.on("user");
     let expected: Vec<Captured> = (0..3)
@@ -187,13 +196,18 @@ fn events_in_a_reconcile_carry_controller_key_and_attempt() {
     assert_eq!(user, expected);
 
     // The engine's own failure events: ERROR, in the span, and with the
-    // context as fields too (for `log` records, which have no spans).
+    // context as fields too (for `log` records, which have no spans); the
+    // same error again is a WARN.
     let engine = logs.on("reconq::controller");
     let expected: Vec<Captured> = (0..2)
         .map(|attempt| Captured {
-            level: Level::ERROR,
+            level: if attempt == 0 { Level::ERROR } else { Level::WARN },
             target: "reconq::controller".into(),
-            message: "reconcile failed; retrying with backoff".into(),
+            message: if attempt == 0 {
+                "reconcile failed; retrying with backoff".into()
+            } else {
+                "reconcile failed again with the same error".into()
+            },
             fields: fields(&[
                 ("controller", "logs-attempts"),
                 ("key", "\"web\""),
@@ -204,6 +218,54 @@ fn events_in_a_reconcile_carry_controller_key_and_attempt() {
         })
         .collect();
     assert_eq!(engine, expected);
+}
+
+#[test]
+fn a_key_failing_again_and_again_is_an_error_once_then_quieter_and_a_new_error_is_an_error_again() {
+    let logs = Logs::new();
+    let h = reconcile_web_until_done(&logs, "logs-repeats", |_key: &String, ctx: &Context| -> Res {
+        match ctx.attempt() {
+            0..9 => Err(ReconcileError::new("backend down")),
+            9 => Err(ReconcileError::new("backend refused")),
+            _ => Ok(Action::Done),
+        }
+    });
+    let levels: Vec<(Level, String)> = logs
+        .on("reconq::controller")
+        .into_iter()
+        .map(|e| (e.level, e.fields["attempt"].clone() + " " + &e.fields["error"]))
+        .collect();
+    let expect = |level, attempt: u32, error: &str| (level, format!("{attempt} {error}"));
+    let mut expected = vec![expect(Level::ERROR, 0, "backend down")];
+    for attempt in 1..9u32 {
+        let level = if attempt.is_power_of_two() { Level::WARN } else { Level::DEBUG };
+        expected.push(expect(level, attempt, "backend down"));
+    }
+    expected.push(expect(Level::ERROR, 9, "backend refused"));
+    assert_eq!(levels, expected);
+    assert_eq!(h.stats().failures, 10, "the counters count every failure");
+}
+
+#[test]
+fn a_huge_key_and_a_long_key_list_make_short_log_lines() {
+    let logs = Logs::new();
+    let huge = "k".repeat(1 << 20);
+    let h = Controller::new("logs-huge", |_key: &String, _: &Context| -> Res { Err(ReconcileError::new("down")) })
+        .rate_limiter(ExponentialBackoff::new(Duration::from_secs(3600), Duration::from_secs(3600)))
+        .thread_wrapper(logs.wrapper())
+        .start();
+    h.enqueue(huge.clone());
+    for k in 0..100 {
+        h.enqueue(k.to_string());
+    }
+    logs.wait_for("reconq::controller", 101);
+    assert!(tracing::dispatcher::with_default(&logs.dispatch, || h.stop_with_drain(PATIENCE)));
+    let events = logs.on("reconq::controller");
+    let failed = events.iter().find(|e| e.fields["key"].starts_with("\"kkk")).expect("the huge key's failure");
+    assert!(failed.fields["key"].len() < 400 && failed.fields["key"].ends_with("…[truncated]"), "{:?}", failed.fields);
+    let dropped = events.iter().find(|e| e.fields.contains_key("dropped")).expect("the stop's dropped keys");
+    assert_eq!(dropped.fields["dropped"], "101");
+    assert!(dropped.fields["keys"].len() < 2000 && dropped.fields["keys"].ends_with("(81 more)]"), "{dropped:?}");
 }
 
 #[test]

@@ -56,12 +56,13 @@ impl<K> Coordinated<K> {
     }
 }
 
-/// Joins the coordination a controller was configured with, at its start
-/// (with its `resync`, which only sharding uses).
-pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
+/// Joins the coordination a controller was configured with, at its start.
+/// Sharding takes the controller's `resync` (it runs it when partitions are
+/// gained); whatever leaves it runs once at start instead.
+pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
 
-/// Lists every key the controller should have (`resync`), to enqueue
-/// those of partitions just gained.
+/// Lists every key the controller should have (`resync`): enqueued at
+/// start, or with sharding those of partitions just gained.
 pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;
 
 /// Leader election: the leader runs everything, a standby waits.
@@ -109,7 +110,8 @@ impl<K> Gate<K> for LeaderGate {
 
 /// Sharding: keys of partitions we own run, the rest are dropped.
 pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K> {
-    Box::new(move |core: &Arc<Core<K>>, resync| {
+    Box::new(move |core: &Arc<Core<K>>, resync: &mut Option<Resync<K>>| {
+        let resync = resync.take();
         let hooks =
             Arc::new(ControllerShards { core: Arc::downgrade(core), resync, partitions: sharding.partition_count() });
         let seat = sharding.attach(hooks)?;

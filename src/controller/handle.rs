@@ -180,7 +180,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// enqueued. Keys waiting for a retry or an `Action::RequeueAfter`
     /// resync count as busy (a test can then wait for a whole retry chain),
     /// so a controller that resyncs never becomes idle.
+    ///
+    /// Called from a reconcile of this controller it returns `false` at
+    /// once: the controller cannot become idle while that reconcile waits
+    /// (see [`on_own_worker`](Self::on_own_worker)).
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        if self.on_own_worker() {
+            return false;
+        }
         let deadline = deadline_after(Instant::now(), timeout);
         if self.core.rt.get().is_none() {
             let mut life = self.core.life.lock();
@@ -197,6 +204,13 @@ impl<K: ControllerKey> ControllerHandle<K> {
             Some(rt) => rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())),
             None => true,
         }
+    }
+
+    /// Whether the calling thread is one of this controller's workers (so
+    /// inside one of its reconciles): waiting there for the controller to
+    /// become idle or stopped would wait for the caller itself.
+    pub fn on_own_worker(&self) -> bool {
+        super::worker::on_worker_of(&self.core)
     }
 
     /// Counters, queue sizes, hangs and the last error.
@@ -375,7 +389,12 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Blocks until [`is_stopped`](Self::is_stopped), for at most `timeout`
     /// of real time (`None`: no limit); returns whether it is stopped.
+    /// Called from a reconcile of this controller it returns `false` at
+    /// once: the controller cannot stop while that reconcile waits.
     pub fn wait_stopped(&self, timeout: Option<Duration>) -> bool {
+        if self.on_own_worker() {
+            return false;
+        }
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let mut life = self.core.life.lock();
         while !life.is_stopped() {

@@ -55,7 +55,7 @@ use crate::key_encoding::StoreKey;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
-use crate::rate_limit::{RateLimiter, default_rate_limiter};
+use crate::rate_limit::{ExponentialBackoff, RateLimiter};
 use crate::store::{Persister, SqliteStore, StoreError, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
@@ -141,9 +141,12 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     }
 
     /// Lists every key that should be reconciled (every replica's, as a
-    /// Kubernetes controller lists every object): called when sharding
-    /// gives this replica partitions, to enqueue their keys. Called on
-    /// sharding's thread; keep it quick.
+    /// Kubernetes controller lists every object). Without sharding it is
+    /// called once, by [`start`](Self::start), and its keys are enqueued
+    /// (a panic in it propagates out of `start`, with nothing started).
+    /// With sharding it is called instead whenever this replica gains
+    /// partitions, on sharding's thread (keep it quick), and the keys of
+    /// those partitions are enqueued.
     pub fn resync<I: IntoIterator<Item = K>>(mut self, resync: impl Fn() -> I + Send + Sync + 'static) -> Self {
         self.resync = Some(Arc::new(move || resync().into_iter().collect()));
         self
@@ -154,9 +157,15 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
 /// spawn to exit.
 const FAILED_START_JOIN: Duration = Duration::from_secs(5);
 
+/// The default limiter's first retry delay and its cap (see
+/// [`Controller::rate_limiter`]).
+const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
+const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(1000);
+
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
-    /// calls `reconciler` with one worker and [`default_rate_limiter`].
+    /// calls `reconciler` with one worker and a per-key
+    /// `ExponentialBackoff(5 ms, 1000 s)` (see [`rate_limiter`](Self::rate_limiter)).
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
         Self {
             core: Core::new(name.into()),
@@ -210,10 +219,13 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
-    /// The limiter for errors and `Action::Requeue` (default
-    /// [`default_rate_limiter`]). The controller assumes it is the only one
-    /// asking the limiter about its keys (it skips `forget` for keys it never
-    /// retried).
+    /// The limiter for errors and `Action::Requeue`. The default is a
+    /// per-key `ExponentialBackoff(5 ms, 1000 s)`, controller-runtime's
+    /// current default: client-go's [`default_rate_limiter`](crate::default_rate_limiter)
+    /// adds an overall 10-per-second bucket, so 400 keys failing once
+    /// waited up to 30 s for their first retry. The controller assumes it is
+    /// the only one asking the limiter about its keys (it skips `forget` for
+    /// keys it never retried).
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
         self.limiter = Some(Arc::new(limiter));
         self
@@ -354,13 +366,14 @@ impl<K: ControllerKey> Controller<K> {
         ControllerHandle { core: Arc::clone(&self.core) }
     }
 
-    /// Spawns the worker threads and returns at once. If the controller was
-    /// stopped through a handle before this, nothing is spawned.
+    /// Spawns the worker threads and returns at once. A controller starts
+    /// once: `start` takes it by value, and one stopped through a handle
+    /// before this cannot start.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread (see [`try_start`](Self::try_start)
-    /// for an error instead), or `max_in_flight_per_group` was set without
-    /// `group`.
+    /// If the OS refuses to spawn a thread or the controller was stopped
+    /// through a handle (see [`try_start`](Self::try_start) for an error
+    /// instead), or `max_in_flight_per_group` was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
         let name = self.core.name.clone();
         self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
@@ -372,7 +385,9 @@ impl<K: ControllerKey> Controller<K> {
     /// and joined (a reconcile one of them already began is cancelled and
     /// waited for up to 5 s, then detached), the controller is stopped
     /// (enqueues are ignored), and the error says how many threads could
-    /// be made.
+    /// be made. A controller stopped through a handle before this is an
+    /// error too ([`io::ErrorKind::Other`]): nothing is spawned and it
+    /// stays stopped.
     ///
     /// # Panics
     /// If `max_in_flight_per_group` was set without `group`.
@@ -393,7 +408,8 @@ impl<K: ControllerKey> Controller<K> {
             "controller {:?}: max_in_flight_per_group needs a group function",
             self.core.name
         );
-        let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
+        let limiter =
+            self.limiter.unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
         // Named after the controller, so it records `workqueue_*` metrics.
         let mut queue = WorkQueue::builder()
             .name(self.core.name.clone())
@@ -405,10 +421,14 @@ impl<K: ControllerKey> Controller<K> {
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
+        let mut resync = self.resync.take();
         let coordination = match self.coordinate.take() {
-            Some(join) => Some(join(&self.core, self.resync.take())?),
+            Some(join) => Some(join(&self.core, &mut resync)?),
             None => None,
         };
+        // Before anything is shared, so a panicking resync leaves nothing
+        // half started (the claim and the membership drop as it unwinds).
+        let listed = resync.map(|resync| resync()).unwrap_or_default();
         let rt = Runtime {
             queue,
             limiter,
@@ -435,7 +455,7 @@ impl<K: ControllerKey> Controller<K> {
                 drop(life);
                 rt.queue.shut_down_now();
                 core.leave_coordination_if_no_workers();
-                return Ok(handle);
+                return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
             }
             life.live_workers = config.workers;
         }
@@ -447,6 +467,9 @@ impl<K: ControllerKey> Controller<K> {
         let pending = std::mem::take(&mut *core.pending.lock());
         for (key, when, priority) in pending {
             core.apply(rt, key, when, priority);
+        }
+        for key in listed {
+            core.apply(rt, key, When::Now, 0);
         }
         {
             // Only now is the queue the whole story (see `wait_idle`).
@@ -504,8 +527,9 @@ impl<K: ControllerKey> Controller<K> {
 
     /// [`start`](Self::start), then blocks until a handle stops the
     /// controller and its workers have exited (or a drain's deadline gave up
-    /// on them). Signals are not handled: see
-    /// [`run_until_signal`](Self::run_until_signal) for Ctrl-C and SIGTERM.
+    /// on them). Panics as [`start`](Self::start) does. Signals are not
+    /// handled: see [`run_until_signal`](Self::run_until_signal) for Ctrl-C
+    /// and SIGTERM.
     pub fn run(self) {
         let handle = self.start();
         handle.wait_stopped(None);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::duration::positive_secs;
 use crate::store::{SqliteStore, StoreError};
 
 pyo3::create_exception!(
@@ -36,14 +37,7 @@ impl PySqliteStore {
     #[new]
     #[pyo3(signature = (path, flush_interval=1.0))]
     fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
-        let interval = Duration::try_from_secs_f64(flush_interval)
-            .ok()
-            .filter(|interval| !interval.is_zero())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "flush_interval must be a positive number of seconds, got {flush_interval}"
-                ))
-            })?;
+        let interval = positive_secs(flush_interval, "flush_interval")?;
         let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
         Ok(Self { store })
     }

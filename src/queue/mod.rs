@@ -378,10 +378,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.wake_ready(&mut g);
     }
 
-    /// Re-adds `key` after the wait its rate limiter gives (G6).
+    /// Re-adds `key` after the wait its rate limiter gives (G6). A key
+    /// being processed comes back with the priority it was handed out with
+    /// (P3), as the controller's retries do.
     pub fn add_rate_limited(&self, key: K) {
         let delay = self.shared.limiter.when(&key);
-        self.add_after(key, delay);
+        let prio = self.shared.lock().q.retry_priority(&key);
+        self.add_after_placed(key, delay, Place { prio, group: 0 });
     }
 
     /// Clears the rate limiter's memory of `key`. Does not mark it done.

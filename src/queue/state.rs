@@ -66,7 +66,8 @@ enum Slot {
     Delayed { timer: Timer, prio: Priority, group: GroupId },
     /// Handed out to a worker; `then` is what `done` does with it, `run`
     /// where the metrics keep its start stamp, `again` the priority it comes
-    /// back with if `then` brings it back.
+    /// back with if `then` brings it back (while `then` is `Finish`, the
+    /// priority it was handed out with, for a retry: see `retry_priority`).
     Processing { then: Then, run: u32, group: GroupId, again: Priority },
 }
 
@@ -527,6 +528,20 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                     Then::Wait(timer) => Some(Some(timer.due)),
                 },
             },
+        }
+    }
+
+    /// The priority a retry of `key` re-adds it with (P3): the one it was
+    /// handed out with if it is being processed and nothing was added for
+    /// it meanwhile, else 0 (an add meanwhile already set the priority it
+    /// comes back with, and a retry only raises that). The slot keeps the
+    /// handed-out priority only until such an add, so that `Slot` stays
+    /// 40 bytes: a retry after a lower add comes back at the add's
+    /// priority.
+    pub(crate) fn retry_priority(&self, key: &K) -> Priority {
+        match self.slot(key) {
+            Some(Slot::Processing { then: Then::Finish, again, .. }) => *again,
+            _ => 0,
         }
     }
 

@@ -193,6 +193,10 @@ def test_bad_constructor_arguments():
         reconq.Controller(print, workers=0)
     with pytest.raises(ValueError, match="workers"):
         reconq.Controller(print, workers=-3)
+    # Past about a thousand, workers waiting for the GIL make work quadratic.
+    with pytest.raises(ValueError, match="workers must be between 1 and 1024, got 1025"):
+        reconq.Controller(print, workers=1025)
+    assert reconq.Controller(print, workers=1024).workers == 1024
     with pytest.raises(ValueError, match="hanging_threshold"):
         reconq.Controller(print, hanging_threshold=-1)
     with pytest.raises(ValueError, match="NaN"):
@@ -271,7 +275,6 @@ def test_enqueue_before_start_is_kept(make):
     assert c.stats()["depth"] >= 1
     assert not c.wait_idle(0.05)
     c.start()
-    c.start()  # harmless
     assert c.wait_idle(PATIENCE)
     assert sorted(rec.calls) == ["a", "b"]
 
@@ -420,11 +423,14 @@ def test_stop_without_drain_abandons_ready_keys(make):
     assert b.rec.calls == ["block"]
 
 
-def test_stop_twice_and_before_start(make):
+def test_stop_twice_and_before_start_and_no_second_start(make):
     c = make(print)
     assert c.stop() is True
     assert c.stop(drain=False) is True
-    c.start()  # after stop: nothing runs
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        c.start()
+    with pytest.raises(RuntimeError, match="was stopped"):
+        c.run()
     c.enqueue("k")
     assert c.stats()["depth"] == 0
     assert c.wait_idle(1)
@@ -432,9 +438,19 @@ def test_stop_twice_and_before_start(make):
     rec = Recorder()
     d = make(rec)
     d.start()
+    with pytest.raises(RuntimeError, match="is already started"):
+        d.start()
+    stopper = threading.Thread(target=d.stop)
+    stopper.start()
+    d.run()  # after start(): only blocks until stopped (returns at once if it is)
+    stopper.join()
+    d = make(rec)
+    d.start()
     d.enqueue(1)
     assert d.wait_idle(PATIENCE)
     assert d.stop() is True
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        d.start()
     assert d.stop() is True
     d.enqueue(2)
     d.enqueue_after(3, 0)
@@ -639,6 +655,120 @@ def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
     assert results == [False]
     wait_for(lambda: c.stats()["state"] == "stopped")
     assert c.stop(timeout=PATIENCE) is True
+
+
+@pytest.mark.parametrize("call", ["wait_idle", "run"])
+def test_waiting_for_itself_from_inside_a_reconcile_raises(make, call: str):
+    holder: Dict[str, reconq.Controller] = {}
+    raised: List[BaseException] = []
+
+    def reconcile(key: Any) -> None:
+        try:
+            getattr(holder["c"], call)()
+        except RuntimeError as e:
+            raised.append(e)
+
+    c = make(reconcile, name="self-waiter")
+    holder["c"] = c
+    c.start()
+    c.enqueue("k")
+    wait_for(lambda: raised, what=f"{call}() to raise")
+    assert f"{call}() called from a reconcile" in str(raised[0])
+    assert c.wait_idle(PATIENCE)
+    assert c.stop() is True  # no timeout: the worker is not stuck
+
+
+def test_the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket():
+    # client-go's default adds a 10-per-second bucket (burst 100): keys past
+    # the 100th would wait up to 10 s for their first retry.
+    clock = reconq.FakeClock()
+
+    def reconcile(key: Any) -> None:
+        if reconq.context().attempt == 0:
+            raise ValueError("first try fails")
+
+    c = reconq.Controller(reconcile, workers=2, clock=clock)
+    with c:
+        for k in range(200):
+            c.enqueue(k)
+        wait_for(lambda: c.stats()["failures"] == 200, what="every key failed once")
+        clock.advance(0.005)
+        assert c.wait_idle(PATIENCE), c.stats()
+        assert c.stats()["successes"] == 200
+
+
+def test_without_sharding_resync_runs_at_start_and_its_keys_are_reconciled(make):
+    rec = Recorder()
+    c = make(rec, resync=lambda: ["a", ("b", 1)])
+    c.enqueue("a")  # enqueued before start too: still one reconcile
+    c.start()
+    assert c.wait_idle(PATIENCE)
+    assert sorted(rec.calls, key=repr) == ["a", ("b", 1)]
+
+
+def test_a_raising_resync_is_logged_and_the_controller_runs(make, caplog):
+    def resync() -> List[Any]:
+        raise OSError("listing failed")
+
+    rec = Recorder()
+    c = make(rec, resync=resync)
+    with caplog.at_level(logging.ERROR, logger="reconq"):
+        c.start()
+    assert "listing failed" in caplog.text
+    c.enqueue("k")
+    assert c.wait_idle(PATIENCE)
+    assert rec.calls == ["k"]
+
+
+def test_out_of_range_durations_are_short_in_the_error(make, q):
+    c = make(lambda key: None)
+    for call, what in (
+        (lambda: q.add_after("k", 1e300), "seconds"),
+        (lambda: q.get(timeout=10**300), "timeout"),
+        (lambda: c.enqueue_after("k", 1e300), "seconds"),
+        (lambda: reconq.ExponentialBackoff(1e300, 1e301), "base"),
+        (lambda: make(lambda key: None, hanging_threshold=1e300), "hanging_threshold"),
+    ):
+        with pytest.raises(OverflowError) as raised:
+            call()
+        message = str(raised.value)
+        assert message.startswith(f"{what} is out of range: 1e300 seconds") and len(message) < 100, message
+    with pytest.raises(OverflowError, match=r"^t is out of range: 1e300$"):
+        c.enqueue_at("k", 1e300)
+
+
+@pytest.mark.parametrize(
+    "kw, problem",
+    [
+        ({"reconcile": lambda: None}, r"reconcile must accept one positional argument, but its signature is \(\)"),
+        ({"reconcile": lambda key, extra: None}, r"reconcile must accept one .* \(key, extra\)"),
+        ({"group": lambda: "g"}, r"group must accept one positional argument"),
+        ({"resync": lambda key: []}, r"resync must accept no arguments, but its signature is \(key\)"),
+        ({"reconcile": print}, None),  # a builtin: accepted, signature or not
+        ({"reconcile": lambda key, *rest, option=1: None}, None),
+    ],
+)
+def test_a_callable_with_the_wrong_signature_is_refused_at_construction(kw: Dict[str, Any], problem: Any):
+    kw = {"reconcile": lambda key: None, **kw}
+    if problem is None:
+        reconq.Controller(**kw)
+        return
+    with pytest.raises(TypeError, match=problem):
+        reconq.Controller(**kw)
+
+
+def test_trigger_and_manager_callables_with_the_wrong_signature_are_refused(make):
+    c = make(lambda key: None)
+    with pytest.raises(TypeError, match="fn must accept one positional argument"):
+        c.add_trigger("k", lambda: None)
+    with pytest.raises(TypeError, match="transform must accept one positional argument"):
+        c.watch([], transform=lambda: None)
+    m = reconq.Manager()
+    with pytest.raises(TypeError, match="do must accept no arguments"):
+        m.update("x", lambda ctx: None)
+    with pytest.raises(TypeError, match="stop must accept no arguments"):
+        m.update("x", lambda: None, stop=lambda ctx: None)
+    assert len(m) == 0
 
 
 # --- callables that cannot work ------------------------------------------------------

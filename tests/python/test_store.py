@@ -117,8 +117,10 @@ def test_bad_files(tmp_path):
         reconq.SqliteStore("/proc/reconq-no-such-dir/state.db")
     with pytest.raises(TypeError):
         reconq.Controller(lambda key: None, store=42)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="flush_interval must be a positive number of seconds, got 0"):
         reconq.SqliteStore(tmp_path / "x.db", flush_interval=0)
+    with pytest.raises(OverflowError, match=r"^flush_interval is out of range: 1e300 seconds \(at most 1.8"):
+        reconq.SqliteStore(tmp_path / "x.db", flush_interval=1e300)
 
 
 def test_python_keys_encode_like_rust_keys(tmp_path):
