@@ -417,3 +417,102 @@ fn disk_full_is_reported_and_retried_with_nothing_lost() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// S2 under the race of item 7b: a reconcile that raises `RetryAfter`
+/// once `stop_with_drain` has shut the queue down (the queue then refuses
+/// the retry) leaves its key delayed at its due time, not ready.
+#[test]
+fn s2_a_retry_raised_while_a_drain_begins_keeps_its_due_time() {
+    let dir = TempDir::new();
+    let own: Arc<std::sync::OnceLock<ControllerHandle<String>>> = Arc::default();
+    let in_reconcile = Arc::new(std::sync::Barrier::new(2));
+    let (own2, in_reconcile2) = (Arc::clone(&own), Arc::clone(&in_reconcile));
+    let handle = Controller::new("race", move |key: &String, _: &Context| -> Result<Action, ReconcileError> {
+        if key != "retry" {
+            return Ok(Action::Done);
+        }
+        in_reconcile2.wait();
+        // Blocks until the stop has shut the queue down: from then on an
+        // enqueue is refused, so the probe stays unknown.
+        let own = own2.get().unwrap();
+        wait_for("the drain shut the queue down", || {
+            own.enqueue_after("probe".to_string(), HOUR);
+            state(own, "probe") == KeyStatus::Unknown
+        });
+        Err(ReconcileError::retry_after(HOUR, "come back in an hour"))
+    })
+    .store(open(&dir.db()))
+    .start();
+    own.set(handle.clone()).unwrap();
+    handle.enqueue("retry".to_string());
+    in_reconcile.wait();
+    let report = handle.stop_with_drain_report(LONG);
+    assert!(report.finished && report.store_error.is_none(), "{report:?}");
+
+    let again =
+        Controller::new("race", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(open(&dir.db()))
+            .start();
+    match state(&again, "retry") {
+        KeyStatus::Waiting { until } => {
+            assert!(until > std::time::Instant::now() + HOUR / 2, "restored due too early")
+        }
+        other => panic!("the retried key came back {other:?}, not waiting for its due time"),
+    }
+    again.stop();
+    assert!(again.join_timeout(LONG));
+}
+
+const FINAL_FLUSH_ENV: &str = "RECONQ_STORE_FINAL_FLUSH_CHILD";
+
+/// In a child: keys flushed while the disk had room stay in the file; a
+/// stop whose last flush fails (file size limit) says so in its report and
+/// in stats, with the unwritten keys still pending.
+fn final_flush_child(dir: &Path) {
+    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
+    let handle =
+        Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(store)
+            .start();
+    let reader = open(&dir.join("state.db"));
+    for i in 0..10 {
+        handle.enqueue_after(format!("early-{i}"), HOUR);
+    }
+    wait_for("the early keys written", || reader.load("full").unwrap().len() == 10);
+    set_file_size_limit(64 * 1024);
+    const N: usize = 3000;
+    for i in 0..N {
+        handle.enqueue_after(format!("{i:0>100}"), HOUR);
+    }
+    let report = handle.stop_with_drain_report(LONG);
+    assert!(report.store_error.is_some(), "the failed last flush is reported: {report:?}");
+    let stats = handle.stats().store.unwrap();
+    assert!(stats.error.is_some() && stats.pending >= N, "the error stays visible: {stats:?}");
+    set_file_size_limit(libc::RLIM_INFINITY);
+    let rows = open(&dir.join("state.db")).load("full").unwrap();
+    let early = rows.iter().filter(|row| reconq::decode_key::<String>(&row.key).unwrap().starts_with("early-"));
+    assert_eq!(early.count(), 10, "what was on disk before the stop is still there");
+    println!("final-flush-ok");
+}
+
+#[test]
+fn s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before() {
+    if let Ok(dir) = std::env::var(FINAL_FLUSH_ENV) {
+        return final_flush_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    let test = "s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(FINAL_FLUSH_ENV, &dir.0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("final-flush-ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

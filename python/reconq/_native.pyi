@@ -292,6 +292,7 @@ class _StopReport(TypedDict):
     finished: bool
     unfinished: List[_Key]
     dropped: List[_Key]
+    store_error: Optional[str]
 
 class _KeyInfo(TypedDict):
     state: Literal["unknown", "ready", "waiting", "running", "parked"]

@@ -51,13 +51,10 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// Hands every stored key to `restore`, due times on the queue clock
     /// at `now`.
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
-    /// The flusher thread's body: returns after the final flush at stop,
-    /// releasing the claim.
+    /// The flusher thread's body: returns after the final flush at stop
+    /// (after the workers exited), releasing the claim. A failed final
+    /// flush stays in `stats().error`, its keys in `pending`.
     fn run_flusher(&self, source: &dyn KeySource<K>);
-    /// Writes every changed key now, from the caller's thread: a stop
-    /// calls it before the queue drops its ready and delayed keys, so
-    /// their rows stay (guarantees §9, "When").
-    fn flush_now(&self, source: &dyn KeySource<K>);
     /// Wakes the flusher for a stop.
     fn wake(&self);
     fn stats(&self) -> StoreStats;
@@ -117,7 +114,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
 
     /// Writes the changed keys in one transaction; on failure they stay
     /// marked for the next flush.
-    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>) {
+    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) {
         let _one_at_a_time = self.flushing.lock();
         if keys.is_empty() {
             return;
@@ -155,8 +152,14 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
                     self.dirty.mark(key);
                 }
                 let message = err.to_string();
-                tracing::warn!(target: "reconq::store", controller = %self.name, error = %message,
-                    "store flush failed; {} keys kept for the next flush", keys.len());
+                if last {
+                    tracing::error!(target: "reconq::store", controller = %self.name, error = %message,
+                        "store flush at stop failed; {} changed keys not written: the file keeps what the last \
+                         successful flush wrote", keys.len());
+                } else {
+                    tracing::warn!(target: "reconq::store", controller = %self.name, error = %message,
+                        "store flush failed; {} keys kept for the next flush", keys.len());
+                }
                 self.status.lock().1 = Some(message);
             }
         }
@@ -231,17 +234,15 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
                 break;
             }
             let aged = std::mem::replace(&mut *self.aged.lock(), self.dirty.take());
-            self.flush(source, aged);
+            self.flush(source, aged, false);
         }
+        // The queue answers for what the stop dropped (its stop views), so
+        // one flush after the workers is the whole story.
         source.wait_workers_exited();
-        self.flush_now(source);
-        self.claim.lock().take();
-    }
-
-    fn flush_now(&self, source: &dyn KeySource<K>) {
         let mut keys = std::mem::take(&mut *self.aged.lock());
         keys.extend(self.dirty.take());
-        self.flush(source, keys);
+        self.flush(source, keys, true);
+        self.claim.lock().take();
     }
 
     fn wake(&self) {
