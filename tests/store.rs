@@ -516,3 +516,31 @@ fn s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_path_that_is_no_file_is_refused() {
+    for path in ["", ":memory:"] {
+        let err = SqliteStore::open(path).unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("store path")), "{path:?}: {err}");
+    }
+}
+
+#[test]
+fn a_corrupt_row_names_the_file_the_controller_and_the_key() {
+    let dir = TempDir::new();
+    drop(open(&dir.db()));
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    conn.execute(
+        "INSERT INTO keys (controller, key, state, failures, priority) VALUES ('s2', x'01000000016b', 0, -5, 0)",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let calls = Calls::default();
+    let err = controller(open(&dir.db()), &calls).try_start().unwrap_err();
+    let inner = err.get_ref().and_then(|e| e.downcast_ref::<StoreError>());
+    let Some(StoreError::Invalid(message)) = inner else { panic!("not Invalid: {err:?}") };
+    for part in [&dir.db().display().to_string(), "\"s2\"", "[01, 00, 00, 00, 01, 6b]", "corrupt"] {
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+}

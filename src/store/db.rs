@@ -33,6 +33,10 @@ const VACUUM_AFTER_DELETES: usize = 1024;
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
+/// Paths SQLite opens as a private temporary or in-memory database:
+/// nothing durable, so refused.
+const NOT_A_FILE: [&str; 2] = ["", ":memory:"];
+
 /// What the store keeps of one pending or parked key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredKey {
@@ -108,6 +112,23 @@ fn sql_err(path: &Path, err: rusqlite::Error) -> StoreError {
     }
 }
 
+/// One row of `keys`, or what is wrong with it.
+fn read_row(row: &rusqlite::Row<'_>) -> Result<StoredKey, String> {
+    let column = |err: rusqlite::Error| err.to_string();
+    let state = match row.get::<_, i64>(1).map_err(column)? {
+        0 => StoredState::Waiting,
+        1 => StoredState::Delayed { due_unix_ms: row.get(2).map_err(column)? },
+        2 => StoredState::Parked { error: row.get::<_, Option<String>>(3).map_err(column)?.unwrap_or_default() },
+        other => return Err(format!("unknown state {other}")),
+    };
+    Ok(StoredKey {
+        key: row.get(0).map_err(column)?,
+        state,
+        failures: row.get(4).map_err(column)?,
+        priority: row.get(5).map_err(column)?,
+    })
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` with the default
     /// flush interval (1 s).
@@ -119,6 +140,11 @@ impl SqliteStore {
     /// every `flush_interval`.
     pub fn open_with_flush_interval(path: impl AsRef<Path>, flush_interval: Duration) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if NOT_A_FILE.iter().any(|special| path.as_os_str() == *special) {
+            return Err(StoreError::Invalid(format!(
+                "store path {path:?} is not a file: SQLite would open a private database that nothing keeps"
+            )));
+        }
         if flush_interval.is_zero() {
             return Err(StoreError::Invalid("flush_interval must be positive".into()));
         }
@@ -169,17 +195,25 @@ impl SqliteStore {
         let mut stmt = conn
             .prepare_cached("SELECT key, state, due_unix_ms, error, failures, priority FROM keys WHERE controller = ?1")
             .map_err(|e| sql_err(&self.inner.path, e))?;
-        let rows = stmt
-            .query_map(params![name], |row| {
-                let state = match row.get::<_, i64>(1)? {
-                    1 => StoredState::Delayed { due_unix_ms: row.get(2)? },
-                    2 => StoredState::Parked { error: row.get::<_, Option<String>>(3)?.unwrap_or_default() },
-                    _ => StoredState::Waiting,
-                };
-                Ok(StoredKey { key: row.get(0)?, state, failures: row.get(4)?, priority: row.get(5)? })
-            })
-            .map_err(|e| sql_err(&self.inner.path, e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| sql_err(&self.inner.path, e))
+        let mut rows = stmt.query(params![name]).map_err(|e| sql_err(&self.inner.path, e))?;
+        let mut keys = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| sql_err(&self.inner.path, e))? {
+            keys.push(read_row(row).map_err(|detail| self.corrupt_row(name, row, &detail))?);
+        }
+        Ok(keys)
+    }
+
+    /// A row `load` cannot read: which file, controller and key, and why.
+    fn corrupt_row(&self, name: &str, row: &rusqlite::Row<'_>, detail: &str) -> StoreError {
+        let key = match row.get_ref(0) {
+            Ok(rusqlite::types::ValueRef::Blob(bytes)) => format!("{bytes:02x?}"),
+            Ok(other) => format!("{other:?}"),
+            Err(err) => err.to_string(),
+        };
+        StoreError::Invalid(format!(
+            "{}: a corrupt row of controller {name:?} (key {key}): {detail}; delete that row or restore a backup",
+            self.inner.path.display()
+        ))
     }
 
     /// Writes one batch for `name` in one transaction: each entry is a key

@@ -44,7 +44,7 @@ def test_store_path_shorthand_keeps_delayed_failed_and_parked_keys(tmp_path):
     c.enqueue("ok")
     wait_for(lambda: c.inspect("fail")["state"] == "waiting" and c.inspect("park")["state"] == "parked")
     assert c.stats()["store_error"] is None
-    c.stop()
+    assert c.stop_with_report()["store_error"] is None
 
     again = reconq.Controller(reconcile, name="sync", store=reconq.SqliteStore(db), rate_limiter=hour_limiter())
     again.start()
@@ -119,6 +119,16 @@ def test_bad_files(tmp_path):
         reconq.Controller(lambda key: None, store=42)
     with pytest.raises(ValueError):
         reconq.SqliteStore(tmp_path / "x.db", flush_interval=0)
+
+
+def test_a_path_that_is_no_file_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("", ":memory:"):
+        with pytest.raises(ValueError, match="store path"):
+            reconq.Controller(lambda key: None, name="sync", store=path)
+        with pytest.raises(ValueError, match="store path"):
+            reconq.SqliteStore(path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_python_keys_encode_like_rust_keys(tmp_path):
