@@ -594,3 +594,50 @@ fn s1_a_burst_is_stored_within_the_interval_plus_a_second() {
     assert!(restarted.join_timeout(LONG));
     assert_eq!(waiting, BURST_KEYS as usize, "keys enqueued more than flush_interval + 1 s before the kill were lost");
 }
+
+fn file_len(db: &Path, suffix: &str) -> u64 {
+    let mut path = db.as_os_str().to_owned();
+    path.push(suffix);
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// Once a large batch completed and the store went idle, the WAL is
+/// checkpointed into the main file and truncated, and the main file gives
+/// the pages of the deleted rows back: the store is one file again, about
+/// the size of what it holds.
+#[test]
+fn an_idle_store_is_one_file_that_shrinks_after_a_large_batch() {
+    let dir = TempDir::new();
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let gate2 = Arc::clone(&gate);
+    let store = SqliteStore::open_with_flush_interval(dir.db(), Duration::from_millis(50)).unwrap();
+    let handle = Controller::new("idle", move |_: &u64, _: &Context| -> Result<Action, ReconcileError> {
+        let (open, cv) = &*gate2;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        Ok(Action::Done)
+    })
+    .store(store)
+    .start();
+    const N: u64 = 20_000;
+    for key in 0..N {
+        handle.enqueue(key);
+    }
+    let reader = open(&dir.db());
+    wait_for("the batch written, the WAL checkpointed", || {
+        reader.load("idle").unwrap().len() as u64 == N && file_len(&dir.db(), "-wal") == 0
+    });
+    let full = file_len(&dir.db(), "");
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    assert!(handle.wait_idle(LONG));
+    wait_for("the rows deleted, the file shrunk, the WAL empty", || {
+        reader.load("idle").unwrap().is_empty()
+            && file_len(&dir.db(), "") < full / 4
+            && file_len(&dir.db(), "-wal") == 0
+    });
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}

@@ -479,6 +479,34 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         (next, now.reading())
     }
 
+    /// [`done_and_get_stamped`](Self::done_and_get_stamped) that calls
+    /// `after_done` once `key` is done, outside the lock and before any wait
+    /// for the next key: a controller's store must learn that the key
+    /// finished even when no key follows it for a long time.
+    pub(crate) fn done_then_get_stamped(
+        &self,
+        key: &K,
+        stamp: u64,
+        after_done: impl FnOnce(),
+    ) -> (Option<(K, Priority)>, u64) {
+        let mut now = Now::at(stamp);
+        let mut g = self.shared.lock();
+        self.shared.finish(&mut g, key, &mut now);
+        let ready = self.shared.take(&mut g, &mut now);
+        drop(g);
+        after_done();
+        let next = match ready {
+            Some(next) => Some(next),
+            None => {
+                // The lock was released: a fresh reading from here on.
+                now = Now::new();
+                let mut g = self.shared.lock();
+                self.shared.next(&mut g, None, &mut now).ok()
+            }
+        };
+        (next, now.reading())
+    }
+
     /// Number of ready keys (not counting processing or delayed ones).
     pub fn len(&self) -> usize {
         self.shared.lock_synced().q.len()

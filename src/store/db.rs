@@ -112,6 +112,16 @@ fn sql_err(path: &Path, err: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Returns every free page to the file system. The pragma frees one page
+/// per step, so it is stepped to the end (`execute_batch` steps once: it
+/// freed one page per call).
+fn incremental_vacuum(conn: &Connection) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached("PRAGMA incremental_vacuum")?;
+    let mut rows = stmt.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(())
+}
+
 /// One row of `keys`, or what is wrong with it.
 fn read_row(row: &rusqlite::Row<'_>) -> Result<StoredKey, String> {
     let column = |err: rusqlite::Error| err.to_string();
@@ -161,12 +171,13 @@ impl SqliteStore {
             )));
         }
         conn.busy_timeout(Duration::from_secs(5)).map_err(|e| sql_err(&path, e))?;
+        // Freed pages go back to the file system (see `write` and
+        // `compact`), so the file follows pending + parked keys down as well
+        // as up. Takes effect only on a new file, before the first table
+        // and before WAL mode (set after it, it was silently ignored).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| sql_err(&path, e))?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(())).map_err(|e| sql_err(&path, e))?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| sql_err(&path, e))?;
-        // Freed pages go back to the file system (see `write`), so the file
-        // follows pending + parked keys down as well as up. Takes effect
-        // only on a new file, before the first table.
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| sql_err(&path, e))?;
         // Bounds the WAL file left after a checkpoint.
         conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
         conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
@@ -216,6 +227,23 @@ impl SqliteStore {
         ))
     }
 
+    /// Returns the pages deleted rows freed to the file system and moves
+    /// the WAL into the main file, truncating it: an idle store is one
+    /// file (a copy of it alone is a backup) of about its rows' size. Best
+    /// effort: a reader in the way (another connection) leaves it for the
+    /// next time, and nothing is lost either way.
+    pub(crate) fn compact(&self) {
+        let conn = self.inner.conn.lock();
+        let auto_vacuum: i64 = conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0)).unwrap_or(2);
+        if auto_vacuum == 0 {
+            // A file written before auto-vacuum took effect: converted once
+            // (a VACUUM rewrites it), then freed pages are returned below.
+            let _ = conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM");
+        }
+        let _ = incremental_vacuum(&conn);
+        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+
     /// Writes one batch for `name` in one transaction: each entry is a key
     /// and what to keep of it (`None`: delete it). All or nothing.
     pub fn write(&self, name: &str, batch: &[(Vec<u8>, Option<StoredKey>)]) -> Result<(), StoreError> {
@@ -251,7 +279,7 @@ impl SqliteStore {
         let deleted = batch.iter().filter(|(_, record)| record.is_none()).count();
         if deleted >= VACUUM_AFTER_DELETES {
             // Best effort: a failure here loses nothing.
-            let _ = conn.execute_batch("PRAGMA incremental_vacuum");
+            let _ = incremental_vacuum(&conn);
         }
         Ok(())
     }
