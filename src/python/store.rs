@@ -2,7 +2,8 @@
 //! encoding of Python keys (the same bytes as Rust keys of the same shape:
 //! see `crate::store` key docs).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
@@ -11,7 +12,7 @@ use pyo3::prelude::*;
 use super::key::PyKey;
 use crate::store::{
     SqliteStore, StoreError, StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed,
-    decode_tuple_header, encode_int, encode_len_prefixed, encode_tuple_header,
+    decode_tuple_header, encode_int, encode_len_prefixed, encode_tuple_header, is_open_in_this_process,
 };
 
 pyo3::create_exception!(
@@ -29,6 +30,46 @@ pub(crate) fn store_error(err: &StoreError) -> PyErr {
         StoreError::Invalid(_) => PyValueError::new_err(err.to_string()),
         StoreError::Io(_) => PyOSError::new_err(err.to_string()),
     }
+}
+
+/// Refuses `sqlite3.connect` on a store file this process has open: a
+/// second SQLite library in one process ignores our locks and corrupts the
+/// file or crashes the process (see `crate::store` `open_files`). An audit
+/// hook (PEP 578) is the stdlib's own way to veto an operation.
+#[pyfunction]
+fn refuse_sqlite3_on_open_stores(py: Python<'_>, event: &str, args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+    if event != "sqlite3.connect" {
+        return Ok(());
+    }
+    let Some(path) = args.get_item(0).ok().and_then(|database| database.extract::<PathBuf>().ok()) else {
+        return Ok(());
+    };
+    // A URI (`file:state.db?mode=ro`) names the file before its query.
+    let text = path.to_string_lossy();
+    let file =
+        text.strip_prefix("file:").map_or(path.as_path(), |rest| Path::new(rest.split('?').next().unwrap_or("")));
+    if !is_open_in_this_process(file) {
+        return Ok(());
+    }
+    let error = py.import("sqlite3")?.getattr("OperationalError")?;
+    Err(PyErr::from_value(error.call1((format!(
+        "{} is a reconq store open in this process: a second SQLite library in one process (this sqlite3 \
+         module) ignores its locks and can corrupt it or crash the process. Read it from another process \
+         (the sqlite3 shell, a script), or after the store is closed",
+        path.display()
+    ),))?))
+}
+
+/// Installs [`refuse_sqlite3_on_open_stores`] once, when Python first
+/// opens a store.
+fn guard_against_second_sqlite(py: Python<'_>) -> PyResult<()> {
+    static INSTALLED: Once = Once::new();
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = wrap_pyfunction!(refuse_sqlite3_on_open_stores, py)
+            .and_then(|hook| py.import("sys")?.call_method1("addaudithook", (hook,)).map(drop));
+    });
+    result
 }
 
 /// An embedded SQLite store for controllers' pending work.
@@ -50,6 +91,7 @@ impl PySqliteStore {
                     "flush_interval must be a positive number of seconds, got {flush_interval}"
                 ))
             })?;
+        guard_against_second_sqlite(py)?;
         let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
         Ok(Self { store })
     }
@@ -83,6 +125,7 @@ pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResul
             store.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())
         ))
     })?;
+    guard_against_second_sqlite(py)?;
     py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(|e| store_error(&e))
 }
 

@@ -10,6 +10,7 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use super::StoreError;
 use super::lock::StoreClaim;
+use super::open_files::{self, OpenFile};
 
 /// The schema this build writes. A file with a higher `user_version` was
 /// written by a newer reconq and is refused rather than misread.
@@ -71,6 +72,8 @@ struct Inner {
     path: PathBuf,
     conn: Mutex<Connection>,
     flush_interval: Duration,
+    /// Listed as open while the connection is (see `open_files`).
+    _open: OpenFile,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -182,7 +185,8 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
         conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(|e| sql_err(&path, e))?;
-        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval }) })
+        let open = open_files::register(&path);
+        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval, _open: open }) })
     }
 
     /// The database file.

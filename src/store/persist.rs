@@ -143,6 +143,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         // A key marked several times is written once.
         pairs.dedup_by(|a, b| a.0 == b.0);
         let (encoded, keys): (Vec<Vec<u8>>, Vec<K>) = pairs.into_iter().unzip();
+        self.writing.store(keys.len(), Ordering::Release);
         for (at, (keys_chunk, encoded_chunk)) in keys.chunks(WRITE_CHUNK).zip(encoded.chunks(WRITE_CHUNK)).enumerate() {
             if let Err(err) = self.write_chunk(source, keys_chunk, encoded_chunk) {
                 let unwritten = &keys[at * WRITE_CHUNK..];

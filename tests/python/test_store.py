@@ -4,6 +4,8 @@ encoding, and S1 crashes by SIGKILL of a Python child."""
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import random
 import signal
@@ -23,6 +25,14 @@ HOUR = 3600.0
 
 def hour_limiter() -> reconq.ExponentialBackoff:
     return reconq.ExponentialBackoff(HOUR, HOUR)
+
+
+def query_from_another_process(db, sql):
+    """Runs `sql` on `db` in a child process: reading a store this process
+    has open with the sqlite3 module is refused (see the test below)."""
+    script = "import json, sqlite3, sys; print(json.dumps(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall()))"
+    out = subprocess.run([sys.executable, "-c", script, str(db), sql], capture_output=True, text=True, check=True)
+    return [tuple(row) for row in json.loads(out.stdout)]
 
 
 def test_store_path_shorthand_keeps_delayed_failed_and_parked_keys(tmp_path):
@@ -69,8 +79,7 @@ def test_flushes_within_the_interval_and_reports_stats(tmp_path):
     try:
         c.enqueue_after("later", HOUR)
         wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
-        rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM keys").fetchone()
-        assert rows == (1,)
+        assert query_from_another_process(tmp_path / "state.db", "SELECT count(*) FROM keys") == [(1,)]
         entry = next(e for e in reconq.status() if e["name"] == "sync")
         assert (entry["store_pending"], entry["store_error"]) == (0, None)
         assert entry["last_flush_time"] is not None
@@ -138,10 +147,39 @@ def test_python_keys_encode_like_rust_keys(tmp_path):
     c.enqueue_after(("ns", 3), HOUR)
     c.enqueue_after(b"\x07", HOUR)
     c.stop()
-    blobs = {bytes(row[0]) for row in sqlite3.connect(db).execute("SELECT key FROM keys")}
+    blobs = {bytes.fromhex(row[0]) for row in query_from_another_process(db, "SELECT hex(key) FROM keys")}
     # The bytes tests/store.rs checks for the Rust key ("ns".to_string(), 3i64).
     assert bytes([4, 0, 0, 0, 2, 1, 0, 0, 0, 2]) + b"ns" + bytes([2, 0, 0, 0, 0, 0, 0, 0, 3]) in blobs
     assert bytes([3, 0, 0, 0, 1, 7]) in blobs
+
+
+def test_sqlite3_in_the_same_process_is_refused_while_a_store_is_open(tmp_path, monkeypatch):
+    """Python's sqlite3 is a second SQLite library in the process: its locks
+    do not see ours, and opening a store file with it while a controller
+    writes crashed the process (SIGBUS) or corrupted the file. It is refused
+    with sqlite3.OperationalError, in every spelling of the path, while the
+    controller keeps writing; once the store is closed it opens normally."""
+    db = tmp_path / "state.db"
+    c = reconq.Controller(lambda key: None, name="sync", store=reconq.SqliteStore(db, flush_interval=0.01))
+    c.start()
+    monkeypatch.chdir(tmp_path)
+    spellings = [(db,), (str(db),), ("state.db",), (f"file:{db}?mode=ro",), (db.as_uri() + "?mode=ro",)]
+    for round in range(50):
+        for key in range(round * 200, round * 200 + 200):
+            c.enqueue_after(key, 0.005 if key % 2 else HOUR)
+        for spelling in spellings:
+            uri = str(spelling[0]).startswith("file:")
+            with pytest.raises(sqlite3.OperationalError, match="reconq store open in this process"):
+                sqlite3.connect(*spelling, uri=uri)
+    wait_for(lambda: c.stats()["store_pending"] == 0)
+    assert c.stats()["store_error"] is None
+    c.stop()
+    del c
+    gc.collect()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert conn.execute("SELECT count(*) FROM keys").fetchone() == (50 * 100,)
+    conn.close()
 
 
 CHILD = r"""
