@@ -367,17 +367,35 @@ fn set_file_size_limit(bytes: libc::rlim_t) {
     }
 }
 
+/// In a child whose writes a file size limit will make fail: a controller
+/// "full" flushing every 50 ms, with SIGXFSZ ignored (so "file too large"
+/// is an EFBIG error, not a kill).
+fn full_disk_controller(dir: &Path) -> ControllerHandle<String> {
+    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
+    Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+        .store(store)
+        .start()
+}
+
+/// Runs test `test` of this binary in a child with `env` set to `dir`,
+/// and asserts that it succeeded and printed `marker`.
+fn run_child_test(test: &str, env: &str, dir: &Path, marker: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains(marker), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// In a child: a file size limit makes flushes fail (disk full); the
 /// error shows in stats, nothing is dropped, and once the limit is lifted
 /// the next flush writes every key.
 fn disk_full_child(dir: &Path) {
-    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
-    let handle =
-        Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
-            .store(store)
-            .start();
+    let handle = full_disk_controller(dir);
     set_file_size_limit(64 * 1024);
     const N: usize = 3000;
     for i in 0..N {
@@ -405,17 +423,7 @@ fn disk_full_is_reported_and_retried_with_nothing_lost() {
         return disk_full_child(Path::new(&dir));
     }
     let dir = TempDir::new();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "disk_full_is_reported_and_retried_with_nothing_lost", "--nocapture", "--test-threads=1"])
-        .env(DISK_FULL_ENV, &dir.0)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("disk-full-ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_child_test("disk_full_is_reported_and_retried_with_nothing_lost", DISK_FULL_ENV, &dir.0, "disk-full-ok");
 }
 
 /// S2 under the race of item 7b: a reconcile that raises `RetryAfter`
@@ -469,13 +477,7 @@ const FINAL_FLUSH_ENV: &str = "RECONQ_STORE_FINAL_FLUSH_CHILD";
 /// stop whose last flush fails (file size limit) says so in its report and
 /// in stats, with the unwritten keys still pending.
 fn final_flush_child(dir: &Path) {
-    // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
-    let handle =
-        Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
-            .store(store)
-            .start();
+    let handle = full_disk_controller(dir);
     let reader = open(&dir.join("state.db"));
     for i in 0..10 {
         handle.enqueue_after(format!("early-{i}"), HOUR);
@@ -504,17 +506,7 @@ fn s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before() {
     }
     let dir = TempDir::new();
     let test = "s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before";
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(FINAL_FLUSH_ENV, &dir.0)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("final-flush-ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_child_test(test, FINAL_FLUSH_ENV, &dir.0, "final-flush-ok");
 }
 
 #[test]
