@@ -673,9 +673,9 @@ impl PyController {
     /// `finished` (every worker finished in time), `unfinished` (keys whose
     /// reconcile was still running at the deadline) and `dropped` (keys
     /// dropped without a reconcile: waiting on a delay or a retry, or ready
-    /// at the deadline) and `store_error` (with a store: why the stop's last
-    /// flush failed, else None; the file then keeps the last successful
-    /// flush).
+    /// at the deadline) and, with a store, `store_error` (why the stop's
+    /// last flush failed, else None; the file then keeps the last
+    /// successful flush).
     #[pyo3(signature = (timeout=None))]
     fn stop_with_report<'py>(
         slf: &Bound<'py, Self>,
@@ -691,7 +691,10 @@ impl PyController {
         d.set_item("finished", report.finished)?;
         d.set_item("unfinished", keys(&report.unfinished)?)?;
         d.set_item("dropped", keys(&report.dropped)?)?;
-        d.set_item("store_error", report.store_error.as_deref())?;
+        if slf.get().handle.core.rt.get().is_some_and(|rt| rt.store.is_some()) {
+            // With a store only, as in `stats()`.
+            d.set_item("store_error", report.store_error.as_deref())?;
+        }
         Ok(d)
     }
 
