@@ -75,12 +75,17 @@ pub struct StoreStats {
     pub error: Option<String>,
 }
 
+/// A key's encoding and what to keep of it (`None`: delete its row).
+type Row = (Vec<u8>, Option<StoredKey>);
+
 /// How many keys are sampled under one queue lock acquisition.
 const SAMPLE_CHUNK: usize = 4096;
 
 /// The most keys one transaction writes: a burst is committed in steps,
 /// each durable as soon as it is written, and no transaction holds the
-/// whole burst in SQLite's cache and WAL at once.
+/// whole burst in SQLite's cache and WAL at once. (A key sampled at the
+/// start of a long flush may have changed by its write: its change marked
+/// it again, for the next flush.)
 const WRITE_CHUNK: usize = 32 * 1024;
 
 /// Keys taken at a tick are written at once, without waiting half an
@@ -128,24 +133,16 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     }
 
     /// Writes the changed keys, in key order, in transactions of at most
-    /// [`WRITE_CHUNK`] keys, each sampled just before its write; on a
-    /// failure the keys not written yet stay marked for the next flush.
+    /// [`WRITE_CHUNK`] keys; on a failure the keys not written yet stay
+    /// marked for the next flush.
     fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) {
         if keys.is_empty() {
             return;
         }
-        // In key order, a batch goes into the table's b-tree page after
-        // page; in the dirty set's (hash) order, every row touched a random
-        // page, far more than SQLite's cache holds (a 1,000,000-key burst
-        // took 11 s to write instead of about one).
-        let mut pairs: Vec<(Vec<u8>, K)> = keys.into_iter().map(|key| (encode_key(&key), key)).collect();
-        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        // A key marked several times is written once.
-        pairs.dedup_by(|a, b| a.0 == b.0);
-        let (encoded, keys): (Vec<Vec<u8>>, Vec<K>) = pairs.into_iter().unzip();
+        let (batch, keys) = self.rows_to_write(source, keys);
         self.writing.store(keys.len(), Ordering::Release);
-        for (at, (keys_chunk, encoded_chunk)) in keys.chunks(WRITE_CHUNK).zip(encoded.chunks(WRITE_CHUNK)).enumerate() {
-            if let Err(err) = self.write_chunk(source, keys_chunk, encoded_chunk) {
+        for (at, (batch_chunk, keys_chunk)) in batch.chunks(WRITE_CHUNK).zip(keys.chunks(WRITE_CHUNK)).enumerate() {
+            if let Err(err) = self.store.write(&self.name, batch_chunk) {
                 let unwritten = &keys[at * WRITE_CHUNK..];
                 for key in unwritten {
                     self.dirty.mark(key);
@@ -154,38 +151,48 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
                 self.failed(&err, unwritten.len(), last);
                 return;
             }
+            let mut written = self.written.lock();
+            for ((_, row), key) in batch_chunk.iter().zip(keys_chunk) {
+                if row.is_some() {
+                    written.insert(key.clone());
+                } else {
+                    written.remove(key);
+                }
+            }
+            drop(written);
             self.writing.fetch_sub(keys_chunk.len(), Ordering::AcqRel);
         }
         *self.status.lock() = (Some(SystemTime::now()), None);
     }
 
-    /// Samples `keys` (encoded as `encoded`) and writes them in one
-    /// transaction.
-    fn write_chunk(&self, source: &dyn KeySource<K>, keys: &[K], encoded: &[Vec<u8>]) -> Result<(), StoreError> {
+    /// Samples `keys` and keeps the ones that need SQL (a view to keep, or
+    /// a row to delete: most keys of a busy queue have neither), each once,
+    /// in key order: rows then go into the table's b-tree page after page;
+    /// in the dirty set's (hash) order every row touched a random page, far
+    /// more than SQLite's cache holds (a 1,000,000-key burst took 11 s to
+    /// write instead of about one). Returns the rows and their keys.
+    fn rows_to_write(&self, source: &dyn KeySource<K>, keys: Vec<K>) -> (Vec<Row>, Vec<K>) {
         let mut views = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(SAMPLE_CHUNK) {
             source.views(chunk, &mut views);
         }
         let (now, wall) = (source.now(), wall_ms(SystemTime::now()));
-        let mut written = self.written.lock();
-        let batch: Vec<(Vec<u8>, Option<StoredKey>)> = keys
-            .iter()
-            .zip(encoded)
-            .zip(&views)
-            .filter(|((key, _), view)| view.is_some() || written.contains(*key))
-            .map(|((_, encoded), view)| {
-                (encoded.clone(), view.as_ref().map(|view| to_stored(encoded, view, now, wall)))
+        let written = self.written.lock();
+        let mut rows: Vec<(Row, K)> = keys
+            .into_iter()
+            .zip(views)
+            .filter(|(key, view)| view.is_some() || written.contains(key))
+            .map(|(key, view)| {
+                let encoded = encode_key(&key);
+                let stored = view.map(|view| to_stored(&encoded, &view, now, wall));
+                ((encoded, stored), key)
             })
             .collect();
-        self.store.write(&self.name, &batch)?;
-        for (key, view) in keys.iter().zip(&views) {
-            if view.is_some() {
-                written.insert(key.clone());
-            } else {
-                written.remove(key);
-            }
-        }
-        Ok(())
+        drop(written);
+        rows.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
+        // A key marked several times is written once.
+        rows.dedup_by(|a, b| a.0.0 == b.0.0);
+        rows.into_iter().unzip()
     }
 
     fn failed(&self, err: &StoreError, unwritten: usize, last: bool) {
