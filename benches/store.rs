@@ -5,7 +5,9 @@
 //! changed keys in one flush; and the soak figures (file size and RSS
 //! after the keys passed through, when nothing is pending).
 //!
-//! `cargo bench --bench store` (`W6_N=200000` for a shorter run).
+//! `cargo bench --bench store` (`W6_N=200000` for a shorter run);
+//! `cargo bench --bench store -- s1`: only the S1 figures (how long after
+//! a burst of 100,000 / 300,000 / 1,000,000 keys every key is written).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -29,6 +29,10 @@ CREATE TABLE IF NOT EXISTS keys (
 ) WITHOUT ROWID;
 ";
 
+/// How long a write waits for another connection's lock (another
+/// process writing other names in the same file).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A flush that deleted at least this many rows returns the freed pages.
 const VACUUM_AFTER_DELETES: usize = 1024;
 
@@ -173,7 +177,7 @@ impl SqliteStore {
                 path.display()
             )));
         }
-        conn.busy_timeout(Duration::from_secs(5)).map_err(|e| sql_err(&path, e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| sql_err(&path, e))?;
         // Freed pages go back to the file system (see `write` and
         // `compact`), so the file follows pending + parked keys down as well
         // as up. Takes effect only on a new file, before the first table
@@ -236,16 +240,26 @@ impl SqliteStore {
     /// file (a copy of it alone is a backup) of about its rows' size. Best
     /// effort: a reader in the way (another connection) leaves it for the
     /// next time, and nothing is lost either way.
-    pub(crate) fn compact(&self) {
+    /// Returns whether it got through.
+    pub(crate) fn compact(&self) -> bool {
         let conn = self.inner.conn.lock();
+        // Never waits: a reader holding a snapshot (a shell in another
+        // process) would otherwise hold the flusher for the busy timeout,
+        // and the next changes' flush (S1) with it.
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return false;
+        }
         let auto_vacuum: i64 = conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0)).unwrap_or(2);
         if auto_vacuum == 0 {
             // A file written before auto-vacuum took effect: converted once
             // (a VACUUM rewrites it), then freed pages are returned below.
             let _ = conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM");
         }
-        let _ = incremental_vacuum(&conn);
-        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        let vacuumed = incremental_vacuum(&conn).is_ok();
+        // (busy, WAL frames, frames checkpointed): busy 0 when it finished.
+        let checkpointed = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
+        let _ = conn.busy_timeout(BUSY_TIMEOUT);
+        vacuumed && checkpointed.is_ok_and(|busy| busy == 0)
     }
 
     /// Writes one batch for `name` in one transaction: each entry is a key

@@ -78,6 +78,10 @@ pub struct StoreStats {
 /// A key's encoding and what to keep of it (`None`: delete its row).
 type Row = (Vec<u8>, Option<StoredKey>);
 
+/// How many times an idle flusher tries to compact (one tick apart) when a
+/// reader is in the way, before it waits for the next write.
+const COMPACT_TRIES: u32 = 20;
+
 /// How many keys are sampled under one queue lock acquisition.
 const SAMPLE_CHUNK: usize = 4096;
 
@@ -274,18 +278,23 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         let tick = self.store.flush_interval() / 2;
         let stopping = || self.stopped.load(Ordering::Acquire) || source.stopping();
         let mut next_tick: Option<Instant> = None;
-        let mut wrote_since_compact = false;
+        // Compactions left to try since the last write (0: compacted).
+        let mut compact_tries = 0;
         loop {
             // Asleep until something changes (G8) or a stop; compacted
             // first if it wrote since it last slept (item 13 of issue 22:
-            // a burst left 33 MiB of WAL and free pages behind).
+            // a burst left 33 MiB of WAL and free pages behind). A reader
+            // in the way gets a few more ticks, then the next write.
             while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() {
-                if std::mem::take(&mut wrote_since_compact) {
-                    self.store.compact();
-                    continue;
-                }
                 next_tick = None;
-                std::thread::park();
+                if compact_tries == 0 {
+                    std::thread::park();
+                } else if self.store.compact() {
+                    compact_tries = 0;
+                } else {
+                    compact_tries -= 1;
+                    std::thread::park_timeout(tick);
+                }
             }
             let next = *next_tick.get_or_insert_with(|| Instant::now() + tick);
             while !stopping() {
@@ -299,7 +308,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
                 break;
             }
             next_tick = Some((next + tick).max(Instant::now()));
-            wrote_since_compact = true;
+            compact_tries = COMPACT_TRIES;
             let aged = self.take_for_flush(|aged| std::mem::replace(aged, self.dirty.take()));
             self.flush(source, aged, false);
             if self.aged.lock().len() >= NO_AGING_ABOVE {
@@ -316,6 +325,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             keys
         });
         self.flush(source, keys, true);
+        // Best effort: the next start compacts too, once it has written.
         self.store.compact();
         self.claim.lock().take();
     }
