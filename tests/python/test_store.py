@@ -182,6 +182,47 @@ def test_sqlite3_in_the_same_process_is_refused_while_a_store_is_open(tmp_path, 
     conn.close()
 
 
+FULL_DISK_CHILD = r"""
+import resource, signal, sys, reconq
+sys.path.insert(0, sys.argv[2])
+from waiting import wait_for
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # "file too large" as an error, not a kill
+c = reconq.Controller(lambda key: None, name="full", store=reconq.SqliteStore(sys.argv[1], flush_interval=0.05))
+c.start()
+for i in range(10):
+    c.enqueue_after(f"early-{i}", 3600)
+wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+for i in range(60000):
+    c.enqueue_after(f"{i:0>100}", 3600)
+report = c.stop_with_report()
+stats = c.stats()
+assert report["store_error"] is not None, report
+assert stats["store_error"] is not None and stats["store_pending"] >= 60000, stats
+print("reported")
+"""
+
+
+def test_a_failed_last_flush_at_stop_is_reported_and_keeps_what_was_written(tmp_path):
+    """Issue 22 item 1: a stop whose last flush fails (file size limit) says
+    so in stop_with_report() and stats(), and the file keeps what the
+    earlier flushes wrote."""
+    db = tmp_path / "state.db"
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(db), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "reported" in out.stdout, out.stdout + out.stderr
+    again = reconq.Controller(lambda key: None, name="full", store=str(db))
+    again.start()
+    try:
+        assert all(again.inspect(f"early-{i}")["state"] == "waiting" for i in range(10))
+    finally:
+        again.stop()
+
+
 CHILD = r"""
 import sys, time, reconq
 db, log_path, keys = sys.argv[1], sys.argv[2], int(sys.argv[3])
