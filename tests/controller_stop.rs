@@ -75,7 +75,10 @@ fn drain_reconciles_ready_and_dirty_keys_without_cancelling() {
     release_tx.send(()).unwrap();
     let report = stopper.join().unwrap();
     let dropped = vec!["delayed".to_string()];
-    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped });
+    assert_eq!(
+        report,
+        StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped, store_error: None }
+    );
     let seen = seen.lock().clone();
     assert_eq!(
         seen,

@@ -103,6 +103,19 @@ pub struct StopReport<K> {
     /// delay or a retry back-off, and ready keys left at the deadline.
     /// Enqueue them again after a restart if they matter.
     pub dropped: Vec<K>,
+    /// With a [`store`](crate::Controller::store): why the stop's last
+    /// flush failed (then the file keeps what the last successful flush
+    /// wrote, and `stats().store` shows the keys not written). `None` if it
+    /// succeeded, or had not run by the deadline (it runs once the workers
+    /// have exited).
+    pub store_error: Option<String>,
+}
+
+impl<K> StopReport<K> {
+    /// Every worker finished, nothing was dropped or detached.
+    pub(crate) fn finished_with_nothing_left() -> Self {
+        Self { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new(), store_error: None }
+    }
 }
 
 impl<K: ControllerKey> ControllerHandle<K> {
@@ -347,8 +360,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report =
-            StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
+        let mut report = StopReport::finished_with_nothing_left();
         if let Some(rt) = self.core.rt.get() {
             self.drain_naming_waits(rt, deadline);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
@@ -373,7 +385,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
         } else {
             report.detached_threads = self.core.life.lock().live_aux;
         }
+        report.store_error = self.store_error();
         report
+    }
+
+    /// The store's last flush error, if it has one (see
+    /// [`StopReport::store_error`]).
+    pub(crate) fn store_error(&self) -> Option<String> {
+        self.core.rt.get()?.store.as_ref()?.stats().error
     }
 
     /// How many trigger, watch and watchdog threads are running.

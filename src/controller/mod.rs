@@ -418,6 +418,10 @@ impl<K: ControllerKey> Controller<K> {
         if self.grouping.is_some() {
             queue = queue.groups(config.max_in_flight_per_group);
         }
+        if store.is_some() {
+            // The store's last flush writes what the stop dropped (S2).
+            queue = queue.keep_stop_views();
+        }
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
@@ -624,7 +628,7 @@ impl<K: ControllerKey> Runtime<K> {
     /// Re-adds a key being reconciled after `delay`, at the priority it was
     /// handed out with (P3; its group stays the one it has in the queue).
     pub(crate) fn retry_after(&self, key: &K, delay: Duration, priority: Priority) {
-        self.queue.add_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
+        self.queue.retry_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
     }
 
     pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32, priority: Priority) {
@@ -867,8 +871,6 @@ impl<K: ControllerKey> Core<K> {
         };
         if first {
             if let Some(store) = self.rt.get().and_then(|rt| rt.store.as_ref()) {
-                // Before the queue drops its keys, so their rows stay.
-                store.flush_now(self);
                 store.wake();
             }
             self.pending.lock().clear();

@@ -153,13 +153,13 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
 
 /// Marks `key` done (at tick `now`, which stamps the next hand-out) and
 /// takes the next key; the store learns that `key` changed (whether it was
-/// reconciled or dropped as not ours).
+/// reconciled or dropped as not ours) before the worker waits for a next
+/// key, so the last key of a batch does not stay stored until one comes.
 fn done_and_get<K: ControllerKey>(rt: &Runtime<K>, key: &K, now: u64) -> (Option<(K, Priority)>, u64) {
-    let next = rt.queue.done_and_get_stamped(key, now);
-    if let Some(store) = &rt.store {
-        store.mark(key);
+    match &rt.store {
+        None => rt.queue.done_and_get_stamped(key, now),
+        Some(store) => rt.queue.done_then_get_stamped(key, now, || store.mark(key)),
     }
-    next
 }
 
 /// A key was handed out while this process does not lead: put it back

@@ -285,9 +285,9 @@ impl PyController {
         // only (its dropped keys were logged by the helper).
         let bare = |finished: bool| StopReport {
             finished,
-            unfinished: Vec::new(),
             detached_threads: self.handle.background_threads(),
-            dropped: Vec::new(),
+            store_error: self.handle.store_error(),
+            ..StopReport::finished_with_nothing_left()
         };
         let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
         let waited = wait_interruptibly(py, None, |slice| {
@@ -380,15 +380,14 @@ impl PyController {
                 let handle = this.handle.clone();
                 std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
             }
-            Ok(StopReport { finished: false, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() })
+            Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() })
         } else if drain {
             this.stop_drain(py, timeout)
         } else {
             this.stop_now(py, timeout).map(|finished| StopReport {
                 finished,
-                unfinished: Vec::new(),
-                detached_threads: 0,
-                dropped: Vec::new(),
+                store_error: this.handle.store_error(),
+                ..StopReport::finished_with_nothing_left()
             })
         };
         this.release_callback();
@@ -741,7 +740,9 @@ impl PyController {
     /// `finished` (every worker finished in time), `unfinished` (keys whose
     /// reconcile was still running at the deadline) and `dropped` (keys
     /// dropped without a reconcile: waiting on a delay or a retry, or ready
-    /// at the deadline).
+    /// at the deadline) and, with a store, `store_error` (why the stop's
+    /// last flush failed, else None; the file then keeps the last
+    /// successful flush).
     #[pyo3(signature = (timeout=None))]
     fn stop_with_report<'py>(
         slf: &Bound<'py, Self>,
@@ -757,6 +758,10 @@ impl PyController {
         d.set_item("finished", report.finished)?;
         d.set_item("unfinished", keys(&report.unfinished)?)?;
         d.set_item("dropped", keys(&report.dropped)?)?;
+        if slf.get().handle.core.rt.get().is_some_and(|rt| rt.store.is_some()) {
+            // With a store only, as in `stats()`.
+            d.set_item("store_error", report.store_error.as_deref())?;
+        }
         Ok(d)
     }
 

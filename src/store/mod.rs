@@ -6,14 +6,19 @@
 //! * `db` is the SQLite file: schema version, validation, batched writes.
 //! * `dirty` is the set of keys changed since the last flush.
 //! * `persist` is the seam to the controller: restore, flusher, status.
+//! * `open_files` lists the store files this process has open, so a second
+//!   SQLite library in the process (Python's `sqlite3`) can be refused.
 
 mod db;
 mod dirty;
 mod lock;
+mod open_files;
 mod persist;
 
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub use lock::StoreClaim;
+#[cfg(feature = "python")]
+pub(crate) use open_files::is_open_in_this_process;
 pub use persist::StoreStats;
 pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
 
