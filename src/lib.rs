@@ -56,12 +56,14 @@ mod context;
 mod controller;
 mod coordination;
 mod error;
+#[cfg(feature = "etcd")]
 mod etcd;
 mod key_encoding;
 mod logs;
 mod manager;
 pub mod metrics;
 mod observe;
+#[cfg(feature = "parallelize")]
 mod parallelize;
 #[cfg(feature = "python")]
 mod python;
@@ -78,11 +80,14 @@ pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
     Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
 };
-pub use coordination::{Endpoints, LeaderElection, LeaderStatus, OnLost, ShardStatus, Sharding, partition_of};
+#[cfg(feature = "etcd")]
+pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};
+pub use coordination::{LeaderStatus, ShardStatus, partition_of};
 /// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,
 /// re-exported so a program uses the same version.
 pub use crossbeam_channel;
 pub use error::InvalidArgument;
+#[cfg(feature = "etcd")]
 pub use etcd::EtcdError;
 pub use key_encoding::{StoreKey, decode_key, encode_key};
 pub use manager::{
@@ -90,18 +95,22 @@ pub use manager::{
     ManagerBuilder, UnknownController, WeakManager,
 };
 pub use observe::status;
+#[cfg(feature = "parallelize")]
 pub use parallelize::{ParallelizeOptions, parallelize, parallelize_with};
 pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
-pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoreError, StoreStats, StoredKey, StoredState};
+#[cfg(feature = "store")]
+pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoredKey, StoredState};
+pub use store::{StoreError, StoreStats};
 pub use thread::ThreadWrapper;
 
 /// The Rust examples of the README and of every page in `docs/`, compiled
 /// and run as doc tests: one hidden item per page, documented by the page.
-/// `tests/python/test_readme.py` checks that every page is listed.
-#[cfg(doctest)]
+/// `tests/python/test_readme.py` checks that every page is listed. The
+/// pages show every capability, so they are tested with every feature on.
+#[cfg(all(doctest, feature = "store", feature = "etcd", feature = "parallelize"))]
 mod doc_pages {
     macro_rules! pages {
         ($($page:ident = $path:literal,)*) => {

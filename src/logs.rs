@@ -41,7 +41,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::controller::RetryPolicy;
+#[cfg(feature = "etcd")]
+mod replicas;
+#[cfg(feature = "etcd")]
+pub(crate) use replicas::*;
 
 /// The target of the reconcile loop's spans and events.
 pub(crate) const CONTROLLER: &str = "reconq::controller";
@@ -173,6 +176,15 @@ pub(crate) fn reconcile_span<K: fmt::Debug>(controller: &str, key: &K, attempt: 
     }
 }
 
+/// What follows a failed reconcile, as its log line says it (the
+/// controller's `RetryPolicy`, without logs depending on the controller).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NextTry {
+    Backoff,
+    After(Duration),
+    Parked,
+}
+
 /// A reconcile returned an error or panicked (call with no lock held).
 /// A repeat of the key's previous error is logged more quietly (see
 /// [`failure_loudness`]).
@@ -180,7 +192,7 @@ pub(crate) fn reconcile_failed<K: fmt::Debug>(
     controller: &str,
     key: &K,
     attempt: u32,
-    retry: RetryPolicy,
+    retry: NextTry,
     error: &str,
     panicked: bool,
     previous: Option<&str>,
@@ -213,17 +225,17 @@ pub(crate) fn reconcile_failed<K: fmt::Debug>(
         return;
     }
     match retry {
-        RetryPolicy::RateLimited => tracing::error!(
+        NextTry::Backoff => tracing::error!(
             target: CONTROLLER,
             controller = %controller, key = ?Short(key), attempt, error,
             "reconcile failed; retrying with backoff"
         ),
-        RetryPolicy::After(delay) => tracing::warn!(
+        NextTry::After(delay) => tracing::warn!(
             target: CONTROLLER,
             controller = %controller, key = ?Short(key), attempt, error, retry_after = ?delay,
             "reconcile failed; retrying after a delay"
         ),
-        RetryPolicy::Never => tracing::error!(
+        NextTry::Parked => tracing::error!(
             target: CONTROLLER,
             controller = %controller, key = ?Short(key), attempt, error,
             "reconcile failed permanently; key parked"
@@ -249,70 +261,6 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
         controller = %controller, unfinished = ?Few(unfinished),
         "drain deadline passed; cancelled and detached the workers still running"
     );
-}
-
-/// Target of the leader election's events.
-const ELECTION: &str = "reconq::election";
-
-/// Talking to etcd failed; the campaign retries after `backoff`.
-pub(crate) fn election_error(election: &str, error: &str, backoff: Duration) {
-    tracing::warn!(target: ELECTION, election = %election, error, retry_in = ?backoff, "etcd unreachable; standing by");
-}
-
-/// This process became leader.
-pub(crate) fn election_won(election: &str, identity: &str, token: u64) {
-    tracing::info!(target: ELECTION, election = %election, identity, fencing_token = token, "became leader");
-}
-
-/// This process lost its leadership.
-pub(crate) fn election_lost(election: &str, token: u64, why: &str) {
-    tracing::warn!(target: ELECTION, election = %election, fencing_token = token, why, "lost leadership");
-}
-
-/// etcd's history was reset: the election stepped down, raised the
-/// fencing floor to `floor` and campaigns again after a TTL.
-pub(crate) fn election_reset(election: &str, error: &str, floor: u64) {
-    tracing::error!(
-        target: ELECTION, election = %election, error, fencing_floor = floor,
-        "etcd's history was reset; stepped down, campaigning again after a TTL"
-    );
-}
-
-/// The leader campaigned before the fencing floor last rose: its lease is
-/// revoked, so that the next leader's token lies above the floor.
-pub(crate) fn election_below_floor(election: &str, leader: &str, created: i64) {
-    tracing::error!(
-        target: ELECTION, election = %election, leader, create_revision = created,
-        "the leader campaigned before the fencing floor rose (after a reset of etcd it did not see); revoking its lease"
-    );
-}
-
-/// Target of sharding's events.
-const SHARDING: &str = "reconq::sharding";
-
-/// Talking to etcd failed; sharding retries after `backoff`.
-pub(crate) fn sharding_error(sharding: &str, error: &str, backoff: Duration) {
-    tracing::warn!(target: SHARDING, sharding = %sharding, error, retry_in = ?backoff, "etcd unreachable; retrying");
-}
-
-/// etcd's history was reset: the replica dropped its partitions, raised
-/// the fencing floor to `floor` and joins again after a TTL.
-pub(crate) fn sharding_reset(sharding: &str, error: &str, floor: u64) {
-    tracing::error!(
-        target: SHARDING, sharding = %sharding, error, fencing_floor = floor,
-        "etcd's history was reset; dropped every partition, joining again after a TTL"
-    );
-}
-
-/// Partitions changed hands: gained (claimed) or given up.
-pub(crate) fn partitions_moved(sharding: &str, what: &str, partitions: &std::collections::BTreeSet<u32>) {
-    tracing::info!(target: SHARDING, sharding = %sharding, count = partitions.len(), partitions = ?Few(partitions), "{what}");
-}
-
-/// Partitions were lost without a hand-over (the lease expired or could
-/// not be renewed in time).
-pub(crate) fn partitions_lost(sharding: &str, why: &str, partitions: &std::collections::BTreeSet<u32>) {
-    tracing::warn!(target: SHARDING, sharding = %sharding, count = partitions.len(), partitions = ?Few(partitions), why, "lost partitions");
 }
 
 /// A stop is still waiting for these reconciles to return (call with no

@@ -50,13 +50,16 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
+#[cfg(feature = "etcd")]
 use crate::coordination::{LeaderElection, Sharding};
 use crate::key_encoding::StoreKey;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{ExponentialBackoff, RateLimiter};
-use crate::store::{Persister, SqliteStore, StoreError, StoreLink};
+#[cfg(feature = "store")]
+use crate::store::{Persister, SqliteStore};
+use crate::store::{StoreError, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
@@ -115,6 +118,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// [`try_start`](Self::try_start) restores them before any worker runs
     /// and a flusher thread writes changes at least every flush interval
     /// and at stop.
+    #[cfg(feature = "store")]
     pub fn store(mut self, store: SqliteStore) -> Self {
         self.store = Some(Box::new(move |name: &str| {
             Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
@@ -134,6 +138,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     ///
     /// # Panics
     /// If the controller already has a leader election.
+    #[cfg(feature = "etcd")]
     pub fn sharding(mut self, sharding: Sharding) -> Self {
         assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
         self.coordinate = Some(gate::shards(sharding));
@@ -354,6 +359,7 @@ impl<K: ControllerKey> Controller<K> {
     ///
     /// # Panics
     /// If the controller is already sharded.
+    #[cfg(feature = "etcd")]
     pub fn leader_election(mut self, election: LeaderElection) -> Self {
         assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
         self.coordinate = Some(gate::leader(election));
@@ -837,6 +843,7 @@ impl<K: ControllerKey> Core<K> {
 
     /// Cancels the reconciles of keys matching `which` running now
     /// (leadership or partitions were lost); later ones are not affected.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
     pub(crate) fn cancel_running(&self, which: impl Fn(&K) -> bool) {
         if let Some(rt) = self.rt.get() {
             for slot in &rt.slots {

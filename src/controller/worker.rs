@@ -240,7 +240,7 @@ fn settle<K: ControllerKey>(
             }
             if panicked || timed_out || rt.log_errors {
                 let previous = ctx.previous_error.as_deref();
-                logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked, previous);
+                logs::reconcile_failed(&core.name, key, attempt, retry.into(), &message, panicked, previous);
             }
             match retry {
                 RetryPolicy::RateLimited => {

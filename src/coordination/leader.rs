@@ -31,6 +31,7 @@ use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
     renew_deadline,
 };
+use super::{LeaderSeat, LeaderStatus, Leading};
 use crate::error::InvalidArgument;
 use crate::etcd::{Created, EtcdClient, EtcdError, KeyValue, Reset, Watch};
 use crate::logs;
@@ -327,26 +328,6 @@ impl LeaderElection {
     }
 }
 
-/// A snapshot of a [`LeaderElection`], as status and stats show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaderStatus {
-    /// The election's name.
-    pub name: String,
-    /// This process's fencing token while it leads, `None` on a standby.
-    pub fencing_token: Option<u64>,
-    /// Who leads, as last seen (their identity).
-    pub leader: Option<String>,
-    /// The last error talking to etcd, if the last attempt failed.
-    pub last_error: Option<String>,
-}
-
-impl LeaderStatus {
-    /// Whether this process leads.
-    pub fn is_leader(&self) -> bool {
-        self.fencing_token.is_some()
-    }
-}
-
 /// One controller's or manager's use of a [`LeaderElection`]. Dropped
 /// once nothing of its user can reconcile any more (every worker exited):
 /// when the last seat goes, a leader revokes its lease, so a standby takes
@@ -357,9 +338,27 @@ pub(crate) struct Seat {
     _on_lost: Arc<dyn Fn() + Send + Sync>,
 }
 
-impl Seat {
-    pub(crate) fn election(&self) -> &LeaderElection {
-        &self.election
+impl Leading for LeaderElection {
+    fn join(&self, on_lost: Box<dyn Fn() + Send + Sync>) -> Box<dyn LeaderSeat> {
+        Box::new(LeaderElection::join(self, on_lost))
+    }
+
+    fn status(&self) -> LeaderStatus {
+        LeaderElection::status(self)
+    }
+}
+
+impl LeaderSeat for Seat {
+    fn token(&self) -> Option<u64> {
+        self.election.token()
+    }
+
+    fn wait_token(&self, give_up: &dyn Fn() -> bool) {
+        self.election.wait_token(give_up);
+    }
+
+    fn wake(&self) {
+        self.election.wake();
     }
 }
 

@@ -35,6 +35,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::ShardStatus;
 use super::floor::{self, FLOOR_KEY, floor_of};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
@@ -123,20 +124,6 @@ pub(crate) trait ShardHooks: Send + Sync {
     fn gained(&self, partitions: &BTreeSet<u32>);
     /// Cancel the running reconciles of keys in these partitions.
     fn cancel(&self, partitions: &BTreeSet<u32>);
-}
-
-/// A snapshot of a [`Sharding`], as status and stats show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardStatus {
-    pub name: String,
-    /// The number of partitions of the key space.
-    pub partitions: u32,
-    /// The partitions this process owns now.
-    pub owned: BTreeSet<u32>,
-    /// Live replicas, as last seen.
-    pub members: usize,
-    /// The last error talking to etcd, if the last attempt failed.
-    pub last_error: Option<String>,
 }
 
 impl Sharding {

@@ -554,6 +554,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// `QueueState::pending_view` of each of `keys`, under one lock
     /// acquisition (a store's flusher samples its changed keys in chunks).
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn pending_views(&self, keys: &[K], out: &mut Vec<Option<(Option<Instant>, Priority)>>) {
         let g = self.shared.lock_synced();
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));

@@ -591,6 +591,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// would come back with.
     /// A key a shutdown dropped or refused (with `keep_stop_views`) answers
     /// with what it was then.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn pending_view(&self, key: &K) -> Option<View> {
         let Some(slot) = self.slot(key) else {
             return self.stop_views.as_ref()?.get(key);

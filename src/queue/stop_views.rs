@@ -55,6 +55,7 @@ impl<K: Eq + Hash> StopViews<K> {
         self.discarded = true;
     }
 
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn get(&self, key: &K) -> Option<View> {
         self.views.get(key).copied()
     }

@@ -1,6 +1,5 @@
-//! The seam between a controller and its store: the controller marks the
-//! keys it changes and answers "what is this key now?"; this side restores
-//! at start, runs the flusher and keeps the flush status.
+//! The SQLite side of the store seam (`link`): restores at start, runs the
+//! flusher and keeps the flush status.
 //!
 //! Invariants:
 //! * Every key whose stored row may be stale is in the dirty set, in
@@ -22,59 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use super::dirty::DirtySet;
+use super::link::{KeySource, KeyView, StoreLink, StoreStats};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
-
-/// What a store keeps of one key, in the controller's terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct KeyView {
-    /// `Some`: waiting for this due time (queue clock); `None`: ready.
-    pub(crate) due: Option<Instant>,
-    /// Parked with this error (then `due` is ignored).
-    pub(crate) parked: Option<String>,
-    pub(crate) failures: u32,
-    pub(crate) priority: i32,
-}
-
-/// The controller's side of the seam.
-pub(crate) trait KeySource<K>: Send + Sync {
-    /// The view of each key, `None` for a key with nothing to keep.
-    fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
-    /// Now on the queue's clock (to turn due instants into wall time).
-    fn now(&self) -> Instant;
-    /// Blocks until no worker can change a key any more (after a stop).
-    fn wait_workers_exited(&self);
-    /// Whether a stop was requested.
-    fn stopping(&self) -> bool;
-}
-
-/// What a controller holds of its store, whatever its key type.
-pub(crate) trait StoreLink<K>: Send + Sync {
-    /// `key` changed: write it at the next flush.
-    fn mark(&self, key: &K);
-    /// Hands every stored key to `restore`, due times on the queue clock
-    /// at `now`.
-    fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
-    /// The flusher thread's body: returns after the final flush at stop
-    /// (after the workers exited), releasing the claim. A failed final
-    /// flush stays in `stats().error`, its keys in `pending`.
-    fn run_flusher(&self, source: &dyn KeySource<K>);
-    /// Wakes the flusher for a stop.
-    fn wake(&self);
-    fn stats(&self) -> StoreStats;
-}
-
-/// The store's part of a controller's stats.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Changes not yet written, including those a flush is writing now (a
-    /// key changed twice since the last flush counts twice until then).
-    pub pending: usize,
-    /// When the last flush succeeded.
-    pub last_flush_time: Option<SystemTime>,
-    /// The last flush's error, until a flush succeeds.
-    pub error: Option<String>,
-}
 
 /// A key's encoding and what to keep of it (`None`: delete its row).
 type Row = (Vec<u8>, Option<StoredKey>);
