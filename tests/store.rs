@@ -357,14 +357,9 @@ fn calls_in(log: &Path) -> Vec<(u64, u32)> {
 
 const DISK_FULL_ENV: &str = "RECONQ_STORE_DISK_FULL_CHILD";
 
+/// Limits the size of files this (child) process writes.
 fn set_file_size_limit(bytes: libc::rlim_t) {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit on this (child) process with a valid struct.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
-        limit.rlim_cur = bytes.min(limit.rlim_max);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
-    }
+    common::set_soft_limit(libc::RLIMIT_FSIZE, bytes);
 }
 
 /// In a child whose writes a file size limit will make fail: a controller
@@ -379,12 +374,18 @@ fn full_disk_controller(dir: &Path) -> ControllerHandle<String> {
         .start()
 }
 
-/// Runs test `test` of this binary in a child with `env` set to `dir`,
-/// and asserts that it succeeded and printed `marker`.
-fn run_child_test(test: &str, env: &str, dir: &Path, marker: &str) {
+/// Test `test` of this binary in a child of its own (a process-wide limit
+/// must not reach the other tests): in that child, with `env` naming a
+/// fresh directory, runs `child` on it; here, runs the child and asserts
+/// that it succeeded and printed `marker`.
+fn run_in_child(test: &str, env: &str, child: fn(&Path), marker: &str) {
+    if let Ok(dir) = std::env::var(env) {
+        return child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(env, dir)
+        .env(env, &dir.0)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -419,11 +420,8 @@ fn disk_full_child(dir: &Path) {
 
 #[test]
 fn disk_full_is_reported_and_retried_with_nothing_lost() {
-    if let Ok(dir) = std::env::var(DISK_FULL_ENV) {
-        return disk_full_child(Path::new(&dir));
-    }
-    let dir = TempDir::new();
-    run_child_test("disk_full_is_reported_and_retried_with_nothing_lost", DISK_FULL_ENV, &dir.0, "disk-full-ok");
+    let test = "disk_full_is_reported_and_retried_with_nothing_lost";
+    run_in_child(test, DISK_FULL_ENV, disk_full_child, "disk-full-ok");
 }
 
 /// S2 under the race of item 7b: a reconcile that raises `RetryAfter`
@@ -501,12 +499,8 @@ fn final_flush_child(dir: &Path) {
 
 #[test]
 fn s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before() {
-    if let Ok(dir) = std::env::var(FINAL_FLUSH_ENV) {
-        return final_flush_child(Path::new(&dir));
-    }
-    let dir = TempDir::new();
     let test = "s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before";
-    run_child_test(test, FINAL_FLUSH_ENV, &dir.0, "final-flush-ok");
+    run_in_child(test, FINAL_FLUSH_ENV, final_flush_child, "final-flush-ok");
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reconq::{
-    Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, RateLimiter, ReconcileError,
-    Reconciler, WorkQueue,
+    Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, GetError, RateLimiter,
+    ReconcileError, Reconciler, WorkQueue,
 };
 
 /// Generous bound for anything that must eventually happen: long enough to
@@ -70,6 +70,23 @@ pub fn expect_within<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
     rx.recv_timeout(PATIENCE).unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
 }
 
+/// What a `get_timeout(1 s)` on another thread returns from `q`, with
+/// `clock` moved on 2 s at a time until the getter's deadline (1 s after
+/// whenever it started waiting) has passed.
+pub fn get_timeout_on_fake_clock<K>(q: &WorkQueue<K>, clock: &FakeClock) -> Result<K, GetError>
+where
+    K: Eq + std::hash::Hash + Clone + Send + 'static,
+{
+    let q = q.clone();
+    let rx = spawn_with_result(move || q.get_timeout(secs(1)));
+    loop {
+        clock.advance(secs(2));
+        if let Ok(r) = rx.recv_timeout(ms(20)) {
+            return r;
+        }
+    }
+}
+
 /// Polls `cond` until it holds, panicking after [`PATIENCE`].
 pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
     wait_for_within(what, PATIENCE, cond);
@@ -81,6 +98,19 @@ pub fn wait_for_within(what: &str, patience: Duration, mut cond: impl FnMut() ->
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(ms(1));
+    }
+}
+
+/// Sets the soft limit of `resource` (`libc::RLIMIT_*`) for this whole
+/// process to `soft`, capped at the hard limit (`RLIM_INFINITY` lifts it
+/// back to the hard limit).
+pub fn set_soft_limit(resource: libc::__rlimit_resource_t, soft: libc::rlim_t) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        assert_eq!(libc::getrlimit(resource, &mut limit), 0);
+        limit.rlim_cur = soft.min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(resource, &limit), 0);
     }
 }
 
