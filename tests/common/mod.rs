@@ -7,7 +7,7 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use reconq::{
     Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, GetError, RateLimiter,
     ReconcileError, Reconciler, WorkQueue,
@@ -111,6 +111,72 @@ pub fn set_soft_limit(resource: libc::__rlimit_resource_t, soft: libc::rlim_t) {
         assert_eq!(libc::getrlimit(resource, &mut limit), 0);
         limit.rlim_cur = soft.min(limit.rlim_max);
         assert_eq!(libc::setrlimit(resource, &limit), 0);
+    }
+}
+
+/// A gate that reconciles wait at until the test lets them through, one
+/// [`release`](Self::release) each, in the order they arrived; the test
+/// can wait for them to arrive. A reconcile not let through within
+/// [`PATIENCE`] panics (the test would otherwise hang).
+#[derive(Clone, Default)]
+pub struct Gate(Arc<(Mutex<GateCounts>, Condvar)>);
+
+#[derive(Default)]
+struct GateCounts {
+    arrived: usize,
+    released: usize,
+}
+
+impl Gate {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reconcile that waits at this gate, then succeeds.
+    pub fn reconcile<K>(&self) -> impl Fn(&K, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static {
+        let gate = self.clone();
+        move |_key: &K, _: &Context| {
+            gate.pass();
+            Ok(Action::Done)
+        }
+    }
+
+    /// Arrives at the gate and returns once let through.
+    pub fn pass(&self) {
+        let ticket = self.update(|counts| {
+            counts.arrived += 1;
+            counts.arrived - 1
+        });
+        self.wait_until("the gate to let a reconcile through", |counts| counts.released > ticket);
+    }
+
+    /// Returns once `n` reconciles in all have arrived.
+    pub fn wait_arrivals(&self, n: usize) {
+        self.wait_until(&format!("{n} reconciles at the gate"), |counts| counts.arrived >= n);
+    }
+
+    /// Lets the next reconcile through (now, or when it arrives).
+    pub fn release(&self) {
+        self.update(|counts| counts.released += 1);
+    }
+
+    fn update<T>(&self, change: impl FnOnce(&mut GateCounts) -> T) -> T {
+        let (counts, changed) = &*self.0;
+        let out = change(&mut counts.lock());
+        changed.notify_all();
+        out
+    }
+
+    fn wait_until(&self, what: &str, cond: impl Fn(&GateCounts) -> bool) {
+        let (counts, changed) = &*self.0;
+        let deadline = Instant::now() + PATIENCE;
+        let mut counts = counts.lock();
+        while !cond(&counts) {
+            assert!(
+                !changed.wait_until(&mut counts, deadline).timed_out() || cond(&counts),
+                "timed out waiting for {what}"
+            );
+        }
     }
 }
 
