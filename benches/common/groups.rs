@@ -17,10 +17,16 @@ pub fn quick() -> bool {
     std::env::args().any(|a| a == "--quick")
 }
 
+/// A named Criterion group of a bench.
+pub type Group<'a> = (&'a str, fn(&mut criterion::Criterion));
+
+/// A named plain report of a bench (it prints its own figures).
+pub type Report<'a> = (&'a str, fn());
+
 /// A bench's `main`: runs its wanted Criterion groups, Criterion's summary,
 /// then its wanted plain reports (which print their own figures, so they
 /// come after the summary rather than inside it).
-pub fn run(groups: &[(&str, fn(&mut criterion::Criterion))], reports: &[(&str, fn())]) {
+pub fn run(groups: &[Group], reports: &[Report]) {
     let wanted = wanted();
     let mut c = criterion::Criterion::default().configure_from_args();
     for (name, group) in groups {
