@@ -13,6 +13,16 @@ fn key() -> String {
 
 /// Waits until the key is waiting for a due time, and returns it relative
 /// to the clock's now.
+/// A controller on a fake clock (see [`fake_controller`]) playing `steps`,
+/// with [`key()`] enqueued; its script and clock.
+fn play(steps: impl IntoIterator<Item = Step>) -> (ControllerHandle<String>, Script, FakeClock) {
+    let clock = FakeClock::new();
+    let script = Script::new(steps);
+    let h = fake_controller(&script, &clock);
+    h.enqueue(key());
+    (h, script, clock)
+}
+
 fn waiting_for(h: &ControllerHandle<String>, clock: &FakeClock) -> std::time::Duration {
     let mut until = None;
     wait_for("key waiting", || match h.inspect(&key()).state {
@@ -27,10 +37,7 @@ fn waiting_for(h: &ControllerHandle<String>, clock: &FakeClock) -> std::time::Du
 
 #[test]
 fn done_forgets_and_counts_a_success() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, ..) = play([Step::Done]);
     assert!(h.wait_idle(PATIENCE));
     let s = h.stats();
     assert_eq!((s.reconciles, s.successes, s.failures, s.requeues), (1, 1, 0, 0));
@@ -43,10 +50,7 @@ fn done_forgets_and_counts_a_success() {
 
 #[test]
 fn requeue_is_rate_limited_and_counts_a_requeue() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Requeue, Step::Requeue, Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Requeue, Step::Requeue, Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     let s = h.stats();
     assert_eq!((s.reconciles, s.successes, s.failures, s.requeues), (1, 0, 0, 1));
@@ -63,10 +67,7 @@ fn requeue_is_rate_limited_and_counts_a_requeue() {
 
 #[test]
 fn requeue_after_forgets_and_adds_after_the_delay() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("boom"), Step::RequeueAfter(secs(5)), Step::Fail("again")]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("boom"), Step::RequeueAfter(secs(5)), Step::Fail("again")]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     wait_for("second call", || h.stats().reconciles == 2);
@@ -85,10 +86,7 @@ fn requeue_after_forgets_and_adds_after_the_delay() {
 
 #[test]
 fn errors_retry_with_backoff_and_record_the_last_error() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("one"), Step::Fail("two"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("one"), Step::Fail("two"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     let info = h.inspect(&key());
     assert_eq!((info.attempts, info.last_error.as_deref()), (1, Some("one")));
@@ -111,10 +109,7 @@ fn errors_retry_with_backoff_and_record_the_last_error() {
 
 #[test]
 fn retry_after_waits_exactly_and_keeps_the_limiter_history() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("a"), Step::RetryAfter(secs(3), "b"), Step::Fail("c")]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("a"), Step::RetryAfter(secs(3), "b"), Step::Fail("c")]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     wait_for("second call", || h.stats().reconciles == 2);
@@ -131,10 +126,7 @@ fn retry_after_waits_exactly_and_keeps_the_limiter_history() {
 
 #[test]
 fn permanent_errors_park_the_key_without_retry() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("flaky"), Step::Permanent("bad spec"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("flaky"), Step::Permanent("bad spec"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     assert!(h.wait_idle(PATIENCE), "a permanent error schedules nothing");
@@ -172,10 +164,7 @@ fn parked_set_is_bounded_and_a_plain_enqueue_unparks() {
 
 #[test]
 fn a_panic_is_a_failure_retried_and_the_worker_survives() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Panic("kaboom"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Panic("kaboom"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1), "handled like ReconcileError::new");
     let s = h.stats();
     assert_eq!((s.reconciles, s.failures, s.panics), (1, 1, 1));

@@ -165,15 +165,21 @@ fn stats_are_final_once_wait_idle_returns() {
     assert!(h.stop_with_drain(PATIENCE));
 }
 
-#[test]
-fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
+/// Controller `name` (not started) whose reconciles succeed, counted.
+fn counting(name: &str) -> (Controller<u32>, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
     let c = count.clone();
-    let controller = Controller::new("run", move |_k: &u32, _: &Context| -> Res {
+    let controller = Controller::new(name, move |_k: &u32, _: &Context| -> Res {
         c.fetch_add(1, Ordering::SeqCst);
         Ok(Action::Done)
-    })
-    .workers(2);
+    });
+    (controller, count)
+}
+
+#[test]
+fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
+    let (controller, count) = counting("run");
+    let controller = controller.workers(2);
     let h = controller.handle();
     assert_eq!((h.name(), h.workers()), ("run", 2));
     for k in 0..10 {
@@ -217,12 +223,7 @@ fn start_after_a_stop_panics() {
 
 #[test]
 fn dropping_handles_does_not_stop_the_controller() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let c = count.clone();
-    let controller = Controller::new("drop", move |_k: &u32, _: &Context| -> Res {
-        c.fetch_add(1, Ordering::SeqCst);
-        Ok(Action::Done)
-    });
+    let (controller, count) = counting("drop");
     let keep = controller.handle();
     drop(controller.start());
     keep.enqueue(1);

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reconq::{
-    Action, Context, Controller, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager, ReconcileError,
-    ThreadWrapper,
+    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager,
+    ReconcileError, ThreadWrapper,
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -24,7 +24,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use common::{PATIENCE, ms};
+use common::{Gate, PATIENCE, ms};
 
 type Res = Result<Action, ReconcileError>;
 type Fields = BTreeMap<String, String>;
@@ -371,21 +371,14 @@ fn successes_and_requeues_log_nothing() {
 fn a_hanging_reconcile_is_a_warning_naming_controller_and_key() {
     let logs = Logs::new();
     let clock = FakeClock::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let (started, has_started) = mpsc::channel::<()>();
-    let started = Mutex::new(started);
-    let h = Controller::new("logs-hang", move |_key: &String, _: &Context| -> Res {
-        started.lock().send(()).unwrap();
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .clock(clock.clone())
-    .hanging_threshold(Duration::from_secs(1))
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let gate = Gate::new();
+    let h = Controller::new("logs-hang", gate.reconcile::<String>())
+        .clock(clock.clone())
+        .hanging_threshold(Duration::from_secs(1))
+        .thread_wrapper(logs.wrapper())
+        .start();
     h.enqueue("stuck".to_string());
-    has_started.recv_timeout(PATIENCE).unwrap();
+    gate.wait_arrivals(1);
     clock.advance(Duration::from_millis(2500));
     let events = logs.wait_for("reconq::controller", 1);
     assert_eq!(
@@ -398,30 +391,27 @@ fn a_hanging_reconcile_is_a_warning_naming_controller_and_key() {
             spans: vec![],
         }]
     );
-    release.send(()).unwrap();
+    gate.release();
     assert!(h.stop_with_drain(PATIENCE));
     assert_eq!(logs.on("reconq::controller").len(), 1, "each hang is logged once");
+}
+
+/// Controller `name`, logging to `logs`, whose reconciles wait at the gate
+/// returned with it.
+fn gated_controller(name: &str, logs: &Logs) -> (ControllerHandle<u32>, Gate) {
+    let gate = Gate::new();
+    (Controller::new(name, gate.reconcile()).thread_wrapper(logs.wrapper()).start(), gate)
 }
 
 #[test]
 fn a_drain_deadline_is_a_warning_listing_the_unfinished_keys() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let (started, has_started) = mpsc::channel::<()>();
-    let started = Mutex::new(started);
-    let h = Controller::new("logs-drain", move |_key: &u32, _: &Context| -> Res {
-        started.lock().send(()).unwrap();
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let (h, gate) = gated_controller("logs-drain", &logs);
     h.enqueue(42);
-    has_started.recv_timeout(PATIENCE).unwrap();
+    gate.wait_arrivals(1);
     let finished = tracing::dispatcher::with_default(&logs.dispatch, || h.stop_with_drain(ms(10)));
     assert!(!finished);
-    release.send(()).unwrap();
+    gate.release();
     assert_eq!(
         logs.on("reconq::controller"),
         [Captured {
@@ -545,11 +535,11 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
 #[test]
 fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
+    let gate = Gate::new();
+    let g = gate.clone();
     let h = Controller::new("logs-drop", move |key: &u32, _: &Context| -> Res {
         if *key == 0 {
-            released.lock().recv_timeout(PATIENCE).unwrap();
+            g.pass();
         }
         Ok(Action::Done)
     })
@@ -560,7 +550,7 @@ fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
     h.enqueue(1);
     h.enqueue_after(2, Duration::from_secs(3600));
     tracing::dispatcher::with_default(&logs.dispatch, || h.stop());
-    release.send(()).unwrap();
+    gate.release();
     let warning = logs.on("reconq::controller").pop().expect("a warning");
     assert_eq!((warning.level, warning.fields["dropped"].as_str()), (Level::WARN, "2"), "{warning:#?}");
     assert!(warning.message.starts_with("stop dropped keys"), "{warning:#?}");
@@ -571,14 +561,7 @@ fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
 #[test]
 fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let h = Controller::new("logs-stop-wait", move |_key: &u32, _: &Context| -> Res {
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let (h, gate) = gated_controller("logs-stop-wait", &logs);
     h.enqueue(7);
     common::wait_for("key 7 to run", || h.stats().processing == 1);
     let stopper = {
@@ -586,7 +569,7 @@ fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
         std::thread::spawn(move || tracing::dispatcher::with_default(&dispatch, || h.stop_with_drain(PATIENCE)))
     };
     let waiting = logs.wait_for("reconq::controller", 1);
-    release.send(()).unwrap();
+    gate.release();
     assert!(stopper.join().unwrap(), "the drain finished once released");
     assert_eq!(
         waiting[0],

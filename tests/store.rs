@@ -357,14 +357,9 @@ fn calls_in(log: &Path) -> Vec<(u64, u32)> {
 
 const DISK_FULL_ENV: &str = "RECONQ_STORE_DISK_FULL_CHILD";
 
+/// Limits the size of files this (child) process writes.
 fn set_file_size_limit(bytes: libc::rlim_t) {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit on this (child) process with a valid struct.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
-        limit.rlim_cur = bytes.min(limit.rlim_max);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
-    }
+    common::set_soft_limit(libc::RLIMIT_FSIZE, bytes);
 }
 
 /// In a child whose writes a file size limit will make fail: a controller
@@ -379,16 +374,26 @@ fn full_disk_controller(dir: &Path) -> ControllerHandle<String> {
         .start()
 }
 
-/// Runs test `test` of this binary in a child with `env` set to `dir`,
-/// and asserts that it succeeded and printed `marker`.
-fn run_child_test(test: &str, env: &str, dir: &Path, marker: &str) {
+/// Test `test` of this binary in a child of its own (a process-wide limit
+/// must not reach the other tests): in that child, with `env` naming a
+/// fresh directory, runs `child` on it and says it returned; here, runs
+/// the child and asserts that it succeeded and said so (a child that ran
+/// no test would succeed too).
+fn run_in_child(test: &str, env: &str, child: fn(&Path)) {
+    let returned = format!("{test}: the child returned");
+    if let Ok(dir) = std::env::var(env) {
+        child(Path::new(&dir));
+        println!("{returned}");
+        return;
+    }
+    let dir = TempDir::new();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(env, dir)
+        .env(env, &dir.0)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains(marker), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains(&returned), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// In a child: a file size limit makes flushes fail (disk full); the
@@ -414,16 +419,11 @@ fn disk_full_child(dir: &Path) {
     handle.stop();
     assert!(handle.join_timeout(LONG));
     assert_eq!(open(&dir.join("state.db")).load("full").unwrap().len(), N);
-    println!("disk-full-ok");
 }
 
 #[test]
 fn disk_full_is_reported_and_retried_with_nothing_lost() {
-    if let Ok(dir) = std::env::var(DISK_FULL_ENV) {
-        return disk_full_child(Path::new(&dir));
-    }
-    let dir = TempDir::new();
-    run_child_test("disk_full_is_reported_and_retried_with_nothing_lost", DISK_FULL_ENV, &dir.0, "disk-full-ok");
+    run_in_child("disk_full_is_reported_and_retried_with_nothing_lost", DISK_FULL_ENV, disk_full_child);
 }
 
 /// S2 under the race of item 7b: a reconcile that raises `RetryAfter`
@@ -496,17 +496,12 @@ fn final_flush_child(dir: &Path) {
     let rows = open(&dir.join("state.db")).load("full").unwrap();
     let early = rows.iter().filter(|row| reconq::decode_key::<String>(&row.key).unwrap().starts_with("early-"));
     assert_eq!(early.count(), 10, "what was on disk before the stop is still there");
-    println!("final-flush-ok");
 }
 
 #[test]
 fn s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before() {
-    if let Ok(dir) = std::env::var(FINAL_FLUSH_ENV) {
-        return final_flush_child(Path::new(&dir));
-    }
-    let dir = TempDir::new();
     let test = "s2_a_failed_last_flush_is_reported_and_loses_nothing_written_before";
-    run_child_test(test, FINAL_FLUSH_ENV, &dir.0, "final-flush-ok");
+    run_in_child(test, FINAL_FLUSH_ENV, final_flush_child);
 }
 
 #[test]

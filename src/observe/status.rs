@@ -538,23 +538,35 @@ mod tests {
         assert_eq!(keys[0].downcast_ref::<u32>(), None);
     }
 
-    #[test]
-    fn control_characters_never_break_a_row() {
-        let entry = StatusEntry {
-            name: "two\nlines\tname".into(),
+    /// Periodic controller `name` of manager "m", not running and never
+    /// run, with `leader` as its election's status.
+    fn idle_periodic(name: &str, leader: Option<crate::LeaderStatus>) -> StatusEntry {
+        StatusEntry {
+            name: name.into(),
             kind: EntryKind::Periodic(PeriodicDetails {
                 manager: "m".into(),
                 running: false,
-                leader: None,
+                leader,
                 last_duration: None,
                 next_run_in: None,
             }),
             successes: 0,
+            failures: 0,
+            consecutive_failures: 0,
+            last_error: None,
+            last_error_time: None,
+            last_success_time: None,
+        }
+    }
+
+    #[test]
+    fn control_characters_never_break_a_row() {
+        let entry = StatusEntry {
             failures: 1,
             consecutive_failures: 1,
             last_error: Some("bad\r\tthing".into()),
             last_error_time: Some(SystemTime::UNIX_EPOCH),
-            last_success_time: None,
+            ..idle_periodic("two\nlines\tname", None)
         };
         let table = format_table_at(&[entry], SystemTime::UNIX_EPOCH + Duration::from_secs(90));
         let lines: Vec<&str> = table.lines().collect();
@@ -571,22 +583,7 @@ mod tests {
             leader: leader.map(str::to_owned),
             last_error: leader.is_none().then(|| "connection refused".to_owned()),
         };
-        let periodic = |status: Option<crate::LeaderStatus>| StatusEntry {
-            name: "gc".into(),
-            kind: EntryKind::Periodic(PeriodicDetails {
-                manager: "m".into(),
-                running: false,
-                leader: status,
-                last_duration: None,
-                next_run_in: None,
-            }),
-            successes: 0,
-            failures: 0,
-            consecutive_failures: 0,
-            last_error: None,
-            last_error_time: None,
-            last_success_time: None,
-        };
+        let periodic = |status: Option<crate::LeaderStatus>| idle_periodic("gc", status);
         assert_eq!(periodic(None).not_ready(), None, "no election: nothing to wait for");
         assert_eq!(periodic(Some(leader(Some(3), Some("me")))).not_ready(), None, "the leader");
         assert_eq!(periodic(Some(leader(None, Some("other")))).not_ready(), None, "a standby that knows its leader");

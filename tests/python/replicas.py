@@ -88,6 +88,18 @@ class Replicas:
         found: Tuple[int, int] = wait_for(newer, timeout=PATIENCE + 3 * self.ttl, what=f"a leader after token {token}")
         return found
 
+    def elect(self, n: int) -> Tuple[int, int]:
+        """Starts `n` replicas and returns the first leader's (pid, token)."""
+        self.spawn(n)
+        return self.leader_after(0)
+
+    def replace_leader(self, pid: int, token: int, sig: int = signal.SIGKILL) -> Tuple[int, int]:
+        """Stops leader `pid` (which leads with `token`) with `sig`, starts a
+        replica in its place and returns the next leader's (pid, token)."""
+        self.kill(pid, sig)
+        self.spawn()
+        return self.leader_after(token)
+
     def kill(self, pid: int, sig: int) -> None:
         os.kill(pid, sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):

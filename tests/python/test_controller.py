@@ -40,16 +40,23 @@ def counts(c: reconq.Controller) -> Dict[str, int]:
     return {k: s[k] for k in ("reconciles", "successes", "failures", "requeues")}
 
 
+def run_until_idle(make, reconcile: Callable[[Any], Any], limiter: Any, key: Any = "k") -> reconq.Controller:
+    """A started controller (with `limiter`) that has reconciled `key` until
+    it went idle."""
+    c = make(reconcile, rate_limiter=limiter)
+    c.start()
+    c.enqueue(key)
+    assert c.wait_idle(PATIENCE)
+    return c
+
+
 # --- the result table ------------------------------------------------------------
 
 
 def test_none_is_success_and_forgets(make):
     limiter = reconq.ExponentialBackoff(0.001, 0.01)
     rec = Recorder()
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("a")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter, "a")
     assert counts(c) == {"reconciles": 1, "successes": 1, "failures": 0, "requeues": 0}
     assert rec.calls == ["a"]
     assert limiter.num_requeues("a") == 0
@@ -64,10 +71,7 @@ def test_requeue_is_rate_limited(make):
         return reconq.Requeue() if n == 0 else None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 0, "requeues": 1}
     assert seen == [0, 1]  # the limiter was asked once
     t = rec.times["k"]
@@ -88,10 +92,7 @@ def test_requeue_after_forgets_and_delays(make):
         return None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 3, "successes": 2, "failures": 1, "requeues": 0}  # a resync is a success
     assert seen == [0, 1, 0]  # Requeue(after=) forgot the failure
     t = rec.times["k"]
@@ -107,10 +108,7 @@ def test_retry_after_delays_without_the_limiter(make):
         return None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     t = rec.times["k"]
     assert t[1] - t[0] >= 0.045
@@ -119,10 +117,7 @@ def test_retry_after_delays_without_the_limiter(make):
 
 def test_permanent_error_parks_without_retry(make):
     rec = Recorder(lambda key, n: (_ for _ in ()).throw(reconq.PermanentError("gone")) if n == 0 else None)
-    c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
-    c.start()
-    c.enqueue("p")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, reconq.ExponentialBackoff(0.001, 0.001), "p")
     assert counts(c) == {"reconciles": 1, "successes": 0, "failures": 1, "requeues": 0}
     assert rec.count("p") == 1
     assert c.parked() == ["p"]
@@ -145,10 +140,7 @@ def test_other_exception_is_rate_limited_retry(make):
             raise RuntimeError(f"fail {n}")
         return None
 
-    c = make(Recorder(script), rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, Recorder(script), limiter)
     assert counts(c) == {"reconciles": 3, "successes": 1, "failures": 2, "requeues": 0}
     assert seen == [0, 1, 2]
     assert limiter.num_requeues("k") == 0
@@ -156,10 +148,7 @@ def test_other_exception_is_rate_limited_retry(make):
 
 def test_returning_anything_else_is_a_type_error_failure(make):
     rec = Recorder(lambda key, n: 42 if n == 0 else None)
-    c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, reconq.ExponentialBackoff(0.001, 0.001))
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     assert c.stats()["last_error"].startswith("TypeError: ")
     assert "int" in c.stats()["last_error"]
@@ -388,17 +377,32 @@ def run_in_thread(fn: Callable[[], Any]) -> Dict[str, Any]:
     return out
 
 
-def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
+def blocked_controller(make, ready: int = 0, **options: Any) -> tuple:
+    """A started controller (with `options`) whose worker is held in the
+    reconcile of "block", with keys `0..ready-1` enqueued behind it; and its
+    `Blocker`."""
     b = Blocker()
-    c = make(b, workers=1)
+    c = make(b, **options)
     c.start()
     c.enqueue("block")
     assert b.started.wait(PATIENCE)
-    for k in range(5):
+    for k in range(ready):
         c.enqueue(k)
-    c.enqueue_after("late", 30)
-    out = run_in_thread(lambda: c.stop(drain=True))
+    return b, c
+
+
+def stop_in_thread(c: reconq.Controller, **stop_args: Any) -> Dict[str, Any]:
+    """`c.stop(**stop_args)` in a thread (see `run_in_thread`), once the
+    controller says it is stopping."""
+    out = run_in_thread(lambda: c.stop(**stop_args))
     wait_for(lambda: c.stats()["state"] == "stopping")
+    return out
+
+
+def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
+    b, c = blocked_controller(make, ready=5, workers=1)
+    c.enqueue_after("late", 30)
+    out = stop_in_thread(c, drain=True)
     c.enqueue("after-stop")
     b.release.set()
     out["thread"].join(PATIENCE)
@@ -408,15 +412,8 @@ def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
 
 
 def test_stop_without_drain_abandons_ready_keys(make):
-    b = Blocker()
-    c = make(b, workers=1)
-    c.start()
-    c.enqueue("block")
-    assert b.started.wait(PATIENCE)
-    for k in range(5):
-        c.enqueue(k)
-    out = run_in_thread(lambda: c.stop(drain=False))
-    wait_for(lambda: c.stats()["state"] == "stopping")
+    b, c = blocked_controller(make, ready=5, workers=1)
+    out = stop_in_thread(c, drain=False)
     b.release.set()
     out["thread"].join(PATIENCE)
     assert out["value"] is True
@@ -459,22 +456,14 @@ def test_stop_twice_and_before_start_and_no_second_start(make):
 
 
 def test_stop_timeout_returns_when_a_reconcile_never_finishes(make):
-    b = Blocker()
-    c = make(b)
-    c.start()
-    c.enqueue("block")
-    assert b.started.wait(PATIENCE)
+    b, c = blocked_controller(make)
     t0 = time.monotonic()
     assert c.stop(timeout=0.2) is False
     assert time.monotonic() - t0 < 3
     b.release.set()
     wait_for(lambda: c.stats()["processing"] == 0)
 
-    b2 = Blocker()
-    c2 = make(b2)
-    c2.start()
-    c2.enqueue("block")
-    assert b2.started.wait(PATIENCE)
+    b2, c2 = blocked_controller(make)
     t0 = time.monotonic()
     assert c2.stop(drain=False, timeout=0.2) is False
     assert time.monotonic() - t0 < 3
