@@ -144,16 +144,5 @@ fn w9_report(quick: bool) {
 }
 
 fn main() {
-    let wanted = groups::wanted();
-    let mut c = Criterion::default().configure_from_args();
-    if wanted("W1") {
-        w1(&mut c);
-    }
-    if wanted("W5") {
-        w5(&mut c);
-    }
-    c.final_summary();
-    if wanted("W9") {
-        w9_report(std::env::args().any(|a| a == "--quick"));
-    }
+    groups::run(&[("W1", w1), ("W5", w5)], &[("W9", || w9_report(groups::quick()))]);
 }

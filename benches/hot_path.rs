@@ -139,16 +139,5 @@ fn w1_alone() {
 }
 
 fn main() {
-    let wanted = groups::wanted();
-    let mut c = Criterion::default().configure_from_args();
-    if wanted("W1_table") {
-        w1_table(&mut c);
-    }
-    c.final_summary();
-    if wanted("W1_ratios") {
-        w1_ratios();
-    }
-    if wanted("W1_alone") {
-        w1_alone();
-    }
+    groups::run(&[("W1_table", w1_table)], &[("W1_ratios", w1_ratios), ("W1_alone", w1_alone)]);
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use reconq::{ExponentialBackoff, WorkQueue};
-use w1::{WorkerLoop, drain_with};
+use w1::{WorkerLoop, with_workers};
 
 const W1_KEYS: u64 = 1_000_000;
 const W1_WORKERS: [usize; 4] = [1, 2, 4, 8];
@@ -111,14 +111,10 @@ fn w2_hot_keys_once() -> (Duration, u64) {
     let q = WorkQueue::<u64>::new();
     let reconciles = AtomicU64::new(0);
     let started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| {
-                drain_with(&q, WorkerLoop::DoneAndGet, |_| {
-                    reconciles.fetch_add(1, Ordering::Relaxed);
-                })
-            });
-        }
+    let reconcile = |_| {
+        reconciles.fetch_add(1, Ordering::Relaxed);
+    };
+    with_workers(&q, 4, WorkerLoop::DoneAndGet, reconcile, || {
         for i in 0..W2_ADDS {
             q.add(i % W2_HOT_KEYS);
         }
@@ -163,22 +159,18 @@ fn w5_retries_once() -> (Duration, u64) {
     let calls = AtomicU64::new(0);
     let succeeded = AtomicU64::new(0);
     let started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| {
-                drain_with(&q, WorkerLoop::DoneAndGet, |key| {
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    if q.num_requeues(&key) < W5_FAILURES {
-                        q.add_rate_limited(key);
-                    } else {
-                        q.forget(&key);
-                        if succeeded.fetch_add(1, Ordering::Relaxed) + 1 == W5_KEYS {
-                            q.shut_down();
-                        }
-                    }
-                })
-            });
+    let reconcile = |key| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        if q.num_requeues(&key) < W5_FAILURES {
+            q.add_rate_limited(key);
+        } else {
+            q.forget(&key);
+            if succeeded.fetch_add(1, Ordering::Relaxed) + 1 == W5_KEYS {
+                q.shut_down();
+            }
         }
+    };
+    with_workers(&q, 4, WorkerLoop::DoneAndGet, reconcile, || {
         for key in 0..W5_KEYS {
             q.add(key);
         }
@@ -222,19 +214,15 @@ fn w3_delaying_report() {
     let lateness: Vec<AtomicU64> = (0..W3_KEYS).map(|_| AtomicU64::new(0)).collect();
     let handed_out = AtomicUsize::new(0);
     let cpu_before = process_cpu_time();
-    thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                drain_with(&q, WorkerLoop::DoneAndGet, |key| {
-                    let now = base.elapsed().as_nanos() as u64;
-                    let late = now.saturating_sub(due_nanos[key as usize].load(Ordering::Acquire));
-                    lateness[key as usize].store(late, Ordering::Relaxed);
-                    if handed_out.fetch_add(1, Ordering::Relaxed) + 1 == W3_KEYS as usize {
-                        q.shut_down();
-                    }
-                })
-            });
+    let record_lateness = |key| {
+        let now = base.elapsed().as_nanos() as u64;
+        let late = now.saturating_sub(due_nanos[key as usize].load(Ordering::Acquire));
+        lateness[key as usize].store(late, Ordering::Relaxed);
+        if handed_out.fetch_add(1, Ordering::Relaxed) + 1 == W3_KEYS as usize {
+            q.shut_down();
         }
+    };
+    with_workers(&q, 2, WorkerLoop::DoneAndGet, record_lateness, || {
         let mut seed = 0x5EED;
         for key in 0..W3_KEYS {
             let delay = Duration::from_nanos(splitmix64(&mut seed) % W3_MAX_DELAY.as_nanos() as u64);
@@ -264,13 +252,16 @@ fn w4_idle_report() {
             q.add_after(0, Duration::from_secs(3600));
         }
         let cpu_before = process_cpu_time();
-        thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| drain_with(&q, WorkerLoop::GetDone, |_| {}));
-            }
-            thread::sleep(W4_IDLE);
-            q.shut_down();
-        });
+        with_workers(
+            &q,
+            4,
+            WorkerLoop::GetDone,
+            |_| {},
+            || {
+                thread::sleep(W4_IDLE);
+                q.shut_down();
+            },
+        );
         let cpu = process_cpu_time() - cpu_before;
         let what = if delayed { "empty but for one key due in an hour" } else { "empty" };
         println!("W4 idle: 4 workers blocked on an {what} queue for {W4_IDLE:?}: CPU time {cpu:?} (incl. spawn/join)");
@@ -278,25 +269,12 @@ fn w4_idle_report() {
 }
 
 fn main() {
-    let wanted = groups::wanted();
-    let mut c = Criterion::default().configure_from_args();
-    if wanted("W1_throughput") {
-        w1_throughput(&mut c);
-    }
-    if wanted("W2_hot_keys") {
-        w2_hot_keys(&mut c);
-    }
-    if wanted("W5_retries") {
-        w5_retries(&mut c);
-    }
-    c.final_summary();
-    if wanted("W3_delaying") {
-        w3_delaying_report();
-    }
-    if wanted("W4_idle") {
-        w4_idle_report();
-    }
-    if wanted("W1_metrics") {
-        w1_metrics_report(std::env::args().any(|a| a == "--quick"));
-    }
+    groups::run(
+        &[("W1_throughput", w1_throughput), ("W2_hot_keys", w2_hot_keys), ("W5_retries", w5_retries)],
+        &[
+            ("W3_delaying", w3_delaying_report),
+            ("W4_idle", w4_idle_report),
+            ("W1_metrics", || w1_metrics_report(groups::quick())),
+        ],
+    );
 }

@@ -94,6 +94,9 @@ pub struct Context {
     pub(crate) signal: StopSignal,
     pub(crate) priority: i32,
     pub(crate) fencing_token: Option<u64>,
+    /// The error of this key's previous failure since its last success, so
+    /// a repeat of it is logged quietly (`logs::failure_loudness`).
+    pub(crate) previous_error: Option<String>,
 }
 
 impl Context {
@@ -105,7 +108,7 @@ impl Context {
 
     /// A context at priority 0 with no fencing token, cancelled by `signal`.
     pub(crate) fn with_signal(attempt: u32, signal: StopSignal) -> Self {
-        Self { attempt, signal, priority: 0, fencing_token: None }
+        Self { attempt, signal, priority: 0, fencing_token: None, previous_error: None }
     }
 
     /// The priority the key was handed out with (guarantees §8): retries re-add it

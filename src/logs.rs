@@ -9,10 +9,19 @@
 //! Levels follow controller-runtime, which logs `Reconciler error` at error
 //! level for every failed reconcile: a failure or panic is an ERROR, a
 //! failure that asked for a fixed retry delay (`retry_after`), a failed
-//! manager `do`, a hanging reconcile and a drain deadline are WARNs. Nothing
-//! is logged on the success path, and nothing should be at DEBUG or above:
-//! in the Python bindings every such record takes the GIL to ask `logging`
-//! whether it is wanted (`crate::python::logs`; TRACE is filtered out before).
+//! manager `do`, a hanging reconcile and a drain deadline are WARNs; a key
+//! failing again with the same error is a WARN or a DEBUG (see
+//! [`failure_loudness`]). Nothing is logged on the success path, and
+//! nothing per reconcile should be at DEBUG or above: in the Python
+//! bindings every such record takes the GIL to ask `logging` whether it is
+//! wanted (`crate::python::logs`; TRACE is filtered out before).
+//!
+//! Log lines stay bounded whatever the input: keys show at most
+//! [`KEY_CHARS`] characters of their `Debug` form ([`Short`]), lists at most
+//! [`LIST_ITEMS`] elements ([`Few`]), and a key failing the same way again
+//! and again is logged in full only on its first failure
+//! ([`failure_loudness`]); the counters in `stats()` and the metrics still
+//! count every failure.
 //!
 //! Every event carries its context (`controller`, `key`, `attempt`) as
 //! fields of its own, not only through the enclosing span: `log` records
@@ -33,12 +42,121 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::controller::RetryPolicy;
+#[cfg(feature = "etcd")]
+mod replicas;
+#[cfg(feature = "etcd")]
+pub(crate) use replicas::*;
 
 /// The target of the reconcile loop's spans and events.
 pub(crate) const CONTROLLER: &str = "reconq::controller";
 /// The target of named periodic controllers' spans and events.
 pub(crate) const MANAGER: &str = "reconq::manager";
+
+/// The most characters of a key's `Debug` form a log line shows: a 100 MiB
+/// key must not make a 100 MiB line.
+pub(crate) const KEY_CHARS: usize = 300;
+
+/// The most elements of a list (keys, partitions) a log line names.
+pub(crate) const LIST_ITEMS: usize = 20;
+
+/// What ends a value cut at [`KEY_CHARS`].
+const CUT_MARKER: &str = "…[truncated]";
+
+/// A value's `Debug` form cut after [`KEY_CHARS`] bytes (at a character
+/// boundary) with [`CUT_MARKER`]. Formatting stops at the cut, so a huge
+/// key costs no more than a short one.
+pub(crate) struct Short<'a, T: ?Sized>(pub(crate) &'a T);
+
+impl<T: fmt::Debug + ?Sized> fmt::Debug for Short<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut capped = Capped { out: f, left: KEY_CHARS, cut: false };
+        let written = fmt::write(&mut capped, format_args!("{:?}", self.0));
+        if capped.cut { f.write_str(CUT_MARKER) } else { written }
+    }
+}
+
+/// Whether `text` is a [`Short`] form that was cut (the Python bindings
+/// then show it instead of the key's `repr`).
+#[cfg_attr(not(feature = "python"), allow(dead_code))]
+pub(crate) fn was_cut(text: &str) -> bool {
+    text.ends_with(CUT_MARKER)
+}
+
+/// Passes text through until `left` bytes are used up, then stops the
+/// formatting (with an error that [`Short`] turns into its marker).
+struct Capped<'a, 'f> {
+    out: &'a mut fmt::Formatter<'f>,
+    left: usize,
+    cut: bool,
+}
+
+impl fmt::Write for Capped<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if s.len() <= self.left {
+            self.left -= s.len();
+            return self.out.write_str(s);
+        }
+        let mut end = self.left;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.out.write_str(&s[..end])?;
+        self.left = 0;
+        self.cut = true;
+        Err(fmt::Error)
+    }
+}
+
+/// A list's first [`LIST_ITEMS`] elements (each [`Short`]), then how many
+/// more there are: `[1, 2, 3, … (61 more)]`.
+pub(crate) struct Few<'a, C: ?Sized>(pub(crate) &'a C);
+
+impl<'a, C, T> fmt::Debug for Few<'a, C>
+where
+    C: ?Sized,
+    &'a C: IntoIterator<Item = &'a T>,
+    <&'a C as IntoIterator>::IntoIter: ExactSizeIterator,
+    T: fmt::Debug + 'a,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let items = self.0.into_iter();
+        let more = items.len().saturating_sub(LIST_ITEMS);
+        let mut list = f.debug_list();
+        list.entries(items.take(LIST_ITEMS).map(Short));
+        if more > 0 {
+            list.entry(&format_args!("… ({more} more)"));
+        }
+        list.finish()
+    }
+}
+
+/// How loudly a failed reconcile is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loudness {
+    /// The key's first failure since it last succeeded, or an error unlike
+    /// its previous one: in full (ERROR, with the traceback in Python).
+    Full,
+    /// The same error again, on a failure count that is a power of two
+    /// (the 2nd, 3rd, 5th, 9th, ... failure): a WARN without traceback, so
+    /// a key stuck failing shows up with ever longer gaps.
+    Again,
+    /// The same error again otherwise: DEBUG.
+    Quiet,
+}
+
+/// How to log the failure of a key on try `attempt` (0 = first) with
+/// `error`, when its previous failure (since its last success) said
+/// `previous`. A key retried every few milliseconds would otherwise log
+/// (with a traceback, in Python) on every retry.
+pub(crate) fn failure_loudness(attempt: u32, previous: Option<&str>, error: &str) -> Loudness {
+    if previous != Some(error) {
+        Loudness::Full
+    } else if attempt.is_power_of_two() {
+        Loudness::Again
+    } else {
+        Loudness::Quiet
+    }
+}
 
 /// The span a reconcile (and the handling of its result) runs in: INFO,
 /// named `reconcile`, with `controller`, `key` (its `Debug` form) and
@@ -53,43 +171,74 @@ pub(crate) const MANAGER: &str = "reconq::manager";
 #[inline]
 pub(crate) fn reconcile_span<K: fmt::Debug>(controller: &str, key: &K, attempt: u32) -> tracing::Span {
     if tracing::dispatcher::has_been_set() {
-        tracing::info_span!(target: CONTROLLER, "reconcile", controller = %controller, key = ?key, attempt)
+        tracing::info_span!(target: CONTROLLER, "reconcile", controller = %controller, key = ?Short(key), attempt)
     } else {
         tracing::Span::none()
     }
 }
 
+/// What follows a failed reconcile, as its log line says it (the
+/// controller's `RetryPolicy`, without logs depending on the controller).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NextTry {
+    Backoff,
+    After(Duration),
+    Parked,
+}
+
 /// A reconcile returned an error or panicked (call with no lock held).
+/// A repeat of the key's previous error is logged more quietly (see
+/// [`failure_loudness`]).
 pub(crate) fn reconcile_failed<K: fmt::Debug>(
     controller: &str,
     key: &K,
     attempt: u32,
-    retry: RetryPolicy,
+    retry: NextTry,
     error: &str,
     panicked: bool,
+    previous: Option<&str>,
 ) {
+    match failure_loudness(attempt, previous, error) {
+        Loudness::Full => {}
+        Loudness::Again => {
+            tracing::warn!(
+                target: CONTROLLER,
+                controller = %controller, key = ?Short(key), attempt, error,
+                "reconcile failed again with the same error"
+            );
+            return;
+        }
+        Loudness::Quiet => {
+            tracing::debug!(
+                target: CONTROLLER,
+                controller = %controller, key = ?Short(key), attempt, error,
+                "reconcile failed again with the same error"
+            );
+            return;
+        }
+    }
     if panicked {
         tracing::error!(
             target: CONTROLLER,
-            controller = %controller, key = ?key, attempt, error,
+            controller = %controller, key = ?Short(key), attempt, error,
             "reconcile panicked; retrying with backoff"
         );
         return;
     }
     match retry {
-        RetryPolicy::RateLimited => tracing::error!(
+        NextTry::Backoff => tracing::error!(
             target: CONTROLLER,
-            controller = %controller, key = ?key, attempt, error,
+            controller = %controller, key = ?Short(key), attempt, error,
             "reconcile failed; retrying with backoff"
         ),
-        RetryPolicy::After(delay) => tracing::warn!(
+        NextTry::After(delay) => tracing::warn!(
             target: CONTROLLER,
-            controller = %controller, key = ?key, attempt, error, retry_after = ?delay,
+            controller = %controller, key = ?Short(key), attempt, error, retry_after = ?delay,
             "reconcile failed; retrying after a delay"
         ),
-        RetryPolicy::Never => tracing::error!(
+        NextTry::Parked => tracing::error!(
             target: CONTROLLER,
-            controller = %controller, key = ?key, attempt, error,
+            controller = %controller, key = ?Short(key), attempt, error,
             "reconcile failed permanently; key parked"
         ),
     }
@@ -100,7 +249,7 @@ pub(crate) fn reconcile_failed<K: fmt::Debug>(
 pub(crate) fn reconcile_hanging<K: fmt::Debug>(controller: &str, key: &K, running: Duration) {
     tracing::warn!(
         target: CONTROLLER,
-        controller = %controller, key = ?key, seconds = running.as_secs_f64(),
+        controller = %controller, key = ?Short(key), seconds = running.as_secs_f64(),
         "reconcile has been running for {:.1} s",
         running.as_secs_f64()
     );
@@ -110,64 +259,9 @@ pub(crate) fn reconcile_hanging<K: fmt::Debug>(controller: &str, key: &K, runnin
 pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished: &[K]) {
     tracing::warn!(
         target: CONTROLLER,
-        controller = %controller, unfinished = ?unfinished,
+        controller = %controller, unfinished = ?Few(unfinished),
         "drain deadline passed; cancelled and detached the workers still running"
     );
-}
-
-/// Target of the leader election's events.
-const ELECTION: &str = "reconq::election";
-
-/// Talking to etcd failed; the campaign retries after `backoff`.
-pub(crate) fn election_error(election: &str, error: &str, backoff: Duration) {
-    tracing::warn!(target: ELECTION, election = %election, error, retry_in = ?backoff, "etcd unreachable; standing by");
-}
-
-/// This process became leader.
-pub(crate) fn election_won(election: &str, identity: &str, token: u64) {
-    tracing::info!(target: ELECTION, election = %election, identity, fencing_token = token, "became leader");
-}
-
-/// This process lost its leadership.
-pub(crate) fn election_lost(election: &str, token: u64, why: &str) {
-    tracing::warn!(target: ELECTION, election = %election, fencing_token = token, why, "lost leadership");
-}
-
-/// etcd's history was reset: the election stepped down, raised the
-/// fencing floor to `floor` and campaigns again after a TTL.
-pub(crate) fn election_reset(election: &str, error: &str, floor: u64) {
-    tracing::error!(
-        target: ELECTION, election = %election, error, fencing_floor = floor,
-        "etcd's history was reset; stepped down, campaigning again after a TTL"
-    );
-}
-
-/// Target of sharding's events.
-const SHARDING: &str = "reconq::sharding";
-
-/// Talking to etcd failed; sharding retries after `backoff`.
-pub(crate) fn sharding_error(sharding: &str, error: &str, backoff: Duration) {
-    tracing::warn!(target: SHARDING, sharding = %sharding, error, retry_in = ?backoff, "etcd unreachable; retrying");
-}
-
-/// etcd's history was reset: the replica dropped its partitions, raised
-/// the fencing floor to `floor` and joins again after a TTL.
-pub(crate) fn sharding_reset(sharding: &str, error: &str, floor: u64) {
-    tracing::error!(
-        target: SHARDING, sharding = %sharding, error, fencing_floor = floor,
-        "etcd's history was reset; dropped every partition, joining again after a TTL"
-    );
-}
-
-/// Partitions changed hands: gained (claimed) or given up.
-pub(crate) fn partitions_moved(sharding: &str, what: &str, partitions: &std::collections::BTreeSet<u32>) {
-    tracing::info!(target: SHARDING, sharding = %sharding, partitions = ?partitions, "{what}");
-}
-
-/// Partitions were lost without a hand-over (the lease expired or could
-/// not be renewed in time).
-pub(crate) fn partitions_lost(sharding: &str, why: &str, partitions: &std::collections::BTreeSet<u32>) {
-    tracing::warn!(target: SHARDING, sharding = %sharding, partitions = ?partitions, why, "lost partitions");
 }
 
 /// A stop is still waiting for these reconciles to return (call with no
@@ -175,7 +269,7 @@ pub(crate) fn partitions_lost(sharding: &str, why: &str, partitions: &std::colle
 pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {
     tracing::warn!(
         target: CONTROLLER,
-        controller = %controller, running = ?running,
+        controller = %controller, running = ?Few(running),
         "stop waiting for reconciles to return"
     );
 }
@@ -183,22 +277,51 @@ pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {
 /// A stop dropped keys without reconciling them (call with no lock held).
 /// Nothing is logged when it dropped none.
 pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {
-    /// How many of the dropped keys the message names.
-    const NAMED: usize = 20;
     if dropped.is_empty() {
         return;
     }
-    let named = &dropped[..dropped.len().min(NAMED)];
     tracing::warn!(
         target: CONTROLLER,
-        controller = %controller, dropped = dropped.len(), keys = ?named,
+        controller = %controller, dropped = dropped.len(), keys = ?Few(dropped),
         "stop dropped keys waiting on a delay, a retry or the queue without reconciling them"
     );
 }
 
+/// `run_until_signal` got its first signal and drains.
+pub(crate) fn signal_draining(controller: &str) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller,
+        "stopping on a signal, draining (a second signal stops at once)"
+    );
+}
+
+/// `run_until_signal`'s drain ran out of `stop_timeout`.
+pub(crate) fn signal_stop_timeout_passed<K: fmt::Debug>(controller: &str, unfinished: &[K]) {
+    tracing::warn!(target: CONTROLLER, controller = %controller, unfinished = ?unfinished, "stop_timeout passed; left running");
+}
+
+/// `run_until_signal` got a second signal and stopped at once; `returned`:
+/// the cancelled reconciles returned within the grace.
+pub(crate) fn second_signal(controller: &str, returned: bool) {
+    if returned {
+        tracing::warn!(
+            target: CONTROLLER,
+            controller = %controller,
+            "second signal; stopped at once (running reconciles were cancelled and returned)"
+        );
+    } else {
+        tracing::warn!(
+            target: CONTROLLER,
+            controller = %controller,
+            "second signal; stopped without waiting for running reconciles"
+        );
+    }
+}
+
 /// A trigger function panicked (call with no lock held).
 pub(crate) fn trigger_panicked<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
-    tracing::error!(target: CONTROLLER, controller = %controller, key = ?key, error, "trigger panicked");
+    tracing::error!(target: CONTROLLER, controller = %controller, key = ?Short(key), error, "trigger panicked");
 }
 
 /// A watch's transform panicked; the event is skipped (call with no lock
@@ -259,7 +382,7 @@ pub(crate) fn manager_stop_panicked(manager: &str, controller: &str, error: &str
 pub(crate) fn group_failed<K: fmt::Debug>(controller: &str, key: &K, error: &str) {
     tracing::error!(
         target: CONTROLLER,
-        controller = %controller, key = ?key, error,
+        controller = %controller, key = ?Short(key), error,
         "group function failed; the key is in group None"
     );
 }
@@ -286,18 +409,51 @@ pub(crate) fn cache_expired(cache: &str, error: &str) {
 /// (call with no lock held).
 pub(crate) fn cache_index_failed<K: fmt::Debug>(cache: &str, index: &str, key: &K, error: &str) {
     tracing::error!(
-        target: CACHE, cache = %cache, index, key = ?key, error,
+        target: CACHE, cache = %cache, index, key = ?Short(key), error,
         "index function panicked; the key is left out of that index"
     );
 }
 
 /// A cache's subscriber panicked (call with no lock held).
 pub(crate) fn cache_subscriber_panicked<K: fmt::Debug>(cache: &str, key: &K, error: &str) {
-    tracing::error!(target: CACHE, cache = %cache, key = ?key, error, "cache subscriber panicked");
+    tracing::error!(target: CACHE, cache = %cache, key = ?Short(key), error, "cache subscriber panicked");
 }
 
-/// A source skipped an item it could not read (a key that is not UTF-8,
-/// a value its decode function refused).
+/// An etcd source skipped an item it could not read (a key that is not
+/// UTF-8, a value its decode function refused).
+#[cfg(feature = "etcd")]
 pub(crate) fn source_skipped(source: &str, key: &str, why: &str) {
-    tracing::warn!(target: CACHE, source = %source, key, why, "source item skipped");
+    tracing::warn!(target: CACHE, source = %source, key = ?Short(key), why, "source item skipped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_key_is_cut_at_a_character_boundary_with_a_marker() {
+        let key = "é".repeat(10 * KEY_CHARS);
+        let shown = format!("{:?}", Short(&key));
+        assert!(was_cut(&shown), "{shown}");
+        assert!(shown.len() <= KEY_CHARS + CUT_MARKER.len(), "{} bytes", shown.len());
+        assert_eq!(format!("{:?}", Short(&"short")), "\"short\"");
+        assert!(!was_cut(&format!("{:?}", Short(&"short"))));
+    }
+
+    #[test]
+    fn a_long_list_names_its_first_items_and_counts_the_rest() {
+        let partitions: std::collections::BTreeSet<u32> = (0..1024).collect();
+        let shown = format!("{:?}", Few(&partitions));
+        assert!(shown.starts_with("[0, 1, 2,") && shown.ends_with(", 19, … (1004 more)]"), "{shown}");
+        assert_eq!(format!("{:?}", Few(&[1, 2][..])), "[1, 2]");
+    }
+
+    #[test]
+    fn a_repeated_error_is_logged_in_full_once_then_at_powers_of_two() {
+        let loudness: Vec<Loudness> =
+            (0..9).map(|attempt| failure_loudness(attempt, (attempt > 0).then_some("down"), "down")).collect();
+        use Loudness::*;
+        assert_eq!(loudness, [Full, Again, Again, Quiet, Again, Quiet, Quiet, Quiet, Again]);
+        assert_eq!(failure_loudness(5, Some("down"), "refused"), Full, "a new error is logged in full");
+    }
 }

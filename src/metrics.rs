@@ -70,9 +70,19 @@ pub fn publish() {
 }
 
 /// Serves `GET /metrics` ([`render`]'s text) on `addr`, from one thread
-/// blocked in `accept` (no CPU while idle, no async runtime). Other paths get
-/// 404. Port 0 picks a free port: see [`MetricsServer::local_addr`]. The
-/// server stops when the returned value is dropped or closed.
+/// blocked in `accept` (no CPU while idle, no async runtime), and beside it:
+///
+/// - `/status`: [`status::format_table`](crate::status::format_table) of
+///   the whole process, or [`status::to_json`](crate::status::to_json)
+///   with `Accept: application/json` or `?format=json`;
+/// - `/healthz` and `/readyz`, for Kubernetes liveness and readiness
+///   probes: `200 ok`, or `503` with one line per problem
+///   ([`status::liveness_problems`](crate::status::liveness_problems),
+///   [`status::readiness_problems`](crate::status::readiness_problems)).
+///
+/// Other paths get 404. Port 0 picks a free port: see
+/// [`MetricsServer::local_addr`]. The server stops when the returned value
+/// is dropped or closed.
 pub fn serve(addr: impl ToSocketAddrs) -> io::Result<MetricsServer> {
     imp::serve(addr)
 }

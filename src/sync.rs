@@ -37,6 +37,13 @@ mod imp {
 }
 
 #[cfg(feature = "shuttle")]
+pub(crate) use shuttle::thread_local;
+/// `thread_local!`: std's, or shuttle's under shuttle, whose model threads
+/// all run on one OS thread (a std thread-local would be shared by them).
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::thread_local;
+
+#[cfg(feature = "shuttle")]
 mod imp {
     use std::ops::{Deref, DerefMut};
     use std::time::Instant;

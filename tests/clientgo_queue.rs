@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::thread;
 
-use common::{expect_within, fake_queue, ms, secs, spawn_with_result, wait_for};
+use common::{expect_within, fake_queue, get_timeout_on_fake_clock, ms, secs, spawn_with_result, wait_for};
 use reconq::{GetError, KeyState, QueueCounts, WorkQueue};
 
 #[derive(Clone, Copy, Debug)]
@@ -23,6 +23,22 @@ impl Shutdown {
             Shutdown::Drain => q.shut_down_with_drain(),
         }
     }
+}
+
+/// Two tests of `case`, one per way of shutting down: `$plain` with
+/// `shut_down`, `$drain` with `shut_down_with_drain`.
+macro_rules! test_each_shutdown {
+    ($case:ident: $plain:ident, $drain:ident) => {
+        #[test]
+        fn $plain() {
+            $case(Shutdown::Plain);
+        }
+
+        #[test]
+        fn $drain() {
+            $case(Shutdown::Drain);
+        }
+    };
 }
 
 const AFTER_SHUTDOWN: i64 = -1;
@@ -69,15 +85,7 @@ fn basic(shutdown: Shutdown) {
     assert_eq!(q.key_state(&AFTER_SHUTDOWN), KeyState::Absent);
 }
 
-#[test]
-fn basic_many_producers_consumers_shut_down() {
-    basic(Shutdown::Plain);
-}
-
-#[test]
-fn basic_many_producers_consumers_shut_down_with_drain() {
-    basic(Shutdown::Drain);
-}
+test_each_shutdown!(basic: basic_many_producers_consumers_shut_down, basic_many_producers_consumers_shut_down_with_drain);
 
 /// TestAddWhileProcessing: consumers re-add the key they hold (before done)
 /// until they have seen it twice; everything finishes and the queue empties.
@@ -115,15 +123,7 @@ fn add_while_processing(shutdown: Shutdown) {
     assert_eq!(q.len(), 0);
 }
 
-#[test]
-fn add_while_processing_shut_down() {
-    add_while_processing(Shutdown::Plain);
-}
-
-#[test]
-fn add_while_processing_shut_down_with_drain() {
-    add_while_processing(Shutdown::Drain);
-}
+test_each_shutdown!(add_while_processing: add_while_processing_shut_down, add_while_processing_shut_down_with_drain);
 
 // TestLen
 #[test]
@@ -181,16 +181,7 @@ fn collapse_while_processing_second_getter_blocks_until_done() {
     q.add("foo");
     assert_eq!(q.key_state(&"foo"), KeyState::Processing { again: Some(None) });
 
-    let q2 = q.clone();
-    let rx = spawn_with_result(move || q2.get_timeout(secs(1)));
-    let blocked = loop {
-        // The getter's deadline is 1 s after whenever it started; keep moving
-        // time until it gives up.
-        clock.advance(secs(2));
-        if let Ok(r) = rx.recv_timeout(ms(20)) {
-            break r;
-        }
-    };
+    let blocked = get_timeout_on_fake_clock(&q, &clock);
     assert_eq!(blocked, Err(GetError::Timeout), "foo must not be handed out while processing");
 
     // Now a plain getter, released by done.

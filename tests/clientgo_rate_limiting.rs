@@ -21,19 +21,25 @@ fn hours(n: u64) -> Duration {
     secs(3600 * n)
 }
 
-// TestItemExponentialFailureRateLimiter
-#[test]
-fn exponential_backoff_doubles_per_key_and_forget_resets() {
-    let limiter = ExponentialBackoff::new(ms(1), secs(1));
-    assert_eq!(whens(&limiter, &"one", 5), [1, 2, 4, 8, 16].map(ms));
+/// client-go's per-key limiter test: key "one" fails five times and waits
+/// `waits`, key "two" twice and waits as "one" did, each counted on its
+/// own; forgetting "one" starts it over and leaves "two" alone.
+fn assert_per_key_and_forget_resets(limiter: &impl RateLimiter<&'static str>, waits: [Duration; 5]) {
+    assert_eq!(whens(limiter, &"one", 5), waits);
     assert_eq!(limiter.num_requeues(&"one"), 5);
-    assert_eq!(whens(&limiter, &"two", 2), [ms(1), ms(2)]);
+    assert_eq!(whens(limiter, &"two", 2), waits[..2]);
     assert_eq!(limiter.num_requeues(&"two"), 2);
 
     limiter.forget(&"one");
     assert_eq!(limiter.num_requeues(&"one"), 0);
-    assert_eq!(limiter.when(&"one"), ms(1));
+    assert_eq!(limiter.when(&"one"), waits[0]);
     assert_eq!(limiter.num_requeues(&"two"), 2, "forget touches only its key");
+}
+
+// TestItemExponentialFailureRateLimiter
+#[test]
+fn exponential_backoff_doubles_per_key_and_forget_resets() {
+    assert_per_key_and_forget_resets(&ExponentialBackoff::new(ms(1), secs(1)), [1, 2, 4, 8, 16].map(ms));
 }
 
 #[test]
@@ -49,28 +55,16 @@ fn exponential_backoff_reaches_the_cap_and_stays() {
 #[test]
 fn exponential_backoff_no_overflow_ms_base() {
     let limiter = ExponentialBackoff::new(ms(1), secs(1000));
-    for _ in 0..5 {
-        limiter.when(&"one");
-    }
-    assert_eq!(limiter.when(&"one"), ms(32));
-    for _ in 0..1000 {
-        limiter.when(&"overflow1");
-    }
-    assert_eq!(limiter.when(&"overflow1"), secs(1000));
+    assert_eq!(whens(&limiter, &"one", 6)[5], ms(32));
+    assert_eq!(whens(&limiter, &"overflow1", 1001)[1000], secs(1000));
 }
 
 // TestItemExponentialFailureRateLimiterOverFlow, (1min, 1000h) case.
 #[test]
 fn exponential_backoff_no_overflow_minute_base() {
     let limiter = ExponentialBackoff::new(mins(1), hours(1000));
-    for _ in 0..2 {
-        limiter.when(&"two");
-    }
-    assert_eq!(limiter.when(&"two"), mins(4));
-    for _ in 0..1000 {
-        limiter.when(&"overflow2");
-    }
-    assert_eq!(limiter.when(&"overflow2"), hours(1000));
+    assert_eq!(whens(&limiter, &"two", 3)[2], mins(4));
+    assert_eq!(whens(&limiter, &"overflow2", 1001)[1000], hours(1000));
 }
 
 #[test]
@@ -84,15 +78,7 @@ fn exponential_backoff_with_client_go_defaults_caps_on_the_nineteenth_failure() 
 // TestItemFastSlowRateLimiter
 #[test]
 fn fast_slow_switches_after_max_fast_attempts() {
-    let limiter = FastSlow::new(ms(5), secs(10), 3);
-    assert_eq!(whens(&limiter, &"one", 5), [ms(5), ms(5), ms(5), secs(10), secs(10)]);
-    assert_eq!(limiter.num_requeues(&"one"), 5);
-    assert_eq!(whens(&limiter, &"two", 2), [ms(5), ms(5)]);
-    assert_eq!(limiter.num_requeues(&"two"), 2);
-
-    limiter.forget(&"one");
-    assert_eq!(limiter.num_requeues(&"one"), 0);
-    assert_eq!(limiter.when(&"one"), ms(5));
+    assert_per_key_and_forget_resets(&FastSlow::new(ms(5), secs(10), 3), [ms(5), ms(5), ms(5), secs(10), secs(10)]);
 }
 
 // TestMaxOfRateLimiter
@@ -100,15 +86,9 @@ fn fast_slow_switches_after_max_fast_attempts() {
 fn max_of_returns_the_largest_wait_and_forgets_in_all() {
     let limiter: MaxOf<&str> =
         MaxOf::new(vec![Box::new(FastSlow::new(ms(5), secs(3), 3)), Box::new(ExponentialBackoff::new(ms(1), secs(1)))]);
-    assert_eq!(whens(&limiter, &"one", 5), [ms(5), ms(5), ms(5), secs(3), secs(3)]);
-    assert_eq!(limiter.num_requeues(&"one"), 5);
-    assert_eq!(whens(&limiter, &"two", 2), [ms(5), ms(5)]);
-    assert_eq!(limiter.num_requeues(&"two"), 2);
-
-    limiter.forget(&"one");
-    assert_eq!(limiter.num_requeues(&"one"), 0);
-    // Both members forgot: the backoff restarts at 1 ms, so FastSlow's 5 ms wins.
-    assert_eq!(limiter.when(&"one"), ms(5));
+    // After forget both members start over: the backoff's 1 ms loses to
+    // FastSlow's 5 ms.
+    assert_per_key_and_forget_resets(&limiter, [ms(5), ms(5), ms(5), secs(3), secs(3)]);
 }
 
 /// client-go's `StepRateLimiter`: 5 ms for the first 100 calls overall, then
@@ -181,21 +161,18 @@ fn rate_limiting_queue_delays_by_the_limiter_and_forget_resets() {
         assert_eq!(got, key);
         q.done(&got);
     };
+    // Two rate-limited adds of `key`, each waited out and handed out.
+    let fail_twice = |key: &str| {
+        for wait in [ms(1), ms(2)] {
+            q.add_rate_limited(key.to_string());
+            assert_eq!(due_in(key), wait);
+            cycle(key);
+        }
+    };
 
-    q.add_rate_limited("one".to_string());
-    assert_eq!(due_in("one"), ms(1));
-    cycle("one");
-    q.add_rate_limited("one".to_string());
-    assert_eq!(due_in("one"), ms(2));
-    cycle("one");
+    fail_twice("one");
     assert_eq!(q.num_requeues(&"one".to_string()), 2);
-
-    q.add_rate_limited("two".to_string());
-    assert_eq!(due_in("two"), ms(1));
-    cycle("two");
-    q.add_rate_limited("two".to_string());
-    assert_eq!(due_in("two"), ms(2));
-    cycle("two");
+    fail_twice("two");
 
     q.forget(&"one".to_string());
     assert_eq!(q.num_requeues(&"one".to_string()), 0);

@@ -13,6 +13,16 @@ fn key() -> String {
 
 /// Waits until the key is waiting for a due time, and returns it relative
 /// to the clock's now.
+/// A controller on a fake clock (see [`fake_controller`]) playing `steps`,
+/// with [`key()`] enqueued; its script and clock.
+fn play(steps: impl IntoIterator<Item = Step>) -> (ControllerHandle<String>, Script, FakeClock) {
+    let clock = FakeClock::new();
+    let script = Script::new(steps);
+    let h = fake_controller(&script, &clock);
+    h.enqueue(key());
+    (h, script, clock)
+}
+
 fn waiting_for(h: &ControllerHandle<String>, clock: &FakeClock) -> std::time::Duration {
     let mut until = None;
     wait_for("key waiting", || match h.inspect(&key()).state {
@@ -27,10 +37,7 @@ fn waiting_for(h: &ControllerHandle<String>, clock: &FakeClock) -> std::time::Du
 
 #[test]
 fn done_forgets_and_counts_a_success() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, ..) = play([Step::Done]);
     assert!(h.wait_idle(PATIENCE));
     let s = h.stats();
     assert_eq!((s.reconciles, s.successes, s.failures, s.requeues), (1, 1, 0, 0));
@@ -43,10 +50,7 @@ fn done_forgets_and_counts_a_success() {
 
 #[test]
 fn requeue_is_rate_limited_and_counts_a_requeue() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Requeue, Step::Requeue, Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Requeue, Step::Requeue, Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     let s = h.stats();
     assert_eq!((s.reconciles, s.successes, s.failures, s.requeues), (1, 0, 0, 1));
@@ -63,10 +67,7 @@ fn requeue_is_rate_limited_and_counts_a_requeue() {
 
 #[test]
 fn requeue_after_forgets_and_adds_after_the_delay() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("boom"), Step::RequeueAfter(secs(5)), Step::Fail("again")]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("boom"), Step::RequeueAfter(secs(5)), Step::Fail("again")]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     wait_for("second call", || h.stats().reconciles == 2);
@@ -85,10 +86,7 @@ fn requeue_after_forgets_and_adds_after_the_delay() {
 
 #[test]
 fn errors_retry_with_backoff_and_record_the_last_error() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("one"), Step::Fail("two"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("one"), Step::Fail("two"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     let info = h.inspect(&key());
     assert_eq!((info.attempts, info.last_error.as_deref()), (1, Some("one")));
@@ -111,10 +109,7 @@ fn errors_retry_with_backoff_and_record_the_last_error() {
 
 #[test]
 fn retry_after_waits_exactly_and_keeps_the_limiter_history() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("a"), Step::RetryAfter(secs(3), "b"), Step::Fail("c")]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("a"), Step::RetryAfter(secs(3), "b"), Step::Fail("c")]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     wait_for("second call", || h.stats().reconciles == 2);
@@ -131,10 +126,7 @@ fn retry_after_waits_exactly_and_keeps_the_limiter_history() {
 
 #[test]
 fn permanent_errors_park_the_key_without_retry() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Fail("flaky"), Step::Permanent("bad spec"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Fail("flaky"), Step::Permanent("bad spec"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1));
     clock.advance(secs(1));
     assert!(h.wait_idle(PATIENCE), "a permanent error schedules nothing");
@@ -172,10 +164,7 @@ fn parked_set_is_bounded_and_a_plain_enqueue_unparks() {
 
 #[test]
 fn a_panic_is_a_failure_retried_and_the_worker_survives() {
-    let clock = FakeClock::new();
-    let script = Script::new([Step::Panic("kaboom"), Step::Done]);
-    let h = fake_controller(&script, &clock);
-    h.enqueue(key());
+    let (h, script, clock) = play([Step::Panic("kaboom"), Step::Done]);
     assert_eq!(waiting_for(&h, &clock), secs(1), "handled like ReconcileError::new");
     let s = h.stats();
     assert_eq!((s.reconciles, s.failures, s.panics), (1, 1, 1));
@@ -252,4 +241,44 @@ fn jitter_spreads_retries_deterministically() {
     }
     assert!(delays.windows(2).any(|w| w[0] != w[1]), "keys get different factors");
     assert_eq!(delays[0], first_delay(7, "a"), "same seed, key and attempt: same delay");
+}
+
+#[test]
+fn the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket() {
+    // client-go's default adds a 10-per-second bucket (burst 100): keys past
+    // the 100th would wait up to 10 s for their first retry.
+    let clock = FakeClock::new();
+    let h = Controller::new("default-limiter", |_: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        if ctx.attempt() == 0 { Err(ReconcileError::new("first try fails")) } else { Ok(Action::Done) }
+    })
+    .workers(2)
+    .clock(clock.clone())
+    .start();
+    for k in 0..200 {
+        h.enqueue(k);
+    }
+    wait_for("every key failed once", || h.stats().failures == 200);
+    clock.advance(std::time::Duration::from_millis(5));
+    assert!(h.wait_idle(PATIENCE), "every retry was due 5 ms after its failure: {:?}", h.stats());
+    assert_eq!(h.stats().successes, 200);
+    assert!(h.stop_with_drain(PATIENCE));
+}
+
+#[test]
+fn without_sharding_resync_runs_at_start_and_its_keys_are_reconciled() {
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    let c = Controller::new("resync-at-start", move |k: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        log.lock().push(*k);
+        Ok(Action::Done)
+    })
+    .resync(|| [1, 2, 3]);
+    let h = c.handle();
+    h.enqueue(2); // enqueued before start too: still one reconcile
+    let h = c.start();
+    assert!(h.wait_idle(PATIENCE));
+    let mut seen = seen.lock().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2, 3]);
+    assert!(h.stop_with_drain(PATIENCE));
 }

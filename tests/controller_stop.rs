@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -75,7 +75,10 @@ fn drain_reconciles_ready_and_dirty_keys_without_cancelling() {
     release_tx.send(()).unwrap();
     let report = stopper.join().unwrap();
     let dropped = vec!["delayed".to_string()];
-    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped });
+    assert_eq!(
+        report,
+        StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped, store_error: None }
+    );
     let seen = seen.lock().clone();
     assert_eq!(
         seen,
@@ -162,15 +165,21 @@ fn stats_are_final_once_wait_idle_returns() {
     assert!(h.stop_with_drain(PATIENCE));
 }
 
-#[test]
-fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
+/// Controller `name` (not started) whose reconciles succeed, counted.
+fn counting(name: &str) -> (Controller<u32>, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
     let c = count.clone();
-    let controller = Controller::new("run", move |_k: &u32, _: &Context| -> Res {
+    let controller = Controller::new(name, move |_k: &u32, _: &Context| -> Res {
         c.fetch_add(1, Ordering::SeqCst);
         Ok(Action::Done)
-    })
-    .workers(2);
+    });
+    (controller, count)
+}
+
+#[test]
+fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
+    let (controller, count) = counting("run");
+    let controller = controller.workers(2);
     let h = controller.handle();
     assert_eq!((h.name(), h.workers()), ("run", 2));
     for k in 0..10 {
@@ -191,26 +200,30 @@ fn handle_before_start_keeps_enqueues_and_run_blocks_until_stopped() {
 }
 
 #[test]
-fn stop_before_start_means_nothing_runs() {
+fn stop_before_start_means_nothing_runs_and_start_is_an_error() {
     let controller = Controller::new("never", |_k: &u32, _: &Context| -> Res { panic!("must not run") });
     let h = controller.handle();
     h.enqueue(1);
     h.stop();
     assert!(h.stop_with_drain(Duration::ZERO));
-    let h2 = controller.start();
-    assert!(h2.is_stopped());
-    assert!(h2.wait_idle(Duration::ZERO));
-    assert_eq!(h2.stats(), Stats::default());
+    let refused = controller.try_start().expect_err("a stopped controller cannot start");
+    assert!(refused.to_string().contains("stopped through a handle before start"), "{refused}");
+    assert!(h.is_stopped());
+    assert!(h.wait_idle(Duration::ZERO));
+    assert_eq!(h.stats(), Stats::default());
+}
+
+#[test]
+#[should_panic(expected = "stopped through a handle before start")]
+fn start_after_a_stop_panics() {
+    let controller = Controller::new("stopped", |_k: &u32, _: &Context| -> Res { Ok(Action::Done) });
+    controller.handle().stop();
+    controller.start();
 }
 
 #[test]
 fn dropping_handles_does_not_stop_the_controller() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let c = count.clone();
-    let controller = Controller::new("drop", move |_k: &u32, _: &Context| -> Res {
-        c.fetch_add(1, Ordering::SeqCst);
-        Ok(Action::Done)
-    });
+    let (controller, count) = counting("drop");
     let keep = controller.handle();
     drop(controller.start());
     keep.enqueue(1);
@@ -233,4 +246,25 @@ fn a_drain_reports_the_keys_it_dropped_and_an_immediate_stop_drops_ready_ones_to
     report.dropped.sort();
     assert!(report.finished);
     assert_eq!(report.dropped, ["failing", "later"], "a retry in back-off and a delayed key");
+}
+
+#[test]
+fn waiting_for_itself_from_inside_a_reconcile_returns_false_at_once() {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let slot: Arc<OnceLock<ControllerHandle<u32>>> = Arc::new(OnceLock::new());
+    let inner = Arc::clone(&slot);
+    let c = Controller::new("self-waiter", move |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
+        let h = inner.get().expect("set before the key is enqueued");
+        let answers = (h.on_own_worker(), h.wait_idle(Duration::from_secs(3600)), h.wait_stopped(None));
+        tx.lock().send(answers).unwrap();
+        Ok(Action::Done)
+    });
+    slot.set(c.handle()).ok();
+    let h = c.start();
+    h.enqueue(1);
+    assert_eq!(expect_within(&rx, "the reconcile's waits return"), (true, false, false));
+    assert!(!h.on_own_worker(), "the test thread is no worker");
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
 }

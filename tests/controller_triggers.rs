@@ -44,14 +44,21 @@ fn a_trigger_enqueues_its_key_when_it_returns() {
     h.stop();
 }
 
+/// Adds a trigger for `key` that only waits for its stop signal; once it
+/// returns, the slot returned holds whether the signal came.
+fn trigger_awaiting_stop(h: &ControllerHandle<u32>, key: u32) -> Arc<Mutex<Option<bool>>> {
+    let saw_stop = Arc::new(Mutex::new(None));
+    let s = saw_stop.clone();
+    h.add_trigger(key, move |stop: &StopSignal| {
+        *s.lock() = Some(stop.wait_timeout(PATIENCE));
+    });
+    saw_stop
+}
+
 #[test]
 fn remove_trigger_signals_it_and_nothing_is_enqueued() {
     let (h, seen) = recording();
-    let saw_stop = Arc::new(Mutex::new(None));
-    let s = saw_stop.clone();
-    h.add_trigger(1, move |stop: &StopSignal| {
-        *s.lock() = Some(stop.wait_timeout(PATIENCE));
-    });
+    let saw_stop = trigger_awaiting_stop(&h, 1);
     assert!(h.remove_trigger(&1));
     assert!(!h.remove_trigger(&1));
     settle(&h);
@@ -63,11 +70,7 @@ fn remove_trigger_signals_it_and_nothing_is_enqueued() {
 #[test]
 fn a_second_trigger_for_a_key_replaces_the_first() {
     let (h, seen) = recording();
-    let first_stopped = Arc::new(Mutex::new(None));
-    let f = first_stopped.clone();
-    h.add_trigger(7, move |stop: &StopSignal| {
-        *f.lock() = Some(stop.wait_timeout(PATIENCE));
-    });
+    let first_stopped = trigger_awaiting_stop(&h, 7);
     let (tx, rx) = unbounded::<()>();
     h.add_trigger(7, move |_stop: &StopSignal| rx.recv().unwrap());
     wait_for("first trigger stopped", || first_stopped.lock().is_some());
@@ -101,7 +104,10 @@ fn stop_signals_every_trigger_and_waits_for_them() {
         });
     }
     let report = h.stop_with_drain_report(PATIENCE);
-    assert_eq!(report, StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped: vec![] });
+    assert_eq!(
+        report,
+        StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped: vec![], store_error: None }
+    );
     assert_eq!(*stopped.lock(), [true, true, true]);
     assert!(seen.lock().is_empty());
     h.add_trigger(9, |_: &StopSignal| ());

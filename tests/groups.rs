@@ -71,14 +71,32 @@ fn p4_groups_take_turns_within_a_priority_and_priorities_still_come_first() {
 /// "a" keys run at once.
 struct Limited {
     handle: ControllerHandle<String>,
-    release: mpsc::Sender<()>,
+    gate: Gate,
     max_a: Arc<AtomicUsize>,
     done: Arc<Mutex<Vec<String>>>,
 }
 
+impl Limited {
+    /// Enqueues keys `a/0` to `a/{n-1}` and waits until `running` of them run.
+    fn enqueue_a_keys(&self, n: usize, running: usize) {
+        for i in 0..n {
+            self.handle.enqueue(format!("a/{i}"));
+        }
+        wait_for(&format!("{running} a keys to run"), || self.handle.stats().processing == running);
+    }
+
+    /// Lets `n` "a" reconciles through and waits until the controller is idle.
+    fn release_and_wait_idle(&self, n: usize) {
+        for _ in 0..n {
+            self.gate.release();
+        }
+        assert!(self.handle.wait_idle(PATIENCE));
+    }
+}
+
 fn limited(workers: usize, limit: usize) -> Limited {
-    let (release, gate) = mpsc::channel::<()>();
-    let gate = Arc::new(Mutex::new(gate));
+    let gate = Gate::new();
+    let a_key = gate.clone();
     let running_a = Arc::new(AtomicUsize::new(0));
     let max_a = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(Mutex::new(Vec::new()));
@@ -87,7 +105,7 @@ fn limited(workers: usize, limit: usize) -> Limited {
         if key.starts_with("a/") {
             let now = r.fetch_add(1, Ordering::SeqCst) + 1;
             m.fetch_max(now, Ordering::SeqCst);
-            gate.lock().recv_timeout(PATIENCE).expect("released");
+            a_key.pass();
             r.fetch_sub(1, Ordering::SeqCst);
         }
         d.lock().push(key.clone());
@@ -97,16 +115,13 @@ fn limited(workers: usize, limit: usize) -> Limited {
     .group(group_of)
     .max_in_flight_per_group(limit)
     .start();
-    Limited { handle, release, max_a, done }
+    Limited { handle, gate, max_a, done }
 }
 
 #[test]
 fn p5_a_full_group_waits_without_a_worker_and_others_go_ahead() {
     let t = limited(2, 1);
-    for i in 0..5 {
-        t.handle.enqueue(format!("a/{i}"));
-    }
-    wait_for("a/0 runs", || t.handle.stats().processing == 1);
+    t.enqueue_a_keys(5, 1);
     for i in 0..20 {
         t.handle.enqueue(format!("b/{i}"));
     }
@@ -117,10 +132,7 @@ fn p5_a_full_group_waits_without_a_worker_and_others_go_ahead() {
     let s = t.handle.stats();
     assert_eq!((s.processing, s.depth), (1, 4), "a/1..a/4 wait, without a worker");
     assert_eq!(t.handle.in_flight_by_group::<String>(), vec![(Some("a".to_string()), 1)]);
-    for _ in 0..5 {
-        t.release.send(()).unwrap();
-    }
-    assert!(t.handle.wait_idle(PATIENCE));
+    t.release_and_wait_idle(5);
     assert_eq!(t.max_a.load(Ordering::SeqCst), 1, "never two a keys at once");
     assert_eq!(t.done.lock().len(), 25);
     assert!(t.handle.in_flight_by_group::<String>().is_empty());
@@ -130,16 +142,10 @@ fn p5_a_full_group_waits_without_a_worker_and_others_go_ahead() {
 #[test]
 fn p5_the_limit_is_per_group_and_counts_exactly_n() {
     let t = limited(4, 2);
-    for i in 0..6 {
-        t.handle.enqueue(format!("a/{i}"));
-    }
-    wait_for("two a keys run", || t.handle.stats().processing == 2);
+    t.enqueue_a_keys(6, 2);
     assert_eq!(t.handle.in_flight_by_group::<String>(), vec![(Some("a".to_string()), 2)]);
     assert!(t.handle.in_flight_by_group::<u32>().is_empty(), "another group type reads nothing");
-    for _ in 0..6 {
-        t.release.send(()).unwrap();
-    }
-    assert!(t.handle.wait_idle(PATIENCE));
+    t.release_and_wait_idle(6);
     assert_eq!(t.max_a.load(Ordering::SeqCst), 2);
     assert!(t.handle.stop_with_drain(PATIENCE));
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::thread;
 
-use common::{expect_within, fake_queue, fake_queue_with, ms, secs, spawn_with_result};
+use common::{expect_within, fake_queue, fake_queue_with, get_timeout_on_fake_clock, ms, secs, spawn_with_result};
 use reconq::{Clock, ExponentialBackoff, GetError, KeyState, QueueCounts, WorkQueue};
 
 // ---- G1 dedup -------------------------------------------------------------
@@ -52,14 +52,7 @@ fn g2_a_processing_key_is_not_handed_out_again_before_done() {
     assert_eq!(q.try_get(), None);
     assert_eq!(q.key_state(&1), KeyState::Processing { again: Some(None) });
     // A concurrent getter gives up (on the fake clock) without the key.
-    let q2 = q.clone();
-    let rx = spawn_with_result(move || q2.get_timeout(secs(1)));
-    let got = loop {
-        clock.advance(secs(2));
-        if let Ok(r) = rx.recv_timeout(ms(20)) {
-            break r;
-        }
-    };
+    let got = get_timeout_on_fake_clock(&q, &clock);
     assert_eq!(got, Err(GetError::Timeout));
     q.done(&1);
     assert_eq!(q.len(), 1, "ready again once done");

@@ -85,18 +85,36 @@ fn recording_controller(
     .start()
 }
 
+/// One process: its controller and its election.
+type Process = (ControllerHandle<u32>, LeaderElection);
+
+/// Processes "a" and "b" under election `name`, each with a recording
+/// controller (see [`recording_controller`]) and keys `0..keys` enqueued;
+/// returns, with their record, once one of them leads.
+fn two_recording_processes(
+    etcd: &Etcd,
+    name: &str,
+    keys: u32,
+    again: Option<Duration>,
+) -> (Arc<Mutex<Record>>, Process, Process) {
+    let record = Arc::new(Mutex::new(Record::default()));
+    let process = |who| {
+        let election = election(etcd, name, who);
+        let controller = recording_controller(election.clone(), &record, who, again);
+        for key in 0..keys {
+            controller.enqueue(key);
+        }
+        (controller, election)
+    };
+    let ((a, ea), (b, eb)) = (process("a"), process("b"));
+    wait_for("a leader", || ea.is_leader() || eb.is_leader());
+    (record, (a, ea), (b, eb))
+}
+
 #[test]
 fn only_the_leaders_controller_reconciles_and_the_standby_is_warm() {
     let etcd = Etcd::start();
-    let record = Arc::new(Mutex::new(Record::default()));
-    let (ea, eb) = (election(&etcd, "l1-ctl", "a"), election(&etcd, "l1-ctl", "b"));
-    let a = recording_controller(ea.clone(), &record, "a", None);
-    let b = recording_controller(eb.clone(), &record, "b", None);
-    for key in 0..20 {
-        a.enqueue(key);
-        b.enqueue(key);
-    }
-    wait_for("a leader", || ea.is_leader() || eb.is_leader());
+    let (record, (a, ea), (b, eb)) = two_recording_processes(&etcd, "l1-ctl", 20, None);
     let (leader, leader_election, standby, standby_election, standby_name) =
         if ea.is_leader() { (&a, &ea, &b, &eb, "b") } else { (&b, &eb, &a, &ea, "a") };
     assert!(leader.wait_idle(PATIENCE));
@@ -122,19 +140,8 @@ fn only_the_leaders_controller_reconciles_and_the_standby_is_warm() {
 /// never two processes reconciling at once nor a token going back.
 #[test]
 fn after_etcd_is_wiped_no_two_leaders_and_the_next_token_exceeds_every_old_one() {
-    let mut etcd = Etcd::start();
-    // The old history's tokens lie above the new history's first revisions.
-    etcd.bump("/filler", 50);
-    let record = Arc::new(Mutex::new(Record::default()));
-    let (ea, eb) = (election(&etcd, "reset", "a"), election(&etcd, "reset", "b"));
-    let again = Some(Duration::from_millis(5));
-    let a = recording_controller(ea.clone(), &record, "a", again);
-    let b = recording_controller(eb.clone(), &record, "b", again);
-    for key in 0..4 {
-        a.enqueue(key);
-        b.enqueue(key);
-    }
-    wait_for("a leader", || ea.is_leader() || eb.is_leader());
+    let mut etcd = Etcd::start_with_history();
+    let (record, (a, ea), (b, eb)) = two_recording_processes(&etcd, "reset", 4, Some(Duration::from_millis(5)));
     let old = ea.fencing_token().or(eb.fencing_token()).unwrap();
     assert!(old > 50);
     wait_for("reconciles under the first leadership", || record.lock().done.len() >= 20);
@@ -170,6 +177,28 @@ fn a_fencing_floor_set_by_hand_lifts_every_token_and_a_bad_one_is_shown() {
     wait_for("leadership", || le.is_leader());
     assert!(le.fencing_token().unwrap() > 1_000_000);
     le.stop();
+}
+
+/// A leadership won below the fencing floor (by a process that started
+/// after a reset of etcd it could not see, or before an operator raised the
+/// floor) is ended by the next process that campaigns: it revokes that
+/// leader's lease, waits a TTL (no two leaders), and the next token lies
+/// above the floor.
+#[test]
+fn a_leadership_below_the_fencing_floor_is_ended_by_the_next_campaign() {
+    let etcd = Etcd::start();
+    let (ea, eb) = (election(&etcd, "below", "a"), election(&etcd, "below", "b"));
+    ea.start();
+    wait_for("a to lead", || ea.is_leader());
+    let low = ea.fencing_token().unwrap();
+    etcd.put("/reconq/fencing-floor", "1000000");
+    eb.start();
+    wait_for("a's leadership to end", || ea.fencing_token() != Some(low));
+    wait_for("a leader above the floor", || {
+        [&ea, &eb].iter().any(|e| e.fencing_token().is_some_and(|t| t > 1_000_000))
+    });
+    ea.stop();
+    eb.stop();
 }
 
 #[test]
@@ -222,9 +251,7 @@ fn bad_input_is_an_error() {
 
 #[test]
 fn etcd_unreachable_is_a_standby_with_the_error_shown() {
-    // Nothing listens on this port once the listener is dropped.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let le = LeaderElection::new(format!("http://127.0.0.1:{port}"), "down");
+    let le = LeaderElection::new(etcd::unreachable_endpoint(), "down");
     let h = Controller::new("down-ctl", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
         panic!("a standby never reconciles")
     })

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use reconq::{
-    Action, Context, Controller, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager, ReconcileError,
-    ThreadWrapper,
+    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager,
+    ReconcileError, ThreadWrapper,
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -24,7 +24,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use common::{PATIENCE, ms};
+use common::{Gate, PATIENCE, ms};
 
 type Res = Result<Action, ReconcileError>;
 type Fields = BTreeMap<String, String>;
@@ -160,19 +160,28 @@ fn fast_retries<K: Eq + std::hash::Hash + Clone + Send + Sync>() -> ExponentialB
     ExponentialBackoff::new(ms(1), ms(1))
 }
 
-#[test]
-fn events_in_a_reconcile_carry_controller_key_and_attempt() {
-    let logs = Logs::new();
-    let h = Controller::new("logs-attempts", |_key: &String, ctx: &Context| -> Res {
-        tracing::info!(target: "user", "inside");
-        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
-    })
-    .rate_limiter(fast_retries())
-    .thread_wrapper(logs.wrapper())
-    .start();
+/// Runs a controller named `name` logging into `logs`, with 1 ms retries,
+/// until key "web" went through `reconcile` to its end; returns its
+/// stopped handle.
+fn reconcile_web_until_done(
+    logs: &Logs,
+    name: &str,
+    reconcile: impl Fn(&String, &Context) -> Res + Send + Sync + 'static,
+) -> reconq::ControllerHandle<String> {
+    let h = Controller::new(name, reconcile).rate_limiter(fast_retries()).thread_wrapper(logs.wrapper()).start();
     h.enqueue("web".to_string());
     assert!(h.wait_idle(PATIENCE));
     assert!(h.stop_with_drain(PATIENCE));
+    h
+}
+
+#[test]
+fn events_in_a_reconcile_carry_controller_key_and_attempt() {
+    let logs = Logs::new();
+    reconcile_web_until_done(&logs, "logs-attempts", |_key: &String, ctx: &Context| -> Res {
+        tracing::info!(target: "user", "inside");
+        if ctx.attempt() < 2 { Err(ReconcileError::new("flaky backend")) } else { Ok(Action::Done) }
+    });
 
     let user: Vec<_> = logs.on("user");
     let expected: Vec<Captured> = (0..3)
@@ -187,13 +196,18 @@ fn events_in_a_reconcile_carry_controller_key_and_attempt() {
     assert_eq!(user, expected);
 
     // The engine's own failure events: ERROR, in the span, and with the
-    // context as fields too (for `log` records, which have no spans).
+    // context as fields too (for `log` records, which have no spans); the
+    // same error again is a WARN.
     let engine = logs.on("reconq::controller");
     let expected: Vec<Captured> = (0..2)
         .map(|attempt| Captured {
-            level: Level::ERROR,
+            level: if attempt == 0 { Level::ERROR } else { Level::WARN },
             target: "reconq::controller".into(),
-            message: "reconcile failed; retrying with backoff".into(),
+            message: if attempt == 0 {
+                "reconcile failed; retrying with backoff".into()
+            } else {
+                "reconcile failed again with the same error".into()
+            },
             fields: fields(&[
                 ("controller", "logs-attempts"),
                 ("key", "\"web\""),
@@ -204,6 +218,54 @@ fn events_in_a_reconcile_carry_controller_key_and_attempt() {
         })
         .collect();
     assert_eq!(engine, expected);
+}
+
+#[test]
+fn a_key_failing_again_and_again_is_an_error_once_then_quieter_and_a_new_error_is_an_error_again() {
+    let logs = Logs::new();
+    let h = reconcile_web_until_done(&logs, "logs-repeats", |_key: &String, ctx: &Context| -> Res {
+        match ctx.attempt() {
+            0..9 => Err(ReconcileError::new("backend down")),
+            9 => Err(ReconcileError::new("backend refused")),
+            _ => Ok(Action::Done),
+        }
+    });
+    let levels: Vec<(Level, String)> = logs
+        .on("reconq::controller")
+        .into_iter()
+        .map(|e| (e.level, e.fields["attempt"].clone() + " " + &e.fields["error"]))
+        .collect();
+    let expect = |level, attempt: u32, error: &str| (level, format!("{attempt} {error}"));
+    let mut expected = vec![expect(Level::ERROR, 0, "backend down")];
+    for attempt in 1..9u32 {
+        let level = if attempt.is_power_of_two() { Level::WARN } else { Level::DEBUG };
+        expected.push(expect(level, attempt, "backend down"));
+    }
+    expected.push(expect(Level::ERROR, 9, "backend refused"));
+    assert_eq!(levels, expected);
+    assert_eq!(h.stats().failures, 10, "the counters count every failure");
+}
+
+#[test]
+fn a_huge_key_and_a_long_key_list_make_short_log_lines() {
+    let logs = Logs::new();
+    let huge = "k".repeat(1 << 20);
+    let h = Controller::new("logs-huge", |_key: &String, _: &Context| -> Res { Err(ReconcileError::new("down")) })
+        .rate_limiter(ExponentialBackoff::new(Duration::from_secs(3600), Duration::from_secs(3600)))
+        .thread_wrapper(logs.wrapper())
+        .start();
+    h.enqueue(huge.clone());
+    for k in 0..100 {
+        h.enqueue(k.to_string());
+    }
+    logs.wait_for("reconq::controller", 101);
+    assert!(tracing::dispatcher::with_default(&logs.dispatch, || h.stop_with_drain(PATIENCE)));
+    let events = logs.on("reconq::controller");
+    let failed = events.iter().find(|e| e.fields["key"].starts_with("\"kkk")).expect("the huge key's failure");
+    assert!(failed.fields["key"].len() < 400 && failed.fields["key"].ends_with("…[truncated]"), "{:?}", failed.fields);
+    let dropped = events.iter().find(|e| e.fields.contains_key("dropped")).expect("the stop's dropped keys");
+    assert_eq!(dropped.fields["dropped"], "101");
+    assert!(dropped.fields["keys"].len() < 2000 && dropped.fields["keys"].ends_with("(81 more)]"), "{dropped:?}");
 }
 
 #[test]
@@ -309,21 +371,14 @@ fn successes_and_requeues_log_nothing() {
 fn a_hanging_reconcile_is_a_warning_naming_controller_and_key() {
     let logs = Logs::new();
     let clock = FakeClock::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let (started, has_started) = mpsc::channel::<()>();
-    let started = Mutex::new(started);
-    let h = Controller::new("logs-hang", move |_key: &String, _: &Context| -> Res {
-        started.lock().send(()).unwrap();
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .clock(clock.clone())
-    .hanging_threshold(Duration::from_secs(1))
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let gate = Gate::new();
+    let h = Controller::new("logs-hang", gate.reconcile::<String>())
+        .clock(clock.clone())
+        .hanging_threshold(Duration::from_secs(1))
+        .thread_wrapper(logs.wrapper())
+        .start();
     h.enqueue("stuck".to_string());
-    has_started.recv_timeout(PATIENCE).unwrap();
+    gate.wait_arrivals(1);
     clock.advance(Duration::from_millis(2500));
     let events = logs.wait_for("reconq::controller", 1);
     assert_eq!(
@@ -336,30 +391,27 @@ fn a_hanging_reconcile_is_a_warning_naming_controller_and_key() {
             spans: vec![],
         }]
     );
-    release.send(()).unwrap();
+    gate.release();
     assert!(h.stop_with_drain(PATIENCE));
     assert_eq!(logs.on("reconq::controller").len(), 1, "each hang is logged once");
+}
+
+/// Controller `name`, logging to `logs`, whose reconciles wait at the gate
+/// returned with it.
+fn gated_controller(name: &str, logs: &Logs) -> (ControllerHandle<u32>, Gate) {
+    let gate = Gate::new();
+    (Controller::new(name, gate.reconcile()).thread_wrapper(logs.wrapper()).start(), gate)
 }
 
 #[test]
 fn a_drain_deadline_is_a_warning_listing_the_unfinished_keys() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let (started, has_started) = mpsc::channel::<()>();
-    let started = Mutex::new(started);
-    let h = Controller::new("logs-drain", move |_key: &u32, _: &Context| -> Res {
-        started.lock().send(()).unwrap();
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let (h, gate) = gated_controller("logs-drain", &logs);
     h.enqueue(42);
-    has_started.recv_timeout(PATIENCE).unwrap();
+    gate.wait_arrivals(1);
     let finished = tracing::dispatcher::with_default(&logs.dispatch, || h.stop_with_drain(ms(10)));
     assert!(!finished);
-    release.send(()).unwrap();
+    gate.release();
     assert_eq!(
         logs.on("reconq::controller"),
         [Captured {
@@ -483,11 +535,11 @@ fn manager_runs_have_a_span_and_failures_are_logged() {
 #[test]
 fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
+    let gate = Gate::new();
+    let g = gate.clone();
     let h = Controller::new("logs-drop", move |key: &u32, _: &Context| -> Res {
         if *key == 0 {
-            released.lock().recv_timeout(PATIENCE).unwrap();
+            g.pass();
         }
         Ok(Action::Done)
     })
@@ -498,7 +550,7 @@ fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
     h.enqueue(1);
     h.enqueue_after(2, Duration::from_secs(3600));
     tracing::dispatcher::with_default(&logs.dispatch, || h.stop());
-    release.send(()).unwrap();
+    gate.release();
     let warning = logs.on("reconq::controller").pop().expect("a warning");
     assert_eq!((warning.level, warning.fields["dropped"].as_str()), (Level::WARN, "2"), "{warning:#?}");
     assert!(warning.message.starts_with("stop dropped keys"), "{warning:#?}");
@@ -509,14 +561,7 @@ fn a_stop_that_drops_keys_is_a_warning_with_their_count() {
 #[test]
 fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
     let logs = Logs::new();
-    let (release, released) = mpsc::channel::<()>();
-    let released = Mutex::new(released);
-    let h = Controller::new("logs-stop-wait", move |_key: &u32, _: &Context| -> Res {
-        released.lock().recv_timeout(PATIENCE).unwrap();
-        Ok(Action::Done)
-    })
-    .thread_wrapper(logs.wrapper())
-    .start();
+    let (h, gate) = gated_controller("logs-stop-wait", &logs);
     h.enqueue(7);
     common::wait_for("key 7 to run", || h.stats().processing == 1);
     let stopper = {
@@ -524,7 +569,7 @@ fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
         std::thread::spawn(move || tracing::dispatcher::with_default(&dispatch, || h.stop_with_drain(PATIENCE)))
     };
     let waiting = logs.wait_for("reconq::controller", 1);
-    release.send(()).unwrap();
+    gate.release();
     assert!(stopper.join().unwrap(), "the drain finished once released");
     assert_eq!(
         waiting[0],

@@ -10,10 +10,10 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PATIENCE, ms, secs, wait_for};
+use common::{Gate, PATIENCE, ms, secs, wait_for};
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ExponentialBackoff, FakeClock, ReconcileError, WorkQueue};
 
@@ -298,6 +298,11 @@ fn scripted(calls: CallCounts) -> impl Fn(&String, &Context) -> Result<Action, R
     }
 }
 
+/// Controller `name`'s value of `metric`, scraped now.
+fn controller_value(metric: &str, name: &str) -> f64 {
+    get(&scrape(), metric, &[("controller", name)])
+}
+
 fn controller_counts(name: &str) -> [f64; 9] {
     let s = scrape();
     let c = [("controller", name)];
@@ -325,8 +330,7 @@ fn controller_counts_results_like_controller_runtime() {
         .clock(clock.clone())
         .rate_limiter(ExponentialBackoff::new(secs(1), secs(100)));
     let handle = controller.handle();
-    let s = scrape();
-    assert_eq!(get(&s, "controller_runtime_max_concurrent_reconciles", &[("controller", name)]), 2.0);
+    assert_eq!(controller_value("controller_runtime_max_concurrent_reconciles", name), 2.0);
     assert_eq!(controller_counts(name), [0.0; 9], "listed, all zero, before start");
     let handle2 = controller.start();
     for key in ["s1", "s2", "s3", "e1", "p1", "x1", "r1", "a1"] {
@@ -345,43 +349,38 @@ fn controller_counts_results_like_controller_runtime() {
     // The controller's queue is named after it: 8 enqueues + 4 retries
     // made ready; 4 retries scheduled (3 rate-limited, 1 requeue-after).
     assert_eq!(queue_counts(name), (12.0, 0.0, 4.0, 12.0, 12.0));
-    let s = scrape();
-    assert_eq!(get(&s, "controller_runtime_max_concurrent_reconciles", &[("controller", name)]), 2.0);
+    assert_eq!(controller_value("controller_runtime_max_concurrent_reconciles", name), 2.0);
     assert!(handle2.stop_with_drain(PATIENCE));
 }
 
 #[test]
 fn active_workers_and_unfinished_work_during_a_blocked_reconcile() {
     let name = "t_ctl_blocked";
-    let (entered_tx, entered) = mpsc::channel();
-    let (release, release_rx) = mpsc::channel::<()>();
-    let release_rx = Mutex::new(release_rx);
+    let gate = Gate::new();
+    let block = gate.clone();
     let handle = Controller::new(name, move |key: &String, _ctx: &Context| -> Result<Action, ReconcileError> {
         if key == "block" {
-            entered_tx.send(()).unwrap();
-            release_rx.lock().recv_timeout(PATIENCE).unwrap();
+            block.pass();
         }
         Ok(Action::Done)
     })
     .workers(3)
     .start();
     handle.enqueue("block".to_owned());
-    common::expect_within(&entered, "the blocking reconcile");
+    gate.wait_arrivals(1);
     handle.enqueue("quick".to_owned());
     wait_for("the quick key", || handle.stats().reconciles == 1);
-    let s = scrape();
-    assert_eq!(get(&s, "controller_runtime_active_workers", &[("controller", name)]), 1.0);
-    assert_eq!(get(&s, "controller_runtime_max_concurrent_reconciles", &[("controller", name)]), 3.0);
+    assert_eq!(controller_value("controller_runtime_active_workers", name), 1.0);
+    assert_eq!(controller_value("controller_runtime_max_concurrent_reconciles", name), 3.0);
     wait_for("unfinished work to grow", || {
         let (unfinished, longest) = processing_gauges(name);
         longest > 0.0 && unfinished == longest
     });
-    release.send(()).unwrap();
+    gate.release();
     assert!(handle.wait_idle(PATIENCE));
     assert_eq!(controller_counts(name)[8], 0.0, "no active worker once idle");
     assert_eq!(processing_gauges(name), (0.0, 0.0));
-    let s = scrape();
-    assert_eq!(get(&s, "controller_runtime_reconcile_time_seconds_count", &[("controller", name)]), 2.0);
+    assert_eq!(controller_value("controller_runtime_reconcile_time_seconds_count", name), 2.0);
     assert!(handle.stop_with_drain(PATIENCE));
 }
 

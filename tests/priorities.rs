@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
@@ -93,6 +94,30 @@ fn p2_a_key_waiting_after_done_keeps_its_priority() {
     q.add("low");
     clock.advance(secs(1));
     assert_eq!(q.get_with_priority(), Some(("k", 6)));
+}
+
+#[test]
+fn p3_a_bare_queue_retry_keeps_the_priority_it_was_handed_out_with() {
+    let (q, clock) = fake_queue_with(ExponentialBackoff::new(secs(1), secs(1)));
+    q.add_with_priority("hi", 5);
+    assert_eq!(q.get_with_priority(), Some(("hi", 5)));
+    q.add_rate_limited("hi"); // before done, as a worker retrying a failure does
+    q.done(&"hi");
+    q.add_with_priority("lo", 1);
+    clock.advance(secs(1));
+    assert_eq!(q.get_with_priority(), Some(("hi", 5)), "the retry comes back at 5, ahead of 1");
+    assert_eq!(q.get_with_priority(), Some(("lo", 1)));
+}
+
+#[test]
+fn p3_a_bare_queue_retry_without_delay_keeps_the_priority_too() {
+    let q = WorkQueue::with_rate_limiter(ExponentialBackoff::new(Duration::ZERO, Duration::ZERO));
+    q.add_with_priority("hi", 5);
+    assert_eq!(q.get_with_priority(), Some(("hi", 5)));
+    q.add_rate_limited("hi");
+    q.add_with_priority("lo", 1);
+    q.done(&"hi");
+    assert_eq!(q.get_with_priority(), Some(("hi", 5)));
 }
 
 #[test]

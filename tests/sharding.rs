@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PATIENCE, wait_for};
+use common::{PATIENCE, wait_for, wait_for_within};
 use etcd::Etcd;
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ControllerHandle, ReconcileError, Sharding, partition_of};
@@ -52,30 +52,41 @@ fn balanced(replicas: &[&ControllerHandle<u32>]) -> bool {
         && owned.iter().map(BTreeSet::len).sum::<usize>() == PARTITIONS as usize
 }
 
-#[test]
-fn replicas_split_the_partitions_and_each_key_runs_on_its_owner_only() {
-    let etcd = Etcd::start();
-    let record = Record::default();
-    let a = replica(&etcd, "h2", "a", &record);
+/// Replica "a" of group `name`, once it owns every partition.
+fn sole_replica(etcd: &Etcd, name: &str, record: &Record) -> ControllerHandle<u32> {
+    let a = replica(etcd, name, "a", record);
     wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
-    let b = replica(&etcd, "h2", "b", &record);
-    let c = replica(&etcd, "h2", "c", &record);
-    wait_for("three-way balance", || balanced(&[&a, &b, &c]));
+    a
+}
 
-    // Every replica sees every key (as every Kubernetes replica watches
-    // every object): each keeps its own and drops the rest.
+/// Enqueues every key in every one of `replicas` (as every Kubernetes
+/// replica watches every object) and returns the reconciles that followed.
+fn every_key_to_every_replica(replicas: &[&ControllerHandle<u32>], record: &Record) -> Vec<(String, u32, u64)> {
     record.lock().clear();
-    for r in [&a, &b, &c] {
+    for r in replicas {
         for key in 0..KEYS {
             r.enqueue(key);
         }
     }
-    for r in [&a, &b, &c] {
+    for r in replicas {
         assert!(r.wait_idle(PATIENCE));
     }
+    record.lock().clone()
+}
+
+#[test]
+fn replicas_split_the_partitions_and_each_key_runs_on_its_owner_only() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = sole_replica(&etcd, "h2", &record);
+    let b = replica(&etcd, "h2", "b", &record);
+    let c = replica(&etcd, "h2", "c", &record);
+    wait_for("three-way balance", || balanced(&[&a, &b, &c]));
+
+    // Every replica sees every key: each keeps its own and drops the rest.
+    let runs = every_key_to_every_replica(&[&a, &b, &c], &record);
     let owners: BTreeMap<&str, BTreeSet<u32>> =
         [("a", a.owned_partitions()), ("b", b.owned_partitions()), ("c", c.owned_partitions())].into();
-    let runs = record.lock().clone();
     for (who, key, _) in &runs {
         assert!(owners[who.as_str()].contains(&partition_of(key, PARTITIONS)), "H3: {who} ran {key}, not its own");
     }
@@ -148,8 +159,7 @@ fn a_partition_changes_hands_only_after_its_reconcile_returned() {
 /// reconciled by two replicas at once.
 #[test]
 fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
-    let mut etcd = Etcd::start();
-    etcd.bump("/filler", 50);
+    let mut etcd = Etcd::start_with_history();
     let running: Arc<Mutex<BTreeMap<u32, String>>> = Arc::default();
     let overlaps = Arc::new(Mutex::new(Vec::new()));
     let record = Record::default();
@@ -197,6 +207,46 @@ fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
     b.stop();
 }
 
+/// Partitions claimed below the fencing floor (by a replica that joined
+/// after a reset of etcd it could not see, or before an operator raised
+/// the floor) are handed over and claimed again above it once the group
+/// changes.
+#[test]
+fn partitions_claimed_below_the_fencing_floor_are_claimed_again_above_it() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = sole_replica(&etcd, "below", &record);
+    etcd.put("/reconq/fencing-floor", "1000000");
+    let b = replica(&etcd, "below", "b", &record);
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    let runs = every_key_to_every_replica(&[&a, &b], &record);
+    assert_eq!(runs.iter().map(|(_, k, _)| *k).collect::<BTreeSet<u32>>().len(), KEYS as usize);
+    assert!(runs.iter().all(|(_, _, token)| *token > 1_000_000), "{runs:?}");
+    a.stop();
+    b.stop();
+}
+
+/// Claiming many partitions neither starves the keep-alive nor starts
+/// over (a lost lease drops them all): a lone replica comes to own every
+/// one of 4,096 partitions, and of 65,536 (the most a group may have).
+#[test]
+fn a_replica_owns_thousands_of_partitions() {
+    let etcd = Etcd::start();
+    for (partitions, patience) in [(4096, PATIENCE), (65_536, PATIENCE * 9)] {
+        let name = format!("many-{partitions}");
+        // etcd's default TTL, as a user would run it.
+        let sh = Sharding::new(&etcd.endpoint, &name).partitions(partitions).ttl(Duration::from_secs(5)).identity("a");
+        let h = Controller::new(name, |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .sharding(sh)
+            .start();
+        wait_for_within(&format!("all {partitions} partitions owned"), patience, || {
+            h.owned_partitions().len() == partitions as usize
+        });
+        h.stop();
+        assert!(h.join_timeout(PATIENCE));
+    }
+}
+
 #[test]
 fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     for bad in ["127.0.0.1:2379", "http://nohost"] {
@@ -205,11 +255,13 @@ fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     assert!(Sharding::try_new(["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
     let sh = Sharding::new("http://127.0.0.1:1", "x");
     assert!(sh.clone().try_partitions(0).is_err());
+    let too_many = sh.clone().try_partitions(65_537).unwrap_err().to_string();
+    assert!(too_many.contains("partitions") && too_many.contains("65536"), "{too_many}");
+    assert!(sh.clone().try_partitions(65_536).is_ok());
     assert!(sh.clone().try_ttl(Duration::from_secs(1)).is_err());
     assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sh.partitions(0))).is_err(), "the builder panics");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let sh = Sharding::new(format!("http://127.0.0.1:{port}"), "down");
+    let sh = Sharding::new(etcd::unreachable_endpoint(), "down");
     let h = Controller::new("down-shard", |_: &u32, _: &Context| -> Result<Action, ReconcileError> {
         panic!("a replica that owns nothing reconciles nothing")
     })

@@ -21,16 +21,6 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
-fn set_address_space_limit(soft: libc::rlim_t) {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut limit), 0);
-        limit.rlim_cur = soft.min(limit.rlim_max);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &limit), 0);
-    }
-}
-
 #[test]
 fn a_start_the_os_refuses_is_an_error_with_nothing_left_running() {
     let controller =
@@ -39,9 +29,9 @@ fn a_start_the_os_refuses_is_an_error_with_nothing_left_running() {
     let handle = controller.handle();
     handle.enqueue(1);
     let before = threads();
-    set_address_space_limit(vm_size() + 128 * 1024 * 1024);
+    common::set_soft_limit(libc::RLIMIT_AS, vm_size() + 128 * 1024 * 1024);
     let started = controller.try_start();
-    set_address_space_limit(libc::RLIM_INFINITY);
+    common::set_soft_limit(libc::RLIMIT_AS, libc::RLIM_INFINITY);
 
     let error = started.err().expect("5,000 stacks do not fit in 128 MiB");
     let message = error.to_string();

@@ -11,8 +11,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{PATIENCE, secs, wait_for};
-use parking_lot::Mutex;
+use common::{Gate, PATIENCE, secs, wait_for};
 use reconq::status::{self, ControllerDetails, EntryKind, PeriodicDetails, RunState, StatusEntry};
 use reconq::{
     Action, Context, Controller, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager, ReconcileError,
@@ -46,9 +45,8 @@ fn periodic(manager: &str) -> Vec<StatusEntry> {
 fn a_controller_entry_after_a_known_sequence() {
     const NAME: &str = "status-sequence";
     let clock = FakeClock::new();
-    let (started_tx, started_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let release_rx = Mutex::new(release_rx);
+    let gate = Gate::new();
+    let hang = gate.clone();
     let reconcile = move |key: &String, ctx: &Context| -> Result<Action, ReconcileError> {
         match (key.as_str(), ctx.attempt()) {
             ("ok", _) => Ok(Action::Done),
@@ -59,8 +57,7 @@ fn a_controller_entry_after_a_known_sequence() {
             ("boom", 0) => panic!("kaboom"),
             ("boom", _) => Ok(Action::Done),
             ("hang", _) => {
-                started_tx.send(()).unwrap();
-                release_rx.lock().recv_timeout(PATIENCE).expect("released");
+                hang.pass();
                 Ok(Action::Done)
             }
             (other, _) => unreachable!("unexpected key {other}"),
@@ -150,7 +147,7 @@ fn a_controller_entry_after_a_known_sequence() {
     // A reconcile held on a channel hangs past the 1 s threshold; meanwhile
     // the panicked key's retry succeeds on the other worker.
     handle.enqueue("hang".to_string());
-    started_rx.recv_timeout(PATIENCE).expect("the hanging reconcile started");
+    gate.wait_arrivals(1);
     clock.advance(secs(2));
     let e = entry_when(NAME, "the retry beside the hang", |e| {
         let d = details(e);
@@ -167,7 +164,7 @@ fn a_controller_entry_after_a_known_sequence() {
     assert!(table.contains("\"hang\" 2.0s"), "{table}");
     assert!(table.starts_with("reconq status: 1 controller, 0 periodic; 0 failing, 1 hanging\n"), "{table}");
 
-    release_tx.send(()).unwrap();
+    gate.release();
     let e = entry_when(NAME, "the hang's end", |e| details(e).reconciles == 9 && details(e).processing == 0);
     assert_eq!((e.successes, e.failures, e.consecutive_failures), (5, 4, 0));
     assert!(details(&e).hanging.is_empty());
@@ -182,20 +179,13 @@ fn a_controller_entry_after_a_known_sequence() {
 #[test]
 fn stopping_shows_until_the_workers_exit() {
     const NAME: &str = "status-stopping";
-    let (started_tx, started_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let release_rx = Mutex::new(release_rx);
-    let handle = Controller::new(NAME, move |_: &u8, _: &Context| -> Result<Action, ReconcileError> {
-        started_tx.send(()).unwrap();
-        release_rx.lock().recv_timeout(PATIENCE).expect("released");
-        Ok(Action::Done)
-    })
-    .start();
+    let gate = Gate::new();
+    let handle = Controller::new(NAME, gate.reconcile::<u8>()).start();
     handle.enqueue(1);
-    started_rx.recv_timeout(PATIENCE).unwrap();
+    gate.wait_arrivals(1);
     handle.stop();
     assert_eq!(details(&entry(NAME)).state, RunState::Stopping);
-    release_tx.send(()).unwrap();
+    gate.release();
     assert!(handle.wait_stopped(Some(PATIENCE)));
     assert_eq!(details(&entry(NAME)).state, RunState::Stopped);
 }

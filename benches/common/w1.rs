@@ -44,24 +44,43 @@ pub fn drain_with(q: &WorkQueue<u64>, style: WorkerLoop, mut on_key: impl FnMut(
     }
 }
 
+/// Runs `workers` threads draining `q` with `on_key` (see [`drain_with`])
+/// while `produce` runs on this thread; returns once every worker has seen
+/// the queue shut down and empty (`produce` or `on_key` shuts it down).
+pub fn with_workers(
+    q: &WorkQueue<u64>,
+    workers: usize,
+    style: WorkerLoop,
+    on_key: impl Fn(u64) + Sync,
+    produce: impl FnOnce(),
+) {
+    thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| drain_with(q, style, &on_key));
+        }
+        produce();
+    });
+}
+
 /// W1 through `q` (which the caller built: named or not).
 pub fn queue_on(q: WorkQueue<u64>, n: u64, workers: usize, style: WorkerLoop) -> Duration {
     let mut started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                drain_with(&q, style, |key| {
-                    black_box(key);
-                })
-            });
-        }
-        started = Instant::now();
-        for key in 0..n {
-            q.add(key);
-        }
-        // Workers finish the ready keys, then see the shutdown.
-        q.shut_down();
-    });
+    with_workers(
+        &q,
+        workers,
+        style,
+        |key| {
+            black_box(key);
+        },
+        || {
+            started = Instant::now();
+            for key in 0..n {
+                q.add(key);
+            }
+            // Workers finish the ready keys, then see the shutdown.
+            q.shut_down();
+        },
+    );
     started.elapsed()
 }
 

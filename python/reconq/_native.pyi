@@ -265,7 +265,7 @@ class _StoreFields(TypedDict, total=False):
     """With ``store`` (guarantees §9)."""
 
     store_pending: int
-    """Changes not yet written (a key changed twice since the last flush counts twice)."""
+    """Changes not yet written, including those a flush is writing (a key changed twice counts twice until then)."""
     last_flush_time: Optional[float]
     store_error: Optional[str]
     """The last flush's error, until a flush succeeds."""
@@ -273,7 +273,7 @@ class _StoreFields(TypedDict, total=False):
 class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     name: str
     workers: int
-    state: Literal["new", "running", "stopping", "stopped"]
+    state: Literal["new", "running", "standby", "stopping", "stopped"]
     reconciles: int
     successes: int
     failures: int
@@ -293,6 +293,8 @@ class _StopReport(TypedDict):
     finished: bool
     unfinished: List[_Key]
     dropped: List[_Key]
+    store_error: NotRequired[Optional[str]]
+    """With ``store``: why the stop's last flush failed (the file keeps the last successful flush), else None."""
 
 class _KeyInfo(TypedDict):
     state: Literal["unknown", "ready", "waiting", "running", "parked"]

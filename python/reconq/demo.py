@@ -1,6 +1,6 @@
 """A small reconcile loop you can run and read in a minute.
 
-    python -m reconq.demo [--seconds 4] [--workers 2] [--seed 1] [--dir PATH] [--no-store]
+    python -m reconq.demo [--seconds 4] [--workers 2] [--seed 1] [--dir PATH] [--fresh] [--no-store]
 
 It keeps a directory of *actual* state in sync with a directory of *desired*
 state, the way a Kubernetes controller keeps a cluster in sync with its
@@ -19,11 +19,18 @@ objects:
   that enqueues every name once a second (as informers do), which also
   cleans up anything a missed event left behind.
 * While it runs, a scripted "user" edits one file, deletes one, adds a new
-  one and adds one with an invalid spec.
+  one and adds one with an invalid spec. With a store, the first run also
+  has ``billing``, whose API is down for the whole run.
 
-The controller keeps its pending retries and parked keys in
-``<dir>/state.db`` (``store=``): run it twice with the same ``--dir`` and the
-second run starts where the first stopped (``--no-store`` to keep nothing).
+Everything lives in one directory, kept between runs: ``--dir``, else
+``$RECONQ_DEMO_DIR``, else ``$XDG_STATE_HOME/reconq-demo`` (by default
+``~/.local/state/reconq-demo``); ``--fresh`` empties it first. The
+controller keeps its pending retries, failure counts and parked keys in
+``<dir>/state.db`` (``store=``), so a second run picks up where the first
+stopped: ``billing`` is still pending and its failure count continues
+(its first try of the second run is not try 1), ``broken`` comes back
+parked until the user of the second run fixes its spec. Later runs keep
+the desired state as it was left. ``--no-store`` keeps no state.db.
 
 Every reconcile prints one line (time, key, attempt, outcome); at the end it
 prints the stats and checks that ``actual/`` converged to ``desired/``.
@@ -43,7 +50,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -86,14 +92,21 @@ class FlakyAPI:
 
     FAILURE_RATE = 0.35
 
-    def __init__(self, actual: Path, seed: int) -> None:
+    def __init__(self, actual: Path, seed: int, down: Set[str]) -> None:
         self.actual = actual
         self.seed = seed
+        self.down = down  # objects whose backend is out for this whole run
+        self.down_tries: Dict[str, int] = {}
         self.lock = threading.Lock()
         self.calls: Dict[str, int] = {}
         self.failing_streak: Dict[str, int] = {}
 
     def _maybe_fail(self, name: str) -> None:
+        if name in self.down:
+            with self.lock:
+                self.down_tries[name] = self.down_tries.get(name, 0) + 1
+            time.sleep(0.01)
+            raise TransientError(f"503 {name} backend down")
         with self.lock:
             n = self.calls[name] = self.calls.get(name, 0) + 1
             rng = random.Random(f"{self.seed}/{name}/{n}")
@@ -135,16 +148,22 @@ def validate(spec: Any) -> Optional[str]:
 
 
 class Reconciler:
-    def __init__(self, desired: Path, api: FlakyAPI, log: Callable[..., None]) -> None:
+    def __init__(self, desired: Path, api: FlakyAPI, log: Callable[..., None], engine_counts: bool) -> None:
         self.desired = desired
         self.api = api
         self.log = log
+        # On a Controller, ``reconq.context().attempt`` counts the tries
+        # since the key last settled, restored from the store after a
+        # restart; on a bare WorkQueue the demo counts them itself.
+        self.engine_counts = engine_counts
         self.lock = threading.Lock()
-        self.attempts: Dict[str, int] = {}  # tries since the key last settled
+        self.attempts: Dict[str, int] = {}
 
     def __call__(self, name: str) -> None:
         with self.lock:
             attempt = self.attempts[name] = self.attempts.get(name, 0) + 1
+        if self.engine_counts:
+            attempt = reconq.context().attempt + 1
         try:
             outcome = self.reconcile(name)
         except reconq.PermanentError as e:
@@ -296,6 +315,11 @@ INITIAL = {
 }
 
 
+#: With a store, the first run also has this object, whose API is down for
+#: the whole run: it ends pending, and the next run picks it up.
+DOWN_FIRST_RUN = {"billing": {"image": "example/billing:1", "replicas": 2}}
+
+
 def names_in(directory: Path) -> List[str]:
     return sorted(p.stem for p in directory.glob("*.json"))
 
@@ -321,10 +345,11 @@ class Watch:
         self.seen = now
 
 
-def check_converged(desired: Path, actual: Path) -> List[str]:
-    """What still differs between desired/ and actual/ (empty: converged)."""
+def check_converged(desired: Path, actual: Path, down: Set[str]) -> List[str]:
+    """What still differs between desired/ and actual/ (empty: converged),
+    leaving out the objects whose API is down for this run."""
     problems = []
-    for name in sorted(set(names_in(desired)) | set(names_in(actual))):
+    for name in sorted((set(names_in(desired)) | set(names_in(actual))) - down):
         try:
             spec = read_json(desired / f"{name}.json")
         except json.JSONDecodeError:
@@ -340,12 +365,85 @@ def check_converged(desired: Path, actual: Path) -> List[str]:
     return problems
 
 
+def default_dir() -> Path:
+    """Where the demo keeps its state without ``--dir``."""
+    if os.environ.get("RECONQ_DEMO_DIR"):
+        return Path(os.environ["RECONQ_DEMO_DIR"])
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "reconq-demo"
+
+
+def next_run(root: Path) -> int:
+    """Counts this run in ``<root>/runs``: 1 for a fresh directory."""
+    counter = root / "runs"
+    try:
+        run = int(counter.read_text()) + 1
+    except (FileNotFoundError, ValueError):
+        run = 1
+    counter.write_text(f"{run}\n")
+    return run
+
+
+def user_script(run: int, desired: Path) -> List[Tuple[float, str, Callable[[], None]]]:
+    """A user changing desired/ while the controller runs: (when, as a
+    fraction of the run, what, the change). The first run sets things up;
+    later runs fix the invalid spec, if it is still there."""
+    if run > 1:
+        try:
+            broken = read_json(desired / "broken.json")
+        except json.JSONDecodeError:
+            broken = None
+        if broken is None or validate(broken) is None:
+            return []
+        return [
+            (0.4, "fix broken.json (replicas: -1 -> 2)",
+             lambda: write_json(desired / "broken.json", {"image": "x", "replicas": 2})),
+        ]
+    script: List[Tuple[float, str, Callable[[], None]]] = [
+        (0.25, "edit web.json: replicas 3 -> 5",
+         lambda: write_json(desired / "web.json", {**INITIAL["web"], "replicas": 5})),
+        (0.35, "delete cache.json",
+         lambda: (desired / "cache.json").unlink()),
+        (0.45, "add search.json",
+         lambda: write_json(desired / "search.json", {"image": "opensearch:2", "replicas": 3})),
+        (0.55, "add broken.json (replicas: -1)",
+         lambda: write_json(desired / "broken.json", {"image": "x", "replicas": -1})),
+    ]
+    return script
+
+
+def describe_restored(runner: Any, names: List[str]) -> str:
+    """What a restart found in the store: pending keys with their failure
+    counts, parked keys."""
+    found = []
+    for name in names:
+        info = runner.inspect(name)
+        if info["state"] == "parked":
+            found.append(f"{name} parked")
+        elif info["state"] != "unknown":
+            found.append(f"{name} pending after {info['attempts']} failures")
+    return ", ".join(found) or "nothing"
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reconq.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="how long to run (default 4)")
     parser.add_argument("--workers", type=int, default=2, help="reconcile worker threads (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the flaky API (default 1)")
-    parser.add_argument("--dir", type=Path, help="work in this directory (default: a temporary one, removed)")
+    parser.add_argument(
+        "--dir", type=Path,
+        help="keep the state in this directory (default: $RECONQ_DEMO_DIR, else ~/.local/state/reconq-demo)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="empty the directory first: start over")
     parser.add_argument(
         "--engine", choices=["auto", "controller", "queue"], default="auto", help=argparse.SUPPRESS
     )
@@ -360,12 +458,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     # last-resort handler, since nothing here configures logging.
     logging.getLogger("reconq").addHandler(logging.NullHandler())
 
-    root = args.dir or Path(tempfile.mkdtemp(prefix="reconq-demo-"))
+    root: Path = args.dir or default_dir()
+    if args.fresh:
+        shutil.rmtree(root, ignore_errors=True)
     desired, actual = root / "desired", root / "actual"
+    first_time = not desired.exists()
     for d in (desired, actual):
         d.mkdir(parents=True, exist_ok=True)
-    for name, spec in INITIAL.items():
-        write_json(desired / f"{name}.json", spec)
+    run = next_run(root)
 
     t0 = time.monotonic()
     print_lock = threading.Lock()
@@ -377,15 +477,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     def log(name: str, attempt: int, outcome: str, detail: str) -> None:
         say(f"{name:<8} try {attempt}  {outcome:<5} {detail}")
 
-    api = FlakyAPI(actual, args.seed)
-    reconcile = Reconciler(desired, api, log)
     store = None if args.no_store else root / "state.db"
+    on_controller = args.engine == "controller" or (args.engine == "auto" and hasattr(reconq, "Controller"))
+    # Only a run whose pending keys are kept shows a backend down: the
+    # next run picks the key up where this one left it.
+    down = set(DOWN_FIRST_RUN) if first_time and store is not None and on_controller else set()
+    if first_time:
+        for name, spec in {**INITIAL, **{name: DOWN_FIRST_RUN[name] for name in down}}.items():
+            write_json(desired / f"{name}.json", spec)
+    api = FlakyAPI(actual, args.seed, down)
+    reconcile = Reconciler(desired, api, log, engine_counts=on_controller)
     runner = make_runner(reconcile, args.workers, args.engine, store)
     engine = type(runner).__name__
     print(
-        f"reconq demo: syncing {desired} -> {actual}\n"
-        f"  {len(INITIAL)} objects, {args.workers} workers ({engine}), flaky API (seed {args.seed}), "
+        f"reconq demo, run {run}: syncing {desired} -> {actual}\n"
+        f"  {len(names_in(desired))} objects, {args.workers} workers ({engine}), flaky API (seed {args.seed}), "
         f"{args.seconds:g} s\n"
+        f"  state is kept in {root} between runs; `python -m reconq.demo --fresh` starts over\n"
         f"   time  key      try    outcome",
         flush=True,
     )
@@ -400,31 +508,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     manager = reconq.Manager()
     runner.start()
-    if store is not None and hasattr(runner, "parked"):
-        st = runner.stats()
-        parked = runner.parked()
-        say(
-            f"{'store':<8} {store.name}: restored {st['depth'] + st['waiting']} pending, "
-            f"{len(parked)} parked ({', '.join(map(str, parked)) or '-'})"
-        )
+    if store is not None and on_controller:
+        restored = describe_restored(runner, sorted(set(names_in(desired)) | set(names_in(actual))))
+        say(f"{'store':<8} {store.name}: restored {restored}")
     # do() runs at once, then every `interval` seconds; if it raised, it
     # would be retried after 1 x, 2 x, 3 x... error_retry_base seconds.
     manager.update("watch-desired", watch.poll, interval=0.1, error_retry_base=0.1)
     manager.update("resync", resync, interval=1.0)
 
-    # A user changing desired/ while the controller runs.
-    script: List[Tuple[float, str, Callable[[], None]]] = [
-        (0.25, "edit web.json: replicas 3 -> 5",
-         lambda: write_json(desired / "web.json", {**INITIAL["web"], "replicas": 5})),
-        (0.35, "delete cache.json",
-         lambda: (desired / "cache.json").unlink()),
-        (0.45, "add search.json",
-         lambda: write_json(desired / "search.json", {"image": "opensearch:2", "replicas": 3})),
-        (0.55, "add broken.json (replicas: -1)",
-         lambda: write_json(desired / "broken.json", {"image": "x", "replicas": -1})),
-    ]
     try:
-        for at, what, change in script:
+        for at, what, change in user_script(run, desired):
             delay = t0 + at * args.seconds - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -439,11 +532,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         jobs = {s["name"]: s for s in manager.status()}
         manager.remove_all(wait=True)  # no more watch or resync
         say("time is up: stopping the watch and resync, finishing retries")
-        runner.wait_idle(timeout=5)  # let pending retries finish
+        # Let pending retries land (not those of a backend that is down,
+        # which are tried at least once).
+        wait_until(
+            lambda: not check_converged(desired, actual, down) and all(api.down_tries.get(n) for n in down),
+            timeout=5,
+        )
         runner.stop(drain=True, timeout=5)
 
     stats = runner.stats()
-    problems = check_converged(desired, actual)
+    problems = check_converged(desired, actual, down)
     print(
         f"\ndone in {time.monotonic() - t0:.2f} s: {stats['reconciles']} reconciles, "
         f"{stats['successes']} ok, {stats['failures']} failed "
@@ -456,9 +554,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if problems:
         print("NOT converged:\n  " + "\n  ".join(problems))
     else:
-        print("converged: actual/ matches desired/ (broken.json is invalid and was never applied)")
-    if args.dir is None:
-        shutil.rmtree(root, ignore_errors=True)
+        print("converged: actual/ matches desired/ (an invalid spec is never applied)")
+    for name in sorted(down):
+        print(f"{name}: its API was down all run; still pending in {store}: run the demo again to see it picked up")
     return 1 if problems else 0
 
 

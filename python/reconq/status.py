@@ -6,7 +6,9 @@
 controller of every live ``Manager`` in the process (counts, consecutive
 failures, last error, hanging keys); ``reconq.format_status()`` prints them
 as a table, like ``cilium status --all-controllers``. A status only sees
-its own process, so this command starts a demo to have something to show:
+its own process, so this command starts a demo to have something to show
+(for another running process, ``python -m reconq status URL`` reads its
+metrics server's ``/status``):
 
 * a ``Controller`` named ``status-demo`` whose keys ``web``, ``api`` and
   ``cache`` succeed, ``db`` always fails (retried with backoff) and

@@ -4,17 +4,20 @@
 //! loop ask the [`Gate`]; nothing else in the controller knows about etcd.
 
 use std::any::Any;
-use std::collections::BTreeSet;
 use std::io;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use super::{ControllerKey, Core, When};
-use crate::coordination::{LeaderElection, ShardHooks, Sharding, partition_of};
-use crate::key_encoding::StoreKey;
+use super::Core;
 use crate::sync::Mutex;
 use crate::{LeaderStatus, ShardStatus};
 
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub(crate) use etcd::{leader, shards};
+
 /// What the gate says of a key being handed out.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
 pub(crate) enum Admission {
     /// Reconcile it under this fencing token.
     Run(u64),
@@ -56,123 +59,11 @@ impl<K> Coordinated<K> {
     }
 }
 
-/// Joins the coordination a controller was configured with, at its start
-/// (with its `resync`, which only sharding uses).
-pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
+/// Joins the coordination a controller was configured with, at its start.
+/// Sharding takes the controller's `resync` (it runs it when partitions are
+/// gained); whatever leaves it runs once at start instead.
+pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
 
-/// Lists every key the controller should have (`resync`), to enqueue
-/// those of partitions just gained.
+/// Lists every key the controller should have (`resync`): enqueued at
+/// start, or with sharding those of partitions just gained.
 pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;
-
-/// Leader election: the leader runs everything, a standby waits.
-pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {
-    Box::new(move |core: &Arc<Core<K>>, _resync| {
-        let weak = Arc::downgrade(core);
-        let seat = election.join(move || {
-            if let Some(core) = weak.upgrade() {
-                core.cancel_running(|_| true);
-            }
-        });
-        Ok(Coordinated { gate: Box::new(LeaderGate(election)), membership: Mutex::new(Some(Box::new(seat))) })
-    })
-}
-
-struct LeaderGate(LeaderElection);
-
-impl<K> Gate<K> for LeaderGate {
-    fn accepts(&self, _: &K) -> bool {
-        true
-    }
-
-    fn admit(&self, _: &K) -> Admission {
-        self.0.token().map_or(Admission::Wait, Admission::Run)
-    }
-
-    fn finished(&self, _: &K, _: u64) {}
-
-    fn wait(&self, give_up: &dyn Fn() -> bool) -> bool {
-        self.0.wait_token(give_up).is_some()
-    }
-
-    fn wake(&self) {
-        self.0.wake();
-    }
-
-    fn leader_status(&self) -> Option<LeaderStatus> {
-        Some(self.0.status())
-    }
-
-    fn shard_status(&self) -> Option<ShardStatus> {
-        None
-    }
-}
-
-/// Sharding: keys of partitions we own run, the rest are dropped.
-pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K> {
-    Box::new(move |core: &Arc<Core<K>>, resync| {
-        let hooks =
-            Arc::new(ControllerShards { core: Arc::downgrade(core), resync, partitions: sharding.partition_count() });
-        let seat = sharding.attach(hooks)?;
-        Ok(Coordinated { gate: Box::new(ShardGate(sharding)), membership: Mutex::new(Some(Box::new(seat))) })
-    })
-}
-
-struct ShardGate(Sharding);
-
-impl ShardGate {
-    fn partition<K: StoreKey>(&self, key: &K) -> u32 {
-        partition_of(key, self.0.partition_count())
-    }
-}
-
-impl<K: StoreKey> Gate<K> for ShardGate {
-    fn accepts(&self, key: &K) -> bool {
-        self.0.owns(self.partition(key))
-    }
-
-    fn admit(&self, key: &K) -> Admission {
-        self.0.admit(self.partition(key)).map_or(Admission::Drop, Admission::Run)
-    }
-
-    fn finished(&self, key: &K, token: u64) {
-        self.0.finished(self.partition(key), token);
-    }
-
-    fn wait(&self, give_up: &dyn Fn() -> bool) -> bool {
-        !give_up()
-    }
-
-    fn wake(&self) {}
-
-    fn leader_status(&self) -> Option<LeaderStatus> {
-        None
-    }
-
-    fn shard_status(&self) -> Option<ShardStatus> {
-        Some(self.0.status())
-    }
-}
-
-/// What sharding calls into the controller.
-struct ControllerShards<K: ControllerKey> {
-    core: Weak<Core<K>>,
-    resync: Option<Resync<K>>,
-    partitions: u32,
-}
-
-impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
-    fn gained(&self, partitions: &BTreeSet<u32>) {
-        let (Some(core), Some(resync)) = (self.core.upgrade(), &self.resync) else { return };
-        for key in resync() {
-            if partitions.contains(&partition_of(&key, self.partitions)) {
-                core.route(key, When::Now, 0);
-            }
-        }
-    }
-
-    fn cancel(&self, partitions: &BTreeSet<u32>) {
-        if let Some(core) = self.core.upgrade() {
-            core.cancel_running(|key| partitions.contains(&partition_of(key, self.partitions)));
-        }
-    }
-}

@@ -103,6 +103,19 @@ pub struct StopReport<K> {
     /// delay or a retry back-off, and ready keys left at the deadline.
     /// Enqueue them again after a restart if they matter.
     pub dropped: Vec<K>,
+    /// With a [`store`](crate::Controller::store): why the stop's last
+    /// flush failed (then the file keeps what the last successful flush
+    /// wrote, and `stats().store` shows the keys not written). `None` if it
+    /// succeeded, or had not run by the deadline (it runs once the workers
+    /// have exited).
+    pub store_error: Option<String>,
+}
+
+impl<K> StopReport<K> {
+    /// Every worker finished, nothing was dropped or detached.
+    pub(crate) fn finished_with_nothing_left() -> Self {
+        Self { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new(), store_error: None }
+    }
 }
 
 impl<K: ControllerKey> ControllerHandle<K> {
@@ -180,7 +193,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// enqueued. Keys waiting for a retry or an `Action::RequeueAfter`
     /// resync count as busy (a test can then wait for a whole retry chain),
     /// so a controller that resyncs never becomes idle.
+    ///
+    /// Called from a reconcile of this controller it returns `false` at
+    /// once: the controller cannot become idle while that reconcile waits
+    /// (see [`on_own_worker`](Self::on_own_worker)).
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        if self.on_own_worker() {
+            return false;
+        }
         let deadline = deadline_after(Instant::now(), timeout);
         if self.core.rt.get().is_none() {
             let mut life = self.core.life.lock();
@@ -197,6 +217,13 @@ impl<K: ControllerKey> ControllerHandle<K> {
             Some(rt) => rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())),
             None => true,
         }
+    }
+
+    /// Whether the calling thread is one of this controller's workers (so
+    /// inside one of its reconciles): waiting there for the controller to
+    /// become idle or stopped would wait for the caller itself.
+    pub fn on_own_worker(&self) -> bool {
+        super::worker::on_worker_of(&self.core)
     }
 
     /// Counters, queue sizes, hangs and the last error.
@@ -333,8 +360,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let deadline = deadline_after(Instant::now(), timeout);
         self.core.request_stop();
-        let mut report =
-            StopReport { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() };
+        let mut report = StopReport::finished_with_nothing_left();
         if let Some(rt) = self.core.rt.get() {
             self.drain_naming_waits(rt, deadline);
             report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
@@ -359,7 +385,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
         } else {
             report.detached_threads = self.core.life.lock().live_aux;
         }
+        report.store_error = self.store_error();
         report
+    }
+
+    /// The store's last flush error, if it has one (see
+    /// [`StopReport::store_error`]).
+    pub(crate) fn store_error(&self) -> Option<String> {
+        self.core.rt.get()?.store.as_ref()?.stats().error
     }
 
     /// How many trigger, watch and watchdog threads are running.
@@ -375,7 +408,12 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Blocks until [`is_stopped`](Self::is_stopped), for at most `timeout`
     /// of real time (`None`: no limit); returns whether it is stopped.
+    /// Called from a reconcile of this controller it returns `false` at
+    /// once: the controller cannot stop while that reconcile waits.
     pub fn wait_stopped(&self, timeout: Option<Duration>) -> bool {
+        if self.on_own_worker() {
+            return false;
+        }
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let mut life = self.core.life.lock();
         while !life.is_stopped() {

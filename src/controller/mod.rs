@@ -36,6 +36,7 @@ mod inspect;
 mod metrics;
 mod outcome;
 mod persist;
+mod run_signals;
 mod status;
 mod triggers;
 mod watchdog;
@@ -49,13 +50,16 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
+#[cfg(feature = "etcd")]
 use crate::coordination::{LeaderElection, Sharding};
 use crate::key_encoding::StoreKey;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::queue::{Place, Priority, WorkQueue};
-use crate::rate_limit::{RateLimiter, default_rate_limiter};
-use crate::store::{Persister, SqliteStore, StoreError, StoreLink};
+use crate::rate_limit::{ExponentialBackoff, RateLimiter};
+#[cfg(feature = "store")]
+use crate::store::{Persister, SqliteStore};
+use crate::store::{StoreError, StoreLink};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
 
@@ -114,6 +118,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// [`try_start`](Self::try_start) restores them before any worker runs
     /// and a flusher thread writes changes at least every flush interval
     /// and at stop.
+    #[cfg(feature = "store")]
     pub fn store(mut self, store: SqliteStore) -> Self {
         self.store = Some(Box::new(move |name: &str| {
             Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
@@ -133,6 +138,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     ///
     /// # Panics
     /// If the controller already has a leader election.
+    #[cfg(feature = "etcd")]
     pub fn sharding(mut self, sharding: Sharding) -> Self {
         assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
         self.coordinate = Some(gate::shards(sharding));
@@ -140,9 +146,12 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     }
 
     /// Lists every key that should be reconciled (every replica's, as a
-    /// Kubernetes controller lists every object): called when sharding
-    /// gives this replica partitions, to enqueue their keys. Called on
-    /// sharding's thread; keep it quick.
+    /// Kubernetes controller lists every object). Without sharding it is
+    /// called once, by [`start`](Self::start), and its keys are enqueued
+    /// (a panic in it propagates out of `start`, with nothing started).
+    /// With sharding it is called instead whenever this replica gains
+    /// partitions, on sharding's thread (keep it quick), and the keys of
+    /// those partitions are enqueued.
     pub fn resync<I: IntoIterator<Item = K>>(mut self, resync: impl Fn() -> I + Send + Sync + 'static) -> Self {
         self.resync = Some(Arc::new(move || resync().into_iter().collect()));
         self
@@ -153,9 +162,15 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
 /// spawn to exit.
 const FAILED_START_JOIN: Duration = Duration::from_secs(5);
 
+/// The default limiter's first retry delay and its cap (see
+/// [`Controller::rate_limiter`]).
+const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
+const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(1000);
+
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
-    /// calls `reconciler` with one worker and [`default_rate_limiter`].
+    /// calls `reconciler` with one worker and a per-key
+    /// `ExponentialBackoff(5 ms, 1000 s)` (see [`rate_limiter`](Self::rate_limiter)).
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
         Self {
             core: Core::new(name.into()),
@@ -209,10 +224,13 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
-    /// The limiter for errors and `Action::Requeue` (default
-    /// [`default_rate_limiter`]). The controller assumes it is the only one
-    /// asking the limiter about its keys (it skips `forget` for keys it never
-    /// retried).
+    /// The limiter for errors and `Action::Requeue`. The default is a
+    /// per-key `ExponentialBackoff(5 ms, 1000 s)`, controller-runtime's
+    /// current default: client-go's [`default_rate_limiter`](crate::default_rate_limiter)
+    /// adds an overall 10-per-second bucket, so 400 keys failing once
+    /// waited up to 30 s for their first retry. The controller assumes it is
+    /// the only one asking the limiter about its keys (it skips `forget` for
+    /// keys it never retried).
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
         self.limiter = Some(Arc::new(limiter));
         self
@@ -341,6 +359,7 @@ impl<K: ControllerKey> Controller<K> {
     ///
     /// # Panics
     /// If the controller is already sharded.
+    #[cfg(feature = "etcd")]
     pub fn leader_election(mut self, election: LeaderElection) -> Self {
         assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
         self.coordinate = Some(gate::leader(election));
@@ -353,13 +372,14 @@ impl<K: ControllerKey> Controller<K> {
         ControllerHandle { core: Arc::clone(&self.core) }
     }
 
-    /// Spawns the worker threads and returns at once. If the controller was
-    /// stopped through a handle before this, nothing is spawned.
+    /// Spawns the worker threads and returns at once. A controller starts
+    /// once: `start` takes it by value, and one stopped through a handle
+    /// before this cannot start.
     ///
     /// # Panics
-    /// If the OS refuses to spawn a thread (see [`try_start`](Self::try_start)
-    /// for an error instead), or `max_in_flight_per_group` was set without
-    /// `group`.
+    /// If the OS refuses to spawn a thread or the controller was stopped
+    /// through a handle (see [`try_start`](Self::try_start) for an error
+    /// instead), or `max_in_flight_per_group` was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
         let name = self.core.name.clone();
         self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
@@ -371,7 +391,9 @@ impl<K: ControllerKey> Controller<K> {
     /// and joined (a reconcile one of them already began is cancelled and
     /// waited for up to 5 s, then detached), the controller is stopped
     /// (enqueues are ignored), and the error says how many threads could
-    /// be made.
+    /// be made. A controller stopped through a handle before this is an
+    /// error too ([`io::ErrorKind::Other`]): nothing is spawned and it
+    /// stays stopped.
     ///
     /// # Panics
     /// If `max_in_flight_per_group` was set without `group`.
@@ -392,7 +414,8 @@ impl<K: ControllerKey> Controller<K> {
             "controller {:?}: max_in_flight_per_group needs a group function",
             self.core.name
         );
-        let limiter = self.limiter.unwrap_or_else(|| Arc::new(default_rate_limiter()));
+        let limiter =
+            self.limiter.unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
         // Named after the controller, so it records `workqueue_*` metrics.
         let mut queue = WorkQueue::builder()
             .name(self.core.name.clone())
@@ -401,13 +424,21 @@ impl<K: ControllerKey> Controller<K> {
         if self.grouping.is_some() {
             queue = queue.groups(config.max_in_flight_per_group);
         }
+        if store.is_some() {
+            // The store's last flush writes what the stop dropped (S2).
+            queue = queue.keep_stop_views();
+        }
         let queue = queue.build();
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
+        let mut resync = self.resync.take();
         let coordination = match self.coordinate.take() {
-            Some(join) => Some(join(&self.core, self.resync.take())?),
+            Some(join) => Some(join(&self.core, &mut resync)?),
             None => None,
         };
+        // Before anything is shared, so a panicking resync leaves nothing
+        // half started (the claim and the membership drop as it unwinds).
+        let listed = resync.map(|resync| resync()).unwrap_or_default();
         let rt = Runtime {
             queue,
             limiter,
@@ -434,7 +465,7 @@ impl<K: ControllerKey> Controller<K> {
                 drop(life);
                 rt.queue.shut_down_now();
                 core.leave_coordination_if_no_workers();
-                return Ok(handle);
+                return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
             }
             life.live_workers = config.workers;
         }
@@ -446,6 +477,9 @@ impl<K: ControllerKey> Controller<K> {
         let pending = std::mem::take(&mut *core.pending.lock());
         for (key, when, priority) in pending {
             core.apply(rt, key, when, priority);
+        }
+        for key in listed {
+            core.apply(rt, key, When::Now, 0);
         }
         {
             // Only now is the queue the whole story (see `wait_idle`).
@@ -503,7 +537,9 @@ impl<K: ControllerKey> Controller<K> {
 
     /// [`start`](Self::start), then blocks until a handle stops the
     /// controller and its workers have exited (or a drain's deadline gave up
-    /// on them).
+    /// on them). Panics as [`start`](Self::start) does. Signals are not
+    /// handled: see [`run_until_signal`](Self::run_until_signal) for Ctrl-C
+    /// and SIGTERM.
     pub fn run(self) {
         let handle = self.start();
         handle.wait_stopped(None);
@@ -598,7 +634,7 @@ impl<K: ControllerKey> Runtime<K> {
     /// Re-adds a key being reconciled after `delay`, at the priority it was
     /// handed out with (P3; its group stays the one it has in the queue).
     pub(crate) fn retry_after(&self, key: &K, delay: Duration, priority: Priority) {
-        self.queue.add_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
+        self.queue.retry_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
     }
 
     pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32, priority: Priority) {
@@ -684,6 +720,21 @@ impl<K: ControllerKey> Observed for Core<K> {
 
     fn collect_metrics(&self, out: &mut MetricFamilies) {
         metrics::collect(self, out);
+    }
+
+    /// Workers leave only when a stop asks them to (a reconcile's panic is
+    /// caught): one gone before that died in the engine itself.
+    fn check_live(&self, out: &mut Vec<String>) {
+        let Some(rt) = self.rt.get() else { return };
+        let life = self.life.lock();
+        if life.started && !life.stop_requested && life.live_workers < rt.workers {
+            out.push(format!(
+                "controller {:?}: {} of {} worker threads exited",
+                self.name,
+                rt.workers - life.live_workers,
+                rt.workers
+            ));
+        }
     }
 }
 
@@ -792,6 +843,7 @@ impl<K: ControllerKey> Core<K> {
 
     /// Cancels the reconciles of keys matching `which` running now
     /// (leadership or partitions were lost); later ones are not affected.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
     pub(crate) fn cancel_running(&self, which: impl Fn(&K) -> bool) {
         if let Some(rt) = self.rt.get() {
             for slot in &rt.slots {
@@ -826,8 +878,6 @@ impl<K: ControllerKey> Core<K> {
         };
         if first {
             if let Some(store) = self.rt.get().and_then(|rt| rt.store.as_ref()) {
-                // Before the queue drops its keys, so their rows stay.
-                store.flush_now(self);
                 store.wake();
             }
             self.pending.lock().clear();

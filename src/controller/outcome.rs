@@ -37,6 +37,16 @@ pub enum RetryPolicy {
     Never,
 }
 
+impl From<RetryPolicy> for crate::logs::NextTry {
+    fn from(retry: RetryPolicy) -> Self {
+        match retry {
+            RetryPolicy::RateLimited => Self::Backoff,
+            RetryPolicy::After(delay) => Self::After(delay),
+            RetryPolicy::Never => Self::Parked,
+        }
+    }
+}
+
 /// A failed reconcile: an error plus how to retry it.
 ///
 /// `?` on any error type (anything `Into<Box<dyn Error + Send + Sync>>`,

@@ -13,23 +13,15 @@ impl<K: ControllerKey> KeySource<K> for Core<K> {
         let Some(rt) = self.rt.get() else { return out.extend(keys.iter().map(|_| None)) };
         let mut queued = Vec::with_capacity(keys.len());
         rt.queue.pending_views(keys, &mut queued);
-        let stopping = self.stopping.load(std::sync::atomic::Ordering::SeqCst);
         out.extend(keys.iter().zip(queued).map(|(key, queued)| {
             // Asked only of keys that are kept: most keys at a flush are gone.
             let failures = || rt.limiter.num_requeues(key);
             if let Some((error, _)) = self.parked.error_of(key) {
                 return Some(KeyView { due: None, parked: Some(error), failures: failures(), priority: 0 });
             }
-            match queued {
-                Some((due, priority)) => Some(KeyView { due, parked: None, failures: failures(), priority }),
-                // A stop drops retries from the queue: a key that failed
-                // and was not retried stays pending (its memory says so);
-                // a key with no memory succeeded.
-                None if stopping && self.memory.attempts(key) > 0 => {
-                    Some(KeyView { due: None, parked: None, failures: failures(), priority: 0 })
-                }
-                None => None,
-            }
+            // After a stop, the queue still answers for the keys it
+            // dropped or whose retry it refused (its stop views).
+            queued.map(|(due, priority)| KeyView { due, parked: None, failures: failures(), priority })
         }));
     }
 

@@ -1,5 +1,6 @@
 //! The worker loop: take a key, reconcile it, act on the result, repeat.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -66,8 +67,26 @@ impl<K> WorkerSlot<K> {
     }
 }
 
+crate::sync::thread_local! {
+    /// The address of the controller core this thread is a worker of (0 on
+    /// other threads), so a call that would wait for this very worker (a
+    /// `wait_idle` from its own reconcile) can tell and refuse instead of
+    /// deadlocking. Thread names cannot tell: two controllers may share one.
+    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is one of `core`'s workers.
+pub(crate) fn on_worker_of<K>(core: &Core<K>) -> bool {
+    WORKER_OF.with(|of| of.get() == core_address(core))
+}
+
+fn core_address<K>(core: &Core<K>) -> usize {
+    std::ptr::from_ref(core).addr()
+}
+
 /// Runs worker `index` until the queue shuts down.
 pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reconciler<K>, index: usize) {
+    WORKER_OF.with(|of| of.set(core_address(core)));
     let rt = core.rt.get().expect("the runtime is set before workers start");
     let slot = &rt.slots[index];
     let mut ctx = Context::with_signal(0, slot.signal.clone());
@@ -98,6 +117,9 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // A parked key that was enqueued again is no longer parked.
         core.parked.unpark(&key);
         ctx.attempt = core.memory.attempts(&key);
+        // Only a retry has a previous error (one more lookup, off the hot
+        // path of first tries).
+        ctx.previous_error = if ctx.attempt > 0 { core.memory.get(&key).last_error } else { None };
         ctx.priority = priority;
         // The reconcile and the handling of its result run in the span; the
         // queue calls around them do not (no logging under engine locks:
@@ -131,13 +153,13 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
 
 /// Marks `key` done (at tick `now`, which stamps the next hand-out) and
 /// takes the next key; the store learns that `key` changed (whether it was
-/// reconciled or dropped as not ours).
+/// reconciled or dropped as not ours) before the worker waits for a next
+/// key, so the last key of a batch does not stay stored until one comes.
 fn done_and_get<K: ControllerKey>(rt: &Runtime<K>, key: &K, now: u64) -> (Option<(K, Priority)>, u64) {
-    let next = rt.queue.done_and_get_stamped(key, now);
-    if let Some(store) = &rt.store {
-        store.mark(key);
+    match &rt.store {
+        None => rt.queue.done_and_get_stamped(key, now),
+        Some(store) => rt.queue.done_then_get_stamped(key, now, || store.mark(key)),
     }
-    next
 }
 
 /// A key was handed out while this process does not lead: put it back
@@ -217,7 +239,8 @@ fn settle<K: ControllerKey>(
                 counters.panics.fetch_add(1, Ordering::Relaxed);
             }
             if panicked || timed_out || rt.log_errors {
-                logs::reconcile_failed(&core.name, key, attempt, retry, &message, panicked);
+                let previous = ctx.previous_error.as_deref();
+                logs::reconcile_failed(&core.name, key, attempt, retry.into(), &message, panicked, previous);
             }
             match retry {
                 RetryPolicy::RateLimited => {

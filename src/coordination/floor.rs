@@ -31,7 +31,7 @@ pub(super) fn token(floor: u64, create_revision: i64) -> u64 {
 /// the one that was `reset`, as far as this process saw it (`floor`: the
 /// highest floor it read there): every token of the old history was at
 /// most its floor plus its highest revision.
-pub(super) fn floor_after(reset: Reset, floor: u64) -> u64 {
+fn floor_after(reset: Reset, floor: u64) -> u64 {
     token(floor, reset.highest_revision)
 }
 
@@ -52,16 +52,19 @@ pub(super) fn raise(client: &EtcdClient, at_least: u64) -> Result<u64, EtcdError
 }
 
 /// After `reset` (seen with `floor` the highest floor read before it):
-/// accepts it and raises the floor past every token of the old history,
-/// calling `failed` (which waits, and says whether to give up) after each
-/// failure. Returns the floor etcd holds, or `None` if it gave up.
-pub(super) fn raise_after(
+/// `report`s it (the message and the floor it is raising to), accepts it,
+/// and raises the floor past every token of the old history, calling
+/// `failed` (which waits, and says whether to give up) after each failure.
+/// Returns the floor etcd holds, or `None` if it gave up.
+pub(super) fn recover(
     client: &EtcdClient,
     reset: Reset,
     floor: u64,
+    report: impl FnOnce(String, u64),
     mut failed: impl FnMut(&EtcdError) -> bool,
 ) -> Option<u64> {
     let mut at_least = floor_after(reset, floor);
+    report(EtcdError::from(reset).to_string(), at_least);
     client.accept_reset();
     loop {
         match raise(client, at_least) {

@@ -31,8 +31,9 @@ use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
     renew_deadline,
 };
+use super::{LeaderSeat, LeaderStatus, Leading};
 use crate::error::InvalidArgument;
-use crate::etcd::{Created, EtcdClient, EtcdError, Reset, Watch};
+use crate::etcd::{Created, EtcdClient, EtcdError, KeyValue, Reset, Watch};
 use crate::logs;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
@@ -327,26 +328,6 @@ impl LeaderElection {
     }
 }
 
-/// A snapshot of a [`LeaderElection`], as status and stats show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaderStatus {
-    /// The election's name.
-    pub name: String,
-    /// This process's fencing token while it leads, `None` on a standby.
-    pub fencing_token: Option<u64>,
-    /// Who leads, as last seen (their identity).
-    pub leader: Option<String>,
-    /// The last error talking to etcd, if the last attempt failed.
-    pub last_error: Option<String>,
-}
-
-impl LeaderStatus {
-    /// Whether this process leads.
-    pub fn is_leader(&self) -> bool {
-        self.fencing_token.is_some()
-    }
-}
-
 /// One controller's or manager's use of a [`LeaderElection`]. Dropped
 /// once nothing of its user can reconcile any more (every worker exited):
 /// when the last seat goes, a leader revokes its lease, so a standby takes
@@ -357,9 +338,27 @@ pub(crate) struct Seat {
     _on_lost: Arc<dyn Fn() + Send + Sync>,
 }
 
-impl Seat {
-    pub(crate) fn election(&self) -> &LeaderElection {
-        &self.election
+impl Leading for LeaderElection {
+    fn join(&self, on_lost: Box<dyn Fn() + Send + Sync>) -> Box<dyn LeaderSeat> {
+        Box::new(LeaderElection::join(self, on_lost))
+    }
+
+    fn status(&self) -> LeaderStatus {
+        LeaderElection::status(self)
+    }
+}
+
+impl LeaderSeat for Seat {
+    fn token(&self) -> Option<u64> {
+        self.election.token()
+    }
+
+    fn wait_token(&self, give_up: &dyn Fn() -> bool) {
+        self.election.wait_token(give_up);
+    }
+
+    fn wake(&self) {
+        self.election.wake();
     }
 }
 
@@ -521,7 +520,15 @@ impl Election {
                         st.leader = holders.first().map(|holder| String::from_utf8_lossy(&holder.value).into_owned());
                         st.last_error = floor_error;
                     }
-                    self.watch_until_free(revision, &mut backoff);
+                    let floor_changed = read.as_ref().map_or(0, |floor| floor.mod_revision);
+                    match holders.first().filter(|holder| holder.create_revision < floor_changed) {
+                        Some(holder) => {
+                            if self.end_below_floor(holder, &mut backoff) {
+                                break;
+                            }
+                        }
+                        None => self.watch_until_free(revision, &mut backoff),
+                    }
                 }
                 Err(e) => {
                     let _ = self.client.revoke(lease);
@@ -536,7 +543,7 @@ impl Election {
 
     /// Takes in the fencing floor as read with the election key: the floor
     /// it holds.
-    fn note_floor(&self, kv: Option<&crate::etcd::KeyValue>) -> Result<u64, EtcdError> {
+    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
         let floor = floor_of(kv)?;
         let mut st = self.state.lock();
         st.floor = st.floor.max(floor);
@@ -549,16 +556,30 @@ impl Election {
     /// leader of the old history has passed its renew deadline; returns
     /// whether unwanted.
     fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
-        let message = EtcdError::from(reset).to_string();
         let seen = self.state.lock().floor;
-        let target = floor::floor_after(reset, seen);
-        logs::election_reset(&self.name, &message, target);
-        self.state.lock().last_error = Some(message);
-        let raised =
-            floor::raise_after(&self.client, reset, seen, |e| self.failed("raising the fencing floor", e, backoff));
-        let Some(floor) = raised else { return true };
+        let report = |message: String, target| {
+            logs::election_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
         self.state.lock().floor = floor;
         self.sleep(self.ttl)
+    }
+
+    /// The leader `holder` campaigned before the fencing floor last rose
+    /// (after a reset of etcd's history it could not see, having started
+    /// after it; or an operator set the floor): its token may lie below
+    /// tokens of the old history. End its leadership by revoking its lease
+    /// (its next keep-alive finds it gone, L3), then wait a TTL, by when it
+    /// has passed its renew deadline, before campaigning (L1). Returns
+    /// whether unwanted.
+    fn end_below_floor(&self, holder: &KeyValue, backoff: &mut Duration) -> bool {
+        logs::election_below_floor(&self.name, &String::from_utf8_lossy(&holder.value), holder.create_revision);
+        match self.client.revoke(holder.lease) {
+            Ok(()) => self.sleep(self.ttl),
+            Err(e) => self.failed("ending a leadership below the fencing floor", &e, backoff),
+        }
     }
 
     /// Waits until the election key is deleted after `revision`, or no

@@ -35,6 +35,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::ShardStatus;
 use super::floor::{self, FLOOR_KEY, floor_of};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
@@ -51,6 +52,12 @@ use crate::thread::spawn_named;
 
 /// The default number of partitions.
 const DEFAULT_PARTITIONS: u32 = 64;
+/// The most partitions a group may have. Each is a key in etcd that every
+/// replica reads (without values) on every change to the group: 65,536
+/// keys make a read of a few megabytes, which a busy etcd sends within
+/// seconds, and a lone replica claims them all in tens of seconds (batches
+/// of [`MAX_TXN_OPS`]). More would make each change cost more than a TTL.
+const MAX_PARTITIONS: u32 = 65_536;
 /// How long the reconciles of a partition being given up may run on
 /// before they are cancelled.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
@@ -119,20 +126,6 @@ pub(crate) trait ShardHooks: Send + Sync {
     fn cancel(&self, partitions: &BTreeSet<u32>);
 }
 
-/// A snapshot of a [`Sharding`], as status and stats show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardStatus {
-    pub name: String,
-    /// The number of partitions of the key space.
-    pub partitions: u32,
-    /// The partitions this process owns now.
-    pub owned: BTreeSet<u32>,
-    /// Live replicas, as last seen.
-    pub members: usize,
-    /// The last error talking to etcd, if the last attempt failed.
-    pub last_error: Option<String>,
-}
-
 impl Sharding {
     /// Membership of the group `name` on the etcd members at `endpoints`
     /// (`http://host:port`, one or a list), with 64 partitions, a 5 s TTL
@@ -175,12 +168,14 @@ impl Sharding {
         Self::build(s.name.clone(), s.client.endpoints().to_vec(), identity, ttl, partitions)
     }
 
-    /// How many partitions the key space is split into (default 64). Every
-    /// replica of a group must use the same number.
+    /// How many partitions the key space is split into (default 64, at most
+    /// 65,536: each is a key in etcd that every replica reads on every
+    /// change to the group). Every replica of a group must use the same
+    /// number.
     ///
     /// # Panics
-    /// Zero partitions; [`try_partitions`](Self::try_partitions) returns
-    /// the error instead.
+    /// Zero partitions or more than 65,536;
+    /// [`try_partitions`](Self::try_partitions) returns the error instead.
     pub fn partitions(self, partitions: u32) -> Self {
         self.try_partitions(partitions).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -188,10 +183,13 @@ impl Sharding {
     /// [`partitions`](Self::partitions), with bad input as an error.
     ///
     /// # Errors
-    /// Zero partitions.
+    /// Zero partitions or more than 65,536.
     pub fn try_partitions(self, partitions: u32) -> Result<Self, InvalidArgument> {
-        if partitions == 0 {
-            return Err(InvalidArgument::new("partitions must be at least 1"));
+        if !(1..=MAX_PARTITIONS).contains(&partitions) {
+            return Err(InvalidArgument::new(format!(
+                "partitions must be between 1 and {MAX_PARTITIONS} (each is a key in etcd that every replica \
+                 reads on every change to the group), got {partitions}"
+            )));
         }
         let (identity, ttl) = (self.inner.identity.clone(), self.inner.ttl);
         Ok(self.rebuild(identity, ttl, partitions))
@@ -485,14 +483,14 @@ impl Shards {
     /// replica saw, then wait a TTL, by when every owner of the old history
     /// has passed its renew deadline; returns whether stopped.
     fn recover_from_reset(&self, reset: Reset, backoff: &mut Duration) -> bool {
-        let message = EtcdError::from(reset).to_string();
         self.lose_everything("etcd's history was reset");
         let seen = self.state.lock().floor;
-        logs::sharding_reset(&self.name, &message, floor::floor_after(reset, seen));
-        self.state.lock().last_error = Some(message);
-        let raised =
-            floor::raise_after(&self.client, reset, seen, |e| self.failed("raising the fencing floor", e, backoff));
-        let Some(floor) = raised else { return true };
+        let report = |message: String, target| {
+            logs::sharding_reset(&self.name, &message, target);
+            self.state.lock().last_error = Some(message);
+        };
+        let failed = |e: &EtcdError| self.failed("raising the fencing floor", e, backoff);
+        let Some(floor) = floor::recover(&self.client, reset, seen, report, failed) else { return true };
         self.state.lock().floor = floor;
         self.sleep(self.ttl)
     }
@@ -518,9 +516,15 @@ impl Shards {
                     let mut st = self.state.lock();
                     if st.lease == Some(lease) {
                         st.renewed = Some(sent);
+                        st.last_error = None;
                     }
                 }
-                // A reset: the membership thread deals with it.
+                // Stop at once; the membership thread does the rest.
+                Renewal::Failed(e) if e.reset().is_some() => {
+                    self.lose_everything("etcd's history was reset");
+                    self.cv.notify_all();
+                    return;
+                }
                 Renewal::Failed(e) => self.note_error("renewing the lease", &e),
                 Renewal::Lost(why) => {
                     self.lose_everything(why);
@@ -564,7 +568,8 @@ impl Shards {
                         if let Err(e) = self.note_floor(group.read.as_ref()) {
                             self.note_error("reading the fencing floor", &e);
                         }
-                        self.rebalance(&group.kvs, lease);
+                        let floor_changed = group.read.as_ref().map_or(0, |floor| floor.mod_revision);
+                        self.rebalance(&group.kvs, lease, floor_changed);
                     }
                     Err(e) => self.note_error("reading the group", &e),
                 }
@@ -601,7 +606,7 @@ impl Shards {
     /// One look at the group (`kvs`: every member and partition key):
     /// forget partitions that are no longer ours, finish hand-overs whose
     /// reconciles returned, give extras up and claim free ones.
-    fn rebalance(&self, kvs: &[KeyValue], lease: i64) {
+    fn rebalance(&self, kvs: &[KeyValue], lease: i64, floor_changed: i64) {
         let members_prefix = format!("{}members/", self.prefix);
         let partitions_prefix = format!("{}partitions/", self.prefix);
         let mut members: Vec<&str> = kvs.iter().filter_map(|kv| kv.key.strip_prefix(&members_prefix)).collect();
@@ -632,15 +637,17 @@ impl Shards {
         let (held, extras) = {
             let mut st = self.state.lock();
             st.members = members.len();
-            let held = st.owned.values().filter(|o| o.releasing.is_none()).count();
-            let extras: Vec<u32> = st
-                .owned
-                .iter()
-                .rev()
-                .filter(|(_, o)| o.releasing.is_none())
-                .map(|(&p, _)| p)
-                .take(held.saturating_sub(target))
-                .collect();
+            // Claimed before the fencing floor last rose (after a reset of
+            // etcd this replica did not see, having joined after it; or an
+            // operator set the floor): their tokens may lie below tokens of
+            // the old history. Handed over like extras, to be claimed again
+            // (by whoever should own them) above the floor.
+            let kept = |o: &Owned| o.releasing.is_none() && o.created >= floor_changed;
+            let below_floor = st.owned.iter().filter(|(_, o)| o.releasing.is_none() && !kept(o)).map(|(&p, _)| p);
+            let mut extras: Vec<u32> = below_floor.collect();
+            let held = st.owned.values().filter(|o| kept(o)).count();
+            let kept_ones = st.owned.iter().rev().filter(|(_, o)| kept(o)).map(|(&p, _)| p);
+            extras.extend(kept_ones.take(held.saturating_sub(target)));
             let now = Instant::now();
             for p in &extras {
                 if let Some(o) = st.owned.get_mut(p) {
@@ -718,13 +725,23 @@ impl Shards {
         if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
             hooks.cancel(&overdue);
         }
-        for (p, created) in done {
-            // Only while still ours: a key recreated by someone else (our
-            // lease expired meanwhile) is theirs.
-            match self.client.delete_if_created(&self.partition_key(p), created) {
-                Ok(_) => self.forget(p),
-                Err(e) => self.note_error(&format!("giving partition {p} up"), &e),
-            }
+        for batch in done.chunks(MAX_TXN_OPS) {
+            self.give_up(batch);
+        }
+    }
+
+    /// Deletes the keys of `batch` (partitions and their keys' create
+    /// revisions) in one transaction, each only while still ours: a key
+    /// recreated by someone else (our lease expired meanwhile) is theirs.
+    /// If one is not ours any more, the others go one by one.
+    fn give_up(&self, batch: &[(u32, i64)]) {
+        let keys: Vec<(String, i64)> = batch.iter().map(|&(p, created)| (self.partition_key(p), created)).collect();
+        match self.client.delete_if_created(&keys) {
+            Ok(true) => batch.iter().for_each(|&(p, _)| self.forget(p)),
+            Ok(false) if batch.len() > 1 => batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one))),
+            // Not ours any more: gone already.
+            Ok(false) => self.forget(batch[0].0),
+            Err(e) => self.note_error("giving partitions up", &e),
         }
     }
 

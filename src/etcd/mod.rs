@@ -26,14 +26,19 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use self::history::History;
 pub(crate) use self::history::Reset;
+use self::history::{History, Seen};
 pub(crate) use self::paged::key_after;
 pub(crate) use self::stream::WatchItem;
 use crate::sync::Mutex;
 
 /// How long a unary call may take, connection included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long [`EtcdClient::range_prefix`] may take: long enough for etcd to
+/// send tens of thousands of keys while busy; only the thread reading
+/// waits on it.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most keys [`EtcdClient::create_if_absent`] creates in one
 /// transaction: etcd refuses transactions of more than `--max-txn-ops`
@@ -125,7 +130,7 @@ pub(crate) enum Created {
 /// What [`EtcdClient::range_prefix`] read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PrefixRead {
-    /// Every key under the prefix.
+    /// Every key under the prefix, without its value.
     pub(crate) kvs: Vec<KeyValue>,
     /// The key read with them, if it exists.
     pub(crate) read: Option<KeyValue>,
@@ -205,7 +210,7 @@ impl EtcdClient {
     /// [`call`](Self::call), giving up after `timeout` in all (over every
     /// member tried).
     fn call_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value, EtcdError> {
-        self.history.lock().check()?;
+        let before = self.before_request()?;
         let deadline = Instant::now() + timeout;
         let mut last = EtcdError::new("etcd: no endpoint");
         for endpoint in &self.endpoints {
@@ -232,7 +237,7 @@ impl EtcdClient {
                     }
                     let reply = serde_json::from_str(&text)
                         .map_err(|e| EtcdError::new(format!("etcd: bad reply to {path}: {e}: {text}")))?;
-                    self.observe(&reply)?;
+                    self.observe(&before, &reply)?;
                     return Ok(reply);
                 }
                 Err(e) => last = EtcdError::new(format!("etcd at {endpoint}: {e}")),
@@ -241,10 +246,16 @@ impl EtcdClient {
         Err(last)
     }
 
-    /// Takes in a reply's header: an error if it comes from a reset history
-    /// (or one is pending).
-    fn observe(&self, reply: &Value) -> Result<(), EtcdError> {
-        self.history.lock().observe(reply).map_err(EtcdError::from)
+    /// What has been seen of etcd's history before a request is sent: an
+    /// error if a reset is pending.
+    fn before_request(&self) -> Result<Seen, EtcdError> {
+        Ok(self.history.lock().before_request()?)
+    }
+
+    /// Takes in the header of a reply to a request sent after `before`:
+    /// an error if it comes from a reset history (or one is pending).
+    fn observe(&self, before: &Seen, reply: &Value) -> Result<(), EtcdError> {
+        Ok(self.history.lock().observe(before, reply)?)
     }
 
     /// A reset of etcd's history seen and not yet
@@ -347,27 +358,32 @@ impl EtcdClient {
         self.call("kv/put", &body).map(drop)
     }
 
-    /// Deletes `key` if it is still the one created at `create_revision`
-    /// (ours), in one transaction; returns whether it was.
-    pub(crate) fn delete_if_created(&self, key: &str, create_revision: i64) -> Result<bool, EtcdError> {
-        let key64 = BASE64.encode(key);
-        let body = json!({
-            "compare": [{ "key": key64, "target": "CREATE", "result": "EQUAL",
-                          "create_revision": create_revision.to_string() }],
-            "success": [{ "request_delete_range": { "key": key64 } }],
-        });
-        let reply = self.call("kv/txn", &body)?;
+    /// Deletes every key of `keys` if each is still the one created at its
+    /// create revision (ours), in one transaction; returns whether they
+    /// were (if one was not, none is deleted). At most [`MAX_TXN_OPS`].
+    pub(crate) fn delete_if_created(&self, keys: &[(String, i64)]) -> Result<bool, EtcdError> {
+        assert!(keys.len() <= MAX_TXN_OPS, "{} keys in one transaction", keys.len());
+        let keys64: Vec<(String, String)> = keys.iter().map(|(k, r)| (BASE64.encode(k), r.to_string())).collect();
+        let compare: Vec<Value> = keys64
+            .iter()
+            .map(|(k, r)| json!({ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": r }))
+            .collect();
+        let success: Vec<Value> = keys64.iter().map(|(k, _)| json!({ "request_delete_range": { "key": k } })).collect();
+        let reply = self.call("kv/txn", &json!({ "compare": compare, "success": success }))?;
         Ok(reply.get("succeeded").and_then(Value::as_bool) == Some(true))
     }
 
-    /// Every key under `prefix`, `read` (in the same transaction), and the
-    /// store's revision at that read.
+    /// Every key under `prefix` (without its value), `read` (with its
+    /// value, in the same transaction), and the store's revision at that
+    /// read. Waits up to [`READ_TIMEOUT`]: tens of thousands of keys may
+    /// take etcd seconds to send.
     pub(crate) fn range_prefix(&self, prefix: &str, read: &str) -> Result<PrefixRead, EtcdError> {
         let body = json!({ "success": [
-            { "request_range": { "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)) } },
+            { "request_range": { "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)),
+                                 "keys_only": true } },
             { "request_range": { "key": BASE64.encode(read) } },
         ]});
-        let reply = self.call("kv/txn", &body)?;
+        let reply = self.call_within("kv/txn", &body, READ_TIMEOUT)?;
         let revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
         let kvs = |i: usize| -> Result<Vec<KeyValue>, EtcdError> {
             let kvs = reply.pointer(&format!("/responses/{i}/response_range/kvs")).and_then(Value::as_array);
@@ -401,7 +417,7 @@ impl EtcdClient {
                 "start_revision": start_revision,
             }}),
         };
-        self.history.lock().check()?;
+        let before = self.before_request()?;
         let mut last = EtcdError::new("etcd: no endpoint");
         for endpoint in &self.endpoints {
             let url = format!("{endpoint}/v3/watch");
@@ -434,7 +450,7 @@ impl EtcdClient {
                 };
                 let event: Value = serde_json::from_str(&line)
                     .map_err(|e| EtcdError::new(format!("etcd watch: bad event {line}: {e}")))?;
-                self.observe(&event)?;
+                self.observe(&before, &event)?;
                 let result = event.get("result").unwrap_or(&event);
                 if result.get("canceled").and_then(Value::as_bool) == Some(true) {
                     return Err(EtcdError::new(format!("etcd watch canceled: {result}")));

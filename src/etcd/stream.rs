@@ -16,7 +16,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use super::{CALL_TIMEOUT, EtcdClient, EtcdError, RawKeyValue, int_field, is_timeout, prefix_end, raw_key_value};
+use super::{CALL_TIMEOUT, EtcdClient, EtcdError, RawKeyValue, Seen, int_field, is_timeout, prefix_end, raw_key_value};
 
 /// One message of a watch stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub(crate) enum WatchItem {
 /// An open watch of a prefix.
 pub(crate) struct WatchStream {
     client: EtcdClient,
+    /// What had been seen of etcd's history when the watch was asked for.
+    before: Seen,
     socket: TcpStream,
     endpoint: String,
     /// Bytes read and not yet de-chunked.
@@ -48,7 +50,7 @@ impl EtcdClient {
     /// Watches every key under `prefix` from revision `after + 1`, with
     /// progress notifications; a read waits at most `quiet`.
     pub(crate) fn watch_prefix(&self, prefix: &str, after: i64, quiet: Duration) -> Result<WatchStream, EtcdError> {
-        self.history.lock().check()?;
+        let before = self.before_request()?;
         let body = json!({ "create_request": {
             "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)),
             "start_revision": (after + 1).to_string(), "progress_notify": true,
@@ -56,7 +58,7 @@ impl EtcdClient {
         .to_string();
         let mut last = EtcdError::new("etcd: no endpoint");
         for endpoint in &self.endpoints {
-            match WatchStream::open(self, endpoint, &body, quiet) {
+            match WatchStream::open(self, &before, endpoint, &body, quiet) {
                 Ok(stream) => return Ok(stream),
                 Err(e) => last = e,
             }
@@ -66,7 +68,13 @@ impl EtcdClient {
 }
 
 impl WatchStream {
-    fn open(client: &EtcdClient, endpoint: &str, body: &str, quiet: Duration) -> Result<Self, EtcdError> {
+    fn open(
+        client: &EtcdClient,
+        before: &Seen,
+        endpoint: &str,
+        body: &str,
+        quiet: Duration,
+    ) -> Result<Self, EtcdError> {
         let failed = |e: io::Error| EtcdError::new(format!("etcd at {endpoint}: {e}"));
         let host = endpoint.trim_start_matches("http://");
         let address = host.to_socket_addrs().map_err(failed)?.next();
@@ -83,6 +91,7 @@ impl WatchStream {
         socket.write_all(request.as_bytes()).map_err(failed)?;
         let mut stream = Self {
             client: client.clone(),
+            before: before.clone(),
             socket,
             endpoint: endpoint.to_owned(),
             raw: Vec::new(),
@@ -207,7 +216,7 @@ impl WatchStream {
         }
         let message: Value = serde_json::from_slice(line)
             .map_err(|e| self.error(format!("bad message {}: {e}", String::from_utf8_lossy(line))))?;
-        self.client.observe(&message)?;
+        self.client.observe(&self.before, &message)?;
         if let Some(error) = message.get("error") {
             return Err(self.error(error));
         }

@@ -16,7 +16,7 @@ use std::io;
 use std::sync::{Arc, Weak};
 
 use crate::clock::{Clock, SystemClock};
-use crate::coordination::LeaderElection;
+use crate::coordination::Leading;
 use crate::observe::status::{EntryKind, PeriodicDetails, StatusEntry};
 use crate::observe::{self, Observed};
 use crate::sync::Mutex;
@@ -78,7 +78,7 @@ struct Inner {
     wrapper: Option<ThreadWrapper>,
     log_errors: bool,
     /// Run `do` only while this process leads (guarantees §10).
-    leader: Option<LeaderElection>,
+    leader: Option<Arc<dyn Leading>>,
 }
 
 #[derive(Default)]
@@ -120,7 +120,7 @@ pub struct ManagerBuilder {
     clock: Arc<dyn Clock>,
     wrapper: Option<ThreadWrapper>,
     log_errors: bool,
-    leader: Option<LeaderElection>,
+    leader: Option<Arc<dyn Leading>>,
 }
 
 /// The name of a manager built without [`ManagerBuilder::name`].
@@ -151,8 +151,9 @@ impl ManagerBuilder {
     /// cancelled when leadership is lost. A controller removed before it
     /// ever ran, as on a standby, runs neither `do` nor `stop`. The
     /// campaign runs while the manager has controllers.
-    pub fn leader_election(mut self, election: LeaderElection) -> Self {
-        self.leader = Some(election);
+    #[cfg(feature = "etcd")]
+    pub fn leader_election(mut self, election: crate::LeaderElection) -> Self {
+        self.leader = Some(Arc::new(election));
         self
     }
 
@@ -250,7 +251,7 @@ impl Manager {
             params,
             Arc::clone(&self.inner.clock),
             self.inner.log_errors,
-            self.inner.leader.as_ref(),
+            self.inner.leader.as_deref(),
         );
         let body = {
             let ctl = Arc::clone(&ctl);
@@ -373,7 +374,7 @@ impl Observed for Inner {
                 kind: EntryKind::Periodic(PeriodicDetails {
                     manager: self.name.clone(),
                     running: s.running,
-                    leader: self.leader.as_ref().map(LeaderElection::status),
+                    leader: self.leader.as_ref().map(|election| election.status()),
                     last_duration: s.last_duration,
                     next_run_in: s.next_run_in,
                 }),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
-use crate::coordination::{LeaderElection, Seat};
+use crate::coordination::{LeaderSeat, Leading};
 use crate::logs;
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Context, StopSignal};
@@ -34,7 +34,7 @@ pub(crate) struct Ctl {
     /// With leader election: our use of it (the campaign runs while a
     /// controller of the manager lives, and a `do` of ours may run; losing
     /// leadership cancels the run in progress).
-    leadership: Option<Seat>,
+    leadership: Option<Box<dyn LeaderSeat>>,
     /// `State::removed`, readable without the state lock by a thread
     /// waiting for leadership under the election's lock.
     removing: AtomicBool,
@@ -76,7 +76,7 @@ impl Ctl {
         params: ControllerParams,
         clock: Arc<dyn Clock>,
         log_errors: bool,
-        election: Option<&LeaderElection>,
+        election: Option<&dyn Leading>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak: &Weak<Ctl>| {
             // Time jumps on a fake clock: wake the thread to re-check its due
@@ -98,11 +98,11 @@ impl Ctl {
             });
             let leadership = election.map(|election| {
                 let weak = weak.clone();
-                election.join(move || {
+                election.join(Box::new(move || {
                     if let Some(ctl) = weak.upgrade() {
                         cancel_run(&ctl.state.lock());
                     }
-                })
+                }))
             });
             Ctl {
                 name,
@@ -171,13 +171,9 @@ impl Ctl {
         }
         // A thread waiting for leadership looks again (not under our lock:
         // that thread checks `removing` under the election's).
-        if let Some(election) = self.election() {
-            election.wake();
+        if let Some(leadership) = &self.leadership {
+            leadership.wake();
         }
-    }
-
-    fn election(&self) -> Option<&LeaderElection> {
-        self.leadership.as_ref().map(Seat::election)
     }
 
     pub(crate) fn status(&self) -> ControllerStatus {
@@ -208,16 +204,16 @@ impl Ctl {
     pub(crate) fn run(&self) {
         let mut st = self.state.lock();
         while self.wait_for_run(&mut st) {
-            let fencing_token = match self.election() {
+            let fencing_token = match &self.leadership {
                 None => None,
-                Some(election) => match election.token() {
+                Some(leadership) => match leadership.token() {
                     Some(token) => Some(token),
                     // A standby, removed: it never ran, so no `stop` either.
                     None if st.removed => break,
                     None => {
                         // The run stays due; look again once leading.
                         MutexGuard::unlocked(&mut st, || {
-                            election.wait_token(|| self.removing.load(Ordering::SeqCst));
+                            leadership.wait_token(&|| self.removing.load(Ordering::SeqCst));
                         });
                         continue;
                     }

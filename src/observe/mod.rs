@@ -4,8 +4,10 @@
 //! client-go's global metrics provider do).
 
 pub(crate) mod metrics;
+pub(crate) mod probes;
 mod registry;
 pub mod status;
+mod status_json;
 
 #[cfg(feature = "python")]
 pub(crate) use registry::after_fork_in_child;

@@ -35,6 +35,19 @@ pub(crate) trait Observed: Send + Sync {
     /// Adds this object's current metrics to `out`. Called at scrape time,
     /// with the registry unlocked.
     fn collect_metrics(&self, _out: &mut MetricFamilies) {}
+    /// Adds a line to `out` for each thread of this object that died while
+    /// it should run ([`probes::liveness_problems`](super::probes::liveness_problems)).
+    fn check_live(&self, _out: &mut Vec<String>) {}
+    /// Adds a line to `out` for each reason this object is not ready
+    /// ([`probes::readiness_problems`](super::probes::readiness_problems)).
+    /// By default, what its status rows say (see
+    /// [`StatusEntry::not_ready`]); a component with more to wait for (a
+    /// cache syncing) says so here.
+    fn check_ready(&self, out: &mut Vec<String>) {
+        let mut entries = Vec::new();
+        self.collect_status(&mut entries);
+        out.extend(entries.iter().filter_map(StatusEntry::not_ready));
+    }
 }
 
 struct Registry {

@@ -36,6 +36,9 @@ use std::time::{Duration, SystemTime};
 
 use super::visit;
 
+pub use super::probes::{liveness_problems, readiness_problems};
+pub use super::status_json::to_json;
+
 /// One row of the global status: a [`Controller`](crate::Controller), or one
 /// named controller of a [`Manager`](crate::Manager).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +129,8 @@ pub struct ControllerDetails {
     pub workers: usize,
     /// Reconcile calls that returned (or panicked).
     pub reconciles: u64,
-    /// Calls that returned `Ok(Action::Requeue)` or `Ok(Action::RequeueAfter(_))`.
+    /// Calls that returned `Ok(Action::Requeue)` (`Ok(Action::RequeueAfter(_))`
+    /// counts as a success, see [`Stats::requeues`](crate::Stats::requeues)).
     pub requeues: u64,
     /// Failures that were panics.
     pub panics: u64,
@@ -220,8 +224,9 @@ impl PeriodicDetails {
 }
 
 /// Runs with leader election and does not lead: it keeps its queue warm
-/// but reconciles nothing.
-fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
+/// but reconciles nothing. Python's `stats()["state"]` asks this too, so
+/// it and the status say `"standby"` alike.
+pub(crate) fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
     leader.is_some_and(|l| !l.is_leader())
 }
 
@@ -300,6 +305,33 @@ impl StatusEntry {
             EntryKind::Periodic(details) => details.state(),
             EntryKind::Cache(details) => details.state(),
         }
+    }
+
+    /// Why this row keeps the process from being ready, if it does: a
+    /// controller not running (not started yet, stopping or stopped), or
+    /// one whose leader election or sharding has not yet learnt who leads
+    /// or who the members are; a cache not running or not synced yet
+    /// (what it holds is not yet what its source holds). A standby that
+    /// knows its leader is ready: it is doing what it should.
+    pub fn not_ready(&self) -> Option<String> {
+        let who = format!("{} {:?}", self.kind.label(), self.qualified_name());
+        let (leader, shards) = match &self.kind {
+            EntryKind::Controller(c) if c.state != RunState::Running => return Some(format!("{who}: {}", c.state)),
+            EntryKind::Controller(c) => (c.leader.as_ref(), c.shards.as_ref()),
+            EntryKind::Periodic(p) => (p.leader.as_ref(), None),
+            EntryKind::Cache(c) => {
+                let ready = c.state == RunState::Running && c.synced;
+                return (!ready).then(|| format!("{who}: {}", c.state()));
+            }
+        };
+        let etcd_error = |error: &Option<String>| error.as_ref().map(|e| format!(" (etcd: {e})")).unwrap_or_default();
+        if let Some(l) = leader.filter(|l| !l.is_leader() && l.leader.is_none()) {
+            return Some(format!("{who}: leader of election {:?} unknown{}", l.name, etcd_error(&l.last_error)));
+        }
+        if let Some(s) = shards.filter(|s| s.members == 0) {
+            return Some(format!("{who}: members of sharding {:?} unknown{}", s.name, etcd_error(&s.last_error)));
+        }
+        None
     }
 
     /// `manager/name` for a periodic controller, the name otherwise.
@@ -553,29 +585,72 @@ mod tests {
         assert_eq!(keys[0].downcast_ref::<u32>(), None);
     }
 
-    #[test]
-    fn control_characters_never_break_a_row() {
-        let entry = StatusEntry {
-            name: "two\nlines\tname".into(),
+    /// Periodic controller `name` of manager "m", not running and never
+    /// run, with `leader` as its election's status.
+    fn idle_periodic(name: &str, leader: Option<crate::LeaderStatus>) -> StatusEntry {
+        StatusEntry {
+            name: name.into(),
             kind: EntryKind::Periodic(PeriodicDetails {
                 manager: "m".into(),
                 running: false,
-                leader: None,
+                leader,
                 last_duration: None,
                 next_run_in: None,
             }),
             successes: 0,
+            failures: 0,
+            consecutive_failures: 0,
+            last_error: None,
+            last_error_time: None,
+            last_success_time: None,
+        }
+    }
+
+    #[test]
+    fn control_characters_never_break_a_row() {
+        let entry = StatusEntry {
             failures: 1,
             consecutive_failures: 1,
             last_error: Some("bad\r\tthing".into()),
             last_error_time: Some(SystemTime::UNIX_EPOCH),
-            last_success_time: None,
+            ..idle_periodic("two\nlines\tname", None)
         };
         let table = format_table_at(&[entry], SystemTime::UNIX_EPOCH + Duration::from_secs(90));
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3, "{table}");
         assert!(lines[2].starts_with("m/two lines name  periodic  idle "), "{table}");
         assert!(lines[2].contains("1m30s ago") && lines[2].contains("bad  thing"), "{table}");
+    }
+
+    #[test]
+    fn readiness_needs_a_running_controller_that_knows_its_leader() {
+        let leader = |token: Option<u64>, leader: Option<&str>| crate::LeaderStatus {
+            name: "e".into(),
+            fencing_token: token,
+            leader: leader.map(str::to_owned),
+            last_error: leader.is_none().then(|| "connection refused".to_owned()),
+        };
+        let periodic = |status: Option<crate::LeaderStatus>| idle_periodic("gc", status);
+        assert_eq!(periodic(None).not_ready(), None, "no election: nothing to wait for");
+        assert_eq!(periodic(Some(leader(Some(3), Some("me")))).not_ready(), None, "the leader");
+        assert_eq!(periodic(Some(leader(None, Some("other")))).not_ready(), None, "a standby that knows its leader");
+        assert_eq!(
+            periodic(Some(leader(None, None))).not_ready().as_deref(),
+            Some("periodic \"m/gc\": leader of election \"e\" unknown (etcd: connection refused)")
+        );
+    }
+
+    #[test]
+    fn readiness_needs_a_running_cache_that_synced() {
+        let cache = |state: RunState, synced: bool| StatusEntry {
+            kind: EntryKind::Cache(CacheDetails { state, synced, keys: 0, position: None, relists: 0 }),
+            ..idle_periodic("pods", None)
+        };
+        assert_eq!(cache(RunState::Running, true).not_ready(), None);
+        let not_ready = |state, synced| cache(state, synced).not_ready();
+        assert_eq!(not_ready(RunState::NotStarted, false).as_deref(), Some("cache \"pods\": not started"));
+        assert_eq!(not_ready(RunState::Running, false).as_deref(), Some("cache \"pods\": syncing"));
+        assert_eq!(not_ready(RunState::Stopped, true).as_deref(), Some("cache \"pods\": stopped"));
     }
 
     #[test]

@@ -1,15 +1,20 @@
 //! Checks of the Python callables reconq calls from its own threads.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 
 static IS_COROUTINE_FUNCTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+static SIGNATURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 /// `obj` must be callable and not an `async def` function: engine threads
 /// call it directly, with no event loop, so a coroutine function would
-/// return a coroutine that never runs (`what` names the argument).
-pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+/// return a coroutine that never runs (`what` names the argument). It must
+/// also accept `args` positional arguments where Python can tell (see
+/// [`check_arguments`]).
+pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
     let py = obj.py();
     if !obj.is_callable() {
         let kind = obj.get_type().name()?;
@@ -23,5 +28,36 @@ pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str) -> PyResul
              threads, with no event loop"
         )));
     }
-    Ok(())
+    check_arguments(obj, what, args)
+}
+
+/// `obj` must accept a call with `args` positional arguments: checked now,
+/// with `inspect.signature`, because a wrong signature would otherwise
+/// show only when the engine calls it, as a failure retried forever. A
+/// callable without a signature (some builtins) is accepted.
+fn check_arguments(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
+    let py = obj.py();
+    let signature =
+        SIGNATURE.get_or_try_init(py, || Ok::<_, PyErr>(py.import("inspect")?.getattr("signature")?.unbind()))?;
+    let signature = match signature.bind(py).call1((obj,)) {
+        Ok(signature) => signature,
+        Err(e) if e.is_instance_of::<PyValueError>(py) || e.is_instance_of::<PyTypeError>(py) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let placeholders = PyTuple::new(py, (0..args).map(|_| py.None()))?;
+    match signature.call_method1("bind", placeholders) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            let takes = match args {
+                0 => "no arguments".to_owned(),
+                1 => "one positional argument".to_owned(),
+                n => format!("{n} positional arguments"),
+            };
+            Err(PyTypeError::new_err(format!(
+                "{what} must accept {takes}, but its signature is {signature} ({})",
+                e.value(py)
+            )))
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -27,10 +27,11 @@ use super::attach::attach;
 use super::attach::python_thread_wrapper;
 use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
-use super::duration::{delay_from_py, non_negative_from_py, timeout_from_py, to_secs, unix_timestamp};
+use super::duration::{delay_from_py, non_negative_from_py, shown, timeout_from_py, to_secs, unix_timestamp};
 use super::election::PyLeaderElection;
 use super::key::PyKey;
-use super::limiters::optional_limiter_from_py;
+use super::limiters::limiter_from_py;
+use super::priority::priority_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use super::sharding::{PySharding, resync_from_py};
@@ -48,6 +49,17 @@ struct TriggerEvents {
     map: HashMap<PyKey, (u64, Py<PyAny>)>,
 }
 
+/// The most worker threads a Python controller takes. Every worker waiting
+/// for the GIL wakes at each switch interval (5 ms) to ask for it, so with
+/// n workers busy each hand-over of the GIL costs O(n) wake-ups and a
+/// drain of k keys O(n·k): a stop draining four keys per worker took
+/// 0.08 s with 1,000 workers, 0.6 s with 2,000, 6.5 s with 4,000 and 75 s
+/// with 8,000 (a stop with nothing to drain stays linear: 0.7 s for
+/// 14,000). Past a few hundred threads more workers only add that
+/// cost (I/O-bound reconciles release the GIL, but a thousand in flight is
+/// already far past what one interpreter keeps busy).
+const MAX_WORKERS: i64 = 1024;
+
 /// A pool of worker threads calling `reconcile(key)` for keys enqueued,
 /// never two at once for one key.
 ///
@@ -57,6 +69,36 @@ struct TriggerEvents {
 /// value is a failure (TypeError). Every exception is a failure, including
 /// `KeyboardInterrupt` and `SystemExit`: a worker never dies. Failures are
 /// logged on the "reconq" logger.
+///
+/// Keyword arguments (durations in seconds; docs/guarantees.md has the
+/// details):
+///
+/// - `workers=1`: worker threads, at least 1.
+/// - `rate_limiter=None`: the retry back-off (a `RateLimiter`); None means
+///   `default_rate_limiter()`.
+/// - `name="controller"`: the name in logs, metrics, `status()` and a
+///   store.
+/// - `hanging_threshold=None`: report reconciles running longer than this
+///   (`stats()["hanging"]`, the status table, a log line).
+/// - `timeout=None`: cancel a reconcile running longer than this; it then
+///   counts as a failure and is retried.
+/// - `group=None`: `group(key)` names the key's group, for
+///   `max_in_flight_per_group`.
+/// - `max_in_flight_per_group=None`: at most this many reconciles of one
+///   group at once.
+/// - `clock=None`: a `FakeClock` that every delay and back-off is measured
+///   on (tests).
+/// - `jitter=None`: `(fraction, seed)`: retry delays scaled by a seeded
+///   random factor in [1 - fraction, 1 + fraction].
+/// - `parked_capacity=None`: the most permanently failed keys kept.
+/// - `leader_election=None`: a `LeaderElection`: reconcile only while this
+///   process leads.
+/// - `store=None`: a `SqliteStore` or a path: pending and parked keys and
+///   failure counts survive a restart.
+/// - `sharding=None`: a `Sharding`: reconcile only the keys of the
+///   partitions this replica owns.
+/// - `resync=None`: with `sharding`, a callable listing every key; called
+///   when partitions are gained.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -174,10 +216,11 @@ fn reconcile_timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<
     Ok(timeout)
 }
 
-fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Py<PyAny>>> {
+/// An optional callable taking `args` positional arguments.
+fn optional_callable(obj: Option<&Bound<'_, PyAny>>, what: &str, args: usize) -> PyResult<Option<Py<PyAny>>> {
     match obj {
         Some(f) if !f.is_none() => {
-            check_sync_callable(f, what)?;
+            check_sync_callable(f, what, args)?;
             Ok(Some(f.clone().unbind()))
         }
         _ => Ok(None),
@@ -242,9 +285,9 @@ impl PyController {
         // only (its dropped keys were logged by the helper).
         let bare = |finished: bool| StopReport {
             finished,
-            unfinished: Vec::new(),
             detached_threads: self.handle.background_threads(),
-            dropped: Vec::new(),
+            store_error: self.handle.store_error(),
+            ..StopReport::finished_with_nothing_left()
         };
         let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
         let waited = wait_interruptibly(py, None, |slice| {
@@ -300,17 +343,18 @@ impl PyController {
         life.stop_requested && life.live_workers == 0
     }
 
-    /// Whether the calling thread is one of this controller's workers.
-    fn on_own_worker(&self) -> bool {
-        let current = std::thread::current();
-        let Some(name) = current.name() else {
-            return false;
-        };
-        name.strip_prefix("reconq-")
-            .and_then(|rest| rest.strip_prefix(&*self.name))
-            .and_then(|rest| rest.strip_prefix('-'))
-            .and_then(|index| index.parse::<usize>().ok())
-            .is_some_and(|index| index < self.workers)
+    /// Refuses a call that waits for the controller to become idle or
+    /// stopped when made from one of its own reconciles: it would wait for
+    /// itself forever (the worker never returns, and a later `stop()`
+    /// without a timeout waits for that worker).
+    fn refuse_on_own_worker(&self, call: &str) -> PyResult<()> {
+        if self.handle.on_own_worker() {
+            return Err(PyRuntimeError::new_err(format!(
+                "{call} called from a reconcile of controller {:?}: it would wait for that reconcile itself",
+                &*self.name
+            )));
+        }
+        Ok(())
     }
 
     /// `stop` and `stop_with_report`: stops, and reports what was left.
@@ -329,22 +373,21 @@ impl PyController {
             this.handle.stop();
             drop(builder);
         }
-        let result = if this.on_own_worker() {
+        let result = if this.handle.on_own_worker() {
             // Called from a reconcile of this controller: waiting for the
             // workers would wait for ourselves. Start the stop and return.
             if drain {
                 let handle = this.handle.clone();
                 std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
             }
-            Ok(StopReport { finished: false, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new() })
+            Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() })
         } else if drain {
             this.stop_drain(py, timeout)
         } else {
             this.stop_now(py, timeout).map(|finished| StopReport {
                 finished,
-                unfinished: Vec::new(),
-                detached_threads: 0,
-                dropped: Vec::new(),
+                store_error: this.handle.store_error(),
+                ..StopReport::finished_with_nothing_left()
             })
         };
         this.release_callback();
@@ -398,21 +441,22 @@ impl PyController {
         sharding: Option<PyRef<'_, PySharding>>,
         resync: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        check_sync_callable(reconcile, "reconcile")?;
-        if workers < 1 {
-            return Err(PyValueError::new_err(format!("workers must be at least 1, got {workers}")));
+        check_sync_callable(reconcile, "reconcile", 1)?;
+        if !(1..=MAX_WORKERS).contains(&workers) {
+            return Err(PyValueError::new_err(format!("workers must be between 1 and {MAX_WORKERS}, got {workers}")));
         }
-        let workers = usize::try_from(workers).map_err(|_| PyOverflowError::new_err("workers is out of range"))?;
+        let workers = usize::try_from(workers).expect("checked: 1..=MAX_WORKERS");
         if name.contains('\0') {
             return Err(PyValueError::new_err("name must not contain NUL characters"));
         }
-        let limiter = optional_limiter_from_py(rate_limiter)?;
+        // None keeps the engine's default (a per-key exponential back-off).
+        let limiter = rate_limiter.filter(|l| !l.is_none()).map(|l| limiter_from_py(l, "rate_limiter")).transpose()?;
         let threshold = match hanging_threshold {
             Some(t) if !t.is_none() => Some(non_negative_from_py(t, "hanging_threshold")?),
             _ => None,
         };
         let timeout = reconcile_timeout_from_py(timeout)?;
-        let group = optional_callable(group, "group")?;
+        let group = optional_callable(group, "group", 1)?;
         let max_in_flight_per_group = match max_in_flight_per_group {
             None => None,
             Some(n) if n < 1 => {
@@ -443,16 +487,18 @@ impl PyController {
         if leader_election.is_some() && sharding.is_some() {
             return Err(PyValueError::new_err("a controller takes leader_election or sharding, not both"));
         }
-        let resync = optional_callable(resync, "resync")?;
+        let resync = optional_callable(resync, "resync", 0)?;
         let name: Arc<str> = Arc::from(name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(reconcile.clone().unbind()))));
         let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
         let mut builder = Controller::new(&*name, reconciler)
             .workers(workers)
-            .rate_limiter(limiter)
             .thread_wrapper(python_thread_wrapper())
             // `PyReconciler` logs exceptions itself, with their tracebacks.
             .log_errors(false);
+        if let Some(limiter) = limiter {
+            builder = builder.rate_limiter(limiter);
+        }
         if let Some(threshold) = threshold {
             builder = builder.hanging_threshold(threshold);
         }
@@ -517,7 +563,7 @@ impl PyController {
     /// enqueue raises a waiting key's priority, never lowers it). Ignored
     /// once stopped.
     #[pyo3(signature = (key, priority=0))]
-    fn enqueue(&self, key: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         if !self.stopping() {
             self.handle.enqueue_with_priority(key, priority);
@@ -527,7 +573,12 @@ impl PyController {
 
     /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
     #[pyo3(signature = (key, seconds, priority=0))]
-    fn enqueue_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue_after(
+        &self,
+        key: &Bound<'_, PyAny>,
+        seconds: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+    ) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
         if !self.stopping() {
@@ -539,7 +590,12 @@ impl PyController {
     /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
     /// time in the past means now).
     #[pyo3(signature = (key, t, priority=0))]
-    fn enqueue_at(&self, key: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn enqueue_at(
+        &self,
+        key: &Bound<'_, PyAny>,
+        t: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+    ) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let t = timestamp_from_py(t, "t")?;
         let now = Instant::now();
@@ -550,7 +606,7 @@ impl PyController {
             Duration::try_from_secs_f64(ahead)
                 .ok()
                 .and_then(|d| now.checked_add(d))
-                .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {t}")))?
+                .ok_or_else(|| PyOverflowError::new_err(format!("t is out of range: {}", shown(t))))?
         };
         if !self.stopping() {
             self.handle.enqueue_at_with_priority(key, at, priority);
@@ -558,21 +614,24 @@ impl PyController {
         Ok(())
     }
 
-    /// Starts the worker threads and returns at once. Starting twice, or
-    /// after stop, does nothing. Raises RuntimeError, with nothing left
-    /// running and the controller stopped, if the OS refuses a thread (each
-    /// worker needs a stack: thousands of workers can exceed a memory or
-    /// thread limit).
+    /// Starts the worker threads and returns at once. Raises RuntimeError
+    /// if it was started before or stopped (a controller runs once: make a
+    /// new one), and, with nothing left running and the controller
+    /// stopped, if the OS refuses a thread (each worker needs a stack:
+    /// thousands of workers can exceed a memory or thread limit).
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
-        let Some(builder) = this.builder.lock().take() else {
-            return Ok(());
-        };
+        let refused = |why: &str| PyRuntimeError::new_err(format!("controller {:?} {why}", &*this.name));
+        // `stop()` takes the builder too: it decides which refusal this is.
+        let builder = this.builder.lock().take();
         if this.stop_called.load(Ordering::SeqCst) {
             drop(builder);
-            return Ok(());
+            return Err(refused("was stopped and cannot start again: make a new Controller"));
         }
+        let Some(builder) = builder else {
+            return Err(refused("is already started"));
+        };
         // Spawning takes engine locks; the new threads attach at once. A
         // store's claim and restore happen here too (file I/O).
         let started = py.detach(move || builder.try_start().map(drop));
@@ -595,15 +654,22 @@ impl PyController {
     /// seconds (None: until the reconciles return); a second signal during
     /// the drain stops at once (running reconciles are cancelled and left
     /// to return on their own). Either way `run()` then returns normally;
-    /// the keys it left are logged.
+    /// the keys it left are logged. After `start()`, it only blocks until
+    /// the controller is stopped; stopped before it ever started, it
+    /// raises RuntimeError, as `start()` does. Raises
+    /// RuntimeError when called from one of this controller's reconciles
+    /// (it would wait for itself).
     #[pyo3(signature = (stop_timeout=None))]
     fn run(slf: &Bound<'_, Self>, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = slf.py();
+        slf.get().refuse_on_own_worker("run()")?;
         let stop_timeout = timeout_from_py(stop_timeout)?;
         let handle = &slf.get().handle;
         let _sigterm = SigtermAsInterrupt::install(py)?;
-        // A Ctrl-C may land while start() runs Python code, too.
-        let waited = Self::start(slf)
+        // A Ctrl-C may land while start() runs Python code, too. Started
+        // already: run() only blocks until stopped (at once if it is).
+        let started = slf.get().started.load(Ordering::SeqCst);
+        let waited = (if started { Ok(()) } else { Self::start(slf) })
             .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
         match waited {
             Ok(_) => Ok(()),
@@ -674,7 +740,9 @@ impl PyController {
     /// `finished` (every worker finished in time), `unfinished` (keys whose
     /// reconcile was still running at the deadline) and `dropped` (keys
     /// dropped without a reconcile: waiting on a delay or a retry, or ready
-    /// at the deadline).
+    /// at the deadline) and, with a store, `store_error` (why the stop's
+    /// last flush failed, else None; the file then keeps the last
+    /// successful flush).
     #[pyo3(signature = (timeout=None))]
     fn stop_with_report<'py>(
         slf: &Bound<'py, Self>,
@@ -690,6 +758,10 @@ impl PyController {
         d.set_item("finished", report.finished)?;
         d.set_item("unfinished", keys(&report.unfinished)?)?;
         d.set_item("dropped", keys(&report.dropped)?)?;
+        if slf.get().handle.core.rt.get().is_some_and(|rt| rt.store.is_some()) {
+            // With a store only, as in `stats()`.
+            d.set_item("store_error", report.store_error.as_deref())?;
+        }
         Ok(d)
     }
 
@@ -697,10 +769,13 @@ impl PyController {
     /// time; returns False if `timeout` seconds passed first. Once it
     /// returns True, `stats()` counts every reconcile that has returned.
     /// Keys waiting for a retry or a `Requeue(after=)` resync count as
-    /// busy, so a controller that resyncs never becomes idle.
+    /// busy, so a controller that resyncs never becomes idle. Raises
+    /// RuntimeError when called from one of this controller's reconciles
+    /// (it would wait for itself).
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
+        self.refuse_on_own_worker("wait_idle()")?;
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let handle = &self.handle;
         let idle =
@@ -715,7 +790,11 @@ impl PyController {
         let d = PyDict::new(py);
         d.set_item("name", &*self.name)?;
         d.set_item("workers", self.workers)?;
-        d.set_item("state", self.state())?;
+        let state = match self.state() {
+            "running" if crate::observe::status::is_standby(stats.leader.as_ref()) => "standby",
+            state => state,
+        };
+        d.set_item("state", state)?;
         d.set_item("reconciles", stats.reconciles)?;
         d.set_item("successes", stats.successes)?;
         d.set_item("failures", stats.failures)?;
@@ -816,7 +895,7 @@ impl PyController {
     #[pyo3(name = "add_trigger")]
     fn add_trigger(&self, py: Python<'_>, key: &Bound<'_, PyAny>, r#fn: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
-        check_sync_callable(r#fn, "fn")?;
+        check_sync_callable(r#fn, "fn", 1)?;
         let event = py.import("threading")?.getattr("Event")?.call0()?;
         let (id, replaced) = {
             let mut reg = self.triggers.lock();
@@ -858,11 +937,11 @@ impl PyController {
                         Ok(_) => !event.is_truthy_method(),
                         Err(e) => {
                             let message = super::errors::describe(py, &e);
-                            let key = trigger_key.to_py(py).ok();
+                            let key = trigger_key.to_py(py).map(|obj| trigger_key.log_repr(&obj)).unwrap_or_default();
                             log(
                                 py,
                                 "error",
-                                ("controller %r: trigger for %r raised: %s", &*name, key, message),
+                                ("controller %r: trigger for %s raised: %s", &*name, key, message),
                                 Some(&e),
                             );
                             false
@@ -894,7 +973,7 @@ impl PyController {
     /// ends the watch. Ignored once stopped.
     #[pyo3(signature = (iterable, transform=None))]
     fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let transform = optional_callable(transform, "transform")?;
+        let transform = optional_callable(transform, "transform", 1)?;
         let iter = iterable.try_iter()?.unbind();
         if self.stop_called.load(Ordering::SeqCst) {
             return Ok(());

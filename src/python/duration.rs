@@ -31,8 +31,31 @@ fn seconds(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
 }
 
 fn from_secs(secs: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| PyOverflowError::new_err(format!("{what} is out of range: {secs} seconds")))
+    Duration::try_from_secs_f64(secs).map_err(|_| out_of_range(what, secs))
+}
+
+/// The error for a number of seconds too large for a `Duration` (or an
+/// instant), short however large the number: `1e300` is shown as `1e300`,
+/// not as its 301 digits.
+fn out_of_range(what: &str, secs: f64) -> PyErr {
+    let largest = Duration::MAX.as_secs_f64();
+    PyOverflowError::new_err(format!("{what} is out of range: {} seconds (at most {largest:e})", shown(secs)))
+}
+
+/// A float for an error message: `1e300` rather than its 301 digits.
+pub(crate) fn shown(x: f64) -> String {
+    if x.abs() < 1e15 { format!("{x}") } else { format!("{x:e}") }
+}
+
+/// A positive number of seconds (`flush_interval=`): not positive (or NaN)
+/// is a `ValueError`, past `Duration::MAX` an `OverflowError` (not "not
+/// positive").
+pub(crate) fn positive_secs(secs: f64, what: &str) -> PyResult<Duration> {
+    match Duration::try_from_secs_f64(secs) {
+        Err(_) if secs > 0.0 => Err(out_of_range(what, secs)),
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(PyValueError::new_err(format!("{what} must be a positive number of seconds, got {}", shown(secs)))),
+    }
 }
 
 /// A delay: negative means now (zero).

@@ -87,6 +87,20 @@ impl PyKey {
     }
 }
 
+impl PyKey {
+    /// The key as a log line shows it: Python's `repr` of `obj` (the key as
+    /// a Python value), or for a key too long for a log line its Python-like
+    /// notation cut at `logs::KEY_CHARS` (which costs no more than a short
+    /// key: the cut stops the formatting).
+    pub(crate) fn log_repr(&self, obj: &Bound<'_, PyAny>) -> String {
+        let short = format!("{:?}", crate::logs::Short(self));
+        if crate::logs::was_cut(&short) {
+            return short;
+        }
+        obj.repr().map(|r| r.to_string()).unwrap_or(short)
+    }
+}
+
 /// Python-like notation, for logs and error messages.
 impl fmt::Debug for PyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -62,8 +62,9 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
+/// `do` or `stop`: called with no arguments.
 fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
-    check_sync_callable(obj, what)?;
+    check_sync_callable(obj, what, 0)?;
     Ok(Arc::new(obj.clone().unbind()))
 }
 

@@ -16,7 +16,9 @@ fn metrics_text(py: Python<'_>) -> String {
 }
 
 /// Serves `GET /metrics` on `addr:port` from one background thread (no CPU
-/// while idle). `port=0` picks a free port (see `.port`). `addr` defaults to
+/// while idle), and `/status` (the status table; JSON on `Accept:
+/// application/json` or `?format=json`), `/healthz` and `/readyz`
+/// (Kubernetes probes: 200 `ok`, or 503 with one line per problem). `port=0` picks a free port (see `.port`). `addr` defaults to
 /// 127.0.0.1 (this machine only); pass `addr="0.0.0.0"` for a scrape from
 /// outside a container. Returns a `MetricsServer`; the server runs until
 /// it is closed (`close()`, or a `with` block) or the process ends, even if

@@ -20,6 +20,7 @@ mod limiters;
 mod logs;
 mod manager;
 mod metrics;
+mod priority;
 mod queue;
 mod reconciler;
 mod sharding;

@@ -20,6 +20,7 @@ use super::duration::{delay_from_py, timeout_from_py};
 use super::errors::ShutDown;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
+use super::priority::priority_from_py;
 use crate::{GetError, WorkQueue};
 
 /// How long a main-thread wait runs before checking for signals.
@@ -109,7 +110,7 @@ impl PyWorkQueue {
     /// handed out first; adding a waiting key raises its priority, never
     /// lowers it). Ignored once shut down.
     #[pyo3(signature = (key, priority=0))]
-    fn add(&self, key: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn add(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         self.queue.add_with_priority(PyKey::from_py(key)?, priority);
         Ok(())
     }
@@ -117,7 +118,12 @@ impl PyWorkQueue {
     /// Marks `key` as needing processing `seconds` from now (<= 0: now); it
     /// keeps `priority` when it becomes ready.
     #[pyo3(signature = (key, seconds, priority=0))]
-    fn add_after(&self, key: &Bound<'_, PyAny>, seconds: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+    fn add_after(
+        &self,
+        key: &Bound<'_, PyAny>,
+        seconds: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+    ) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let delay = delay_from_py(seconds, "seconds")?;
         self.queue.add_after_with_priority(key, delay, priority);

@@ -21,6 +21,7 @@ use super::attach::attach;
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
+use crate::logs::{Loudness, failure_loudness};
 use crate::{Action, Context, ReconcileError, Reconciler};
 
 /// The Python callable a controller calls; emptied when the controller stops
@@ -99,9 +100,17 @@ impl PyReconciler {
         };
         let result = with_scope(&key_obj, ctx, || callback.bind(py).call1((&key_obj,)));
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
+        // A repeat of the key's previous error is logged more quietly and
+        // without its traceback (see `logs::failure_loudness`).
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
+            let (level, exc, what) = match failure_loudness(attempt, ctx.previous_error.as_deref(), message) {
+                Loudness::Full => (level, exc, "failed"),
+                Loudness::Again => ("warning", None, "failed again"),
+                Loudness::Quiet => ("debug", None, "failed again"),
+            };
+            let shown = key.log_repr(&key_obj);
             let args =
-                ("controller %r: reconcile of %r failed (attempt %d): %s", &*self.name, &key_obj, attempt, message);
+                ("controller %r: reconcile of %s %s (attempt %d): %s", &*self.name, shown, what, attempt, message);
             log(py, level, args, exc);
         };
         match classify(py, result) {
@@ -178,6 +187,16 @@ impl Drop for PyEvents {
 /// The keys a watch enqueues for one event: `transform(event)` (or the
 /// event), a `list` giving one key per element. Bad keys and exceptions in
 /// `transform` are logged and skipped.
+/// `reprlib.repr(obj)`: a repr of any object short enough for a log line
+/// (an event or a bad key can be arbitrarily large).
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let py = obj.py();
+    py.import("reprlib")
+        .and_then(|reprlib| reprlib.call_method1("repr", (obj,)))
+        .and_then(|r| r.extract::<String>())
+        .unwrap_or_else(|e| format!("<unprintable: {}>", describe(py, &e)))
+}
+
 pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: Py<PyAny>) -> Vec<PyKey> {
     attach(|py| {
         let event = event.into_bound(py);
@@ -189,7 +208,7 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
                     log(
                         py,
                         "error",
-                        ("controller %r: watch transform raised for event %r: %s", name, &event, message),
+                        ("controller %r: watch transform raised for event %s: %s", name, short_repr(&event), message),
                         Some(&e),
                     );
                     return Vec::new();
@@ -201,7 +220,8 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
             Ok(k) => Some(k),
             Err(e) => {
                 let message = describe(py, &e);
-                log(py, "error", ("controller %r: watch produced a bad key %r: %s", name, item, message), None);
+                let item = short_repr(item);
+                log(py, "error", ("controller %r: watch produced a bad key %s: %s", name, item, message), None);
                 None
             }
         };

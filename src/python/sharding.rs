@@ -102,7 +102,7 @@ pub(crate) fn resync_from_py(resync: Py<PyAny>) -> impl Fn() -> Vec<PyKey> + Sen
             });
             listed.unwrap_or_else(|e| {
                 let message = super::errors::describe(py, &e);
-                tracing::error!(target: "reconq::sharding", error = %message, "resync raised; no keys enqueued");
+                tracing::error!(target: "reconq::controller", error = %message, "resync raised; no keys enqueued");
                 Vec::new()
             })
         })

@@ -1,12 +1,14 @@
 //! `reconq.SqliteStore` and the `store=` option's value.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::store::{SqliteStore, StoreError};
+use super::duration::positive_secs;
+use crate::store::{SqliteStore, StoreError, is_open_in_this_process};
 
 pyo3::create_exception!(
     reconq,
@@ -25,6 +27,46 @@ pub(crate) fn store_error(err: &StoreError) -> PyErr {
     }
 }
 
+/// Refuses `sqlite3.connect` on a store file this process has open: a
+/// second SQLite library in one process ignores our locks and corrupts the
+/// file or crashes the process (see `crate::store` `open_files`). An audit
+/// hook (PEP 578) is the stdlib's own way to veto an operation.
+#[pyfunction]
+fn refuse_sqlite3_on_open_stores(py: Python<'_>, event: &str, args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+    if event != "sqlite3.connect" {
+        return Ok(());
+    }
+    let Some(path) = args.get_item(0).ok().and_then(|database| database.extract::<PathBuf>().ok()) else {
+        return Ok(());
+    };
+    // A URI (`file:state.db?mode=ro`) names the file before its query.
+    let text = path.to_string_lossy();
+    let file =
+        text.strip_prefix("file:").map_or(path.as_path(), |rest| Path::new(rest.split('?').next().unwrap_or("")));
+    if !is_open_in_this_process(file) {
+        return Ok(());
+    }
+    let error = py.import("sqlite3")?.getattr("OperationalError")?;
+    Err(PyErr::from_value(error.call1((format!(
+        "{} is a reconq store open in this process: a second SQLite library in one process (this sqlite3 \
+         module) ignores its locks and can corrupt it or crash the process. Read it from another process \
+         (the sqlite3 shell, a script), or after the store is closed",
+        path.display()
+    ),))?))
+}
+
+/// Installs [`refuse_sqlite3_on_open_stores`] once, when Python first
+/// opens a store.
+fn guard_against_second_sqlite(py: Python<'_>) -> PyResult<()> {
+    static INSTALLED: Once = Once::new();
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = wrap_pyfunction!(refuse_sqlite3_on_open_stores, py)
+            .and_then(|hook| py.import("sys")?.call_method1("addaudithook", (hook,)).map(drop));
+    });
+    result
+}
+
 /// An embedded SQLite store for controllers' pending work.
 #[pyclass(name = "SqliteStore", module = "reconq", frozen)]
 pub(crate) struct PySqliteStore {
@@ -36,14 +78,8 @@ impl PySqliteStore {
     #[new]
     #[pyo3(signature = (path, flush_interval=1.0))]
     fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
-        let interval = Duration::try_from_secs_f64(flush_interval)
-            .ok()
-            .filter(|interval| !interval.is_zero())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "flush_interval must be a positive number of seconds, got {flush_interval}"
-                ))
-            })?;
+        let interval = positive_secs(flush_interval, "flush_interval")?;
+        guard_against_second_sqlite(py)?;
         let store = py.detach(|| SqliteStore::open_with_flush_interval(path, interval)).map_err(|e| store_error(&e))?;
         Ok(Self { store })
     }
@@ -77,6 +113,7 @@ pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResul
             store.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())
         ))
     })?;
+    guard_against_second_sqlite(py)?;
     py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(|e| store_error(&e))
 }
 

@@ -36,6 +36,7 @@ mod metrics;
 mod ready;
 mod slab;
 mod state;
+mod stop_views;
 
 use std::fmt;
 use std::hash::Hash;
@@ -189,6 +190,8 @@ pub struct WorkQueueBuilder<K> {
     name: Option<String>,
     /// `Some(limit)`: serve groups round-robin (see `ready.rs`).
     groups: Option<Option<usize>>,
+    /// Keep what shutdowns drop or refuse (`stop_views.rs`).
+    stop_views: bool,
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
@@ -222,6 +225,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
         self
     }
 
+    /// Keeps what a shutdown drops or refuses, for a controller's store
+    /// (see `stop_views.rs`).
+    pub(crate) fn keep_stop_views(mut self) -> Self {
+        self.stop_views = true;
+        self
+    }
+
     pub fn build(self) -> WorkQueue<K> {
         let recorder = if self.name.is_some() { Recorder::on() } else { Recorder::off() };
         let ready = match self.groups {
@@ -246,7 +256,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 self.clock.subscribe(Arc::downgrade(&wake));
                 wake
             });
-            let q = QueueState::new(recorder, ready);
+            let mut q = QueueState::new(recorder, ready);
+            if self.stop_views {
+                q.keep_stop_views();
+            }
             Shared {
                 prefetcher: q.prefetcher(),
                 locked: Mutex::new(Locked {
@@ -287,7 +300,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     pub fn builder() -> WorkQueueBuilder<K> {
-        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None }
+        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None, stop_views: false }
     }
 
     /// Marks `key` as needing processing now. Ignored once shut down.
@@ -309,7 +322,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// [`add_at`](Self::add_at) with priority `priority`.
     pub fn add_at_with_priority(&self, key: K, due: Instant, priority: i32) {
-        self.add_at_instant(key, due, self.shared.clock.now(), Place { prio: priority, group: 0 });
+        self.add_at_instant(key, due, self.shared.clock.now(), Place { prio: priority, group: 0 }, QueueState::add_at);
     }
 
     /// An add with a priority and a group (the group is kept only if the
@@ -323,11 +336,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
             return self.add_now(key, true, place);
         }
         let now = self.shared.clock.now();
-        self.add_at_instant(key, deadline_after(now, delay), now, place);
+        self.add_at_instant(key, deadline_after(now, delay), now, place, QueueState::add_at);
     }
 
     pub(crate) fn add_at_placed(&self, key: K, due: Instant, place: Place) {
-        self.add_at_instant(key, due, self.shared.clock.now(), place);
+        self.add_at_instant(key, due, self.shared.clock.now(), place, QueueState::add_at);
     }
 
     /// `add`; `retry` counts it for the metrics' retries (a zero-delay
@@ -363,25 +376,36 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// Marks `key` as needing processing at `due` on the queue's clock.
     pub fn add_at(&self, key: K, due: Instant) {
-        self.add_at_instant(key, due, self.shared.clock.now(), Place::default());
+        self.add_at_instant(key, due, self.shared.clock.now(), Place::default(), QueueState::add_at);
     }
 
-    fn add_at_instant(&self, key: K, due: Instant, now: Instant, place: Place) {
+    /// A reconcile's retry of `key` after `delay` (the controller's): an
+    /// [`add_after`](Self::add_after), except that once shut down, a queue
+    /// that keeps stop views keeps it there (see `stop_views.rs`).
+    pub(crate) fn retry_after_placed(&self, key: K, delay: Duration, place: Place) {
+        let now = self.shared.clock.now();
+        self.add_at_instant(key, deadline_after(now, delay), now, place, QueueState::retry_at);
+    }
+
+    fn add_at_instant(&self, key: K, due: Instant, now: Instant, place: Place, add: AddAt<K>) {
         let mut g = self.shared.lock();
         let mut stamp = Now::new();
         self.shared.sync(&mut g, &mut stamp);
         g.q.count_retry();
-        if let Added::Scheduled(due) = g.q.add_at(key, due, now, &mut stamp, place) {
+        if let Added::Scheduled(due) = add(&mut g.q, key, due, now, &mut stamp, place) {
             self.shared.on_scheduled(&mut g, due);
         }
         self.shared.publish_ready(&g);
         self.shared.wake_ready(&mut g);
     }
 
-    /// Re-adds `key` after the wait its rate limiter gives (G6).
+    /// Re-adds `key` after the wait its rate limiter gives (G6). A key
+    /// being processed comes back with the priority it was handed out with
+    /// (P3), as the controller's retries do.
     pub fn add_rate_limited(&self, key: K) {
         let delay = self.shared.limiter.when(&key);
-        self.add_after(key, delay);
+        let prio = self.shared.lock().q.retry_priority(&key);
+        self.add_after_placed(key, delay, Place { prio, group: 0 });
     }
 
     /// Clears the rate limiter's memory of `key`. Does not mark it done.
@@ -458,6 +482,34 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         (next, now.reading())
     }
 
+    /// [`done_and_get_stamped`](Self::done_and_get_stamped) that calls
+    /// `after_done` once `key` is done, outside the lock and before any wait
+    /// for the next key: a controller's store must learn that the key
+    /// finished even when no key follows it for a long time.
+    pub(crate) fn done_then_get_stamped(
+        &self,
+        key: &K,
+        stamp: u64,
+        after_done: impl FnOnce(),
+    ) -> (Option<(K, Priority)>, u64) {
+        let mut now = Now::at(stamp);
+        let mut g = self.shared.lock();
+        self.shared.finish(&mut g, key, &mut now);
+        let ready = self.shared.take(&mut g, &mut now);
+        drop(g);
+        after_done();
+        let next = match ready {
+            Some(next) => Some(next),
+            None => {
+                // The lock was released: a fresh reading from here on.
+                now = Now::new();
+                let mut g = self.shared.lock();
+                self.shared.next(&mut g, None, &mut now).ok()
+            }
+        };
+        (next, now.reading())
+    }
+
     /// Number of ready keys (not counting processing or delayed ones).
     pub fn len(&self) -> usize {
         self.shared.lock_synced().q.len()
@@ -502,6 +554,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     /// `QueueState::pending_view` of each of `keys`, under one lock
     /// acquisition (a store's flusher samples its changed keys in chunks).
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn pending_views(&self, keys: &[K], out: &mut Vec<Option<(Option<Instant>, Priority)>>) {
         let g = self.shared.lock_synced();
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));
@@ -595,6 +648,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         &*self.shared.clock
     }
 }
+
+/// `QueueState::add_at` or `retry_at`.
+type AddAt<K> = fn(&mut QueueState<K>, K, Instant, Instant, &mut Now, Place) -> Added;
 
 /// How a shutdown treats the keys still ready.
 #[derive(Clone, Copy, PartialEq, Eq)]

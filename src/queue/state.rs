@@ -41,6 +41,7 @@ use super::key_index::{KeyIndex, Prefetcher};
 use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
 use super::slab::{Keyed, Slab};
+use super::stop_views::{StopViews, View};
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
@@ -66,7 +67,8 @@ enum Slot {
     Delayed { timer: Timer, prio: Priority, group: GroupId },
     /// Handed out to a worker; `then` is what `done` does with it, `run`
     /// where the metrics keep its start stamp, `again` the priority it comes
-    /// back with if `then` brings it back.
+    /// back with if `then` brings it back (while `then` is `Finish`, the
+    /// priority it was handed out with, for a retry: see `retry_priority`).
     Processing { then: Then, run: u32, group: GroupId, again: Priority },
 }
 
@@ -153,6 +155,8 @@ pub(crate) struct QueueState<K> {
     /// immediate stop), until [`take_dropped`](QueueState::take_dropped):
     /// a stop reports them instead of losing them silently.
     dropped: Vec<K>,
+    /// With a store: what shutdowns dropped or refused, per key.
+    stop_views: Option<StopViews<K>>,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -172,6 +176,19 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             shutting_down: false,
             draining: false,
             dropped: Vec::new(),
+            stop_views: None,
+        }
+    }
+
+    /// Keeps what shutdowns drop or refuse, so `pending_view` still answers
+    /// for those keys (a controller's store writes them at its last flush).
+    pub(crate) fn keep_stop_views(&mut self) {
+        self.stop_views = Some(StopViews::new());
+    }
+
+    fn keep_stop_view(stop_views: &mut Option<StopViews<K>>, key: &K, view: View) {
+        if let Some(views) = stop_views {
+            views.keep(key.clone(), view);
         }
     }
 
@@ -241,6 +258,19 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if !self.shutting_down {
             self.recorder.on_retry();
         }
+    }
+
+    /// A reconcile's retry of `key` at `due`: [`add_at`](Self::add_at), or,
+    /// once shut down, kept in the stop views (a stop must not lose a retry
+    /// from the store, S2).
+    pub(crate) fn retry_at(&mut self, key: K, due: Instant, now: Instant, stamp: &mut Now, place: Place) -> Added {
+        if self.shutting_down {
+            if let Some(views) = &mut self.stop_views {
+                views.keep_retry(key, due, place.prio);
+            }
+            return Added::Unchanged;
+        }
+        self.add_at(key, due, now, stamp, place)
     }
 
     /// Marks `key` as needing processing at `due` (G5): the earliest due time
@@ -448,15 +478,18 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if self.timers == 0 {
             return;
         }
-        let (entries, dropped) = (&mut self.entries, &mut self.dropped);
+        let (entries, dropped, stop_views) = (&mut self.entries, &mut self.dropped, &mut self.stop_views);
         self.index.retain(|at| {
             let entry = entries.get_mut(at);
             match entry.slot {
-                Slot::Delayed { .. } => {
+                Slot::Delayed { timer, prio, .. } => {
+                    Self::keep_stop_view(stop_views, &entry.key, (Some(timer.due), prio));
                     dropped.push(entries.remove(at).key);
                     false
                 }
-                Slot::Processing { then: Then::Wait(_), run, group, again } => {
+                Slot::Processing { then: Then::Wait(timer), run, group, again } => {
+                    // In flight at an immediate stop: ready at restore.
+                    Self::keep_stop_view(stop_views, &entry.key, (drain.then_some(timer.due), again));
                     entry.slot = Slot::Processing { then: Then::Finish, run, group, again };
                     dropped.push(entry.key.clone());
                     true
@@ -474,14 +507,21 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// are untouched; `done` will finish them without re-queueing.
     pub(crate) fn discard_ready(&mut self) {
         self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
+        if let Some(views) = &mut self.stop_views {
+            views.set_discarded();
+        }
         for at in self.ready.drain() {
+            if let Slot::Ready { prio, .. } = self.entries.get(at).slot {
+                Self::keep_stop_view(&mut self.stop_views, &self.entries.get(at).key, (None, prio));
+            }
             let key = self.forget(at);
             self.dropped.push(key);
         }
         self.compact_if_sparse();
         for (_, entry) in self.entries.iter_mut() {
-            if let Slot::Processing { then, .. } = &mut entry.slot {
+            if let Slot::Processing { then, again, .. } = &mut entry.slot {
                 if matches!(then, Then::Requeue { .. }) {
+                    Self::keep_stop_view(&mut self.stop_views, &entry.key, (None, *again));
                     self.dropped.push(entry.key.clone());
                 }
                 *then = Then::Finish;
@@ -530,13 +570,33 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// The priority a retry of `key` re-adds it with (P3): the one it was
+    /// handed out with if it is being processed and nothing was added for
+    /// it meanwhile, else 0 (an add meanwhile already set the priority it
+    /// comes back with, and a retry only raises that). The slot keeps the
+    /// handed-out priority only until such an add, so that `Slot` stays
+    /// 40 bytes: a retry after a lower add comes back at the add's
+    /// priority.
+    pub(crate) fn retry_priority(&self, key: &K) -> Priority {
+        match self.slot(key) {
+            Some(Slot::Processing { then: Then::Finish, again, .. }) => *again,
+            _ => 0,
+        }
+    }
+
     /// What a store keeps of `key` (see `crate::store`): `None` if the queue
     /// does not hold it, else its due time if it waits for one, and the
     /// priority it runs at next. A key in flight with nothing queued after
     /// it counts as waiting (a crash must not lose it), at the priority it
     /// would come back with.
-    pub(crate) fn pending_view(&self, key: &K) -> Option<(Option<Instant>, Priority)> {
-        Some(match self.slot(key)? {
+    /// A key a shutdown dropped or refused (with `keep_stop_views`) answers
+    /// with what it was then.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
+    pub(crate) fn pending_view(&self, key: &K) -> Option<View> {
+        let Some(slot) = self.slot(key) else {
+            return self.stop_views.as_ref()?.get(key);
+        };
+        Some(match slot {
             Slot::Ready { prio, .. } => (None, *prio),
             Slot::Delayed { timer, prio, .. } => (Some(timer.due), *prio),
             Slot::Processing { then: Then::Wait(timer), again, .. } => (Some(timer.due), *again),

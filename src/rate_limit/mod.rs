@@ -33,29 +33,24 @@ pub trait RateLimiter<K>: Send + Sync {
     fn num_requeues(&self, key: &K) -> u32;
 }
 
-impl<K, L: RateLimiter<K> + ?Sized> RateLimiter<K> for Box<L> {
-    fn when(&self, key: &K) -> Duration {
-        (**self).when(key)
-    }
-    fn forget(&self, key: &K) {
-        (**self).forget(key)
-    }
-    fn num_requeues(&self, key: &K) -> u32 {
-        (**self).num_requeues(key)
-    }
+/// A limiter behind a smart pointer is the limiter it points to.
+macro_rules! forward_rate_limiter {
+    ($($pointer:ident),*) => {$(
+        impl<K, L: RateLimiter<K> + ?Sized> RateLimiter<K> for $pointer<L> {
+            fn when(&self, key: &K) -> Duration {
+                (**self).when(key)
+            }
+            fn forget(&self, key: &K) {
+                (**self).forget(key)
+            }
+            fn num_requeues(&self, key: &K) -> u32 {
+                (**self).num_requeues(key)
+            }
+        }
+    )*};
 }
 
-impl<K, L: RateLimiter<K> + ?Sized> RateLimiter<K> for Arc<L> {
-    fn when(&self, key: &K) -> Duration {
-        (**self).when(key)
-    }
-    fn forget(&self, key: &K) {
-        (**self).forget(key)
-    }
-    fn num_requeues(&self, key: &K) -> u32 {
-        (**self).num_requeues(key)
-    }
-}
+forward_rate_limiter!(Box, Arc);
 
 /// client-go's default controller limiter: per-key exponential backoff from
 /// 5 ms to 1000 s, and at most 10 retries a second overall (burst 100).

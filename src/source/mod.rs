@@ -20,6 +20,7 @@
 //!
 //! [`Cache`]: crate::Cache
 
+#[cfg(feature = "etcd")]
 mod etcd;
 mod polling;
 mod stop;
@@ -27,6 +28,7 @@ mod stop;
 use std::fmt;
 use std::hash::Hash;
 
+#[cfg(feature = "etcd")]
 pub use self::etcd::EtcdSource;
 pub use self::polling::PollingSource;
 pub use self::stop::{Stop, StopHook};

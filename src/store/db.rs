@@ -10,6 +10,7 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use super::StoreError;
 use super::lock::StoreClaim;
+use super::open_files::{self, OpenFile};
 
 /// The schema this build writes. A file with a higher `user_version` was
 /// written by a newer reconq and is refused rather than misread.
@@ -28,10 +29,18 @@ CREATE TABLE IF NOT EXISTS keys (
 ) WITHOUT ROWID;
 ";
 
+/// How long a write waits for another connection's lock (another
+/// process writing other names in the same file).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A flush that deleted at least this many rows returns the freed pages.
 const VACUUM_AFTER_DELETES: usize = 1024;
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Paths SQLite opens as a private temporary or in-memory database:
+/// nothing durable, so refused.
+const NOT_A_FILE: [&str; 2] = ["", ":memory:"];
 
 /// What the store keeps of one pending or parked key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +76,8 @@ struct Inner {
     path: PathBuf,
     conn: Mutex<Connection>,
     flush_interval: Duration,
+    /// Listed as open while the connection is (see `open_files`).
+    _open: OpenFile,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -108,6 +119,33 @@ fn sql_err(path: &Path, err: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Returns every free page to the file system. The pragma frees one page
+/// per step, so it is stepped to the end (`execute_batch` steps once: it
+/// freed one page per call).
+fn incremental_vacuum(conn: &Connection) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached("PRAGMA incremental_vacuum")?;
+    let mut rows = stmt.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(())
+}
+
+/// One row of `keys`, or what is wrong with it.
+fn read_row(row: &rusqlite::Row<'_>) -> Result<StoredKey, String> {
+    let column = |err: rusqlite::Error| err.to_string();
+    let state = match row.get::<_, i64>(1).map_err(column)? {
+        0 => StoredState::Waiting,
+        1 => StoredState::Delayed { due_unix_ms: row.get(2).map_err(column)? },
+        2 => StoredState::Parked { error: row.get::<_, Option<String>>(3).map_err(column)?.unwrap_or_default() },
+        other => return Err(format!("unknown state {other}")),
+    };
+    Ok(StoredKey {
+        key: row.get(0).map_err(column)?,
+        state,
+        failures: row.get(4).map_err(column)?,
+        priority: row.get(5).map_err(column)?,
+    })
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` with the default
     /// flush interval (1 s).
@@ -119,6 +157,11 @@ impl SqliteStore {
     /// every `flush_interval`.
     pub fn open_with_flush_interval(path: impl AsRef<Path>, flush_interval: Duration) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if NOT_A_FILE.iter().any(|special| path.as_os_str() == *special) {
+            return Err(StoreError::Invalid(format!(
+                "store path {path:?} is not a file: SQLite would open a private database that nothing keeps"
+            )));
+        }
         if flush_interval.is_zero() {
             return Err(StoreError::Invalid("flush_interval must be positive".into()));
         }
@@ -134,18 +177,20 @@ impl SqliteStore {
                 path.display()
             )));
         }
-        conn.busy_timeout(Duration::from_secs(5)).map_err(|e| sql_err(&path, e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| sql_err(&path, e))?;
+        // Freed pages go back to the file system (see `write` and
+        // `compact`), so the file follows pending + parked keys down as well
+        // as up. Takes effect only on a new file, before the first table
+        // and before WAL mode (set after it, it was silently ignored).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| sql_err(&path, e))?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(())).map_err(|e| sql_err(&path, e))?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| sql_err(&path, e))?;
-        // Freed pages go back to the file system (see `write`), so the file
-        // follows pending + parked keys down as well as up. Takes effect
-        // only on a new file, before the first table.
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| sql_err(&path, e))?;
         // Bounds the WAL file left after a checkpoint.
         conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
         conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(|e| sql_err(&path, e))?;
-        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval }) })
+        let open = open_files::register(&path);
+        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval, _open: open }) })
     }
 
     /// The database file.
@@ -169,17 +214,52 @@ impl SqliteStore {
         let mut stmt = conn
             .prepare_cached("SELECT key, state, due_unix_ms, error, failures, priority FROM keys WHERE controller = ?1")
             .map_err(|e| sql_err(&self.inner.path, e))?;
-        let rows = stmt
-            .query_map(params![name], |row| {
-                let state = match row.get::<_, i64>(1)? {
-                    1 => StoredState::Delayed { due_unix_ms: row.get(2)? },
-                    2 => StoredState::Parked { error: row.get::<_, Option<String>>(3)?.unwrap_or_default() },
-                    _ => StoredState::Waiting,
-                };
-                Ok(StoredKey { key: row.get(0)?, state, failures: row.get(4)?, priority: row.get(5)? })
-            })
-            .map_err(|e| sql_err(&self.inner.path, e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| sql_err(&self.inner.path, e))
+        let mut rows = stmt.query(params![name]).map_err(|e| sql_err(&self.inner.path, e))?;
+        let mut keys = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| sql_err(&self.inner.path, e))? {
+            keys.push(read_row(row).map_err(|detail| self.corrupt_row(name, row, &detail))?);
+        }
+        Ok(keys)
+    }
+
+    /// A row `load` cannot read: which file, controller and key, and why.
+    fn corrupt_row(&self, name: &str, row: &rusqlite::Row<'_>, detail: &str) -> StoreError {
+        let key = match row.get_ref(0) {
+            Ok(rusqlite::types::ValueRef::Blob(bytes)) => format!("{bytes:02x?}"),
+            Ok(other) => format!("{other:?}"),
+            Err(err) => err.to_string(),
+        };
+        StoreError::Invalid(format!(
+            "{}: a corrupt row of controller {name:?} (key {key}): {detail}; delete that row or restore a backup",
+            self.inner.path.display()
+        ))
+    }
+
+    /// Returns the pages deleted rows freed to the file system and moves
+    /// the WAL into the main file, truncating it: an idle store is one
+    /// file (a copy of it alone is a backup) of about its rows' size. Best
+    /// effort: a reader in the way (another connection) leaves it for the
+    /// next time, and nothing is lost either way.
+    /// Returns whether it got through.
+    pub(crate) fn compact(&self) -> bool {
+        let conn = self.inner.conn.lock();
+        // Never waits: a reader holding a snapshot (a shell in another
+        // process) would otherwise hold the flusher for the busy timeout,
+        // and the next changes' flush (S1) with it.
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return false;
+        }
+        let auto_vacuum: i64 = conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0)).unwrap_or(2);
+        if auto_vacuum == 0 {
+            // A file written before auto-vacuum took effect: converted once
+            // (a VACUUM rewrites it), then freed pages are returned below.
+            let _ = conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM");
+        }
+        let vacuumed = incremental_vacuum(&conn).is_ok();
+        // (busy, WAL frames, frames checkpointed): busy 0 when it finished.
+        let checkpointed = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
+        let _ = conn.busy_timeout(BUSY_TIMEOUT);
+        vacuumed && checkpointed.is_ok_and(|busy| busy == 0)
     }
 
     /// Writes one batch for `name` in one transaction: each entry is a key
@@ -217,7 +297,7 @@ impl SqliteStore {
         let deleted = batch.iter().filter(|(_, record)| record.is_none()).count();
         if deleted >= VACUUM_AFTER_DELETES {
             // Best effort: a failure here loses nothing.
-            let _ = conn.execute_batch("PRAGMA incremental_vacuum");
+            let _ = incremental_vacuum(&conn);
         }
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! is a push onto the marking thread's own stripe: no hashing and no
 //! shared cache line on the workers' path (W6: the earlier sharded set
 //! insert per enqueue and per `done` was the store's whole cost in W1).
-//! The flusher, which has the time, removes the duplicates when it takes.
+//! The flusher, which has the time, removes the duplicates when it sorts
+//! a flush by key.
 //!
 //! Invariant: a mark that returned before `take` began is in what `take`
 //! returns (each stripe is drained under its lock), so "take, then sample"
@@ -16,8 +17,6 @@
 //! lost: the token sticks), so an idle controller's flusher never wakes
 //! (G8).
 
-use std::collections::HashSet;
-use std::hash::Hash;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::Thread;
@@ -41,7 +40,7 @@ pub(crate) struct DirtySet<K> {
     flusher: OnceLock<Thread>,
 }
 
-impl<K: Eq + Hash + Clone> DirtySet<K> {
+impl<K: Clone> DirtySet<K> {
     pub(crate) fn new() -> Self {
         Self {
             stripes: (0..STRIPES).map(|_| CachePadded::new(Mutex::new(Vec::new()))).collect(),
@@ -77,13 +76,13 @@ impl<K: Eq + Hash + Clone> DirtySet<K> {
         self.stripes.iter().map(|stripe| stripe.lock().len()).sum()
     }
 
-    /// Takes every marked key, each once.
+    /// Takes every mark: a key marked twice comes twice (the flusher
+    /// sorts its keys by their encoding and drops the repeats then).
     pub(crate) fn take(&self) -> Vec<K> {
-        let mut keys = HashSet::with_hasher(foldhash::fast::FixedState::default());
+        let mut keys = Vec::new();
         for stripe in self.stripes.iter() {
-            let taken = std::mem::take(&mut *stripe.lock());
-            keys.extend(taken);
+            keys.append(&mut stripe.lock());
         }
-        keys.into_iter().collect()
+        keys
     }
 }

@@ -2,20 +2,39 @@
 //! pending, delayed and parked keys, failure counts and priorities survive
 //! a stop, a restart and a crash.
 //!
+//! * `link` is the seam to the controller (always compiled): marks, views,
+//!   restore, flusher, status.
+//!
+//! With the `store` feature (on by default), the SQLite implementation:
 //! * `lock` is the claim a live controller holds on its name (S3).
 //! * `db` is the SQLite file: schema version, validation, batched writes.
 //! * `dirty` is the set of keys changed since the last flush.
-//! * `persist` is the seam to the controller: restore, flusher, status.
+//! * `persist` is its side of the seam: restore, flusher, status.
+//! * `open_files` lists the store files this process has open, so a second
+//!   SQLite library in the process (Python's `sqlite3`) can be refused.
 
+#[cfg(feature = "store")]
 mod db;
+#[cfg(feature = "store")]
 mod dirty;
+mod link;
+#[cfg(feature = "store")]
 mod lock;
+#[cfg(feature = "store")]
+mod open_files;
+#[cfg(feature = "store")]
 mod persist;
 
+#[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
+pub use link::StoreStats;
+pub(crate) use link::{KeySource, KeyView, StoreLink};
+#[cfg(feature = "store")]
 pub use lock::StoreClaim;
-pub use persist::StoreStats;
-pub(crate) use persist::{KeySource, KeyView, Persister, StoreLink};
+#[cfg(feature = "python")]
+pub(crate) use open_files::is_open_in_this_process;
+#[cfg(feature = "store")]
+pub(crate) use persist::Persister;
 
 use std::fmt;
 use std::io;

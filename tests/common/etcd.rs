@@ -26,6 +26,12 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// An endpoint where no etcd is: nothing listens on a free port once its
+/// listener is dropped.
+pub fn unreachable_endpoint() -> String {
+    format!("http://127.0.0.1:{}", free_port())
+}
+
 impl Etcd {
     pub fn start() -> Self {
         Self::start_with(&[])
@@ -76,6 +82,15 @@ impl Etcd {
     pub fn revive(&mut self) {
         self.child = Self::spawn(&self.dir, &self.endpoint, self.peer, &self.flags);
         self.wait_healthy();
+    }
+
+    /// An etcd 50 revisions into its history, for tests that wipe it: the
+    /// tokens (revisions) of that old history lie above the new history's
+    /// first revisions, as after a real reset.
+    pub fn start_with_history() -> Self {
+        let etcd = Self::start();
+        etcd.bump("/filler", 50);
+        etcd
     }
 
     /// One call to etcd's JSON gateway; its reply.

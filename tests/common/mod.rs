@@ -7,10 +7,10 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use reconq::{
-    Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, RateLimiter, ReconcileError,
-    Reconciler, WorkQueue,
+    Action, Context, Controller, ControllerHandle, ExponentialBackoff, FakeClock, GetError, RateLimiter,
+    ReconcileError, Reconciler, WorkQueue,
 };
 
 /// Generous bound for anything that must eventually happen: long enough to
@@ -70,12 +70,113 @@ pub fn expect_within<T>(rx: &mpsc::Receiver<T>, what: &str) -> T {
     rx.recv_timeout(PATIENCE).unwrap_or_else(|e| panic!("{what}: nothing within {PATIENCE:?} ({e})"))
 }
 
+/// What a `get_timeout(1 s)` on another thread returns from `q`, with
+/// `clock` moved on 2 s at a time until the getter's deadline (1 s after
+/// whenever it started waiting) has passed.
+pub fn get_timeout_on_fake_clock<K>(q: &WorkQueue<K>, clock: &FakeClock) -> Result<K, GetError>
+where
+    K: Eq + std::hash::Hash + Clone + Send + 'static,
+{
+    let q = q.clone();
+    let rx = spawn_with_result(move || q.get_timeout(secs(1)));
+    loop {
+        clock.advance(secs(2));
+        if let Ok(r) = rx.recv_timeout(ms(20)) {
+            return r;
+        }
+    }
+}
+
 /// Polls `cond` until it holds, panicking after [`PATIENCE`].
-pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait_for_within(what, PATIENCE, cond);
+}
+
+/// Polls `cond` until it holds, panicking after `patience`.
+pub fn wait_for_within(what: &str, patience: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(ms(1));
+    }
+}
+
+/// Sets the soft limit of `resource` (`libc::RLIMIT_*`) for this whole
+/// process to `soft`, capped at the hard limit (`RLIM_INFINITY` lifts it
+/// back to the hard limit).
+pub fn set_soft_limit(resource: libc::__rlimit_resource_t, soft: libc::rlim_t) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        assert_eq!(libc::getrlimit(resource, &mut limit), 0);
+        limit.rlim_cur = soft.min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(resource, &limit), 0);
+    }
+}
+
+/// A gate that reconciles wait at until the test lets them through, one
+/// [`release`](Self::release) each, in the order they arrived; the test
+/// can wait for them to arrive. A reconcile not let through within
+/// [`PATIENCE`] panics (the test would otherwise hang).
+#[derive(Clone, Default)]
+pub struct Gate(Arc<(Mutex<GateCounts>, Condvar)>);
+
+#[derive(Default)]
+struct GateCounts {
+    arrived: usize,
+    released: usize,
+}
+
+impl Gate {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reconcile that waits at this gate, then succeeds.
+    pub fn reconcile<K>(&self) -> impl Fn(&K, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static {
+        let gate = self.clone();
+        move |_key: &K, _: &Context| {
+            gate.pass();
+            Ok(Action::Done)
+        }
+    }
+
+    /// Arrives at the gate and returns once let through.
+    pub fn pass(&self) {
+        let ticket = self.update(|counts| {
+            counts.arrived += 1;
+            counts.arrived - 1
+        });
+        self.wait_until("the gate to let a reconcile through", |counts| counts.released > ticket);
+    }
+
+    /// Returns once `n` reconciles in all have arrived.
+    pub fn wait_arrivals(&self, n: usize) {
+        self.wait_until(&format!("{n} reconciles at the gate"), |counts| counts.arrived >= n);
+    }
+
+    /// Lets the next reconcile through (now, or when it arrives).
+    pub fn release(&self) {
+        self.update(|counts| counts.released += 1);
+    }
+
+    fn update<T>(&self, change: impl FnOnce(&mut GateCounts) -> T) -> T {
+        let (counts, changed) = &*self.0;
+        let out = change(&mut counts.lock());
+        changed.notify_all();
+        out
+    }
+
+    fn wait_until(&self, what: &str, cond: impl Fn(&GateCounts) -> bool) {
+        let (counts, changed) = &*self.0;
+        let deadline = Instant::now() + PATIENCE;
+        let mut counts = counts.lock();
+        while !cond(&counts) {
+            assert!(
+                !changed.wait_until(&mut counts, deadline).timed_out() || cond(&counts),
+                "timed out waiting for {what}"
+            );
+        }
     }
 }
 

@@ -71,6 +71,16 @@ class Etcd:
         self.proc.wait()
         self._run()
 
+    def grants(self) -> int:
+        """Leases granted since etcd last started (its own counter)."""
+        with urllib.request.urlopen(f"{self.endpoint}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("grpc_server_msg_received_total{") and 'grpc_method="LeaseGrant"' in line
+        )
+
     def put(self, key: str, value: str) -> None:
         body = json.dumps({"key": b64(key), "value": b64(value)}).encode()
         request = urllib.request.Request(f"{self.endpoint}/v3/kv/put", data=body, method="POST")

@@ -55,6 +55,10 @@ class Replicas:
         self.paused: List[Tuple[int, int, float]] = []
 
     def spawn(self, n: int = 1) -> None:
+        """Starts `n` replicas and waits until each has asked etcd for a
+        lease (campaigned, or joined): from then on it has seen etcd's
+        history, and notices if it is reset."""
+        granted = self.etcd.grants()
         started = []
         for _ in range(n):
             identity = f"replica-{self.spawned}"
@@ -69,6 +73,7 @@ class Replicas:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
             self.procs[proc.pid] = proc
             self.identities[proc.pid] = identity
+        wait_for(lambda: self.etcd.grants() >= granted + n, what=f"{n} new replicas to ask for a lease")
 
     def leader_after(self, token: int, since: float = 0.0) -> Tuple[int, int]:
         """Waits for an accepted write with a token above `token` (or, with
@@ -82,6 +87,18 @@ class Replicas:
 
         found: Tuple[int, int] = wait_for(newer, timeout=PATIENCE + 3 * self.ttl, what=f"a leader after token {token}")
         return found
+
+    def elect(self, n: int) -> Tuple[int, int]:
+        """Starts `n` replicas and returns the first leader's (pid, token)."""
+        self.spawn(n)
+        return self.leader_after(0)
+
+    def replace_leader(self, pid: int, token: int, sig: int = signal.SIGKILL) -> Tuple[int, int]:
+        """Stops leader `pid` (which leads with `token`) with `sig`, starts a
+        replica in its place and returns the next leader's (pid, token)."""
+        self.kill(pid, sig)
+        self.spawn()
+        return self.leader_after(token)
 
     def kill(self, pid: int, sig: int) -> None:
         os.kill(pid, sig)

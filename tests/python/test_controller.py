@@ -40,16 +40,23 @@ def counts(c: reconq.Controller) -> Dict[str, int]:
     return {k: s[k] for k in ("reconciles", "successes", "failures", "requeues")}
 
 
+def run_until_idle(make, reconcile: Callable[[Any], Any], limiter: Any, key: Any = "k") -> reconq.Controller:
+    """A started controller (with `limiter`) that has reconciled `key` until
+    it went idle."""
+    c = make(reconcile, rate_limiter=limiter)
+    c.start()
+    c.enqueue(key)
+    assert c.wait_idle(PATIENCE)
+    return c
+
+
 # --- the result table ------------------------------------------------------------
 
 
 def test_none_is_success_and_forgets(make):
     limiter = reconq.ExponentialBackoff(0.001, 0.01)
     rec = Recorder()
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("a")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter, "a")
     assert counts(c) == {"reconciles": 1, "successes": 1, "failures": 0, "requeues": 0}
     assert rec.calls == ["a"]
     assert limiter.num_requeues("a") == 0
@@ -64,10 +71,7 @@ def test_requeue_is_rate_limited(make):
         return reconq.Requeue() if n == 0 else None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 0, "requeues": 1}
     assert seen == [0, 1]  # the limiter was asked once
     t = rec.times["k"]
@@ -88,10 +92,7 @@ def test_requeue_after_forgets_and_delays(make):
         return None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 3, "successes": 2, "failures": 1, "requeues": 0}  # a resync is a success
     assert seen == [0, 1, 0]  # Requeue(after=) forgot the failure
     t = rec.times["k"]
@@ -107,10 +108,7 @@ def test_retry_after_delays_without_the_limiter(make):
         return None
 
     rec = Recorder(script)
-    c = make(rec, rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, limiter)
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     t = rec.times["k"]
     assert t[1] - t[0] >= 0.045
@@ -119,10 +117,7 @@ def test_retry_after_delays_without_the_limiter(make):
 
 def test_permanent_error_parks_without_retry(make):
     rec = Recorder(lambda key, n: (_ for _ in ()).throw(reconq.PermanentError("gone")) if n == 0 else None)
-    c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
-    c.start()
-    c.enqueue("p")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, reconq.ExponentialBackoff(0.001, 0.001), "p")
     assert counts(c) == {"reconciles": 1, "successes": 0, "failures": 1, "requeues": 0}
     assert rec.count("p") == 1
     assert c.parked() == ["p"]
@@ -145,10 +140,7 @@ def test_other_exception_is_rate_limited_retry(make):
             raise RuntimeError(f"fail {n}")
         return None
 
-    c = make(Recorder(script), rate_limiter=limiter)
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, Recorder(script), limiter)
     assert counts(c) == {"reconciles": 3, "successes": 1, "failures": 2, "requeues": 0}
     assert seen == [0, 1, 2]
     assert limiter.num_requeues("k") == 0
@@ -156,10 +148,7 @@ def test_other_exception_is_rate_limited_retry(make):
 
 def test_returning_anything_else_is_a_type_error_failure(make):
     rec = Recorder(lambda key, n: 42 if n == 0 else None)
-    c = make(rec, rate_limiter=reconq.ExponentialBackoff(0.001, 0.001))
-    c.start()
-    c.enqueue("k")
-    assert c.wait_idle(PATIENCE)
+    c = run_until_idle(make, rec, reconq.ExponentialBackoff(0.001, 0.001))
     assert counts(c) == {"reconciles": 2, "successes": 1, "failures": 1, "requeues": 0}
     assert c.stats()["last_error"].startswith("TypeError: ")
     assert "int" in c.stats()["last_error"]
@@ -193,6 +182,10 @@ def test_bad_constructor_arguments():
         reconq.Controller(print, workers=0)
     with pytest.raises(ValueError, match="workers"):
         reconq.Controller(print, workers=-3)
+    # Past about a thousand, workers waiting for the GIL make work quadratic.
+    with pytest.raises(ValueError, match="workers must be between 1 and 1024, got 1025"):
+        reconq.Controller(print, workers=1025)
+    assert reconq.Controller(print, workers=1024).workers == 1024
     with pytest.raises(ValueError, match="hanging_threshold"):
         reconq.Controller(print, hanging_threshold=-1)
     with pytest.raises(ValueError, match="NaN"):
@@ -271,7 +264,6 @@ def test_enqueue_before_start_is_kept(make):
     assert c.stats()["depth"] >= 1
     assert not c.wait_idle(0.05)
     c.start()
-    c.start()  # harmless
     assert c.wait_idle(PATIENCE)
     assert sorted(rec.calls) == ["a", "b"]
 
@@ -385,17 +377,32 @@ def run_in_thread(fn: Callable[[], Any]) -> Dict[str, Any]:
     return out
 
 
-def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
+def blocked_controller(make, ready: int = 0, **options: Any) -> tuple:
+    """A started controller (with `options`) whose worker is held in the
+    reconcile of "block", with keys `0..ready-1` enqueued behind it; and its
+    `Blocker`."""
     b = Blocker()
-    c = make(b, workers=1)
+    c = make(b, **options)
     c.start()
     c.enqueue("block")
     assert b.started.wait(PATIENCE)
-    for k in range(5):
+    for k in range(ready):
         c.enqueue(k)
-    c.enqueue_after("late", 30)
-    out = run_in_thread(lambda: c.stop(drain=True))
+    return b, c
+
+
+def stop_in_thread(c: reconq.Controller, **stop_args: Any) -> Dict[str, Any]:
+    """`c.stop(**stop_args)` in a thread (see `run_in_thread`), once the
+    controller says it is stopping."""
+    out = run_in_thread(lambda: c.stop(**stop_args))
     wait_for(lambda: c.stats()["state"] == "stopping")
+    return out
+
+
+def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
+    b, c = blocked_controller(make, ready=5, workers=1)
+    c.enqueue_after("late", 30)
+    out = stop_in_thread(c, drain=True)
     c.enqueue("after-stop")
     b.release.set()
     out["thread"].join(PATIENCE)
@@ -405,26 +412,22 @@ def test_stop_with_drain_reconciles_ready_keys_and_drops_delayed(make):
 
 
 def test_stop_without_drain_abandons_ready_keys(make):
-    b = Blocker()
-    c = make(b, workers=1)
-    c.start()
-    c.enqueue("block")
-    assert b.started.wait(PATIENCE)
-    for k in range(5):
-        c.enqueue(k)
-    out = run_in_thread(lambda: c.stop(drain=False))
-    wait_for(lambda: c.stats()["state"] == "stopping")
+    b, c = blocked_controller(make, ready=5, workers=1)
+    out = stop_in_thread(c, drain=False)
     b.release.set()
     out["thread"].join(PATIENCE)
     assert out["value"] is True
     assert b.rec.calls == ["block"]
 
 
-def test_stop_twice_and_before_start(make):
+def test_stop_twice_and_before_start_and_no_second_start(make):
     c = make(print)
     assert c.stop() is True
     assert c.stop(drain=False) is True
-    c.start()  # after stop: nothing runs
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        c.start()
+    with pytest.raises(RuntimeError, match="was stopped"):
+        c.run()
     c.enqueue("k")
     assert c.stats()["depth"] == 0
     assert c.wait_idle(1)
@@ -432,9 +435,19 @@ def test_stop_twice_and_before_start(make):
     rec = Recorder()
     d = make(rec)
     d.start()
+    with pytest.raises(RuntimeError, match="is already started"):
+        d.start()
+    stopper = threading.Thread(target=d.stop)
+    stopper.start()
+    d.run()  # after start(): only blocks until stopped (returns at once if it is)
+    stopper.join()
+    d = make(rec)
+    d.start()
     d.enqueue(1)
     assert d.wait_idle(PATIENCE)
     assert d.stop() is True
+    with pytest.raises(RuntimeError, match="was stopped and cannot start again"):
+        d.start()
     assert d.stop() is True
     d.enqueue(2)
     d.enqueue_after(3, 0)
@@ -443,22 +456,14 @@ def test_stop_twice_and_before_start(make):
 
 
 def test_stop_timeout_returns_when_a_reconcile_never_finishes(make):
-    b = Blocker()
-    c = make(b)
-    c.start()
-    c.enqueue("block")
-    assert b.started.wait(PATIENCE)
+    b, c = blocked_controller(make)
     t0 = time.monotonic()
     assert c.stop(timeout=0.2) is False
     assert time.monotonic() - t0 < 3
     b.release.set()
     wait_for(lambda: c.stats()["processing"] == 0)
 
-    b2 = Blocker()
-    c2 = make(b2)
-    c2.start()
-    c2.enqueue("block")
-    assert b2.started.wait(PATIENCE)
+    b2, c2 = blocked_controller(make)
     t0 = time.monotonic()
     assert c2.stop(drain=False, timeout=0.2) is False
     assert time.monotonic() - t0 < 3
@@ -641,6 +646,120 @@ def test_stop_from_inside_a_reconcile_does_not_deadlock(make):
     assert c.stop(timeout=PATIENCE) is True
 
 
+@pytest.mark.parametrize("call", ["wait_idle", "run"])
+def test_waiting_for_itself_from_inside_a_reconcile_raises(make, call: str):
+    holder: Dict[str, reconq.Controller] = {}
+    raised: List[BaseException] = []
+
+    def reconcile(key: Any) -> None:
+        try:
+            getattr(holder["c"], call)()
+        except RuntimeError as e:
+            raised.append(e)
+
+    c = make(reconcile, name="self-waiter")
+    holder["c"] = c
+    c.start()
+    c.enqueue("k")
+    wait_for(lambda: raised, what=f"{call}() to raise")
+    assert f"{call}() called from a reconcile" in str(raised[0])
+    assert c.wait_idle(PATIENCE)
+    assert c.stop() is True  # no timeout: the worker is not stuck
+
+
+def test_the_default_limiter_retries_each_key_after_5_ms_without_an_overall_bucket():
+    # client-go's default adds a 10-per-second bucket (burst 100): keys past
+    # the 100th would wait up to 10 s for their first retry.
+    clock = reconq.FakeClock()
+
+    def reconcile(key: Any) -> None:
+        if reconq.context().attempt == 0:
+            raise ValueError("first try fails")
+
+    c = reconq.Controller(reconcile, workers=2, clock=clock)
+    with c:
+        for k in range(200):
+            c.enqueue(k)
+        wait_for(lambda: c.stats()["failures"] == 200, what="every key failed once")
+        clock.advance(0.005)
+        assert c.wait_idle(PATIENCE), c.stats()
+        assert c.stats()["successes"] == 200
+
+
+def test_without_sharding_resync_runs_at_start_and_its_keys_are_reconciled(make):
+    rec = Recorder()
+    c = make(rec, resync=lambda: ["a", ("b", 1)])
+    c.enqueue("a")  # enqueued before start too: still one reconcile
+    c.start()
+    assert c.wait_idle(PATIENCE)
+    assert sorted(rec.calls, key=repr) == ["a", ("b", 1)]
+
+
+def test_a_raising_resync_is_logged_and_the_controller_runs(make, caplog):
+    def resync() -> List[Any]:
+        raise OSError("listing failed")
+
+    rec = Recorder()
+    c = make(rec, resync=resync)
+    with caplog.at_level(logging.ERROR, logger="reconq"):
+        c.start()
+    assert "listing failed" in caplog.text
+    c.enqueue("k")
+    assert c.wait_idle(PATIENCE)
+    assert rec.calls == ["k"]
+
+
+def test_out_of_range_durations_are_short_in_the_error(make, q):
+    c = make(lambda key: None)
+    for call, what in (
+        (lambda: q.add_after("k", 1e300), "seconds"),
+        (lambda: q.get(timeout=10**300), "timeout"),
+        (lambda: c.enqueue_after("k", 1e300), "seconds"),
+        (lambda: reconq.ExponentialBackoff(1e300, 1e301), "base"),
+        (lambda: make(lambda key: None, hanging_threshold=1e300), "hanging_threshold"),
+    ):
+        with pytest.raises(OverflowError) as raised:
+            call()
+        message = str(raised.value)
+        assert message.startswith(f"{what} is out of range: 1e300 seconds") and len(message) < 100, message
+    with pytest.raises(OverflowError, match=r"^t is out of range: 1e300$"):
+        c.enqueue_at("k", 1e300)
+
+
+@pytest.mark.parametrize(
+    "kw, problem",
+    [
+        ({"reconcile": lambda: None}, r"reconcile must accept one positional argument, but its signature is \(\)"),
+        ({"reconcile": lambda key, extra: None}, r"reconcile must accept one .* \(key, extra\)"),
+        ({"group": lambda: "g"}, r"group must accept one positional argument"),
+        ({"resync": lambda key: []}, r"resync must accept no arguments, but its signature is \(key\)"),
+        ({"reconcile": print}, None),  # a builtin: accepted, signature or not
+        ({"reconcile": lambda key, *rest, option=1: None}, None),
+    ],
+)
+def test_a_callable_with_the_wrong_signature_is_refused_at_construction(kw: Dict[str, Any], problem: Any):
+    kw = {"reconcile": lambda key: None, **kw}
+    if problem is None:
+        reconq.Controller(**kw)
+        return
+    with pytest.raises(TypeError, match=problem):
+        reconq.Controller(**kw)
+
+
+def test_trigger_and_manager_callables_with_the_wrong_signature_are_refused(make):
+    c = make(lambda key: None)
+    with pytest.raises(TypeError, match="fn must accept one positional argument"):
+        c.add_trigger("k", lambda: None)
+    with pytest.raises(TypeError, match="transform must accept one positional argument"):
+        c.watch([], transform=lambda: None)
+    m = reconq.Manager()
+    with pytest.raises(TypeError, match="do must accept no arguments"):
+        m.update("x", lambda ctx: None)
+    with pytest.raises(TypeError, match="stop must accept no arguments"):
+        m.update("x", lambda: None, stop=lambda ctx: None)
+    assert len(m) == 0
+
+
 # --- callables that cannot work ------------------------------------------------------
 
 
@@ -662,3 +781,13 @@ def test_coroutine_functions_are_refused_with_a_clear_type_error():
 def test_the_package_has_a_version_and_a_key_alias():
     assert reconq.__version__.count(".") == 2
     assert reconq.Key is not None and "Key" in reconq.__all__
+
+
+def test_help_documents_every_constructor_keyword():
+    import inspect
+
+    doc = reconq.Controller.__doc__ or ""
+    keywords = [name for name in inspect.signature(reconq.Controller).parameters if name != "reconcile"]
+    assert len(keywords) >= 14, keywords
+    missing = [name for name in keywords if f"`{name}=" not in doc]
+    assert not missing, f"help(reconq.Controller) does not document {missing}"

@@ -516,7 +516,7 @@ def test_controller_constructor(reconcile_ok, bad, workers, threshold, name, lim
         c = reconq.Controller(fn, workers=workers, rate_limiter=limiter, name=name, hanging_threshold=threshold)
     except DOCUMENTED as e:
         assert isinstance(e, (TypeError, ValueError, OverflowError)), repr(e)
-        workers_ok = type(workers) in (int, IntSub, bool) and 1 <= workers <= I64_MAX
+        workers_ok = type(workers) in (int, IntSub, bool) and 1 <= workers <= 1024
         name_ok = isinstance(name, str) and "\0" not in name and not any(0xD800 <= ord(ch) < 0xE000 for ch in name)
         limiter_ok = limiter is None or isinstance(limiter, reconq.RateLimiter)
         threshold_ok = threshold is None or (timeout_error(threshold) is None and not ambiguous_seconds(threshold))

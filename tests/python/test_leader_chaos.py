@@ -45,21 +45,17 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
 
 def test_sigkill_and_sigterm_of_the_leader(replicas: Replicas) -> None:
     r = replicas
-    r.spawn(2)
-    pid, token = r.leader_after(0)
+    pid, token = r.elect(2)
     for round in range(12):
         # Every third round a clean stop: leadership passes on once the
         # leader's reconciles returned.
-        r.kill(pid, signal.SIGTERM if round % 3 == 2 else signal.SIGKILL)
-        r.spawn()
-        pid, token = r.leader_after(token)
+        pid, token = r.replace_leader(pid, token, signal.SIGTERM if round % 3 == 2 else signal.SIGKILL)
     check(r, time.monotonic())
 
 
 def test_a_leader_paused_past_its_lease_never_reconciles_with_its_old_token(replicas: Replicas) -> None:
     r = replicas
-    r.spawn(2)
-    pid, token = r.leader_after(0)
+    pid, token = r.elect(2)
     for _ in range(5):
         os.kill(pid, signal.SIGSTOP)
         new_pid, new_token = r.leader_after(token)
@@ -72,8 +68,7 @@ def test_a_leader_paused_past_its_lease_never_reconciles_with_its_old_token(repl
 
 def test_etcd_restarts_under_a_running_election(replicas: Replicas) -> None:
     r = replicas
-    r.spawn(2)
-    _, token = r.leader_after(0)
+    _, token = r.elect(2)
     for _ in range(3):
         restarted = time.monotonic()
         r.etcd.restart()
@@ -85,8 +80,7 @@ def test_a_wiped_etcd_never_gives_a_token_twice_nor_two_leaders(replicas: Replic
     r = replicas
     # The old history's tokens lie above the new history's first revisions.
     r.etcd.bump(50)
-    r.spawn(2)
-    _, token = r.leader_after(0)
+    _, token = r.elect(2)
     for _ in range(2):
         r.etcd.wipe()
         _, token = r.leader_after(token)
@@ -97,13 +91,10 @@ def test_a_wiped_etcd_never_gives_a_token_twice_nor_two_leaders(replicas: Replic
 def test_etcd_put_back_to_an_old_copy_of_its_data(replicas: Replicas) -> None:
     r = replicas
     r.etcd.bump(50)
-    r.spawn(2)
-    pid, token = r.leader_after(0)
+    pid, token = r.elect(2)
     backup = r.etcd.backup()
     r.etcd.bump(50)
-    r.kill(pid, signal.SIGKILL)
-    r.spawn()
-    _, token = r.leader_after(token)
+    _, token = r.replace_leader(pid, token)
     # Back to when the killed leader held the election key: its lease comes
     # back too, until it expires.
     r.etcd.restore(backup)
@@ -113,10 +104,7 @@ def test_etcd_put_back_to_an_old_copy_of_its_data(replicas: Replicas) -> None:
 
 def test_three_candidates_racing(replicas: Replicas) -> None:
     r = replicas
-    r.spawn(3)
-    pid, token = r.leader_after(0)
+    pid, token = r.elect(3)
     for _ in range(4):
-        r.kill(pid, signal.SIGKILL)
-        r.spawn()
-        pid, token = r.leader_after(token)
+        pid, token = r.replace_leader(pid, token)
     check(r, time.monotonic())

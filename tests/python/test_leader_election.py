@@ -123,6 +123,7 @@ def test_etcd_unreachable_is_a_standby_not_an_exception(make: Any) -> None:
     c.enqueue(1)
     wait_for(lambda: le.last_error is not None, what="the error to show")
     assert not le.is_leader and c.stats()["reconciles"] == 0
+    assert c.stats()["state"] == "standby"
     c.stop(drain=False, timeout=PATIENCE)
     le.stop()
 
@@ -176,6 +177,8 @@ def test_stats_status_and_the_metric_show_who_leads(etcd: Etcd, make: Any) -> No
     states = {e["name"]: e["state"] for e in reconq.status()}
     assert (states["py-status-a"], states["py-status-b"]) == ("running", "standby")
     assert "standby" in reconq.format_status()
+    # One vocabulary: stats() says what the status says.
+    assert (sa["state"], sb["state"]) == ("running", "standby")
     assert 'leader_election_master_status{name="py-status"} 1' in reconq.metrics_text()
 
     # The controller was the election's only user: stopping it hands over.

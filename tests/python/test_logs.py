@@ -72,13 +72,64 @@ def test_a_raising_reconcile_logs_errors_naming_controller_key_and_attempt(logs)
         (
             "reconq",
             logging.ERROR,
-            f"controller 'logs-raise': reconcile of ('ns', 1) failed (attempt {attempt}): RuntimeError: backend down",
-        )
-        for attempt in (0, 1)
+            "controller 'logs-raise': reconcile of ('ns', 1) failed (attempt 0): RuntimeError: backend down",
+        ),
+        (
+            "reconq",
+            logging.WARNING,
+            "controller 'logs-raise': reconcile of ('ns', 1) failed again (attempt 1): RuntimeError: backend down",
+        ),
     ]
-    # With the traceback; and no second record from the engine for the same
-    # failure.
-    assert all(r.exc_info is not None and r.exc_info[0] is RuntimeError for r in records)
+    # The first with the traceback, the repeat without; and no second record
+    # from the engine for the same failure.
+    assert records[0].exc_info is not None and records[0].exc_info[0] is RuntimeError
+    assert records[1].exc_info is None
+
+
+def test_a_key_failing_the_same_way_logs_one_traceback_then_quieter_lines(logs):
+    def reconcile(key):
+        attempt = reconq.context().attempt
+        if attempt < 9:
+            raise RuntimeError("backend down")
+        if attempt == 9:
+            raise RuntimeError("backend refused")
+
+    with reconq.Controller(reconcile, name="logs-repeats", rate_limiter=fast()) as c:
+        c.enqueue("k")
+        assert c.wait_idle(PATIENCE)
+        assert c.stats()["failures"] == 10  # the counters count every failure
+    records = logs.about("logs-repeats")
+    expected = [(logging.ERROR, True)]
+    expected += [(logging.WARNING if a & (a - 1) == 0 else logging.DEBUG, False) for a in range(1, 9)]
+    expected += [(logging.ERROR, True)]  # a new error is logged in full again
+    assert [(r.levelno, r.exc_info is not None) for r in records] == expected
+
+
+def test_huge_trigger_keys_and_watch_events_make_short_log_lines(logs):
+    huge = "k" * (1 << 20)
+
+    def failing_trigger(stop_event):
+        raise OSError("no watch")
+
+    def transform(event):
+        raise ValueError("bad event")
+
+    with reconq.Controller(lambda key: None, name="logs-huge-watch") as c:
+        c.add_trigger(huge, failing_trigger)
+        c.watch([[huge] * 3, {"blob": huge}], transform=transform)
+        records = wait_for(lambda: len(logs.about("logs-huge-watch")) >= 3 and logs.about("logs-huge-watch"))
+    messages = [r.getMessage() for r in records]
+    assert any("trigger for" in m for m in messages) and sum("raised for event" in m for m in messages) == 2
+    assert all(len(m) < 1000 for m in messages), [m[:200] for m in messages]
+
+
+def test_a_huge_key_makes_a_short_log_line(logs):
+    huge = "k" * (1 << 20)
+    with reconq.Controller(lambda key: 1 / 0, name="logs-huge", rate_limiter=reconq.ExponentialBackoff(3600, 3600)) as c:
+        c.enqueue(huge)
+        records = wait_for(lambda: logs.about("logs-huge"), what="the failure")
+    message = records[0].getMessage()
+    assert len(message) < 500 and "…[truncated]" in message, message[:1000]
 
 
 def test_retry_after_is_a_warning_and_system_exit_an_error(logs):

@@ -209,6 +209,16 @@ def test_the_work_queue_hands_out_by_priority(q):
     assert [q.get(timeout=PATIENCE) for _ in range(4)] == ["d", "b", "c", "a"]
 
 
+def test_a_bare_queue_retry_keeps_the_priority_it_was_handed_out_with():
+    q = reconq.WorkQueue(rate_limiter=reconq.ExponentialBackoff(0.0, 0.0))
+    q.add("hi", priority=5)
+    assert q.get(timeout=PATIENCE) == "hi"
+    q.add_rate_limited("hi")  # a failed attempt, retried before done
+    q.add("lo", priority=1)
+    q.done("hi")
+    assert [q.get(timeout=PATIENCE) for _ in range(2)] == ["hi", "lo"]
+
+
 # --- bad input --------------------------------------------------------------------
 
 
@@ -226,7 +236,9 @@ def test_bad_scheduling_options_are_refused(kw: Dict[str, Any], error: type):
         reconq.Controller(lambda key: None, **kw)
 
 
-@pytest.mark.parametrize("priority, error", [(2**31, OverflowError), (-(2**31) - 1, OverflowError), ("1", TypeError)])
+@pytest.mark.parametrize(
+    "priority, error", [(2**31, OverflowError), (-(2**31) - 1, OverflowError), (10**300, OverflowError), ("1", TypeError)]
+)
 def test_bad_priorities_are_refused_and_change_nothing(make, q, priority: Any, error: type):
     c = make(lambda key: None)
     for call in (
@@ -236,8 +248,15 @@ def test_bad_priorities_are_refused_and_change_nothing(make, q, priority: Any, e
         lambda: q.add("k", priority=priority),
         lambda: q.add_after("k", 0, priority=priority),
     ):
-        with pytest.raises(error):
+        with pytest.raises(error, match="priority"):
             call()
     assert c.stats()["depth"] == 0 and len(q) == 0
     c.enqueue("k", priority=2**31 - 1)
     assert c.stats()["by_priority"] == {2**31 - 1: 1}
+
+
+def test_an_out_of_range_priority_names_the_argument_and_the_range(q):
+    with pytest.raises(OverflowError, match=r"^priority must be between -2147483648 and 2147483647, got 1099511627776"):
+        q.add("k", priority=2**40)
+    with pytest.raises(OverflowError, match=r"got an int of 302 digits"):
+        q.add("k", priority=-(10**300))

@@ -27,7 +27,7 @@ PAGES = [README, *DOCS]
 # listing that is not meant to run. Nothing else, so that no example escapes
 # its test under an unexpected name (and no bare fence: rustdoc would compile
 # it as Rust).
-LANGUAGES = {"python", "rust", "rust,no_run", "sh", "text"}
+LANGUAGES = {"python", "rust", "rust,no_run", "sh", "text", "yaml"}
 OPENING_FENCE = re.compile(r"^```(\S*)$", re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 

@@ -97,6 +97,7 @@ def test_replicas_split_the_partitions_and_each_key_runs_on_its_owner(etcd: Etcd
         ({"endpoints": "127.0.0.1:2379"}, ValueError),
         ({"endpoints": 5}, TypeError),
         ({"partitions": 0}, ValueError),
+        ({"partitions": 65_537}, ValueError),
         ({"ttl": 1}, ValueError),
         ({"name": "a/b"}, ValueError),
     ],
@@ -105,6 +106,12 @@ def test_bad_input_is_refused(kw: Any, error: type) -> None:
     args = {"endpoints": "http://127.0.0.1:2379", "name": "x", **kw}
     with pytest.raises(error):
         reconq.Sharding(**args)
+
+
+def test_more_partitions_than_the_limit_name_the_argument_and_the_limit() -> None:
+    with pytest.raises(ValueError, match="partitions must be between 1 and 65536"):
+        reconq.Sharding("http://127.0.0.1:2379", "x", partitions=65_537)
+    assert reconq.Sharding("http://127.0.0.1:2379", "x", partitions=65_536).partitions == 65_536
 
 
 def test_sharding_and_leader_election_do_not_mix() -> None:

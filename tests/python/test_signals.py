@@ -39,7 +39,8 @@ def wait_for_line(proc: subprocess.Popen, text: str) -> list[str]:
             return lines
 
 
-def test_sigterm_drains_like_ctrl_c_and_run_returns_normally():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_reconcile_drains_the_ready_keys_and_run_returns_normally(sig):
     proc = spawn(
         PRELUDE
         + """
@@ -60,7 +61,7 @@ say("returned", c.stats()["state"], done)
 """
     )
     wait_for_line(proc, "ready")
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     code, out, err = finish(proc)
     assert code == 0, err
     assert "stopping on a signal" in out

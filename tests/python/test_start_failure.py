@@ -23,10 +23,10 @@ CHILD = textwrap.dedent(
                 if line.startswith("VmSize:"):
                     return int(line.split()[1]) * 1024
 
-    c = reconq.Controller(lambda key: None, workers=5000, name="huge")
+    c = reconq.Controller(lambda key: None, workers=1024, name="huge")
     c.enqueue("k")
     before = tasks()
-    # Room for a few dozen worker stacks, not 5,000.
+    # Room for a few dozen worker stacks, not 1,024.
     limit = vm_bytes() + 256 * 1024 * 1024
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
@@ -54,7 +54,7 @@ def test_a_start_the_os_refuses_is_a_clean_runtime_error():
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert 'error: controller "huge" could not start: cannot spawn worker thread' in out, out + proc.stderr
-    assert "of 5000" in out
+    assert "of 1024" in out
     assert "state: stopped" in out
     assert "threads left: 0" in out
     assert "depth: 0" in out

@@ -4,6 +4,8 @@ encoding, and S1 crashes by SIGKILL of a Python child."""
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import random
 import signal
@@ -25,6 +27,14 @@ def hour_limiter() -> reconq.ExponentialBackoff:
     return reconq.ExponentialBackoff(HOUR, HOUR)
 
 
+def query_from_another_process(db, sql):
+    """Runs `sql` on `db` in a child process: reading a store this process
+    has open with the sqlite3 module is refused (see the test below)."""
+    script = "import json, sqlite3, sys; print(json.dumps(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall()))"
+    out = subprocess.run([sys.executable, "-c", script, str(db), sql], capture_output=True, text=True, check=True)
+    return [tuple(row) for row in json.loads(out.stdout)]
+
+
 def test_store_path_shorthand_keeps_delayed_failed_and_parked_keys(tmp_path):
     db = str(tmp_path / "state.db")
     calls = []
@@ -44,7 +54,7 @@ def test_store_path_shorthand_keeps_delayed_failed_and_parked_keys(tmp_path):
     c.enqueue("ok")
     wait_for(lambda: c.inspect("fail")["state"] == "waiting" and c.inspect("park")["state"] == "parked")
     assert c.stats()["store_error"] is None
-    c.stop()
+    assert c.stop_with_report()["store_error"] is None
 
     again = reconq.Controller(reconcile, name="sync", store=reconq.SqliteStore(db), rate_limiter=hour_limiter())
     again.start()
@@ -69,8 +79,7 @@ def test_flushes_within_the_interval_and_reports_stats(tmp_path):
     try:
         c.enqueue_after("later", HOUR)
         wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
-        rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM keys").fetchone()
-        assert rows == (1,)
+        assert query_from_another_process(tmp_path / "state.db", "SELECT count(*) FROM keys") == [(1,)]
         entry = next(e for e in reconq.status() if e["name"] == "sync")
         assert (entry["store_pending"], entry["store_error"]) == (0, None)
         assert entry["last_flush_time"] is not None
@@ -117,8 +126,20 @@ def test_bad_files(tmp_path):
         reconq.SqliteStore("/proc/reconq-no-such-dir/state.db")
     with pytest.raises(TypeError):
         reconq.Controller(lambda key: None, store=42)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="flush_interval must be a positive number of seconds, got 0"):
         reconq.SqliteStore(tmp_path / "x.db", flush_interval=0)
+    with pytest.raises(OverflowError, match=r"^flush_interval is out of range: 1e300 seconds \(at most 1.8"):
+        reconq.SqliteStore(tmp_path / "x.db", flush_interval=1e300)
+
+
+def test_a_path_that_is_no_file_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("", ":memory:"):
+        with pytest.raises(ValueError, match="store path"):
+            reconq.Controller(lambda key: None, name="sync", store=path)
+        with pytest.raises(ValueError, match="store path"):
+            reconq.SqliteStore(path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_python_keys_encode_like_rust_keys(tmp_path):
@@ -128,10 +149,80 @@ def test_python_keys_encode_like_rust_keys(tmp_path):
     c.enqueue_after(("ns", 3), HOUR)
     c.enqueue_after(b"\x07", HOUR)
     c.stop()
-    blobs = {bytes(row[0]) for row in sqlite3.connect(db).execute("SELECT key FROM keys")}
+    blobs = {bytes.fromhex(row[0]) for row in query_from_another_process(db, "SELECT hex(key) FROM keys")}
     # The bytes tests/store.rs checks for the Rust key ("ns".to_string(), 3i64).
     assert bytes([4, 0, 0, 0, 2, 1, 0, 0, 0, 2]) + b"ns" + bytes([2, 0, 0, 0, 0, 0, 0, 0, 3]) in blobs
     assert bytes([3, 0, 0, 0, 1, 7]) in blobs
+
+
+def test_sqlite3_in_the_same_process_is_refused_while_a_store_is_open(tmp_path, monkeypatch):
+    """Python's sqlite3 is a second SQLite library in the process: its locks
+    do not see ours, and opening a store file with it while a controller
+    writes crashed the process (SIGBUS) or corrupted the file. It is refused
+    with sqlite3.OperationalError, in every spelling of the path, while the
+    controller keeps writing; once the store is closed it opens normally."""
+    db = tmp_path / "state.db"
+    c = reconq.Controller(lambda key: None, name="sync", store=reconq.SqliteStore(db, flush_interval=0.01))
+    c.start()
+    monkeypatch.chdir(tmp_path)
+    spellings = [(db,), (str(db),), ("state.db",), (f"file:{db}?mode=ro",), (db.as_uri() + "?mode=ro",)]
+    for round in range(50):
+        for key in range(round * 200, round * 200 + 200):
+            c.enqueue_after(key, 0.005 if key % 2 else HOUR)
+        for spelling in spellings:
+            uri = str(spelling[0]).startswith("file:")
+            with pytest.raises(sqlite3.OperationalError, match="reconq store open in this process"):
+                sqlite3.connect(*spelling, uri=uri)
+    wait_for(lambda: c.stats()["store_pending"] == 0)
+    assert c.stats()["store_error"] is None
+    c.stop()
+    del c
+    gc.collect()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert conn.execute("SELECT count(*) FROM keys").fetchone() == (50 * 100,)
+    conn.close()
+
+
+FULL_DISK_CHILD = r"""
+import resource, signal, sys, reconq
+sys.path.insert(0, sys.argv[2])
+from waiting import wait_for
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # "file too large" as an error, not a kill
+c = reconq.Controller(lambda key: None, name="full", store=reconq.SqliteStore(sys.argv[1], flush_interval=0.05))
+c.start()
+for i in range(10):
+    c.enqueue_after(f"early-{i}", 3600)
+wait_for(lambda: c.stats()["store_pending"] == 0 and c.stats()["last_flush_time"] is not None)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+for i in range(60000):
+    c.enqueue_after(f"{i:0>100}", 3600)
+report = c.stop_with_report()
+stats = c.stats()
+assert report["store_error"] is not None, report
+assert stats["store_error"] is not None and stats["store_pending"] >= 60000, stats
+print("reported")
+"""
+
+
+def test_a_failed_last_flush_at_stop_is_reported_and_keeps_what_was_written(tmp_path):
+    """Issue 22 item 1: a stop whose last flush fails (file size limit) says
+    so in stop_with_report() and stats(), and the file keeps what the
+    earlier flushes wrote."""
+    db = tmp_path / "state.db"
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(db), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "reported" in out.stdout, out.stdout + out.stderr
+    again = reconq.Controller(lambda key: None, name="full", store=str(db))
+    again.start()
+    try:
+        assert all(again.inspect(f"early-{i}")["state"] == "waiting" for i in range(10))
+    finally:
+        again.stop()
 
 
 CHILD = r"""

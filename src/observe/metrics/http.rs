@@ -1,5 +1,8 @@
-//! A minimal scrape endpoint: `GET /metrics` on a blocking `TcpListener`,
-//! answered one connection at a time by one thread. Idle, the thread is
+//! A minimal HTTP endpoint on a blocking `TcpListener`, answered one
+//! connection at a time by one thread: `GET /metrics` (the scrape),
+//! `/status` (the status table; JSON on `Accept: application/json` or
+//! `?format=json`), `/healthz` and `/readyz` (Kubernetes probes: 200 `ok`,
+//! or 503 with the reasons, see `observe::probes`). Idle, the thread is
 //! blocked in `accept` and uses no CPU; there is no async runtime.
 
 use std::io::{self, Read, Write};
@@ -8,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
+
+use crate::status;
 
 /// How long a connection may take to send its request or read the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -101,6 +106,34 @@ fn accept_loop(listener: &TcpListener, stop: &AtomicBool) {
     }
 }
 
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// The status line, content type and body for a GET of `path`.
+fn route(path: &str, wants_json: bool) -> (&'static str, &'static str, String) {
+    match path {
+        "/metrics" => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", super::render()),
+        "/status" if wants_json => ("200 OK", "application/json", status::to_json(&status::snapshot())),
+        "/status" => ("200 OK", TEXT, status::format_table(&status::snapshot())),
+        "/healthz" => probe(status::liveness_problems()),
+        "/readyz" => probe(status::readiness_problems()),
+        _ => ("404 Not Found", TEXT, "404 page not found; try /metrics, /status, /healthz or /readyz\n".to_owned()),
+    }
+}
+
+/// `200 ok`, or `503` with one line per problem (as controller-runtime's
+/// `/readyz` lists its failed checks).
+fn probe(problems: Vec<String>) -> (&'static str, &'static str, String) {
+    if problems.is_empty() {
+        return ("200 OK", TEXT, "ok\n".to_owned());
+    }
+    let mut body = String::new();
+    for problem in problems {
+        body.push_str(&problem);
+        body.push('\n');
+    }
+    ("503 Service Unavailable", TEXT, body)
+}
+
 fn answer(mut stream: TcpStream) -> io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -114,15 +147,17 @@ fn answer(mut stream: TcpStream) -> io::Result<()> {
         head.extend_from_slice(&chunk[..n]);
     }
     let head = String::from_utf8_lossy(&head);
-    let request_line = head.lines().next().unwrap_or("");
-    let mut parts = request_line.split_whitespace();
+    let mut lines = head.lines();
+    let mut parts = lines.next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status, content_type, body) = if matches!(method, "GET" | "HEAD") && path == "/metrics" {
-        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", super::render())
-    } else {
-        ("404 Not Found", "text/plain; charset=utf-8", "404 page not found\n".to_owned())
-    };
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let wants_json = query.split('&').any(|pair| pair == "format=json")
+        || lines.any(|line| {
+            line.split_once(':').is_some_and(|(name, value)| {
+                name.trim().eq_ignore_ascii_case("accept") && value.contains("application/json")
+            })
+        });
+    let (status, content_type, body) = route(if matches!(method, "GET" | "HEAD") { path } else { "" }, wants_json);
     let mut response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()

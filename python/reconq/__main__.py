@@ -1,0 +1,71 @@
+"""Looking at a running reconq process from outside.
+
+    python -m reconq status URL [--json]
+
+``URL`` is the process's metrics server (``reconq.start_http_server()``,
+Rust ``reconq::metrics::serve``), e.g. ``http://127.0.0.1:9100`` or
+``127.0.0.1:9100``; the command prints its ``/status`` table (``--json``:
+the entries as JSON, as ``reconq.status()`` gives them in the process).
+It exits 1 with a message on stderr when the server cannot be reached or
+answers with an error. ``python -m reconq.demo`` runs the demo controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import List, Optional
+
+#: Seconds to wait for the server to answer.
+TIMEOUT = 10.0
+
+
+def status_url(url: str) -> str:
+    """`url` with a scheme (http) and the path ``/status`` unless it names one."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/status")
+    return urllib.parse.urlunsplit(parts)
+
+
+def fetch(url: str, as_json: bool) -> str:
+    """The body of ``GET url``; raises ``OSError`` (``URLError`` is one)
+    when the server cannot be reached or answers with an error."""
+    headers = {"Accept": "application/json"} if as_json else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        return str(response.read().decode("utf-8"))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m reconq",
+        description="Look at a running reconq process through its metrics server.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{status}")
+    status = commands.add_parser("status", help="print a running process's status table")
+    status.add_argument("url", metavar="URL", help="its metrics server, e.g. http://127.0.0.1:9100")
+    status.add_argument("--json", action="store_true", help="print the entries as JSON")
+    args = parser.parse_args(argv)
+
+    url = status_url(args.url)
+    try:
+        body = fetch(url, args.json)
+    except urllib.error.HTTPError as e:
+        print(f"reconq status: {url} answered {e.code} {e.reason}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        print(f"reconq status: cannot reach {url}: {reason}", file=sys.stderr)
+        return 1
+    print(body, end="" if body.endswith("\n") else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+//! The seam between a controller and its store: the controller marks the
+//! keys it changes and answers "what is this key now?"; the store restores
+//! at start, flushes and reports. Compiled without the `store` feature too,
+//! so the controller reaches a store only through these traits (without
+//! the feature it never has one).
+
+use std::time::{Instant, SystemTime};
+
+/// What a store keeps of one key, in the controller's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyView {
+    /// `Some`: waiting for this due time (queue clock); `None`: ready.
+    pub(crate) due: Option<Instant>,
+    /// Parked with this error (then `due` is ignored).
+    pub(crate) parked: Option<String>,
+    pub(crate) failures: u32,
+    pub(crate) priority: i32,
+}
+
+/// The controller's side of the seam.
+#[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
+pub(crate) trait KeySource<K>: Send + Sync {
+    /// The view of each key, `None` for a key with nothing to keep.
+    fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
+    /// Now on the queue's clock (to turn due instants into wall time).
+    fn now(&self) -> Instant;
+    /// Blocks until no worker can change a key any more (after a stop).
+    fn wait_workers_exited(&self);
+    /// Whether a stop was requested.
+    fn stopping(&self) -> bool;
+}
+
+/// What a controller holds of its store, whatever its key type.
+pub(crate) trait StoreLink<K>: Send + Sync {
+    /// `key` changed: write it at the next flush.
+    fn mark(&self, key: &K);
+    /// Hands every stored key to `restore`, due times on the queue clock
+    /// at `now`.
+    fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
+    /// The flusher thread's body: returns after the final flush at stop
+    /// (after the workers exited), releasing the claim. A failed final
+    /// flush stays in `stats().error`, its keys in `pending`.
+    fn run_flusher(&self, source: &dyn KeySource<K>);
+    /// Wakes the flusher for a stop.
+    fn wake(&self);
+    fn stats(&self) -> StoreStats;
+}
+
+/// The store's part of a controller's stats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Changes not yet written, including those a flush is writing now (a
+    /// key changed twice since the last flush counts twice until then).
+    pub pending: usize,
+    /// When the last flush succeeded.
+    pub last_flush_time: Option<SystemTime>,
+    /// The last flush's error, until a flush succeeds.
+    pub error: Option<String>,
+}

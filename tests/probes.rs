@@ -1,0 +1,110 @@
+//! `/status`, `/healthz` and `/readyz` on the metrics server (issue 27
+//! item 4), over real HTTP. Readiness and liveness ask every controller of
+//! the process, so this binary holds only these tests, one at a time.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::{PATIENCE, wait_for};
+use parking_lot::Mutex;
+use reconq::{Action, Controller, RateLimiter, ReconcileError};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// (status line, body) of a real GET with `headers`.
+fn get(addr: SocketAddr, path: &str, headers: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+const OK: &str = "HTTP/1.1 200 OK";
+const UNAVAILABLE: &str = "HTTP/1.1 503 Service Unavailable";
+
+#[test]
+fn status_and_probes_follow_the_controllers() {
+    let _serial = SERIAL.lock();
+    let server = reconq::metrics::serve("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let controller = Controller::from_fn("probe-rs", |key: &u32, _| {
+        if *key == 13 {
+            return Err(ReconcileError::new("db-0 refused the connection"));
+        }
+        Ok(Action::Done)
+    });
+    let not_started = "controller \"probe-rs\": not started\n".to_owned();
+    assert_eq!(get(addr, "/readyz", ""), (UNAVAILABLE.to_owned(), not_started));
+    assert_eq!(get(addr, "/healthz", ""), (OK.to_owned(), "ok\n".to_owned()));
+
+    let handle = controller.start();
+    handle.enqueue(1);
+    handle.enqueue(13);
+    wait_for("a success and a failure", || {
+        let stats = handle.stats();
+        stats.successes >= 1 && stats.failures >= 1
+    });
+    assert_eq!(get(addr, "/readyz", ""), (OK.to_owned(), "ok\n".to_owned()));
+    let (line, table) = get(addr, "/status", "");
+    assert_eq!(line, OK);
+    assert!(table.starts_with("reconq status: 1 controller, 0 periodic"), "{table}");
+    assert!(table.contains("probe-rs") && table.contains("db-0 refused the connection"), "{table}");
+    for (path, headers) in [("/status?format=json", ""), ("/status", "Accept: application/json\r\n")] {
+        let (line, body) = get(addr, path, headers);
+        assert_eq!(line, OK);
+        let entries: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let entry = &entries[0];
+        assert_eq!((entry["kind"].as_str(), entry["name"].as_str()), (Some("controller"), Some("probe-rs")), "{body}");
+        assert_eq!(entry["state"], "running");
+        assert_eq!(entry["last_error"], "db-0 refused the connection");
+        assert!(entry["last_error_time"].is_f64() && entry["failures"].as_u64() >= Some(1), "{body}");
+    }
+
+    // Stopping: no longer ready (the process is going away).
+    assert!(handle.stop_with_drain(PATIENCE));
+    let (line, body) = get(addr, "/readyz", "");
+    assert_eq!((line.as_str(), body.as_str()), (UNAVAILABLE, "controller \"probe-rs\": stopped\n"));
+    drop(handle);
+    assert_eq!(get(addr, "/readyz", ""), (OK.to_owned(), "ok\n".to_owned()), "a dropped controller is not asked");
+}
+
+/// A limiter that panics: a bug in user code the engine calls outside a
+/// reconcile, which takes the worker thread down.
+struct PanickingLimiter;
+
+impl RateLimiter<u32> for PanickingLimiter {
+    fn when(&self, _: &u32) -> Duration {
+        panic!("limiter bug")
+    }
+    fn forget(&self, _: &u32) {}
+    fn num_requeues(&self, _: &u32) -> u32 {
+        0
+    }
+}
+
+#[test]
+fn healthz_fails_when_a_worker_thread_died() {
+    let _serial = SERIAL.lock();
+    let server = reconq::metrics::serve("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    let handle = Controller::from_fn("probe-dies", |_: &u32, _| Err::<Action, _>(ReconcileError::new("retry me")))
+        .workers(2)
+        .rate_limiter(PanickingLimiter)
+        .start();
+    assert_eq!(get(addr, "/healthz", ""), (OK.to_owned(), "ok\n".to_owned()));
+    handle.enqueue(1);
+    let mut last = (String::new(), String::new());
+    wait_for("the dead worker to show", || {
+        last = get(addr, "/healthz", "");
+        last.0 == UNAVAILABLE
+    });
+    assert_eq!(last.1, "controller \"probe-dies\": 1 of 2 worker threads exited\n");
+    handle.stop();
+    assert_eq!(get(addr, "/healthz", ""), (OK.to_owned(), "ok\n".to_owned()), "a stopped controller's workers may go");
+}
