@@ -64,6 +64,7 @@ mod logs;
 mod manager;
 pub mod metrics;
 mod observe;
+mod panics;
 #[cfg(feature = "parallelize")]
 mod parallelize;
 #[cfg(feature = "python")]

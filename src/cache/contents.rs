@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::Applied;
+use crate::panics;
 use crate::source::Item;
 
 /// An index function: the values a key is found under.
@@ -140,7 +141,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
             let mut values = match catch_unwind(AssertUnwindSafe(|| index_fn(key, obj))) {
                 Ok(values) => values,
                 Err(panic) => {
-                    let error = super::panic_message(&*panic);
+                    let error = panics::message(&*panic);
                     failures.push(IndexFailure { index: name.clone(), key: key.clone(), error });
                     Vec::new()
                 }

@@ -45,10 +45,10 @@ use parking_lot::{ReentrantMutex, RwLock};
 
 use self::contents::{Contents, IndexFailure, IndexFn};
 use crate::error::InvalidArgument;
-use crate::logs;
 use crate::source::{Source, Stop};
 use crate::sync::{Condvar, Mutex};
 use crate::thread::{self, JoinHandle};
+use crate::{logs, panics};
 
 /// A change a cache applied, as its subscribers get it.
 #[derive(Debug)]
@@ -495,7 +495,7 @@ impl<S: Source> Inner<S> {
     /// Calls one subscriber, catching (and logging) a panic.
     fn call(&self, subscriber: &Subscriber<S::Key, S::Object>, change: &Applied<S::Key, S::Object>) {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| subscriber(change))) {
-            logs::cache_subscriber_panicked(&self.name, &change.key, &panic_message(&*panic));
+            logs::cache_subscriber_panicked(&self.name, &change.key, &panics::message(&*panic));
         }
     }
 
@@ -522,14 +522,5 @@ impl<S: Source> Inner<S> {
                 self.call(subscriber, change);
             }
         }
-    }
-}
-
-/// The message of a panic payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_owned(),
-        (None, Some(s)) => s.clone(),
-        (None, None) => "panic with a non-string payload".to_owned(),
     }
 }
