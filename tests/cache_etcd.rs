@@ -25,11 +25,29 @@ const PREFIX: &str = "/items/";
 
 type Heard = Arc<Mutex<Vec<(String, Option<String>, bool)>>>;
 
+/// `source` with its values read as UTF-8 text.
+fn as_text(source: EtcdSource) -> EtcdSource<String> {
+    source.decode(|v: &[u8]| String::from_utf8(v.to_vec()))
+}
+
 /// A started cache of `PREFIX` at `endpoint`, and what its subscriber
 /// heard: (key, new value, listed).
 fn cache_of(endpoint: &str, name: &str) -> (Cache<EtcdSource<String>>, Heard, Subscription) {
-    let source = EtcdSource::new(endpoint, PREFIX).unwrap().decode(|v: &[u8]| String::from_utf8(v.to_vec()));
-    started(Cache::builder(name, source).build().unwrap())
+    started(Cache::builder(name, as_text(EtcdSource::new(endpoint, PREFIX).unwrap())).build().unwrap())
+}
+
+/// `keys` put (each its own value), a synced cache of them behind a
+/// proxy, then the proxy cut: returns once the cache noticed the break.
+fn cut_off(etcd: &Etcd, keys: &[&str], name: &str) -> (Proxy, Cache<EtcdSource<String>>, Heard, Subscription) {
+    for key in keys {
+        etcd.put(&format!("{PREFIX}{key}"), key);
+    }
+    let proxy = Proxy::to(&etcd.endpoint);
+    let (cache, heard, subscription) = cache_of(&proxy.endpoint, name);
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    proxy.cut();
+    wait_for("the break noticed", || cache.stats().errors >= 1);
+    (proxy, cache, heard, subscription)
 }
 
 fn started(cache: Cache<EtcdSource<String>>) -> (Cache<EtcdSource<String>>, Heard, Subscription) {
@@ -63,8 +81,7 @@ fn a_cache_lists_in_pages_then_follows_puts_and_deletes_with_versions_and_positi
         etcd.put(&format!("{PREFIX}k{i:02}"), &format!("v{i}"));
     }
     etcd.put("/other/x", "not ours");
-    let source = EtcdSource::new(&etcd.endpoint, PREFIX).unwrap().page_size(5).unwrap();
-    let source = source.decode(|v: &[u8]| String::from_utf8(v.to_vec()));
+    let source = as_text(EtcdSource::new(&etcd.endpoint, PREFIX).unwrap().page_size(5).unwrap());
     let (cache, heard, _s) = started(Cache::builder("paged", source).build().unwrap());
     assert!(cache.wait_synced(Some(PATIENCE)));
     assert_eq!(contents(&cache), etcd.list(PREFIX));
@@ -102,12 +119,11 @@ fn etcd_restarted_with_its_data_under_a_running_cache_is_resumed_not_relisted() 
 
 #[test]
 fn etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted() {
-    let mut etcd = Etcd::start();
+    // The new history starts below every revision the cache has seen.
+    let mut etcd = Etcd::start_with_history();
     for i in 0..5 {
         etcd.put(&format!("{PREFIX}old{i}"), "x");
     }
-    // The new history starts below every revision the cache has seen.
-    etcd.bump("/filler", 30);
     let (cache, heard, _s) = cache_of(&etcd.endpoint, "wiped");
     assert!(cache.wait_synced(Some(PATIENCE)));
     etcd.wipe();
@@ -115,21 +131,14 @@ fn etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted() {
     wait_converged(&cache, &etcd);
     assert!((0..5).all(|i| heard_deleted(&heard, &format!("old{i}"), true)), "deleted by the relist");
     assert!(cache.stats().relists >= 1);
-    assert!(cache.position().unwrap() < 30, "the position is the new history's");
+    assert!(cache.position().unwrap() < 50, "the position is the new history's");
     cache.stop();
 }
 
 #[test]
 fn deletes_made_while_the_stream_was_down_arrive_as_deletes_without_a_relist() {
     let etcd = Etcd::start();
-    for key in ["a", "b", "c"] {
-        etcd.put(&format!("{PREFIX}{key}"), key);
-    }
-    let proxy = Proxy::to(&etcd.endpoint);
-    let (cache, heard, _s) = cache_of(&proxy.endpoint, "cut");
-    assert!(cache.wait_synced(Some(PATIENCE)));
-    proxy.cut();
-    wait_for("the break noticed", || cache.stats().errors >= 1);
+    let (proxy, cache, heard, _s) = cut_off(&etcd, &["a", "b", "c"], "cut");
     etcd.delete(&format!("{PREFIX}a"));
     etcd.delete(&format!("{PREFIX}b"));
     etcd.put(&format!("{PREFIX}d"), "d");
@@ -143,14 +152,7 @@ fn deletes_made_while_the_stream_was_down_arrive_as_deletes_without_a_relist() {
 #[test]
 fn a_compaction_past_the_cache_revision_relists_and_keys_gone_meanwhile_are_deletes() {
     let etcd = Etcd::start();
-    for key in ["a", "b"] {
-        etcd.put(&format!("{PREFIX}{key}"), key);
-    }
-    let proxy = Proxy::to(&etcd.endpoint);
-    let (cache, heard, _s) = cache_of(&proxy.endpoint, "compacted");
-    assert!(cache.wait_synced(Some(PATIENCE)));
-    proxy.cut();
-    wait_for("the break noticed", || cache.stats().errors >= 1);
+    let (proxy, cache, heard, _s) = cut_off(&etcd, &["a", "b"], "compacted");
     etcd.delete(&format!("{PREFIX}a"));
     etcd.put(&format!("{PREFIX}b"), "changed");
     etcd.put(&format!("{PREFIX}c"), "c");
@@ -184,7 +186,7 @@ fn a_silent_stream_is_taken_as_stalled_and_resumed_while_progress_notifications_
     let etcd = Etcd::start_with(&["--experimental-watch-progress-notify-interval", "200ms"]);
     let proxy = Proxy::to(&etcd.endpoint);
     let source = EtcdSource::new(&proxy.endpoint, PREFIX).unwrap().progress_timeout(Duration::from_secs(2)).unwrap();
-    let source = source.decode(|v: &[u8]| String::from_utf8(v.to_vec()));
+    let source = as_text(source);
     let (cache, _heard, _s) = started(Cache::builder("silent", source).build().unwrap());
     assert!(cache.wait_synced(Some(PATIENCE)));
     // Quiet for longer than the timeout, kept alive by progress notifications.
