@@ -12,18 +12,25 @@
 //! released (so a subscriber may read the cache). A cache runs while
 //! started ([`Cache::start`]) or used ([`Cache::acquire`], counted).
 //!
-//! ```no_run
-//! use std::time::Duration;
-//! use reconq::{Cache, EtcdSource};
+//! A cache of a list function, polled (an `EtcdSource`, with the `etcd`
+//! feature, is built and cached the same way):
 //!
-//! let source = EtcdSource::new("http://127.0.0.1:2379", "/items/").unwrap();
-//! let cache = Cache::builder("items", source)
-//!     .index("by-size", |_key, value: &Vec<u8>| vec![value.len().to_string()])
+//! ```
+//! use std::time::Duration;
+//! use reconq::{Cache, PollingSource};
+//!
+//! let source = PollingSource::new(Duration::from_secs(30), || {
+//!     Ok::<_, String>(vec![("a".to_string(), 1u64), ("b".to_string(), 22)])
+//! })
+//! .unwrap();
+//! let cache = Cache::builder("sizes", source)
+//!     .index("by-size", |_key, size: &u64| vec![size.to_string()])
 //!     .build()
 //!     .unwrap();
 //! cache.start().unwrap();
 //! assert!(cache.wait_synced(Some(Duration::from_secs(30))));
-//! println!("{:?} has {} keys", cache.get(&"a".to_string()), cache.len());
+//! assert_eq!(cache.by_index("by-size", "22").unwrap(), ["b"]);
+//! println!("{:?} of {} keys", cache.get(&"a".to_string()), cache.len());
 //! cache.stop();
 //! ```
 

@@ -15,8 +15,8 @@
 //!
 //! Two are built in: [`PollingSource`] (a list function called every
 //! interval, its differences turned into puts and deletes) and
-//! [`EtcdSource`] (a prefix of etcd: a paged list at one revision, then a
-//! watch from the next revision).
+//! `EtcdSource` (the `etcd` feature: a prefix of etcd, a paged list at
+//! one revision, then a watch from the next revision).
 //!
 //! [`Cache`]: crate::Cache
 
