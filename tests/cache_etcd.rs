@@ -1,4 +1,4 @@
-//! Caches of an etcd prefix on a real etcd (API.md §13): convergence
+//! Caches of an etcd prefix on a real etcd (docs/sources.md): convergence
 //! (E1) across etcd restarted with its data and wiped, a compaction past
 //! the cache's revision, deletes made while the stream was down (E2, E3),
 //! a cache started before etcd, and a stream gone silent. Every check

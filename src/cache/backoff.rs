@@ -1,4 +1,4 @@
-//! The wait after a source failed (API.md E4), client-go's reflector's:
+//! The wait after a source failed (E4, docs/sources.md), client-go's reflector's:
 //! 0.8 s doubling up to 30 s, each wait drawn from [d, 2d) (jitter 1.0),
 //! back to 0.8 s once a stream has run 2 minutes without failing.
 

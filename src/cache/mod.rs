@@ -1,4 +1,4 @@
-//! Caches (API.md §13): a local copy of what a [`Source`] holds, kept by
+//! Caches (docs/sources.md): a local copy of what a [`Source`] holds, kept by
 //! one thread per cache that lists, then applies the change stream,
 //! resumes it after a break, relists when its position expires (a relist
 //! is a diff: keys missing from the new list are deletes, unchanged keys

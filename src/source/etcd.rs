@@ -1,4 +1,4 @@
-//! [`EtcdSource`]: the keys under a prefix of etcd (API.md §13). The list
+//! [`EtcdSource`]: the keys under a prefix of etcd (docs/sources.md). The list
 //! is read in pages at one revision; the watch starts at the next one and
 //! asks for progress notifications, so a stream that falls silent (no
 //! event and no progress notification within the progress timeout) is

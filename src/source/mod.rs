@@ -1,4 +1,4 @@
-//! Sources (API.md §13): a system that holds the desired state, seen as a
+//! Sources (docs/sources.md): a system that holds the desired state, seen as a
 //! list and a stream of changes with resumable positions, the shape of
 //! client-go's `ListerWatcher` and kube-rs's `watcher`. A [`Cache`]
 //! applies them; a source only says what the system holds and what

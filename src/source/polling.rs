@@ -1,4 +1,4 @@
-//! [`PollingSource`]: a list function called every interval (API.md §13),
+//! [`PollingSource`]: a list function called every interval (docs/sources.md),
 //! for systems with no change stream. Each poll is compared with the one
 //! before and only the differences are events, so a poll is not a relist
 //! and an unchanged item is no change.
