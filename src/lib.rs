@@ -51,6 +51,7 @@
 //! - The README (two commands to set up, a first controller in Python,
 //!   what else it does, benchmarks) and the pages of `docs/` it links.
 
+mod cache;
 mod clock;
 mod context;
 mod controller;
@@ -63,6 +64,7 @@ mod logs;
 mod manager;
 pub mod metrics;
 mod observe;
+mod panics;
 #[cfg(feature = "parallelize")]
 mod parallelize;
 #[cfg(feature = "python")]
@@ -71,10 +73,12 @@ mod queue;
 mod rate_limit;
 mod shrink;
 mod signals;
+pub mod source;
 mod store;
 mod sync;
 mod thread;
 
+pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
@@ -101,6 +105,9 @@ pub use queue::{GetError, KeyState, QueueCounts, WorkQueue, WorkQueueBuilder};
 pub use rate_limit::{
     ExponentialBackoff, FastSlow, MaxOf, RateLimiter, TokenBucket, WithMaxWait, default_rate_limiter,
 };
+#[cfg(feature = "etcd")]
+pub use source::EtcdSource;
+pub use source::{PollingSource, Source, SourceError};
 #[cfg(feature = "store")]
 pub use store::{SCHEMA_VERSION, SqliteStore, StoreClaim, StoredKey, StoredState};
 pub use store::{StoreError, StoreStats};

@@ -3,7 +3,8 @@
 //! Targets are fixed names, not module paths, so they survive refactoring
 //! and map to stable Python logger names (`reconq.controller`,
 //! `reconq.manager`): [`CONTROLLER`] for the reconcile loop, its watchdog,
-//! triggers and watches; [`MANAGER`] for named periodic controllers.
+//! triggers and watches; [`MANAGER`] for named periodic controllers;
+//! `reconq::cache` for caches and their sources.
 //!
 //! Levels follow controller-runtime, which logs `Reconciler error` at error
 //! level for every failed reconcile: a failure or panic is an ERROR, a
@@ -384,6 +385,45 @@ pub(crate) fn group_failed<K: fmt::Debug>(controller: &str, key: &K, error: &str
         controller = %controller, key = ?Short(key), error,
         "group function failed; the key is in group None"
     );
+}
+
+/// Target of caches' and sources' events.
+const CACHE: &str = "reconq::cache";
+
+/// A cache's source failed (a list or stream error, a refused
+/// connection, a stalled stream); it retries after `retry_in`.
+pub(crate) fn cache_failed(cache: &str, error: &str, expired: bool, retry_in: Duration) {
+    tracing::warn!(
+        target: CACHE, cache = %cache, error, expired, retry_in = ?retry_in,
+        "cache source failed; retrying"
+    );
+}
+
+/// A cache's position expired (etcd: compacted, or its history reset);
+/// it relists now.
+pub(crate) fn cache_expired(cache: &str, error: &str) {
+    tracing::info!(target: CACHE, cache = %cache, error, "cache position expired; relisting");
+}
+
+/// A cache's index function panicked: the key is left out of that index
+/// (call with no lock held).
+pub(crate) fn cache_index_failed<K: fmt::Debug>(cache: &str, index: &str, key: &K, error: &str) {
+    tracing::error!(
+        target: CACHE, cache = %cache, index, key = ?Short(key), error,
+        "index function panicked; the key is left out of that index"
+    );
+}
+
+/// A cache's subscriber panicked (call with no lock held).
+pub(crate) fn cache_subscriber_panicked<K: fmt::Debug>(cache: &str, key: &K, error: &str) {
+    tracing::error!(target: CACHE, cache = %cache, key = ?Short(key), error, "cache subscriber panicked");
+}
+
+/// An etcd source skipped an item it could not read (a key that is not
+/// UTF-8, a value its decode function refused).
+#[cfg(feature = "etcd")]
+pub(crate) fn source_skipped(source: &str, key: &str, why: &str) {
+    tracing::warn!(target: CACHE, source = %source, key = ?Short(key), why, "source item skipped");
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::{PATIENCE, wait_for};
+use common::{Gate, PATIENCE, wait_for};
 use parking_lot::Mutex;
-use reconq::{Action, Controller, RateLimiter, ReconcileError};
+use reconq::{Action, Cache, Controller, PollingSource, RateLimiter, ReconcileError};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -107,4 +107,40 @@ fn healthz_fails_when_a_worker_thread_died() {
     assert_eq!(last.1, "controller \"probe-dies\": 1 of 2 worker threads exited\n");
     handle.stop();
     assert_eq!(get(addr, "/healthz", ""), (OK.to_owned(), "ok\n".to_owned()), "a stopped controller's workers may go");
+}
+
+#[test]
+fn a_cache_is_ready_once_it_synced_and_its_status_is_json_too() {
+    let _serial = SERIAL.lock();
+    let server = reconq::metrics::serve("127.0.0.1:0").unwrap();
+    let addr = server.local_addr();
+    // The first list waits at the gate: the cache runs and has not synced.
+    let gate = Gate::new();
+    let listing = gate.clone();
+    let source = PollingSource::new(Duration::from_secs(3600), move || {
+        listing.pass();
+        Ok::<_, String>(vec![(1u32, "one")])
+    });
+    let cache = Cache::builder("probe-cache", source.unwrap()).build().unwrap();
+    let readyz = || get(addr, "/readyz", "");
+    assert_eq!(readyz(), (UNAVAILABLE.to_owned(), "cache \"probe-cache\": not started\n".to_owned()));
+    cache.start().unwrap();
+    gate.wait_arrivals(1);
+    assert_eq!(readyz(), (UNAVAILABLE.to_owned(), "cache \"probe-cache\": syncing\n".to_owned()));
+
+    gate.release();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    assert_eq!(readyz(), (OK.to_owned(), "ok\n".to_owned()));
+    let (line, body) = get(addr, "/status?format=json", "");
+    assert_eq!(line, OK);
+    let entries: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entry = &entries[0];
+    assert_eq!((entry["kind"].as_str(), entry["name"].as_str()), (Some("cache"), Some("probe-cache")), "{body}");
+    assert_eq!((&entry["state"], &entry["synced"], &entry["keys"]), (&"running".into(), &true.into(), &1.into()));
+    assert_eq!(entry["relists"], 0, "{body}");
+
+    cache.stop();
+    assert_eq!(readyz(), (UNAVAILABLE.to_owned(), "cache \"probe-cache\": stopped\n".to_owned()));
+    drop(cache);
+    assert_eq!(readyz(), (OK.to_owned(), "ok\n".to_owned()), "a dropped cache is not asked");
 }

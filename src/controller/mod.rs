@@ -55,6 +55,7 @@ use crate::coordination::{LeaderElection, Sharding};
 use crate::key_encoding::StoreKey;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
+use crate::panics;
 use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::{ExponentialBackoff, RateLimiter};
 #[cfg(feature = "store")]
@@ -323,7 +324,7 @@ impl<K: ControllerKey> Controller<K> {
         self.group_fallible::<G>(Box::new(move |key: &K| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| group(key)))
                 .map(Some)
-                .map_err(|panic| outcome::panic_message(&*panic))
+                .map_err(|panic| panics::message(&*panic))
         }))
     }
 

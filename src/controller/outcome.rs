@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::context::Context;
+use crate::panics;
 
 /// What to do with a key after a successful reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,9 +182,11 @@ impl Outcome {
             Ok(Ok(Action::Requeue)) => Outcome::Requeue,
             Ok(Ok(Action::RequeueAfter(d))) => Outcome::RequeueAfter(d),
             Ok(Err(e)) => Outcome::Failure { retry: e.retry, message: e.to_string(), panicked: false },
-            Err(payload) => {
-                Outcome::Failure { retry: RetryPolicy::RateLimited, message: panic_message(&*payload), panicked: true }
-            }
+            Err(payload) => Outcome::Failure {
+                retry: RetryPolicy::RateLimited,
+                message: panics::message(&*payload),
+                panicked: true,
+            },
         }
     }
 
@@ -192,17 +195,5 @@ impl Outcome {
     pub(crate) fn timed_out(timeout: Duration) -> Self {
         let message = format!("TimeoutError: reconcile timed out after {} s", timeout.as_secs_f64());
         Outcome::Failure { retry: RetryPolicy::RateLimited, message, panicked: false }
-    }
-}
-
-/// The message of a panic payload (`panic!("...")` gives a `&str` or a
-/// `String`; anything else gets a generic text).
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "panic with a non-string payload".to_owned()
     }
 }

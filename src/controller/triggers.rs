@@ -4,10 +4,9 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::handle::ControllerHandle;
-use super::outcome::panic_message;
 use super::{ControllerKey, Core, When};
 use crate::context::StopSignal;
-use crate::logs;
+use crate::{logs, panics};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -104,7 +103,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
                     }
                 }
                 Err(payload) => {
-                    let message = panic_message(&*payload);
+                    let message = panics::message(&*payload);
                     logs::trigger_panicked(&core.name, &key, &message);
                 }
             }
@@ -189,7 +188,7 @@ where
             }
         }
         Err(payload) => {
-            let message = panic_message(&*payload);
+            let message = panics::message(&*payload);
             logs::watch_transform_panicked(&core.name, &message);
         }
     }

@@ -21,6 +21,8 @@ pub use partition::partition_of;
 #[cfg(feature = "etcd")]
 pub use settings::Endpoints;
 #[cfg(feature = "etcd")]
+pub(crate) use settings::check_endpoints;
+#[cfg(feature = "etcd")]
 pub(crate) use sharding::ShardHooks;
 #[cfg(feature = "etcd")]
 pub use sharding::Sharding;

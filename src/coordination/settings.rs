@@ -58,10 +58,9 @@ impl<E: Endpoints + ?Sized> Endpoints for &E {
     }
 }
 
-/// Checks `endpoints` (`http://host:port`, at least one) and `name`.
-pub(super) fn check_endpoints_and_name(
+/// Checks `endpoints`: `http://host:port`, at least one.
+pub(crate) fn check_endpoints(
     endpoints: &(impl Endpoints + ?Sized),
-    name: &str,
     what: &str,
 ) -> Result<Vec<String>, InvalidArgument> {
     let endpoints = endpoints
@@ -73,6 +72,16 @@ pub(super) fn check_endpoints_and_name(
     if endpoints.is_empty() {
         return Err(InvalidArgument::new(format!("{what} needs at least one etcd endpoint")));
     }
+    Ok(endpoints)
+}
+
+/// Checks `endpoints` (`http://host:port`, at least one) and `name`.
+pub(super) fn check_endpoints_and_name(
+    endpoints: &(impl Endpoints + ?Sized),
+    name: &str,
+    what: &str,
+) -> Result<Vec<String>, InvalidArgument> {
+    let endpoints = check_endpoints(endpoints, what)?;
     if name.is_empty() || name.contains('\0') || name.contains('/') {
         return Err(InvalidArgument::new(format!("{what} name must be non-empty, without '/' or NUL")));
     }

@@ -101,7 +101,10 @@ impl History {
     /// is the one seen from then on), or a reset is pending.
     pub(super) fn observe(&mut self, before: &Seen, reply: &Value) -> Result<(), Reset> {
         self.check()?;
-        let Some(h) = Header::of(reply) else { return Ok(()) };
+        // etcd's revisions start at 1: a header with none (a watch
+        // canceled because its start revision was compacted) says
+        // nothing about the history.
+        let Some(h) = Header::of(reply).filter(|h| h.revision > 0) else { return Ok(()) };
         if before.generation != self.seen.generation {
             return Ok(());
         }
@@ -188,6 +191,7 @@ mod tests {
         assert_eq!(observe(&mut h, &reply(1, 200, 3)), Ok(()));
         assert_eq!(observe(&mut h, &reply(2, 198, 3)), Ok(()));
         assert_eq!(observe(&mut h, &json!({ "error": "x" })), Ok(()));
+        assert_eq!(observe(&mut h, &reply(1, 0, 3)), Ok(()), "a header without a revision (a compacted watch)");
         let streamed = json!({ "result": { "header": reply(1, 150, 3)["header"].clone() } });
         assert_eq!(observe(&mut h, &streamed), Err(Reset { highest_revision: 200, revision: 150 }));
     }

@@ -14,6 +14,8 @@
 //! so whoever acts on what etcd said can stop first (see `history.rs`).
 
 mod history;
+mod paged;
+mod stream;
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
@@ -26,6 +28,8 @@ use serde_json::{Value, json};
 
 pub(crate) use self::history::Reset;
 use self::history::{History, Seen};
+pub(crate) use self::paged::key_after;
+pub(crate) use self::stream::WatchItem;
 use crate::sync::Mutex;
 
 /// How long a unary call may take, connection included.
@@ -47,11 +51,19 @@ pub(crate) const MAX_TXN_OPS: usize = 127;
 pub struct EtcdError {
     message: String,
     reset: Option<Reset>,
+    /// The compaction revision, when the revision asked for was compacted.
+    compacted: Option<i64>,
 }
 
 impl EtcdError {
     fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), reset: None }
+        Self { message: message.into(), reset: None, compacted: None }
+    }
+
+    /// The revision asked for (a read's or a watch's) was compacted: what
+    /// is left starts after this revision (0: etcd did not say).
+    pub(crate) fn compacted(&self) -> Option<i64> {
+        self.compacted
     }
 
     /// What etcd holds is not what reconq put there.
@@ -74,7 +86,7 @@ impl From<Reset> for EtcdError {
              (its data wiped, or restored from an older snapshot)",
             reset.revision, reset.highest_revision
         );
-        Self { message, reset: Some(reset) }
+        Self { message, reset: Some(reset), compacted: None }
     }
 }
 
@@ -213,10 +225,16 @@ impl EtcdClient {
                 .header("Content-Type", "application/json")
                 .config()
                 .timeout_global(Some(left))
+                .http_status_as_error(false)
                 .build();
             match request.send(body.to_string()) {
                 Ok(mut response) => {
+                    let status = response.status();
                     let text = response.body_mut().read_to_string()?;
+                    if !status.is_success() {
+                        last = refused(endpoint, status, &text);
+                        continue;
+                    }
                     let reply = serde_json::from_str(&text)
                         .map_err(|e| EtcdError::new(format!("etcd: bad reply to {path}: {e}: {text}")))?;
                     self.observe(&before, &reply)?;
@@ -449,6 +467,18 @@ impl EtcdClient {
     }
 }
 
+/// An error reply: etcd's own message (the gateway's `{"error": ...}`),
+/// and whether it says the revision asked for was compacted.
+fn refused(endpoint: &str, status: ureq::http::StatusCode, text: &str) -> EtcdError {
+    let reply: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let message = reply.get("error").and_then(Value::as_str).unwrap_or(text);
+    let mut e = EtcdError::new(format!("etcd at {endpoint}: {status}: {message}"));
+    if message.contains("required revision has been compacted") {
+        e.compacted = Some(0);
+    }
+    e
+}
+
 fn is_timeout(e: &std::io::Error) -> bool {
     matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
         || e.to_string().to_ascii_lowercase().contains("timeout")
@@ -465,21 +495,35 @@ fn int_field(object: &Value, name: &str) -> Result<i64, EtcdError> {
     }
 }
 
+/// A base64 field as bytes (absent: empty, as the gateway leaves empty
+/// values out).
+fn bytes_field(kv: &Value, name: &str) -> Result<Vec<u8>, EtcdError> {
+    match kv.get(name).and_then(Value::as_str) {
+        Some(v) => BASE64.decode(v).map_err(|e| EtcdError::new(format!("etcd: bad {name}: {e}"))),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// A key as it stands in etcd, its key as bytes (which need not be UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawKeyValue {
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) mod_revision: i64,
+}
+
+fn raw_key_value(kv: &Value) -> Result<RawKeyValue, EtcdError> {
+    Ok(RawKeyValue {
+        key: bytes_field(kv, "key")?,
+        value: bytes_field(kv, "value")?,
+        mod_revision: int_field(kv, "mod_revision")?,
+    })
+}
+
 fn key_value(kv: &Value) -> Result<KeyValue, EtcdError> {
-    let value = match kv.get("value").and_then(Value::as_str) {
-        Some(v) => BASE64.decode(v).map_err(|e| EtcdError::new(format!("etcd: bad value: {e}")))?,
-        None => Vec::new(),
-    };
-    let key = match kv.get("key").and_then(Value::as_str) {
-        Some(k) => {
-            String::from_utf8_lossy(&BASE64.decode(k).map_err(|e| EtcdError::new(format!("etcd: bad key: {e}")))?)
-                .into_owned()
-        }
-        None => String::new(),
-    };
     Ok(KeyValue {
-        key,
-        value,
+        key: String::from_utf8_lossy(&bytes_field(kv, "key")?).into_owned(),
+        value: bytes_field(kv, "value")?,
         create_revision: int_field(kv, "create_revision")?,
         mod_revision: int_field(kv, "mod_revision")?,
         lease: int_field(kv, "lease")?,

@@ -16,9 +16,9 @@ use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
 use crate::coordination::{LeaderSeat, Leading};
-use crate::logs;
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Context, StopSignal};
+use crate::{logs, panics};
 
 pub(crate) struct Ctl {
     name: String,
@@ -346,13 +346,7 @@ fn cancel_run(st: &State) {
     }
 }
 
+/// A panic of `do` or `stop` as the manager reports it.
 fn panic_message(panic: &(dyn Any + Send)) -> String {
-    let message = if let Some(s) = panic.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.as_str()
-    } else {
-        "non-string panic payload"
-    };
-    format!("panicked: {message}")
+    format!("panicked: {}", panics::message(panic))
 }

@@ -41,8 +41,8 @@ pub(crate) trait Observed: Send + Sync {
     /// Adds a line to `out` for each reason this object is not ready
     /// ([`probes::readiness_problems`](super::probes::readiness_problems)).
     /// By default, what its status rows say (see
-    /// [`StatusEntry::not_ready`]); a component with more to wait for (a
-    /// cache syncing) says so here.
+    /// [`StatusEntry::not_ready`]); a component with more to wait for
+    /// than its rows show says so here.
     fn check_ready(&self, out: &mut Vec<String>) {
         let mut entries = Vec::new();
         self.collect_status(&mut entries);

@@ -76,14 +76,18 @@ pub enum EntryKind {
     Controller(ControllerDetails),
     /// A named periodic controller of a [`Manager`](crate::Manager).
     Periodic(PeriodicDetails),
+    /// A [`Cache`](crate::Cache): `successes` counts the events it
+    /// applied, `failures` its source's failures.
+    Cache(CacheDetails),
 }
 
 impl EntryKind {
-    /// `"controller"` or `"periodic"`.
+    /// `"controller"`, `"periodic"` or `"cache"`.
     pub fn label(&self) -> &'static str {
         match self {
             EntryKind::Controller(_) => "controller",
             EntryKind::Periodic(_) => "periodic",
+            EntryKind::Cache(_) => "cache",
         }
     }
 
@@ -91,7 +95,29 @@ impl EntryKind {
         match self {
             EntryKind::Controller(_) => 0,
             EntryKind::Periodic(_) => 1,
+            EntryKind::Cache(_) => 2,
         }
+    }
+}
+
+/// What only a [`Cache`](crate::Cache)'s entry has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDetails {
+    pub state: RunState,
+    /// The first list has been applied.
+    pub synced: bool,
+    pub keys: usize,
+    /// The position of the last list or event applied (`Debug`-formatted).
+    pub position: Option<String>,
+    /// Lists after the first.
+    pub relists: u64,
+}
+
+impl CacheDetails {
+    /// `"syncing"` for a running cache not synced yet, else its
+    /// [`RunState`].
+    pub fn state(&self) -> &'static str {
+        if self.state == RunState::Running && !self.synced { "syncing" } else { self.state.as_str() }
     }
 }
 
@@ -245,7 +271,7 @@ impl StatusEntry {
     pub fn controller(&self) -> Option<&ControllerDetails> {
         match &self.kind {
             EntryKind::Controller(details) => Some(details),
-            EntryKind::Periodic(_) => None,
+            _ => None,
         }
     }
 
@@ -253,7 +279,15 @@ impl StatusEntry {
     pub fn periodic(&self) -> Option<&PeriodicDetails> {
         match &self.kind {
             EntryKind::Periodic(details) => Some(details),
-            EntryKind::Controller(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The cache-only fields, if this is a cache.
+    pub fn cache(&self) -> Option<&CacheDetails> {
+        match &self.kind {
+            EntryKind::Cache(details) => Some(details),
+            _ => None,
         }
     }
 
@@ -269,20 +303,26 @@ impl StatusEntry {
             }
             EntryKind::Controller(details) => details.state.as_str(),
             EntryKind::Periodic(details) => details.state(),
+            EntryKind::Cache(details) => details.state(),
         }
     }
 
     /// Why this row keeps the process from being ready, if it does: a
     /// controller not running (not started yet, stopping or stopped), or
     /// one whose leader election or sharding has not yet learnt who leads
-    /// or who the members are. A standby that knows its leader is ready:
-    /// it is doing what it should.
+    /// or who the members are; a cache not running or not synced yet
+    /// (what it holds is not yet what its source holds). A standby that
+    /// knows its leader is ready: it is doing what it should.
     pub fn not_ready(&self) -> Option<String> {
         let who = format!("{} {:?}", self.kind.label(), self.qualified_name());
         let (leader, shards) = match &self.kind {
             EntryKind::Controller(c) if c.state != RunState::Running => return Some(format!("{who}: {}", c.state)),
             EntryKind::Controller(c) => (c.leader.as_ref(), c.shards.as_ref()),
             EntryKind::Periodic(p) => (p.leader.as_ref(), None),
+            EntryKind::Cache(c) => {
+                let ready = c.state == RunState::Running && c.synced;
+                return (!ready).then(|| format!("{who}: {}", c.state()));
+            }
         };
         let etcd_error = |error: &Option<String>| error.as_ref().map(|e| format!(" (etcd: {e})")).unwrap_or_default();
         if let Some(l) = leader.filter(|l| !l.is_leader() && l.leader.is_none()) {
@@ -297,8 +337,8 @@ impl StatusEntry {
     /// `manager/name` for a periodic controller, the name otherwise.
     pub fn qualified_name(&self) -> String {
         match &self.kind {
-            EntryKind::Controller(_) => self.name.clone(),
             EntryKind::Periodic(details) => format!("{}/{}", details.manager, self.name),
+            _ => self.name.clone(),
         }
     }
 
@@ -310,8 +350,9 @@ impl StatusEntry {
     }
 }
 
-/// Every live controller and every named controller of every live manager,
-/// sorted by kind (controllers first), then name (then manager name; entries
+/// Every live controller, every named controller of every live manager
+/// and every live cache, sorted by kind (controllers, periodic, caches),
+/// then name (then manager name; entries
 /// equal in all three keep their creation order).
 pub fn snapshot() -> Vec<StatusEntry> {
     let mut entries = Vec::new();
@@ -349,12 +390,18 @@ pub fn format_table(entries: &[StatusEntry]) -> String {
 pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> String {
     let mut out = String::new();
     let controllers = entries.iter().filter(|e| e.controller().is_some()).count();
-    let periodic = entries.len() - controllers;
+    let periodic = entries.iter().filter(|e| e.periodic().is_some()).count();
+    let caches = entries.len() - controllers - periodic;
     let failing = entries.iter().filter(|e| e.consecutive_failures > 0).count();
     let hanging = entries.iter().filter(|e| e.controller().is_some_and(|c| !c.hanging.is_empty())).count();
+    let caches = match caches {
+        0 => String::new(),
+        1 => ", 1 cache".to_owned(),
+        n => format!(", {n} caches"),
+    };
     let _ = writeln!(
         out,
-        "reconq status: {controllers} controller{}, {periodic} periodic; {failing} failing, {hanging} hanging",
+        "reconq status: {controllers} controller{}, {periodic} periodic{caches}; {failing} failing, {hanging} hanging",
         if controllers == 1 { "" } else { "s" }
     );
     if entries.is_empty() {
@@ -591,6 +638,19 @@ mod tests {
             periodic(Some(leader(None, None))).not_ready().as_deref(),
             Some("periodic \"m/gc\": leader of election \"e\" unknown (etcd: connection refused)")
         );
+    }
+
+    #[test]
+    fn readiness_needs_a_running_cache_that_synced() {
+        let cache = |state: RunState, synced: bool| StatusEntry {
+            kind: EntryKind::Cache(CacheDetails { state, synced, keys: 0, position: None, relists: 0 }),
+            ..idle_periodic("pods", None)
+        };
+        assert_eq!(cache(RunState::Running, true).not_ready(), None);
+        let not_ready = |state, synced| cache(state, synced).not_ready();
+        assert_eq!(not_ready(RunState::NotStarted, false).as_deref(), Some("cache \"pods\": not started"));
+        assert_eq!(not_ready(RunState::Running, false).as_deref(), Some("cache \"pods\": syncing"));
+        assert_eq!(not_ready(RunState::Stopped, true).as_deref(), Some("cache \"pods\": stopped"));
     }
 
     #[test]

@@ -71,6 +71,13 @@ fn entry(e: &StatusEntry) -> Value {
             d.insert("next_run_in".into(), secs(p.next_run_in));
             p.leader.as_ref()
         }
+        EntryKind::Cache(c) => {
+            d.insert("synced".into(), json!(c.synced));
+            d.insert("keys".into(), json!(c.keys));
+            d.insert("position".into(), json!(c.position));
+            d.insert("relists".into(), json!(c.relists));
+            None
+        }
     };
     if let Some(l) = leader {
         d.insert("is_leader".into(), json!(l.is_leader()));

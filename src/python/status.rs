@@ -59,6 +59,12 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
             d.set_item("hanging", hanging)?;
             set_scale_out_items(&d, c.store.as_ref(), c.leader.as_ref(), c.shards.as_ref(), c.not_owned)?;
         }
+        EntryKind::Cache(c) => {
+            d.set_item("synced", c.synced)?;
+            d.set_item("keys", c.keys)?;
+            d.set_item("position", c.position.as_deref())?;
+            d.set_item("relists", c.relists)?;
+        }
         EntryKind::Periodic(p) => {
             d.set_item("running", p.running)?;
             d.set_item("last_duration", p.last_duration.map(to_secs))?;

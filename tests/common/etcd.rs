@@ -12,7 +12,14 @@ pub struct Etcd {
     child: Child,
     dir: PathBuf,
     peer: u16,
+    /// Flags beyond the ports and the data directory, kept for restarts.
+    flags: Vec<String>,
     pub endpoint: String,
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 fn free_port() -> u16 {
@@ -27,16 +34,22 @@ pub fn unreachable_endpoint() -> String {
 
 impl Etcd {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts etcd with `flags` too (kept for restarts).
+    pub fn start_with(flags: &[&str]) -> Self {
         let (client, peer) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("reconq-etcd-{}-{client}", std::process::id()));
         let endpoint = format!("http://127.0.0.1:{client}");
-        let child = Self::spawn(&dir, &endpoint, peer);
-        let etcd = Etcd { child, dir, peer, endpoint };
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        let child = Self::spawn(&dir, &endpoint, peer, &flags);
+        let etcd = Etcd { child, dir, peer, flags, endpoint };
         etcd.wait_healthy();
         etcd
     }
 
-    fn spawn(dir: &std::path::Path, endpoint: &str, peer: u16) -> Child {
+    fn spawn(dir: &std::path::Path, endpoint: &str, peer: u16, flags: &[String]) -> Child {
         let peer_url = format!("http://127.0.0.1:{peer}");
         Command::new("etcd")
             .args(["--name", "test", "--data-dir"])
@@ -44,6 +57,7 @@ impl Etcd {
             .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("test={peer_url}")])
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -53,10 +67,20 @@ impl Etcd {
     /// Kills etcd, lets `change` do what it will to its data directory,
     /// and starts it again on the same ports.
     fn restart_with(&mut self, change: impl FnOnce(&std::path::Path)) {
+        self.kill();
+        change(&self.dir);
+        self.revive();
+    }
+
+    /// Kills etcd (SIGKILL); its data stays.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        change(&self.dir);
-        self.child = Self::spawn(&self.dir, &self.endpoint, self.peer);
+    }
+
+    /// Starts a killed etcd again on the same ports and data.
+    pub fn revive(&mut self) {
+        self.child = Self::spawn(&self.dir, &self.endpoint, self.peer, &self.flags);
         self.wait_healthy();
     }
 
@@ -69,6 +93,44 @@ impl Etcd {
         etcd
     }
 
+    /// One call to etcd's JSON gateway; its reply.
+    fn call(&self, path: &str, body: &str) -> serde_json::Value {
+        let mut reply = ureq::post(format!("{}/v3/{path}", self.endpoint)).send(body).unwrap();
+        serde_json::from_str(&reply.body_mut().read_to_string().unwrap()).unwrap()
+    }
+
+    /// Deletes `key`.
+    pub fn delete(&self, key: &str) {
+        self.call("kv/deleterange", &format!(r#"{{"key":"{}"}}"#, b64(key)));
+    }
+
+    /// The store's revision now.
+    pub fn revision(&self) -> i64 {
+        let reply = self.call("kv/range", &format!(r#"{{"key":"{}"}}"#, b64("/")));
+        reply["header"]["revision"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Compacts the history up to the revision now.
+    pub fn compact(&self) {
+        self.call("kv/compaction", &format!(r#"{{"revision":"{}","physical":true}}"#, self.revision()));
+    }
+
+    /// Every key under `prefix` (without it) and its value: etcd's own
+    /// listing, to compare a cache with.
+    pub fn list(&self, prefix: &str) -> std::collections::BTreeMap<String, String> {
+        use base64::Engine as _;
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let body = format!(r#"{{"key":"{}","range_end":"{}"}}"#, b64(prefix), engine.encode(end));
+        let reply = self.call("kv/range", &body);
+        let text = |field: &serde_json::Value| {
+            String::from_utf8(engine.decode(field.as_str().unwrap_or("")).unwrap()).unwrap()
+        };
+        let kvs = reply["kvs"].as_array().cloned().unwrap_or_default();
+        kvs.iter().map(|kv| (text(&kv["key"])[prefix.len()..].to_owned(), text(&kv["value"]))).collect()
+    }
+
     /// Wipes etcd's history: stops it, deletes its data directory, starts
     /// it again on the same ports (same member and cluster ids, revisions
     /// starting over).
@@ -78,10 +140,7 @@ impl Etcd {
 
     /// Puts `key` = `value`.
     pub fn put(&self, key: &str, value: &str) {
-        use base64::Engine as _;
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, b64(key), b64(value));
-        ureq::post(format!("{}/v3/kv/put", self.endpoint)).send(&body).unwrap();
+        self.call("kv/put", &format!(r#"{{"key":"{}","value":"{}"}}"#, b64(key), b64(value)));
     }
 
     /// Puts `key` `times` times: the store's revision grows by `times`.

@@ -1,0 +1,533 @@
+//! Caches (docs/sources.md): a local copy of what a [`Source`] holds, kept by
+//! one thread per cache that lists, then applies the change stream,
+//! resumes it after a break, relists when its position expires (a relist
+//! is a diff: keys missing from the new list are deletes, unchanged keys
+//! no change), and backs off after failures (E4). Readers (`get`, `keys`,
+//! `by_index`) take a read lock over the objects and the indexes together,
+//! so an index never disagrees with the objects (E8).
+//!
+//! Subscribers are how controllers hear of changes: each applied change
+//! (key, old, new, whether from a list) is passed to every subscriber on
+//! the cache's thread, in the order applied, after the cache's lock is
+//! released (so a subscriber may read the cache). A cache runs while
+//! started ([`Cache::start`]) or used ([`Cache::acquire`], counted).
+//!
+//! A cache of a list function, polled (an `EtcdSource`, with the `etcd`
+//! feature, is built and cached the same way):
+//!
+//! ```
+//! use std::time::Duration;
+//! use reconq::{Cache, PollingSource};
+//!
+//! let source = PollingSource::new(Duration::from_secs(30), || {
+//!     Ok::<_, String>(vec![("a".to_string(), 1u64), ("b".to_string(), 22)])
+//! })
+//! .unwrap();
+//! let cache = Cache::builder("sizes", source)
+//!     .index("by-size", |_key, size: &u64| vec![size.to_string()])
+//!     .build()
+//!     .unwrap();
+//! cache.start().unwrap();
+//! assert!(cache.wait_synced(Some(Duration::from_secs(30))));
+//! assert_eq!(cache.by_index("by-size", "22").unwrap(), ["b"]);
+//! println!("{:?} of {} keys", cache.get(&"a".to_string()), cache.len());
+//! cache.stop();
+//! ```
+
+mod backoff;
+mod contents;
+mod observe;
+mod run;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::io;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{ReentrantMutex, RwLock};
+
+use self::contents::{Contents, IndexFailure, IndexFn};
+use crate::error::InvalidArgument;
+use crate::source::{Source, Stop};
+use crate::sync::{Condvar, Mutex};
+use crate::thread::{self, JoinHandle};
+use crate::{logs, panics};
+
+/// A change a cache applied, as its subscribers get it.
+#[derive(Debug)]
+pub struct Applied<K, O> {
+    pub key: K,
+    /// What the cache held before (`None`: the key is new).
+    pub old: Option<Arc<O>>,
+    /// What it holds now (`None`: deleted).
+    pub new: Option<Arc<O>>,
+    /// Whether the change came from a list or relist (or was replayed to
+    /// a new subscriber) rather than from the live stream.
+    pub listed: bool,
+}
+
+type Subscriber<K, O> = Arc<dyn Fn(&Applied<K, O>) + Send + Sync>;
+/// Subscribers with their ids, as the cache's thread takes them.
+type Subscribers<K, O> = [(u64, Subscriber<K, O>)];
+/// Index functions by name, in the order given.
+type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
+
+/// Why a cache cannot start.
+#[derive(Debug)]
+pub enum CacheError {
+    /// It was stopped: a stopped cache never runs again.
+    Stopped { cache: String },
+    /// The OS refused its thread.
+    Thread(io::Error),
+}
+
+impl fmt::Display for CacheError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CacheError::Stopped { cache } => write!(f, "cache {cache:?} is stopped and cannot start again"),
+            CacheError::Thread(e) => write!(f, "cache thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CacheError {}
+
+/// [`Cache::by_index`] was given a name no index has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownIndex {
+    pub index: String,
+}
+
+impl fmt::Display for UnknownIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown index {:?}", self.index)
+    }
+}
+
+impl std::error::Error for UnknownIndex {}
+
+/// What [`Cache::stats`] reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheStats<P> {
+    pub name: String,
+    /// The first list has been applied.
+    pub synced: bool,
+    pub keys: usize,
+    /// The position of the last list or event applied.
+    pub position: Option<P>,
+    /// Lists after the first (the position expired, or the source has no
+    /// positions).
+    pub relists: u64,
+    /// Stream events applied (puts, deletes, bookmarks).
+    pub events: u64,
+    /// Failures of the source (each logged as a WARNING).
+    pub errors: u64,
+    pub last_error: Option<String>,
+    pub last_error_time: Option<SystemTime>,
+}
+
+/// A cache of source `S`, cheap to clone (clones share it).
+pub struct Cache<S: Source> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: Source> Clone for Cache<S> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+/// Builds a [`Cache`]: its name and indexes.
+pub struct CacheBuilder<S: Source> {
+    name: String,
+    source: S,
+    indexes: Indexes<S::Key, S::Object>,
+    first_backoff: Duration,
+}
+
+impl<S: Source> CacheBuilder<S> {
+    /// Adds index `name`: `index(key, obj)` gives the values the key is
+    /// found under with [`Cache::by_index`]. A panic is logged and leaves
+    /// that key out of that index.
+    pub fn index(
+        mut self,
+        name: impl Into<String>,
+        index: impl Fn(&S::Key, &S::Object) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.indexes.push((name.into(), Arc::new(index)));
+        self
+    }
+
+    /// Tests wait less than E4's 0.8 s after a failure.
+    #[cfg(test)]
+    fn first_backoff(mut self, first: Duration) -> Self {
+        self.first_backoff = first;
+        self
+    }
+
+    /// The cache, not started. An empty name or two indexes of one name
+    /// are refused.
+    pub fn build(self) -> Result<Cache<S>, InvalidArgument> {
+        if self.name.is_empty() {
+            return Err(InvalidArgument::new("Cache: name must not be empty"));
+        }
+        for (i, (name, _)) in self.indexes.iter().enumerate() {
+            if self.indexes[..i].iter().any(|(other, _)| other == name) {
+                return Err(InvalidArgument::new(format!("Cache: indexes: {name:?} given twice")));
+            }
+        }
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner<S>>| Inner {
+            _registration: crate::observe::register(weak.clone()),
+            name: self.name,
+            state: RwLock::new(State {
+                contents: Contents::new(self.indexes),
+                position: None,
+                subscribers: Arc::new([]),
+                next_subscriber: 0,
+            }),
+            delivery: ReentrantMutex::new(()),
+            life: Mutex::new(Life { source: Some(self.source), ..Life::default() }),
+            synced: Mutex::new(false),
+            synced_cv: Condvar::new(),
+            stop: Stop::new(),
+            counters: Counters::default(),
+            first_backoff: self.first_backoff,
+        });
+        Ok(Cache { inner })
+    }
+}
+
+struct State<S: Source> {
+    contents: Contents<S::Key, S::Object, S::Version>,
+    position: Option<S::Position>,
+    /// Replaced, never changed in place: the cache's thread takes the
+    /// list with the change it applied, under the same lock.
+    subscribers: Arc<Subscribers<S::Key, S::Object>>,
+    next_subscriber: u64,
+}
+
+struct Life<S> {
+    /// Until the thread takes it.
+    source: Option<S>,
+    thread: Option<JoinHandle<()>>,
+    /// `start()` was called: the cache runs until `stop()`.
+    kept: bool,
+    /// Live [`CacheUse`]s.
+    users: usize,
+    stopped: bool,
+}
+
+impl<S> Default for Life<S> {
+    fn default() -> Self {
+        Self { source: None, thread: None, kept: false, users: 0, stopped: false }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    puts: AtomicU64,
+    deletes: AtomicU64,
+    bookmarks: AtomicU64,
+    relists: AtomicU64,
+    errors: AtomicU64,
+    /// Failures since the last list or event applied.
+    consecutive_failures: AtomicU64,
+    last_error: Mutex<Option<(String, SystemTime)>>,
+}
+
+struct Inner<S: Source> {
+    /// Reports the status entry and metrics.
+    _registration: crate::observe::Registration,
+    name: String,
+    state: RwLock<State<S>>,
+    /// Held while changes are delivered to subscribers, so a subscriber
+    /// added meanwhile gets its replay and the later changes in order.
+    /// Re-entrant: a subscriber may subscribe.
+    delivery: ReentrantMutex<()>,
+    life: Mutex<Life<S>>,
+    synced: Mutex<bool>,
+    synced_cv: Condvar,
+    stop: Stop,
+    counters: Counters,
+    first_backoff: Duration,
+}
+
+impl<S: Source> Cache<S> {
+    /// A builder for a cache named `name` (unique names make its status
+    /// entry, metrics and log lines tell it apart) of `source`.
+    pub fn builder(name: impl Into<String>, source: S) -> CacheBuilder<S> {
+        CacheBuilder { name: name.into(), source, indexes: Vec::new(), first_backoff: backoff::FIRST }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The last state seen of `key`; `None` when absent.
+    pub fn get(&self, key: &S::Key) -> Option<Arc<S::Object>> {
+        self.inner.state.read().contents.get(key).cloned()
+    }
+
+    /// The version the source gave with `key`'s last state, if any.
+    pub fn version(&self, key: &S::Key) -> Option<S::Version> {
+        self.inner.state.read().contents.version(key).cloned()
+    }
+
+    pub fn contains(&self, key: &S::Key) -> bool {
+        self.inner.state.read().contents.get(key).is_some()
+    }
+
+    pub fn keys(&self) -> Vec<S::Key> {
+        self.inner.state.read().contents.keys().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.state.read().contents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The keys index `index` put under `value` (no scan of the cache).
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<S::Key>, UnknownIndex> {
+        let state = self.inner.state.read();
+        state.contents.by_index(index, value).ok_or_else(|| UnknownIndex { index: index.to_owned() })
+    }
+
+    /// The position of the last list or event applied.
+    pub fn position(&self) -> Option<S::Position> {
+        self.inner.state.read().position.clone()
+    }
+
+    /// Whether the first list has been applied (and delivered to the
+    /// subscribers).
+    pub fn synced(&self) -> bool {
+        *self.inner.synced.lock()
+    }
+
+    /// Waits until [`synced`](Self::synced) (`None`: no time limit);
+    /// returns whether it is. Returns `false` at once once stopped unsynced.
+    pub fn wait_synced(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut synced = self.inner.synced.lock();
+        while !*synced && !self.inner.stop.is_set() {
+            match deadline {
+                Some(deadline) => {
+                    if self.inner.synced_cv.wait_until(&mut synced, deadline).timed_out() {
+                        break;
+                    }
+                }
+                None => self.inner.synced_cv.wait(&mut synced),
+            }
+        }
+        *synced
+    }
+
+    /// Calls `subscriber` with every change applied from now on, on the
+    /// cache's thread (keep it short: the cache applies nothing while it
+    /// runs), after first replaying every key held now (`listed`, `old`
+    /// `None`), with nothing missed or reordered in between. Dropping the
+    /// returned guard unsubscribes. A panic is logged and ignored.
+    pub fn subscribe(&self, subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static) -> Subscription {
+        let subscriber: Subscriber<S::Key, S::Object> = Arc::new(subscriber);
+        let _delivering = self.inner.delivery.lock();
+        let (id, replay) = {
+            let mut state = self.inner.state.write();
+            let id = state.next_subscriber;
+            state.next_subscriber += 1;
+            let mut subscribers = state.subscribers.to_vec();
+            subscribers.push((id, Arc::clone(&subscriber)));
+            state.subscribers = subscribers.into();
+            let replay: Vec<Applied<S::Key, S::Object>> = state
+                .contents
+                .objects()
+                .map(|(key, obj)| Applied { key: key.clone(), old: None, new: Some(Arc::clone(obj)), listed: true })
+                .collect();
+            (id, replay)
+        };
+        for change in &replay {
+            self.inner.call(&subscriber, change);
+        }
+        let cache: Weak<dyn Unsubscribe> = Arc::downgrade(&self.inner) as Weak<dyn Unsubscribe>;
+        Subscription { cache, id }
+    }
+
+    /// Starts the cache's thread (if not running) and keeps it running
+    /// until [`stop`](Self::stop). A stopped cache cannot start again.
+    pub fn start(&self) -> Result<(), CacheError> {
+        let mut life = self.inner.life.lock();
+        self.inner.run(&mut life)?;
+        life.kept = true;
+        Ok(())
+    }
+
+    /// Starts the cache if it is not running, and keeps it running while
+    /// the returned guard (or another) lives: when the last guard goes,
+    /// a cache never [`start`](Self::start)ed stops. How controllers
+    /// share a cache.
+    pub fn acquire(&self) -> Result<CacheUse, CacheError> {
+        let mut life = self.inner.life.lock();
+        self.inner.run(&mut life)?;
+        life.users += 1;
+        Ok(CacheUse { cache: Arc::clone(&self.inner) as Arc<dyn Release> })
+    }
+
+    /// Stops the cache for good: its stream is interrupted and its thread
+    /// joined (unless called from that thread, by a subscriber). No
+    /// subscriber is called after it returns (from another thread).
+    /// Idempotent.
+    pub fn stop(&self) {
+        self.inner.stop();
+    }
+
+    pub fn stats(&self) -> CacheStats<S::Position> {
+        self.inner.stats()
+    }
+}
+
+impl<S: Source> fmt::Debug for Cache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache").field("name", &self.inner.name).finish_non_exhaustive()
+    }
+}
+
+/// Keeps a cache subscribed; dropping it unsubscribes.
+#[must_use = "dropping the subscription unsubscribes"]
+pub struct Subscription {
+    cache: Weak<dyn Unsubscribe>,
+    id: u64,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache.upgrade() {
+            cache.unsubscribe(self.id);
+        }
+    }
+}
+
+trait Unsubscribe: Send + Sync {
+    fn unsubscribe(&self, id: u64);
+}
+
+impl<S: Source> Unsubscribe for Inner<S> {
+    fn unsubscribe(&self, id: u64) {
+        let mut state = self.state.write();
+        state.subscribers = state.subscribers.iter().filter(|(s, _)| *s != id).cloned().collect();
+    }
+}
+
+/// Keeps a cache running (see [`Cache::acquire`]).
+#[must_use = "dropping the guard may stop the cache"]
+pub struct CacheUse {
+    cache: Arc<dyn Release>,
+}
+
+impl fmt::Debug for CacheUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheUse").finish_non_exhaustive()
+    }
+}
+
+impl Drop for CacheUse {
+    fn drop(&mut self) {
+        self.cache.release();
+    }
+}
+
+trait Release: Send + Sync {
+    fn release(&self);
+}
+
+impl<S: Source> Release for Inner<S> {
+    fn release(&self) {
+        let last = {
+            let mut life = self.life.lock();
+            life.users -= 1;
+            life.users == 0 && !life.kept
+        };
+        if last {
+            self.stop();
+        }
+    }
+}
+
+impl<S: Source> Inner<S> {
+    /// Spawns the thread unless it runs; refuses once stopped.
+    fn run(self: &Arc<Self>, life: &mut Life<S>) -> Result<(), CacheError> {
+        if life.stopped {
+            return Err(CacheError::Stopped { cache: self.name.clone() });
+        }
+        let Some(source) = life.source.take() else { return Ok(()) };
+        let inner = Arc::clone(self);
+        match thread::spawn_named(format!("reconq-cache-{}", self.name), None, move || inner.keep(source)) {
+            Ok(handle) => {
+                life.thread = Some(handle);
+                Ok(())
+            }
+            Err(e) => Err(CacheError::Thread(e)),
+        }
+    }
+
+    fn stop(&self) {
+        let thread = {
+            let mut life = self.life.lock();
+            life.stopped = true;
+            life.source = None;
+            life.thread.take()
+        };
+        self.stop.set();
+        {
+            let _synced = self.synced.lock();
+            self.synced_cv.notify_all();
+        }
+        if let Some(thread) = thread
+            && thread.thread().id() != thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+
+    /// Calls one subscriber, catching (and logging) a panic.
+    fn call(&self, subscriber: &Subscriber<S::Key, S::Object>, change: &Applied<S::Key, S::Object>) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| subscriber(change))) {
+            logs::cache_subscriber_panicked(&self.name, &change.key, &panics::message(&*panic));
+        }
+    }
+
+    /// Passes `changes` to `subscribers` (taken with them, under the lock
+    /// that applied them), unless the cache stopped meanwhile.
+    fn deliver(
+        &self,
+        subscribers: &Subscribers<S::Key, S::Object>,
+        changes: &[Applied<S::Key, S::Object>],
+        failures: Vec<IndexFailure<S::Key>>,
+    ) {
+        for failure in failures {
+            logs::cache_index_failed(&self.name, &failure.index, &failure.key, &failure.error);
+        }
+        if changes.is_empty() || subscribers.is_empty() {
+            return;
+        }
+        let _delivering = self.delivery.lock();
+        for change in changes {
+            if self.stop.is_set() {
+                return;
+            }
+            for (_, subscriber) in subscribers {
+                self.call(subscriber, change);
+            }
+        }
+    }
+}

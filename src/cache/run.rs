@@ -1,0 +1,148 @@
+//! The cache's thread: list, then apply the stream; resume after a break,
+//! relist when the position expired (E3), back off after failures (E4).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Instant, SystemTime};
+
+use super::backoff::{Backoff, RESET_AFTER};
+use super::{Applied, Inner};
+use crate::logs;
+use crate::source::{Event, EventOf, ListingOf, Source, SourceError};
+
+/// How the last stream ended, for the back-off rule: a plain expiry or
+/// end of stream waits only when it repeats with no event applied since.
+#[derive(PartialEq)]
+enum LastEnd {
+    Other,
+    PlainWithoutEvents,
+}
+
+impl<S: Source> Inner<S> {
+    /// The thread's body: runs until the cache stops.
+    pub(super) fn keep(self: Arc<Self>, mut source: S) {
+        let mut backoff = Backoff::new(self.first_backoff);
+        let mut listed = false;
+        let mut need_list = true;
+        let mut last_end = LastEnd::Other;
+        while !self.stop.is_set() {
+            if need_list {
+                match source.list(&self.stop) {
+                    Ok(listing) if !self.stop.is_set() => {
+                        self.apply_list(listing, listed);
+                        listed = true;
+                    }
+                    Ok(_) => return,
+                    Err(e) => {
+                        if !self.stop.is_set() {
+                            self.failed(&e, &mut backoff);
+                        }
+                        continue;
+                    }
+                }
+            }
+            let position = self.state.read().position.clone();
+            let started = Instant::now();
+            let mut applied = false;
+            let end = match source.changes(position.as_ref(), &self.stop) {
+                Err(e) => Some(e),
+                Ok(mut stream) => loop {
+                    match stream.next() {
+                        None => break None,
+                        Some(Ok(_)) if self.stop.is_set() => break None,
+                        Some(Ok(event)) => {
+                            self.apply_event(event);
+                            applied = true;
+                        }
+                        Some(Err(e)) => break Some(e),
+                    }
+                },
+            };
+            if self.stop.is_set() {
+                return;
+            }
+            if started.elapsed() >= RESET_AFTER {
+                backoff.reset();
+            }
+            // A source without positions relists after every break.
+            need_list = position.is_none() || end.as_ref().is_some_and(SourceError::is_expired);
+            let plain = end.as_ref().is_none_or(SourceError::is_expired);
+            let repeated = !applied && last_end == LastEnd::PlainWithoutEvents;
+            last_end = if plain && !applied { LastEnd::PlainWithoutEvents } else { LastEnd::Other };
+            match end {
+                Some(e) if plain && !repeated => logs::cache_expired(&self.name, e.message()),
+                None if !repeated => {}
+                Some(e) => self.failed(&e, &mut backoff),
+                None => self.failed(&SourceError::new("the change stream ended at once, again"), &mut backoff),
+            }
+        }
+    }
+
+    /// Counts and logs a failure, then waits the back-off (or until the
+    /// cache stops).
+    fn failed(&self, e: &SourceError, backoff: &mut Backoff) {
+        let wait = backoff.wait();
+        let c = &self.counters;
+        c.errors.fetch_add(1, Relaxed);
+        c.consecutive_failures.fetch_add(1, Relaxed);
+        *c.last_error.lock() = Some((e.message().to_owned(), SystemTime::now()));
+        logs::cache_failed(&self.name, e.message(), e.is_expired(), wait);
+        self.stop.wait_timeout(wait);
+    }
+
+    fn succeeded(&self) {
+        if self.counters.consecutive_failures.load(Relaxed) != 0 {
+            self.counters.consecutive_failures.store(0, Relaxed);
+        }
+    }
+
+    /// Replaces the contents with `listing`; the first list syncs the
+    /// cache once its changes are delivered.
+    fn apply_list(&self, listing: ListingOf<S>, relist: bool) {
+        let mut failures = Vec::new();
+        let (changes, subscribers) = {
+            let mut state = self.state.write();
+            let changes = state.contents.replace(listing.items, &mut failures);
+            state.position = listing.position;
+            (changes, Arc::clone(&state.subscribers))
+        };
+        if relist {
+            self.counters.relists.fetch_add(1, Relaxed);
+        }
+        self.succeeded();
+        self.deliver(&subscribers, &changes, failures);
+        let mut synced = self.synced.lock();
+        if !*synced {
+            *synced = true;
+            self.synced_cv.notify_all();
+        }
+    }
+
+    fn apply_event(&self, event: EventOf<S>) {
+        let mut failures = Vec::new();
+        let (change, subscribers) = {
+            let mut state = self.state.write();
+            let (change, position) = match event {
+                Event::Put { key, obj, position, version } => {
+                    self.counters.puts.fetch_add(1, Relaxed);
+                    (Some(state.contents.put(key, obj, version, &mut failures)), position)
+                }
+                Event::Delete { key, position } => {
+                    self.counters.deletes.fetch_add(1, Relaxed);
+                    (state.contents.delete(key), position)
+                }
+                Event::Bookmark { position } => {
+                    self.counters.bookmarks.fetch_add(1, Relaxed);
+                    (None, Some(position))
+                }
+            };
+            if position.is_some() {
+                state.position = position;
+            }
+            (change, Arc::clone(&state.subscribers))
+        };
+        self.succeeded();
+        let changes: Vec<Applied<S::Key, S::Object>> = change.into_iter().collect();
+        self.deliver(&subscribers, &changes, failures);
+    }
+}

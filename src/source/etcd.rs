@@ -1,0 +1,262 @@
+//! [`EtcdSource`]: the keys under a prefix of etcd (docs/sources.md). The list
+//! is read in pages at one revision; the watch starts at the next one and
+//! asks for progress notifications, so a stream that falls silent (no
+//! event and no progress notification within the progress timeout) is
+//! taken as broken and resumed, instead of waiting forever (kopf's
+//! "silently stalled" streams). A compacted revision, or a reply from a
+//! reset history (its revision or raft term below one seen before:
+//! `src/etcd/history.rs`), expires the position: the cache relists.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Changes, Event, EventOf, Item, Listing, Source, SourceError, Stop};
+use crate::coordination::{Endpoints, check_endpoints};
+use crate::error::InvalidArgument;
+use crate::etcd::{EtcdClient, EtcdError, RawKeyValue, WatchItem, key_after};
+use crate::logs;
+
+/// Keys read per call of the list by default: each page is one call
+/// within the client's call timeout.
+const DEFAULT_PAGE_SIZE: usize = 1000;
+
+/// etcd's default `--experimental-watch-progress-notify-interval` (10
+/// min) and a minute of slack.
+const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(11 * 60);
+
+type Decode<O> = Arc<dyn Fn(&[u8]) -> Result<O, String> + Send + Sync>;
+
+/// The keys under `prefix` in etcd. Keys are the etcd key without the
+/// prefix (keys that are not UTF-8 are logged and skipped); objects are
+/// the values, as bytes or through [`decode`](Self::decode); the version
+/// of a key is its `mod_revision`; the position is etcd's revision.
+pub struct EtcdSource<O = Vec<u8>> {
+    client: EtcdClient,
+    prefix: String,
+    decode: Decode<O>,
+    progress_timeout: Duration,
+    page_size: usize,
+}
+
+impl EtcdSource<Vec<u8>> {
+    /// The keys under `prefix` (not empty) of the etcd cluster at
+    /// `endpoints` (`http://host:port`, one or several).
+    pub fn new(endpoints: impl Endpoints, prefix: impl Into<String>) -> Result<Self, InvalidArgument> {
+        let endpoints = check_endpoints(&endpoints, "EtcdSource")?;
+        let prefix = prefix.into();
+        if prefix.is_empty() {
+            return Err(InvalidArgument::new("EtcdSource: prefix must not be empty"));
+        }
+        Ok(Self {
+            client: EtcdClient::new(endpoints),
+            prefix,
+            decode: Arc::new(|bytes: &[u8]| Ok(bytes.to_vec())),
+            progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
+            page_size: DEFAULT_PAGE_SIZE,
+        })
+    }
+}
+
+impl<O> EtcdSource<O> {
+    /// Objects are `decode(value)`; a value it fails on is logged and
+    /// that change skipped (the cache keeps what it had for the key).
+    pub fn decode<P, E: fmt::Display>(
+        self,
+        decode: impl Fn(&[u8]) -> Result<P, E> + Send + Sync + 'static,
+    ) -> EtcdSource<P> {
+        EtcdSource {
+            client: self.client,
+            prefix: self.prefix,
+            decode: Arc::new(move |bytes: &[u8]| decode(bytes).map_err(|e| e.to_string())),
+            progress_timeout: self.progress_timeout,
+            page_size: self.page_size,
+        }
+    }
+
+    /// How long a watch may go without an event or a progress
+    /// notification before it is taken as stalled and resumed (positive;
+    /// default 11 min). It must exceed etcd's
+    /// `--experimental-watch-progress-notify-interval` (10 min unless set):
+    /// lower both to notice a silent stream sooner.
+    pub fn progress_timeout(mut self, timeout: Duration) -> Result<Self, InvalidArgument> {
+        if timeout.is_zero() {
+            return Err(InvalidArgument::new("EtcdSource: progress_timeout must be positive, got 0 s"));
+        }
+        self.progress_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Keys read per call of the list (positive; default 1000): smaller
+    /// pages for large values, so each call ends within the client's
+    /// 2 s call timeout.
+    pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
+        if keys == 0 {
+            return Err(InvalidArgument::new("EtcdSource: page_size must be positive, got 0"));
+        }
+        self.page_size = keys;
+        Ok(self)
+    }
+
+    /// The key without the prefix, or why it is skipped.
+    fn key(&self, kv: &RawKeyValue) -> Result<String, String> {
+        let key = kv.key.strip_prefix(self.prefix.as_bytes()).unwrap_or(&kv.key);
+        String::from_utf8(key.to_vec()).map_err(|_| "the key is not UTF-8".to_owned())
+    }
+
+    /// `Some` of what `read` makes of `kv`, or `None` (logged) if it fails.
+    fn skipping<T>(&self, kv: &RawKeyValue, read: impl FnOnce() -> Result<T, String>) -> Option<T> {
+        read().map_err(|why| logs::source_skipped(&self.prefix, &String::from_utf8_lossy(&kv.key), &why)).ok()
+    }
+
+    /// A put's key and object, or `None` (logged) if either cannot be had.
+    fn put(&self, kv: &RawKeyValue) -> Option<(String, O)> {
+        self.skipping(kv, || Ok((self.key(kv)?, (self.decode)(&kv.value)?)))
+    }
+
+    /// What a batch of watched changes is for the cache.
+    fn events(&self, batch: Vec<(bool, RawKeyValue)>) -> Vec<Event<String, O, i64, i64>> {
+        let revisions: Vec<i64> = batch.iter().map(|(_, kv)| kv.mod_revision).collect();
+        let events = batch.into_iter().enumerate().filter_map(|(i, (deleted, kv))| {
+            let last = revisions.get(i + 1) != Some(&kv.mod_revision);
+            self.event(deleted, kv, last)
+        });
+        events.collect()
+    }
+
+    /// What a watched change is for the cache. Only the last change of a
+    /// revision carries it as a position (`last`): a resume after it must
+    /// not skip the others of that transaction. A change that cannot be
+    /// had (logged) is a bookmark there.
+    fn event(&self, deleted: bool, kv: RawKeyValue, last: bool) -> Option<Event<String, O, i64, i64>> {
+        let revision = kv.mod_revision;
+        let position = last.then_some(revision);
+        let event = if deleted {
+            self.skipping(&kv, || self.key(&kv)).map(|key| Event::Delete { key, position })
+        } else {
+            self.put(&kv).map(|(key, obj)| Event::Put { key, obj, position, version: Some(revision) })
+        };
+        event.or_else(|| position.map(|position| Event::Bookmark { position }))
+    }
+}
+
+/// Compaction and a reset of etcd's history expire the position.
+fn source_error(e: EtcdError) -> SourceError {
+    if e.reset().is_some() || e.compacted().is_some() {
+        SourceError::expired(e.to_string())
+    } else {
+        SourceError::new(e.to_string())
+    }
+}
+
+impl<O> fmt::Debug for EtcdSource<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdSource")
+            .field("endpoints", &self.client.endpoints())
+            .field("prefix", &self.prefix)
+            .field("progress_timeout", &self.progress_timeout)
+            .field("page_size", &self.page_size)
+            .finish()
+    }
+}
+
+impl<O: PartialEq + Send + Sync + 'static> Source for EtcdSource<O> {
+    type Key = String;
+    type Object = O;
+    type Position = i64;
+    type Version = i64;
+
+    fn list(&mut self, stop: &Stop) -> Result<Listing<String, O, i64, i64>, SourceError> {
+        // A list reads the new history whole: what the old one said goes.
+        self.client.accept_reset();
+        let mut items = Vec::new();
+        let (mut from, mut revision) = (self.prefix.as_bytes().to_vec(), 0);
+        loop {
+            if stop.is_set() {
+                return Err(SourceError::new("stopped"));
+            }
+            let page = self.client.range_page(&self.prefix, &from, revision, self.page_size).map_err(source_error)?;
+            revision = page.revision;
+            for kv in &page.kvs {
+                if let Some((key, obj)) = self.put(kv) {
+                    items.push(Item { key, obj, version: Some(kv.mod_revision) });
+                }
+            }
+            match page.kvs.last() {
+                Some(last) if page.more => from = key_after(&last.key),
+                _ => return Ok(Listing { items, position: Some(revision) }),
+            }
+        }
+    }
+
+    fn changes(&mut self, from: Option<&i64>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
+        let from = *from.ok_or_else(|| SourceError::expired("etcd: no revision to watch from"))?;
+        let mut stream = self.client.watch_prefix(&self.prefix, from, self.progress_timeout).map_err(source_error)?;
+        let closer = stream.closer().map_err(|e| SourceError::new(format!("etcd watch: {e}")))?;
+        let hook = stop.on_set(move || {
+            let _ = closer.shutdown(Shutdown::Both);
+        });
+        let stop = stop.clone();
+        let this = &*self;
+        let mut pending: VecDeque<EventOf<Self>> = VecDeque::new();
+        Ok(Box::new(std::iter::from_fn(move || {
+            let _unblocks_the_read = &hook;
+            loop {
+                if stop.is_set() {
+                    return None;
+                }
+                if let Some(event) = pending.pop_front() {
+                    return Some(Ok(event));
+                }
+                match stream.next() {
+                    Ok(WatchItem::Events(events)) => pending.extend(this.events(events)),
+                    Ok(WatchItem::Progress(revision)) => return Some(Ok(Event::Bookmark { position: revision })),
+                    Ok(WatchItem::Quiet) => {
+                        let quiet = this.progress_timeout;
+                        return Some(Err(SourceError::new(format!(
+                            "etcd watch: no event and no progress notification for {quiet:?}; resuming"
+                        ))));
+                    }
+                    Err(_) if stop.is_set() => return None,
+                    Err(e) => return Some(Err(source_error(e))),
+                }
+            }
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
+        RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), mod_revision }
+    }
+
+    /// A resume after any event must not skip the rest of its transaction:
+    /// only the last change of a revision is a position, and a change that
+    /// cannot be had still moves the position (as a bookmark).
+    #[test]
+    fn only_the_last_change_of_a_revision_is_a_position() {
+        let source = EtcdSource::new("http://127.0.0.1:1", "/p/").unwrap();
+        let source = source.decode(|v: &[u8]| std::str::from_utf8(v).map(str::to_owned));
+        let batch = vec![
+            (false, kv(b"a", "1", 7)),
+            (true, kv(b"b", "", 7)),
+            (false, kv(b"c", "3", 8)),
+            (false, kv(b"\xff", "4", 9)),
+        ];
+        let events = source.events(batch);
+        assert_eq!(
+            events,
+            [
+                Event::Put { key: "a".into(), obj: "1".into(), position: None, version: Some(7) },
+                Event::Delete { key: "b".into(), position: Some(7) },
+                Event::Put { key: "c".into(), obj: "3".into(), position: Some(8), version: Some(8) },
+                Event::Bookmark { position: 9 },
+            ]
+        );
+    }
+}
