@@ -76,7 +76,7 @@ mod thread;
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
-    Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
+    Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome,
 };
 pub use coordination::{Endpoints, LeaderElection, LeaderStatus, OnLost, ShardStatus, Sharding, partition_of};
 /// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,

@@ -42,10 +42,6 @@ pub(crate) trait KeySource<K>: Send + Sync {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
     /// Now on the queue's clock (to turn due instants into wall time).
     fn now(&self) -> Instant;
-    /// Blocks until no worker can change a key any more (after a stop).
-    fn wait_workers_exited(&self);
-    /// Whether a stop was requested.
-    fn stopping(&self) -> bool;
 }
 
 /// What a controller holds of its store, whatever its key type.
@@ -56,11 +52,15 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// at `now`.
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
     /// The flusher thread's body: returns after the final flush at stop
-    /// (after the workers exited), releasing the claim. A failed final
-    /// flush stays in `stats().error`, its keys in `pending`.
+    /// (after [`workers_done`](Self::workers_done)), releasing the claim.
+    /// A failed final flush stays in `stats().error`, its keys in
+    /// `pending`.
     fn run_flusher(&self, source: &dyn KeySource<K>);
     /// Wakes the flusher for a stop.
     fn wake(&self);
+    /// No worker can change a key any more (the controller stopped): the
+    /// flusher may do its final flush.
+    fn workers_done(&self);
     fn stats(&self) -> StoreStats;
 }
 
@@ -115,6 +115,8 @@ pub(crate) struct Persister<K> {
     written: Mutex<HashSet<K, foldhash::fast::RandomState>>,
     status: Mutex<(Option<SystemTime>, Option<String>)>,
     stopped: AtomicBool,
+    /// Set by [`StoreLink::workers_done`]; the final flush waits for it.
+    workers_done: AtomicBool,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -134,6 +136,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             written: Mutex::new(HashSet::default()),
             status: Mutex::new((None, None)),
             stopped: AtomicBool::new(false),
+            workers_done: AtomicBool::new(false),
         })
     }
 
@@ -277,7 +280,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
         let tick = self.store.flush_interval() / 2;
-        let stopping = || self.stopped.load(Ordering::Acquire) || source.stopping();
+        let stopping = || self.stopped.load(Ordering::Acquire);
         let mut next_tick: Option<Instant> = None;
         // Compactions left to try since the last write (0: compacted).
         let mut compact_tries = 0;
@@ -319,7 +322,9 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         }
         // The queue answers for what the stop dropped (its stop views), so
         // one flush after the workers is the whole story.
-        source.wait_workers_exited();
+        while !self.workers_done.load(Ordering::Acquire) {
+            std::thread::park();
+        }
         let keys = self.take_for_flush(|aged| {
             let mut keys = std::mem::take(aged);
             keys.extend(self.dirty.take());
@@ -333,6 +338,11 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn wake(&self) {
         self.stopped.store(true, Ordering::Release);
+        self.dirty.wake();
+    }
+
+    fn workers_done(&self) {
+        self.workers_done.store(true, Ordering::Release);
         self.dirty.wake();
     }
 
