@@ -200,9 +200,14 @@ impl<K: ControllerKey> ControllerHandle<K> {
         if self.core.rt.get().is_none() {
             // Idle at once with nothing pending; else once started (or
             // stopped), then as the queue says.
+            // Pending is read before the runtime: a start sets the runtime
+            // before it takes the pending keys, so empty-then-unset means
+            // nothing was enqueued (not that a start just took it).
             let mut nothing_pending = false;
             let waited = self.core.life.wait_until(Some(deadline), |life| {
-                nothing_pending = life.phase == Phase::NotStarted && self.core.pending.lock().is_empty();
+                nothing_pending = life.phase == Phase::NotStarted
+                    && self.core.pending.lock().is_empty()
+                    && self.core.rt.get().is_none();
                 nothing_pending || life.phase != Phase::NotStarted
             });
             if nothing_pending {
