@@ -288,33 +288,29 @@ impl PyController {
         let py = slf.py();
         let this = slf.get();
         let handle = &this.handle;
-        let stopping = if handle.on_own_worker() {
-            // Called from a reconcile of this controller: waiting for the
-            // workers would wait for ourselves. Start the stop and return.
-            if drain {
-                let handle = handle.clone();
-                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
-            } else {
-                handle.stop();
-            }
-            None
-        } else {
-            Some(Mutex::new(handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) })))
-        };
+        // Called from a reconcile of this controller, waiting for the
+        // workers would wait for ourselves: the stop is started here and a
+        // drain finishes on a thread of its own, without a deadline.
+        let own_worker = handle.on_own_worker();
+        let timeout = if own_worker { None } else { timeout };
+        let mut stopping = handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) });
         // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
         drop(unstarted);
         this.close_triggers(py);
-        let result = match stopping {
-            None => Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() }),
-            Some(stopping) => {
-                match wait_interruptibly(py, None, |slice| stopping.lock().wait(slice.unwrap_or(Duration::MAX))) {
-                    Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
-                    Err(e) => {
-                        // Interrupted (Ctrl-C): give up a drain, stop at once.
-                        handle.stop();
-                        Err(e)
-                    }
+        let result = if own_worker {
+            if drain {
+                std::thread::spawn(move || while stopping.wait(Duration::MAX).is_none() {});
+            }
+            Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() })
+        } else {
+            let stopping = Mutex::new(stopping);
+            match wait_interruptibly(py, None, |slice| stopping.lock().wait(slice.unwrap_or(Duration::MAX))) {
+                Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
+                Err(e) => {
+                    // Interrupted (Ctrl-C): give up a drain, stop at once.
+                    handle.stop();
+                    Err(e)
                 }
             }
         };
