@@ -5,6 +5,7 @@
 //! * `worker` is the loop and the result table.
 //! * `outcome` holds [`Action`], [`ReconcileError`] and [`Reconciler`].
 //! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
+//! * `stopping` is a stop under way ([`Stopping`]), waited for in slices.
 //! * `inspect` keeps per-key memory and the parked set.
 //! * `triggers` runs Consul-style triggers and watches.
 //! * `watchdog` reports reconciles that run too long and cancels those past
