@@ -662,7 +662,9 @@ pub(crate) struct Counters {
 /// Everything a controller's handles and threads share.
 pub(crate) struct Core<K> {
     /// Lists the controller in metrics and status; unlisted when dropped.
-    _registration: observe::Registration,
+    /// Set once the core is built: a registry prune meanwhile would drop
+    /// the entry of a core whose `Weak` cannot be upgraded yet.
+    _registration: OnceLock<observe::Registration>,
     pub(crate) name: String,
     config: Mutex<Config>,
     pub(crate) rt: OnceLock<Runtime<K>>,
@@ -703,8 +705,8 @@ impl<K: ControllerKey> Observed for Core<K> {
 impl<K: ControllerKey> Core<K> {
     /// A core registered for metrics and status for as long as it lives.
     fn new(name: String) -> Arc<Self> {
-        let core = Arc::new_cyclic(|weak: &Weak<Self>| Self {
-            _registration: observe::register(weak.clone()),
+        let core = Arc::new(Self {
+            _registration: OnceLock::new(),
             name,
             config: Mutex::new(Config {
                 workers: 1,
@@ -723,6 +725,8 @@ impl<K: ControllerKey> Core<K> {
             life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
         });
+        let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
+        let _ = core._registration.set(observe::register(observed));
         // Triggers exist before start, so they subscribe at birth.
         core.subscribe(Event::Stop, triggers::stop_all);
         core
