@@ -82,7 +82,7 @@ pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, 
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, KeyInfo, KeyStatus, ReconcileError,
-    Reconciler, RetryPolicy, Stats, StopReport, StopSignal, TriggerOutcome,
+    Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome,
 };
 #[cfg(feature = "etcd")]
 pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};

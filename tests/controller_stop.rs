@@ -268,3 +268,63 @@ fn waiting_for_itself_from_inside_a_reconcile_returns_false_at_once() {
     assert!(h.wait_idle(PATIENCE));
     assert!(h.stop_with_drain(PATIENCE));
 }
+
+/// `stop_with` requests the stop before it returns and its `wait` drives a
+/// drain in slices: `None` while a reconcile runs, then the report (again
+/// on a later call); `state()` says where the controller is all along.
+#[test]
+fn a_stop_with_options_is_waited_for_in_slices() {
+    let (release_tx, release_rx): (Sender<()>, Receiver<()>) = bounded(0);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let controller = Controller::new("sliced", move |k: &String, _ctx: &Context| -> Res {
+        if k == "slow" {
+            release_rx.recv().unwrap();
+        }
+        s.lock().push(k.clone());
+        Ok(Action::Done)
+    });
+    let h = controller.handle();
+    assert_eq!(h.state(), status::RunState::NotStarted);
+    controller.start();
+    assert_eq!(h.state(), status::RunState::Running);
+    h.enqueue("slow".to_string());
+    wait_for("slow running", || running(&h, "slow"));
+    h.enqueue("ready".to_string());
+    h.enqueue_after("delayed".to_string(), Duration::from_secs(3600));
+    let mut stopping = h.stop_with(StopOptions { drain: true, timeout: None, aux_grace: None });
+    assert_eq!(h.state(), status::RunState::Stopping);
+    assert!(stopping.wait(Duration::from_millis(20)).is_none(), "the slow reconcile still runs");
+    release_tx.send(()).unwrap();
+    let report = loop {
+        if let Some(report) = stopping.wait(Duration::from_millis(20)) {
+            break report;
+        }
+    };
+    assert!(report.finished);
+    assert_eq!(report.dropped, ["delayed"]);
+    assert_eq!(*seen.lock(), ["slow", "ready"], "the drain reconciled the ready key");
+    assert_eq!(h.state(), status::RunState::Stopped);
+    assert_eq!(stopping.wait(Duration::ZERO), Some(report), "a done stop reports again");
+}
+
+/// A stop at once whose timeout passes while a reconcile ignores its
+/// cancellation reports it unfinished, without detaching anything.
+#[test]
+fn a_stop_at_once_with_a_timeout_reports_unfinished() {
+    let (release_tx, release_rx): (Sender<()>, Receiver<()>) = bounded(0);
+    let h = Controller::new("at-once", move |_k: &String, _ctx: &Context| -> Res {
+        release_rx.recv().unwrap();
+        Ok(Action::Done)
+    })
+    .start();
+    h.enqueue("stuck".to_string());
+    wait_for("stuck running", || running(&h, "stuck"));
+    let mut stopping = h.stop_with(StopOptions { drain: false, timeout: Some(Duration::ZERO), aux_grace: None });
+    let report = stopping.wait(PATIENCE).expect("the timeout has passed");
+    assert!(!report.finished);
+    assert_eq!(h.state(), status::RunState::Stopping, "the worker still runs");
+    release_tx.send(()).unwrap();
+    assert!(h.join_timeout(PATIENCE));
+    assert_eq!(h.state(), status::RunState::Stopped);
+}

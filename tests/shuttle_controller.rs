@@ -57,7 +57,8 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 10] = [
+    let models: [fn(); 11] = [
+        stop_racing_start_runs_every_stop_hook_model,
         leadership_lost_during_reconciles_model,
         partition_handed_over_while_its_key_runs_model,
         worker_loop_requeue_racing_readds_model,
@@ -365,6 +366,43 @@ fn stop_cancels_every_reconcile_model() {
     assert!(handle.wait_stopped(None));
     drainer.join().unwrap();
     assert!(handle.join_timeout(FOREVER), "a worker never exited");
+}
+
+/// **(b4′) a stop racing the start's hook registrations** (the controller's
+/// life, `controller/life.rs`). A standby controller (an election it does
+/// not win) with a watchdog (a timeout) and a trigger waiting for its stop
+/// signal is started while another thread stops it: the stop may come
+/// before the start, between the start subscribing its features to the
+/// stop and counting its workers, or after, with the worker waiting for
+/// leadership. Invariant: every hook runs, whether registered before its
+/// event (run by the thread that made it happen) or after (run at once by
+/// the registering thread): the standby worker is woken and exits, the
+/// watchdog and the trigger exit (`join_timeout` reaches no deadline in a
+/// model), and the election seat is given up once no worker is left.
+#[test]
+fn stop_racing_start_runs_every_stop_hook() {
+    explore(stop_racing_start_runs_every_stop_hook_model);
+}
+
+fn stop_racing_start_runs_every_stop_hook_model() {
+    let election = LeaderElection::model("b4p");
+    let reconcile = |_key: &u8, _ctx: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) };
+    let controller = Controller::new("b4p", reconcile).timeout(FOREVER).leader_election(election.clone());
+    let handle = controller.handle();
+    handle.add_trigger(9, |stop: &reconq::StopSignal| {
+        stop.wait();
+        false
+    });
+    handle.enqueue(1);
+    let stopper = {
+        let handle = handle.clone();
+        thread::spawn(move || handle.stop())
+    };
+    let _ = controller.try_start();
+    stopper.join().unwrap();
+    assert!(handle.join_timeout(FOREVER), "a thread never heard of the stop");
+    assert!(handle.is_stopped());
+    assert_eq!(election.model_seats(), 0, "the election seat was kept after the stop");
 }
 
 // ---------------------------------------------------------------------------

@@ -273,7 +273,7 @@ class _StoreFields(TypedDict, total=False):
 class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     name: str
     workers: int
-    state: Literal["new", "running", "standby", "stopping", "stopped"]
+    state: Literal["not started", "running", "standby", "stopping", "stopped"]
     reconciles: int
     successes: int
     failures: int

@@ -48,7 +48,7 @@ pub(crate) trait Gate<K>: Send + Sync {
 pub(crate) struct Coordinated<K> {
     pub(crate) gate: Box<dyn Gate<K>>,
     /// Our membership (an election seat, a shard seat), given up once no
-    /// worker is left (see [`Core::leave_coordination_if_no_workers`]).
+    /// worker is left (the `WorkersExited` hook `Core::subscribe_features` sets).
     membership: Mutex<Option<Box<dyn Any + Send>>>,
 }
 

@@ -5,9 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::inspect::{KeyInfo, KeyStatus};
+use super::life::Phase;
+use super::stopping::StopOptions;
 use super::{ControllerKey, Core, When};
 use crate::clock::deadline_after;
 use crate::logs;
+use crate::observe::status::RunState;
 use crate::queue::KeyState;
 
 /// A shared handle to a controller: cheap to clone, `Send + Sync`. Dropping
@@ -78,14 +81,6 @@ pub struct Stats {
     /// Keys dropped because another replica owns them (sharding): enqueues
     /// of keys not ours, and keys whose partition moved before their turn.
     pub not_owned: u64,
-}
-
-/// How often a stop waiting for reconciles logs which ones it waits for.
-const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
-
-/// The keys whose reconcile is running now.
-fn running_keys<K: Clone>(rt: &super::Runtime<K>) -> Vec<K> {
-    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect()
 }
 
 /// What [`ControllerHandle::stop_with_drain_report`] found.
@@ -203,14 +198,23 @@ impl<K: ControllerKey> ControllerHandle<K> {
         }
         let deadline = deadline_after(Instant::now(), timeout);
         if self.core.rt.get().is_none() {
-            let mut life = self.core.life.lock();
-            while !life.started && !life.stop_requested {
-                if self.core.pending.lock().is_empty() {
-                    return true;
-                }
-                if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
-                    return false;
-                }
+            // Idle at once with nothing pending; else once started (or
+            // stopped), then as the queue says.
+            // Pending is read before the runtime: a start sets the runtime
+            // before it takes the pending keys, so empty-then-unset means
+            // nothing was enqueued (not that a start just took it).
+            let mut nothing_pending = false;
+            let waited = self.core.life.wait_until(Some(deadline), |life| {
+                nothing_pending = life.phase == Phase::NotStarted
+                    && self.core.pending.lock().is_empty()
+                    && self.core.rt.get().is_none();
+                nothing_pending || life.phase != Phase::NotStarted
+            });
+            if nothing_pending {
+                return true;
+            }
+            if !waited {
+                return false;
             }
         }
         match self.core.rt.get() {
@@ -358,35 +362,13 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// [`watch_channel`](Self::watch_channel) for channels: it is
     /// interruptible).
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
-        let deadline = deadline_after(Instant::now(), timeout);
-        self.core.request_stop();
-        let mut report = StopReport::finished_with_nothing_left();
-        if let Some(rt) = self.core.rt.get() {
-            self.drain_naming_waits(rt, deadline);
-            report.finished = self.wait_life(deadline, |life| life.live_workers == 0);
-            if report.finished {
-                self.join_workers();
-            } else {
-                self.core.cancel_everything();
-                rt.queue.shut_down_now();
-                report.unfinished = running_keys(rt);
-                {
-                    let mut life = self.core.life.lock();
-                    life.abandoned = true;
-                    self.core.life_cv.notify_all();
-                }
-                logs::drain_deadline_passed(&self.core.name, &report.unfinished);
+        let options = StopOptions { drain: true, timeout: Some(timeout), aux_grace: None };
+        let mut stopping = self.stop_with(options);
+        loop {
+            if let Some(report) = stopping.wait(Duration::MAX) {
+                return report;
             }
-            report.dropped = rt.queue.take_dropped();
-            logs::stop_dropped(&self.core.name, &report.dropped);
         }
-        if self.wait_life(deadline, |life| life.live_aux == 0) {
-            self.join_aux();
-        } else {
-            report.detached_threads = self.core.life.lock().live_aux;
-        }
-        report.store_error = self.store_error();
-        report
     }
 
     /// The store's last flush error, if it has one (see
@@ -397,13 +379,27 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// How many trigger, watch and watchdog threads are running.
     pub fn background_threads(&self) -> usize {
-        self.core.life.lock().live_aux
+        self.core.life.read(|life| life.live_aux)
+    }
+
+    /// Where the controller is in its life: not started, running, standby
+    /// (running, not leading its election), stopping or stopped. The status
+    /// (`crate::status`) and Python's `stats()` say the same.
+    pub fn state(&self) -> RunState {
+        self.core.run_state()
+    }
+
+    /// Whether `start` got as far as making the runtime (a start that
+    /// failed later counts: it stopped what it made).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn has_started(&self) -> bool {
+        self.core.rt.get().is_some()
     }
 
     /// Whether the controller is stopped: a stop was requested and every
     /// worker has exited (or was detached at a drain's deadline).
     pub fn is_stopped(&self) -> bool {
-        self.core.life.lock().is_stopped()
+        self.core.life.phase() == Phase::Stopped
     }
 
     /// Blocks until [`is_stopped`](Self::is_stopped), for at most `timeout`
@@ -415,18 +411,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
             return false;
         }
         let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
-        let mut life = self.core.life.lock();
-        while !life.is_stopped() {
-            match deadline {
-                Some(deadline) => {
-                    if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
-                        return life.is_stopped();
-                    }
-                }
-                None => self.core.life_cv.wait(&mut life),
-            }
-        }
-        true
+        self.core.life.wait_until(deadline, |life| life.phase == Phase::Stopped)
     }
 
     /// Waits at most `timeout` (real time) for a stopped controller's
@@ -434,58 +419,6 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// them; returns whether all had. False while the controller runs, so a
     /// caller can wait for a stop in slices (checking for Ctrl-C between).
     pub fn join_timeout(&self, timeout: Duration) -> bool {
-        let deadline = deadline_after(Instant::now(), timeout);
-        let all_exited =
-            self.wait_life(deadline, |life| life.stop_requested && life.live_workers == 0 && life.live_aux == 0);
-        if all_exited {
-            self.join_workers();
-            self.join_aux();
-        }
-        all_exited
-    }
-
-    /// Shuts the queue down with drain and waits until every key handed out
-    /// is done or `deadline` passed; meanwhile logs a WARNING naming the
-    /// reconciles still running every [`STOP_WAIT_LOG_INTERVAL`], so a stop
-    /// held up by a slow reconcile says what it waits for.
-    fn drain_naming_waits(&self, rt: &super::Runtime<K>, deadline: Instant) {
-        loop {
-            let now = Instant::now();
-            let slice_end = deadline.min(deadline_after(now, STOP_WAIT_LOG_INTERVAL));
-            let drained = rt.queue.shut_down_with_drain_timeout(slice_end.saturating_duration_since(now));
-            // Back before its slice ended without draining: the queue is not
-            // draining (an immediate stop came first); nothing to wait for.
-            let gave_up = Instant::now() < slice_end;
-            if drained || gave_up || Instant::now() >= deadline {
-                return;
-            }
-            logs::stop_waiting(&self.core.name, &running_keys(rt));
-        }
-    }
-
-    fn wait_life(&self, deadline: Instant, done: impl Fn(&super::Life) -> bool) -> bool {
-        let mut life = self.core.life.lock();
-        while !done(&life) {
-            if self.core.life_cv.wait_until(&mut life, deadline).timed_out() {
-                return done(&life);
-            }
-        }
-        true
-    }
-
-    /// Joins the worker threads; call only once they have all exited.
-    fn join_workers(&self) {
-        let threads = std::mem::take(&mut *self.core.worker_threads.lock());
-        for thread in threads {
-            let _ = thread.join();
-        }
-    }
-
-    /// Joins the auxiliary threads; call only once they have all exited.
-    fn join_aux(&self) {
-        let threads = std::mem::take(&mut *self.core.aux_threads.lock());
-        for thread in threads {
-            let _ = thread.join();
-        }
+        self.core.life.join(deadline_after(Instant::now(), timeout))
     }
 }

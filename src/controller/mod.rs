@@ -5,12 +5,15 @@
 //! * `worker` is the loop and the result table.
 //! * `outcome` holds [`Action`], [`ReconcileError`] and [`Reconciler`].
 //! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
+//! * `stopping` is a stop under way ([`Stopping`]), waited for in slices.
 //! * `inspect` keeps per-key memory and the parked set.
 //! * `triggers` runs Consul-style triggers and watches.
 //! * `watchdog` reports reconciles that run too long and cancels those past
 //!   their timeout.
 //! * `groups` turns the `group` option into the queue's group ids.
 //! * `persist` is the controller's side of the store seam (`crate::store`).
+//! * `life` is the controller's state, the threads a stop waits for, and
+//!   the hooks features register to hear of a stop.
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -33,11 +36,13 @@ mod gate;
 mod groups;
 mod handle;
 mod inspect;
+mod life;
 mod metrics;
 mod outcome;
 mod persist;
 mod run_signals;
 mod status;
+mod stopping;
 mod triggers;
 mod watchdog;
 mod worker;
@@ -61,20 +66,22 @@ use crate::rate_limit::{ExponentialBackoff, RateLimiter};
 #[cfg(feature = "store")]
 use crate::store::{Persister, SqliteStore};
 use crate::store::{StoreError, StoreLink};
-use crate::sync::{AtomicBool, Condvar, Mutex};
-use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
+use crate::sync::Mutex;
+use crate::thread::{ThreadWrapper, spawn_named};
 
 pub use crate::context::{Context, StopSignal};
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub use stopping::{StopOptions, Stopping};
 pub use triggers::TriggerOutcome;
 
 use groups::{GroupTable, Grouping};
 use inspect::{KeyMemory, ParkedSet};
+use life::{Event, ExitGuard, Lifecycle, Phase};
 use watchdog::Watchdog;
-use worker::{ExitGuard, WorkerSlot};
+use worker::WorkerSlot;
 
 /// What a controller's keys must be: hashable for the queue, `Debug` for
 /// log lines, shareable across the worker threads.
@@ -460,15 +467,10 @@ impl<K: ControllerKey> Controller<K> {
             panic!("controller {:?} started twice", core.name);
         }
         let rt = core.rt.get().expect("just set");
-        {
-            let mut life = core.life.lock();
-            if life.stop_requested {
-                drop(life);
-                rt.queue.shut_down_now();
-                core.leave_coordination_if_no_workers();
-                return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
-            }
-            life.live_workers = config.workers;
+        core.subscribe_features(rt);
+        if core.life.workers_starting(config.workers).is_err() {
+            rt.queue.shut_down_now();
+            return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
         }
         if let Some(link) = &rt.store {
             persist::restore(core, rt, link);
@@ -482,13 +484,8 @@ impl<K: ControllerKey> Controller<K> {
         for key in listed {
             core.apply(rt, key, When::Now, 0);
         }
-        {
-            // Only now is the queue the whole story (see `wait_idle`).
-            let mut life = core.life.lock();
-            life.started = true;
-            core.life_cv.notify_all();
-        }
-        let mut threads = core.worker_threads.lock();
+        // Only now is the queue the whole story (see `wait_idle`).
+        core.life.started();
         for index in 0..config.workers {
             let thread_core = Arc::clone(&self.core);
             let reconciler = Arc::clone(&self.reconciler);
@@ -498,21 +495,19 @@ impl<K: ControllerKey> Controller<K> {
                 worker::run_worker(&guard.core, &*reconciler, index);
             });
             match spawned {
-                Ok(thread) => threads.push(thread),
+                Ok(thread) => core.life.keep_worker(thread),
                 Err(e) => {
                     // Account for the workers that will never run, then stop
-                    // and join the ones that did.
-                    core.life.lock().live_workers -= config.workers - index;
-                    drop(threads);
+                    // and join the ones that did (the last one out leaves
+                    // the coordination).
+                    core.life.workers_gone(config.workers - index);
                     handle.stop();
                     handle.join_timeout(FAILED_START_JOIN);
-                    core.leave_coordination_if_no_workers();
                     let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
                     return Err(io::Error::new(e.kind(), message));
                 }
             }
         }
-        drop(threads);
         if let Some(watchdog) = &rt.watchdog {
             let watchdog = Arc::clone(watchdog);
             let spawned =
@@ -671,28 +666,12 @@ pub(crate) struct Counters {
     pub(crate) consecutive_failures: AtomicU64,
 }
 
-#[derive(Default)]
-pub(crate) struct Life {
-    /// Started, and the keys enqueued before start are in the queue.
-    pub(crate) started: bool,
-    pub(crate) stop_requested: bool,
-    pub(crate) live_workers: usize,
-    pub(crate) live_aux: usize,
-    /// A drain's deadline passed with workers still running: the controller
-    /// counts as stopped without them.
-    pub(crate) abandoned: bool,
-}
-
-impl Life {
-    pub(crate) fn is_stopped(&self) -> bool {
-        self.stop_requested && (self.live_workers == 0 || self.abandoned)
-    }
-}
-
 /// Everything a controller's handles and threads share.
 pub(crate) struct Core<K> {
     /// Lists the controller in metrics and status; unlisted when dropped.
-    _registration: observe::Registration,
+    /// Set once the core is built: a registry prune meanwhile would drop
+    /// the entry of a core whose `Weak` cannot be upgraded yet.
+    _registration: OnceLock<observe::Registration>,
     pub(crate) name: String,
     config: Mutex<Config>,
     pub(crate) rt: OnceLock<Runtime<K>>,
@@ -700,18 +679,9 @@ pub(crate) struct Core<K> {
     pub(crate) counters: Counters,
     pub(crate) memory: KeyMemory<K>,
     pub(crate) parked: ParkedSet<K>,
-    pub(crate) life: Mutex<Life>,
-    pub(crate) life_cv: Condvar,
-    /// Mirrors `life.stop_requested` for lock-free checks.
-    pub(crate) stopping: AtomicBool,
-    /// Every in-flight and future reconcile is cancelled.
-    pub(crate) cancel_all: AtomicBool,
+    /// State, threads and stop hooks (see `life`).
+    pub(crate) life: Lifecycle,
     pub(crate) triggers: Mutex<triggers::Triggers<K>>,
-    pub(crate) worker_threads: Mutex<Vec<JoinHandle<()>>>,
-    pub(crate) aux_threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Dropped at stop, which wakes channel watches blocked in `select!`.
-    pub(crate) stop_tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
-    pub(crate) stop_rx: crossbeam_channel::Receiver<()>,
 }
 
 impl<K: ControllerKey> Observed for Core<K> {
@@ -727,12 +697,12 @@ impl<K: ControllerKey> Observed for Core<K> {
     /// caught): one gone before that died in the engine itself.
     fn check_live(&self, out: &mut Vec<String>) {
         let Some(rt) = self.rt.get() else { return };
-        let life = self.life.lock();
-        if life.started && !life.stop_requested && life.live_workers < rt.workers {
+        let live_workers = self.life.read(|life| (life.phase == Phase::Running).then_some(life.live_workers));
+        if let Some(live) = live_workers.filter(|&live| live < rt.workers) {
             out.push(format!(
                 "controller {:?}: {} of {} worker threads exited",
                 self.name,
-                rt.workers - life.live_workers,
+                rt.workers - live,
                 rt.workers
             ));
         }
@@ -742,9 +712,8 @@ impl<K: ControllerKey> Observed for Core<K> {
 impl<K: ControllerKey> Core<K> {
     /// A core registered for metrics and status for as long as it lives.
     fn new(name: String) -> Arc<Self> {
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
-        Arc::new_cyclic(|weak: &Weak<Self>| Self {
-            _registration: observe::register(weak.clone()),
+        let core = Arc::new(Self {
+            _registration: OnceLock::new(),
             name,
             config: Mutex::new(Config {
                 workers: 1,
@@ -760,16 +729,58 @@ impl<K: ControllerKey> Core<K> {
             counters: Counters::default(),
             memory: KeyMemory::new(),
             parked: ParkedSet::new(DEFAULT_PARKED_CAPACITY),
-            life: Mutex::new(Life::default()),
-            life_cv: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            cancel_all: AtomicBool::new(false),
+            life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
-            worker_threads: Mutex::new(Vec::new()),
-            aux_threads: Mutex::new(Vec::new()),
-            stop_tx: Mutex::new(Some(stop_tx)),
-            stop_rx,
-        })
+        });
+        let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
+        let _ = core._registration.set(observe::register(observed));
+        // Triggers exist before start, so they subscribe at birth.
+        core.subscribe(Event::Stop, triggers::stop_all);
+        core
+    }
+
+    /// Subscribes the features a started controller has to its stop: the
+    /// store, the watchdog and the coordination.
+    fn subscribe_features(self: &Arc<Self>, rt: &Runtime<K>) {
+        if let Some(link) = &rt.store {
+            // Woken to stop ticking, then to write the last flush once no
+            // worker can change a key.
+            let link = Arc::clone(link);
+            let done = Arc::clone(&link);
+            self.life.on(Event::Stop, move || link.wake());
+            self.life.on(Event::Stopped, move || done.workers_done());
+        }
+        if let Some(watchdog) = &rt.watchdog {
+            let watchdog = Arc::clone(watchdog);
+            self.life.on(Event::Stop, move || watchdog.shut_down());
+        }
+        if rt.coordination.is_some() {
+            // Workers waiting for leadership look again, and exit; our seat
+            // is given up once none of our reconciles can run, so
+            // leadership or partitions pass on at once (L4).
+            self.subscribe(Event::Stop, |core| {
+                if let Some(gate) = core.gate() {
+                    gate.wake();
+                }
+            });
+            self.subscribe(Event::WorkersExited, |core| {
+                if let Some(coordination) = core.coordination() {
+                    // Outside every lock: leaving talks to etcd.
+                    coordination.leave();
+                }
+            });
+        }
+    }
+
+    /// Runs `hook` with this core when `event` happens (holding it weakly
+    /// until then: the hooks live in the core).
+    fn subscribe(self: &Arc<Self>, event: Event, hook: fn(&Core<K>)) {
+        let core = Arc::downgrade(self);
+        self.life.on(event, move || {
+            if let Some(core) = core.upgrade() {
+                hook(&core);
+            }
+        });
     }
 
     pub(crate) fn configured_workers(&self) -> usize {
@@ -790,7 +801,7 @@ impl<K: ControllerKey> Core<K> {
             drop(pending);
             return self.apply(rt, key, when, priority);
         }
-        if !self.stopping.load(Ordering::SeqCst) {
+        if !self.life.is_stopping() {
             pending.push((key, when, priority));
         }
     }
@@ -830,18 +841,6 @@ impl<K: ControllerKey> Core<K> {
         self.coordination().map(|c| &*c.gate)
     }
 
-    /// Gives up our membership (election seat, shard seat) once every
-    /// worker has exited, so leadership or partitions pass on at once (L4)
-    /// and never while a reconcile of ours may still run.
-    pub(crate) fn leave_coordination_if_no_workers(&self) {
-        let Some(coordination) = self.coordination() else { return };
-        if self.life.lock().live_workers > 0 {
-            return;
-        }
-        // Outside the life lock: leaving talks to etcd.
-        coordination.leave();
-    }
-
     /// Cancels the reconciles of keys matching `which` running now
     /// (leadership or partitions were lost); later ones are not affected.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
@@ -858,7 +857,7 @@ impl<K: ControllerKey> Core<K> {
 
     /// Cancels every in-flight reconcile and every later one.
     pub(crate) fn cancel_everything(&self) {
-        self.cancel_all.store(true, Ordering::SeqCst);
+        self.life.cancel_all.store(true, Ordering::SeqCst);
         if let Some(rt) = self.rt.get() {
             for slot in &rt.slots {
                 let _running = slot.running.lock();
@@ -867,69 +866,13 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// Marks the stop requested; returns whether this call did it.
+    /// Marks the stop requested (running the stop's hooks); returns
+    /// whether this call did it.
     pub(crate) fn request_stop(&self) -> bool {
-        let first = {
-            let mut life = self.life.lock();
-            let first = !life.stop_requested;
-            life.stop_requested = true;
-            self.stopping.store(true, Ordering::SeqCst);
-            self.life_cv.notify_all();
-            first
-        };
+        let first = self.life.request_stop();
         if first {
-            if let Some(store) = self.rt.get().and_then(|rt| rt.store.as_ref()) {
-                store.wake();
-            }
             self.pending.lock().clear();
-            self.stop_tx.lock().take();
-            triggers::stop_all(self);
-            if let Some(watchdog) = self.rt.get().and_then(|rt| rt.watchdog.as_ref()) {
-                watchdog.shut_down();
-            }
-            // Workers waiting for leadership look again, and exit.
-            if let Some(gate) = self.gate() {
-                gate.wake();
-            }
         }
         first
-    }
-
-    /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
-    /// for.
-    pub(crate) fn spawn_aux(self: &Arc<Self>, name: String, body: impl FnOnce(&Arc<Core<K>>) + Send + 'static) {
-        if let Err(e) = self.try_spawn_aux(name, body) {
-            panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
-        }
-    }
-
-    /// Spawns a trigger, watch or watchdog thread, counted in `live_aux`
-    /// until it exits.
-    pub(crate) fn try_spawn_aux(
-        self: &Arc<Self>,
-        name: String,
-        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
-    ) -> io::Result<()> {
-        let wrapper = self.wrapper();
-        self.life.lock().live_aux += 1;
-        let core = Arc::clone(self);
-        let mut threads = self.aux_threads.lock();
-        threads.retain(|t| !t.is_finished());
-        match spawn_named(name, wrapper.as_ref(), move || {
-            let guard = ExitGuard { core, worker: false };
-            body(&guard.core);
-        }) {
-            Ok(thread) => {
-                threads.push(thread);
-                Ok(())
-            }
-            Err(e) => {
-                drop(threads);
-                let mut life = self.life.lock();
-                life.live_aux -= 1;
-                self.life_cv.notify_all();
-                Err(e)
-            }
-        }
     }
 }

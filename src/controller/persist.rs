@@ -28,17 +28,6 @@ impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn now(&self) -> Instant {
         self.rt.get().map_or_else(Instant::now, |rt| rt.clock.now())
     }
-
-    fn wait_workers_exited(&self) {
-        let mut life = self.life.lock();
-        while !(life.live_workers == 0 || life.abandoned) {
-            self.life_cv.wait(&mut life);
-        }
-    }
-
-    fn stopping(&self) -> bool {
-        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
-    }
 }
 
 /// Puts the stored keys back before any worker runs: waiting keys ready,

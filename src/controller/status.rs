@@ -8,7 +8,7 @@ use super::metrics::{ResultTotals, last_success_tick};
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
 use crate::observe::metrics::ticks;
-use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry};
+use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry, is_standby};
 
 impl Counters {
     /// Ends a failure streak at a success. No lock; the streak counter is
@@ -96,21 +96,19 @@ impl<K: ControllerKey> Core<K> {
         found.hanging
     }
 
+    /// Where the controller is in its life; a running one that does not
+    /// lead its election is on standby.
+    pub(crate) fn run_state(&self) -> RunState {
+        match self.life.phase().run_state() {
+            RunState::Running if is_standby(self.gate().and_then(Gate::leader_status).as_ref()) => RunState::Standby,
+            state => state,
+        }
+    }
+
     /// This controller's row in the global status. Hanging keys are
     /// formatted after every lock is released.
     pub(crate) fn status_entry(&self) -> StatusEntry {
-        let state = {
-            let life = self.life.lock();
-            if life.is_stopped() {
-                RunState::Stopped
-            } else if life.stop_requested {
-                RunState::Stopping
-            } else if self.rt.get().is_none() {
-                RunState::NotStarted
-            } else {
-                RunState::Running
-            }
-        };
+        let state = self.run_state();
         let (workers, hanging_threshold) = match self.rt.get() {
             Some(rt) => (rt.workers, rt.hanging_threshold),
             None => {

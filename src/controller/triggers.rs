@@ -70,7 +70,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         F: FnOnce(&StopSignal) -> R + Send + 'static,
         R: TriggerOutcome,
     {
-        if self.core.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.core.life.is_stopping() {
             return;
         }
         let signal = StopSignal::new();
@@ -84,7 +84,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
             old.set();
         }
         // A stop that drained the map before our insert missed this one.
-        if self.core.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.core.life.is_stopping() {
             signal.set();
         }
         let name = format!("reconq-{}-trigger", self.core.name);
@@ -142,7 +142,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         let name = format!("reconq-{}-watch", self.core.name);
         self.core.spawn_aux(name, move |core| {
             for event in events {
-                if core.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                if core.life.is_stopping() {
                     break;
                 }
                 enqueue_all(core, &mut transform, event);
@@ -161,7 +161,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     {
         let name = format!("reconq-{}-watch", self.core.name);
         self.core.spawn_aux(name, move |core| {
-            let stop = core.stop_rx.clone();
+            let stop = core.life.stop_channel();
             loop {
                 crossbeam_channel::select! {
                     recv(events) -> event => match event {

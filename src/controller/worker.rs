@@ -2,7 +2,6 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
@@ -176,7 +175,7 @@ fn stand_by<K: ControllerKey>(
     // ready again.
     rt.queue.add_with_priority(key.clone(), priority);
     rt.queue.done(&key);
-    if !gate.wait(&|| core.stopping.load(Ordering::SeqCst)) {
+    if !gate.wait(&|| core.life.is_stopping()) {
         return None;
     }
     rt.queue.get_with_priority()
@@ -191,7 +190,7 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
         *running = Some(Running { key: key.clone(), started, hang_logged: false, timed_out: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
-        slot.signal.reset_to(core.cancel_all.load(Ordering::SeqCst));
+        slot.signal.reset_to(core.life.cancel_all.load(Ordering::SeqCst));
     }
     if let Some(watchdog) = &rt.watchdog {
         watchdog.kick_if_idle();
@@ -259,30 +258,6 @@ fn settle<K: ControllerKey>(
             }
             *counters.last_error.lock() = Some((message, SystemTime::now()));
             counters.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Worker and auxiliary threads report their exit through this guard (also
-/// on unwinding), so stops can wait for them with a deadline.
-pub(crate) struct ExitGuard<K: ControllerKey> {
-    pub(crate) core: Arc<Core<K>>,
-    pub(crate) worker: bool,
-}
-
-impl<K: ControllerKey> Drop for ExitGuard<K> {
-    fn drop(&mut self) {
-        {
-            let mut life = self.core.life.lock();
-            if self.worker {
-                life.live_workers -= 1;
-            } else {
-                life.live_aux -= 1;
-            }
-            self.core.life_cv.notify_all();
-        }
-        if self.worker {
-            self.core.leave_coordination_if_no_workers();
         }
     }
 }

@@ -326,6 +326,11 @@ impl LeaderElection {
         let token = self.inner.state.lock().leading.map_or(0, |l| l.token);
         self.inner.lose(token, "lost in a model");
     }
+
+    /// How many controllers or managers hold a seat (have not left).
+    pub fn model_seats(&self) -> usize {
+        self.inner.state.lock().users
+    }
 }
 
 /// One controller's or manager's use of a [`LeaderElection`]. Dropped

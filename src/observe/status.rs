@@ -165,6 +165,9 @@ pub enum RunState {
     /// Built, not started yet (keys enqueued wait for the start).
     NotStarted,
     Running,
+    /// Running with leader election, not leading: its queue stays warm,
+    /// nothing is reconciled.
+    Standby,
     /// A stop was requested; some worker has not exited yet.
     Stopping,
     /// Every worker has exited (or was detached at a drain's deadline).
@@ -172,11 +175,12 @@ pub enum RunState {
 }
 
 impl RunState {
-    /// `"not started"`, `"running"`, `"stopping"` or `"stopped"`.
+    /// `"not started"`, `"running"`, `"standby"`, `"stopping"` or `"stopped"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RunState::NotStarted => "not started",
             RunState::Running => "running",
+            RunState::Standby => "standby",
             RunState::Stopping => "stopping",
             RunState::Stopped => "stopped",
         }
@@ -224,8 +228,7 @@ impl PeriodicDetails {
 }
 
 /// Runs with leader election and does not lead: it keeps its queue warm
-/// but reconciles nothing. Python's `stats()["state"]` asks this too, so
-/// it and the status say `"standby"` alike.
+/// but reconciles nothing (a controller's [`RunState::Standby`]).
 pub(crate) fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
     leader.is_some_and(|l| !l.is_leader())
 }
@@ -291,16 +294,10 @@ impl StatusEntry {
         }
     }
 
-    /// The state as the table shows it: a [`RunState`] for a controller
-    /// (`"standby"` for a running one that does not lead its election),
+    /// The state as the table shows it: a [`RunState`] for a controller,
     /// [`PeriodicDetails::state`] for a periodic controller.
     pub fn state(&self) -> &'static str {
         match &self.kind {
-            EntryKind::Controller(details)
-                if details.state == RunState::Running && is_standby(details.leader.as_ref()) =>
-            {
-                "standby"
-            }
             EntryKind::Controller(details) => details.state.as_str(),
             EntryKind::Periodic(details) => details.state(),
             EntryKind::Cache(details) => details.state(),
@@ -316,7 +313,9 @@ impl StatusEntry {
     pub fn not_ready(&self) -> Option<String> {
         let who = format!("{} {:?}", self.kind.label(), self.qualified_name());
         let (leader, shards) = match &self.kind {
-            EntryKind::Controller(c) if c.state != RunState::Running => return Some(format!("{who}: {}", c.state)),
+            EntryKind::Controller(c) if !matches!(c.state, RunState::Running | RunState::Standby) => {
+                return Some(format!("{who}: {}", c.state));
+            }
             EntryKind::Controller(c) => (c.leader.as_ref(), c.shards.as_ref()),
             EntryKind::Periodic(p) => (p.leader.as_ref(), None),
             EntryKind::Cache(c) => {

@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -37,7 +36,8 @@ use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_fr
 use super::sharding::{PySharding, resync_from_py};
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
-use crate::{Controller, ControllerHandle, KeyStatus, StopReport, StopSignal};
+use crate::observe::status::RunState;
+use crate::{Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -108,8 +108,6 @@ pub(crate) struct PyController {
     builder: Mutex<Option<Controller<PyKey>>>,
     callback: Arc<CallbackCell>,
     triggers: Arc<Mutex<TriggerEvents>>,
-    started: AtomicBool,
-    stop_called: AtomicBool,
     /// Built with `group=`: `stats()` reports `in_flight_by_group`.
     grouped: bool,
 }
@@ -268,81 +266,6 @@ impl PyController {
         drop(callback);
     }
 
-    fn stop_drain(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
-        // The drain runs on a helper thread (no Python in it) so that this
-        // thread can wait in interruptible slices.
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let helper = self.handle.clone();
-        let limit = timeout.unwrap_or(Duration::MAX);
-        let spawned = std::thread::Builder::new().name(format!("reconq-{}-stop", self.name)).spawn(move || {
-            let _ = tx.send(helper.stop_with_drain_report(limit));
-        });
-        if spawned.is_err() {
-            let handle = &self.handle;
-            return Ok(py.detach(|| handle.stop_with_drain_report(limit)));
-        }
-        // The report, when the helper cannot give it: the workers' state
-        // only (its dropped keys were logged by the helper).
-        let bare = |finished: bool| StopReport {
-            finished,
-            detached_threads: self.handle.background_threads(),
-            store_error: self.handle.store_error(),
-            ..StopReport::finished_with_nothing_left()
-        };
-        let workers_done_at: Mutex<Option<Instant>> = Mutex::new(None);
-        let waited = wait_interruptibly(py, None, |slice| {
-            let slice = slice.unwrap_or(Duration::from_millis(500));
-            match rx.recv_timeout(slice) {
-                Ok(report) => Some(report),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(bare(self.workers_exited())),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    // The helper also waits for trigger and watch threads
-                    // (until the deadline, or forever without a timeout);
-                    // once the workers are done, give those a grace period
-                    // only: a watch blocked in its iterator is left behind.
-                    if self.workers_exited() {
-                        let first = *workers_done_at.lock().get_or_insert_with(Instant::now);
-                        if first.elapsed() >= AUX_GRACE {
-                            return Some(bare(true));
-                        }
-                    }
-                    None
-                }
-            }
-        });
-        match waited {
-            Ok(report) => Ok(report.unwrap_or_else(|| bare(false))),
-            Err(e) => {
-                // Interrupted (Ctrl-C): give up the drain, stop at once.
-                self.handle.stop();
-                Err(e)
-            }
-        }
-    }
-
-    fn stop_now(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
-        self.handle.stop();
-        let start = Instant::now();
-        let deadline = timeout.map(|t| deadline_after(start, t));
-        let handle = &self.handle;
-        let finished = wait_interruptibly(py, deadline, |slice| handle.wait_stopped(slice).then_some(()))?.is_some();
-        if finished {
-            let grace = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(AUX_GRACE),
-                None => AUX_GRACE,
-            };
-            py.detach(|| handle.join_timeout(grace));
-        }
-        Ok(finished)
-    }
-
-    /// A stop was requested and every worker thread has exited (not merely
-    /// been given up on at a drain's deadline).
-    fn workers_exited(&self) -> bool {
-        let life = self.handle.core.life.lock();
-        life.stop_requested && life.live_workers == 0
-    }
-
     /// Refuses a call that waits for the controller to become idle or
     /// stopped when made from one of its own reconciles: it would wait for
     /// itself forever (the worker never returns, and a later `stop()`
@@ -358,58 +281,48 @@ impl PyController {
     }
 
     /// `stop` and `stop_with_report`: stops, and reports what was left.
+    /// The engine's stop is waited for here, in slices (Ctrl-C gets
+    /// through); trigger and watch threads get [`AUX_GRACE`] once the
+    /// workers are done, then are left behind.
     fn stop_reporting(slf: &Bound<'_, Self>, drain: bool, timeout: Option<Duration>) -> PyResult<StopReport<PyKey>> {
         let py = slf.py();
         let this = slf.get();
-        if !drain {
-            // Before the flag, so "stopping" means no new key is taken.
-            this.handle.stop();
-        }
-        this.stop_called.store(true, Ordering::SeqCst);
-        this.close_triggers(py);
+        let handle = &this.handle;
+        // Called from a reconcile of this controller, waiting for the
+        // workers would wait for ourselves: the stop is started here and a
+        // drain finishes on a thread of its own, without a deadline.
+        let own_worker = handle.on_own_worker();
+        let timeout = if own_worker { None } else { timeout };
+        let mut stopping = handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) });
+        // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
-        if let Some(builder) = unstarted {
-            // Never started: nothing to drain.
-            this.handle.stop();
-            drop(builder);
-        }
-        let result = if this.handle.on_own_worker() {
-            // Called from a reconcile of this controller: waiting for the
-            // workers would wait for ourselves. Start the stop and return.
+        drop(unstarted);
+        this.close_triggers(py);
+        let result = if own_worker {
             if drain {
-                let handle = this.handle.clone();
-                std::thread::spawn(move || handle.stop_with_drain(Duration::MAX));
+                std::thread::spawn(move || while stopping.wait(Duration::MAX).is_none() {});
             }
             Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() })
-        } else if drain {
-            this.stop_drain(py, timeout)
         } else {
-            this.stop_now(py, timeout).map(|finished| StopReport {
-                finished,
-                store_error: this.handle.store_error(),
-                ..StopReport::finished_with_nothing_left()
-            })
+            let stopping = Mutex::new(stopping);
+            match wait_interruptibly(py, None, |slice| stopping.lock().wait(slice.unwrap_or(Duration::MAX))) {
+                Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
+                Err(e) => {
+                    // Interrupted (Ctrl-C): give up a drain, stop at once.
+                    handle.stop();
+                    Err(e)
+                }
+            }
         };
         this.release_callback();
         lifecycle(py, "untrack", slf)?;
         result
     }
 
-    /// `stop()` was called: enqueues from Python are ignored from then on.
+    /// A stop was requested (here or through the engine): enqueues from
+    /// Python are ignored from then on.
     fn stopping(&self) -> bool {
-        self.stop_called.load(Ordering::SeqCst)
-    }
-
-    fn state(&self) -> &'static str {
-        if self.handle.is_stopped() {
-            "stopped"
-        } else if self.stop_called.load(Ordering::SeqCst) {
-            "stopping"
-        } else if self.started.load(Ordering::SeqCst) {
-            "running"
-        } else {
-            "new"
-        }
+        matches!(self.handle.state(), RunState::Stopping | RunState::Stopped)
     }
 }
 
@@ -541,8 +454,6 @@ impl PyController {
             builder: Mutex::new(Some(builder)),
             callback,
             triggers: Arc::new(Mutex::new(TriggerEvents::default())),
-            started: AtomicBool::new(false),
-            stop_called: AtomicBool::new(false),
             grouped,
         })
     }
@@ -625,7 +536,7 @@ impl PyController {
         let refused = |why: &str| PyRuntimeError::new_err(format!("controller {:?} {why}", &*this.name));
         // `stop()` takes the builder too: it decides which refusal this is.
         let builder = this.builder.lock().take();
-        if this.stop_called.load(Ordering::SeqCst) {
+        if this.stopping() {
             drop(builder);
             return Err(refused("was stopped and cannot start again: make a new Controller"));
         }
@@ -635,10 +546,10 @@ impl PyController {
         // Spawning takes engine locks; the new threads attach at once. A
         // store's claim and restore happen here too (file I/O).
         let started = py.detach(move || builder.try_start().map(drop));
-        this.started.store(true, Ordering::SeqCst);
         if let Err(e) = started {
-            // Nothing runs: the controller is stopped, as after stop().
-            this.stop_called.store(true, Ordering::SeqCst);
+            // Nothing runs: the controller is stopped, as after stop() (a
+            // failed claim left it unstopped).
+            this.handle.stop();
             this.release_callback();
             if let Some(store) = e.get_ref().and_then(|inner| inner.downcast_ref::<crate::StoreError>()) {
                 return Err(super::store::store_error(store));
@@ -668,7 +579,7 @@ impl PyController {
         let _sigterm = SigtermAsInterrupt::install(py)?;
         // A Ctrl-C may land while start() runs Python code, too. Started
         // already: run() only blocks until stopped (at once if it is).
-        let started = slf.get().started.load(Ordering::SeqCst);
+        let started = handle.has_started();
         let waited = (if started { Ok(()) } else { Self::start(slf) })
             .and_then(|()| wait_interruptibly(py, None, |slice| handle.wait_stopped(slice).then_some(())));
         match waited {
@@ -698,7 +609,7 @@ impl PyController {
                         // once, cancelling the running reconciles, and give
                         // those that heed it a moment to return (a third
                         // signal cuts this short too).
-                        if !slf.get().stop_called.load(Ordering::SeqCst) {
+                        if !slf.get().stopping() {
                             Self::stop_reporting(slf, false, Some(Duration::ZERO))?;
                         }
                         let deadline = deadline_after(Instant::now(), SECOND_SIGNAL_GRACE);
@@ -790,11 +701,7 @@ impl PyController {
         let d = PyDict::new(py);
         d.set_item("name", &*self.name)?;
         d.set_item("workers", self.workers)?;
-        let state = match self.state() {
-            "running" if crate::observe::status::is_standby(stats.leader.as_ref()) => "standby",
-            state => state,
-        };
-        d.set_item("state", state)?;
+        d.set_item("state", handle.state().as_str())?;
         d.set_item("reconciles", stats.reconciles)?;
         d.set_item("successes", stats.successes)?;
         d.set_item("failures", stats.failures)?;
@@ -975,7 +882,7 @@ impl PyController {
     fn watch(&self, py: Python<'_>, iterable: &Bound<'_, PyAny>, transform: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let transform = optional_callable(transform, "transform", 1)?;
         let iter = iterable.try_iter()?.unbind();
-        if self.stop_called.load(Ordering::SeqCst) {
+        if self.stopping() {
             return Ok(());
         }
         let events = PyEvents { iter: Some(iter), name: Arc::clone(&self.name) };
@@ -1011,7 +918,7 @@ impl PyController {
             "<reconq.Controller name={:?} workers={} state={} reconciles={} successes={} failures={} requeues={} depth={} processing={} waiting={}>",
             &*self.name,
             self.workers,
-            self.state(),
+            self.handle.state().as_str(),
             s.reconciles,
             s.successes,
             s.failures,

@@ -24,10 +24,6 @@ pub(crate) trait KeySource<K>: Send + Sync {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
     /// Now on the queue's clock (to turn due instants into wall time).
     fn now(&self) -> Instant;
-    /// Blocks until no worker can change a key any more (after a stop).
-    fn wait_workers_exited(&self);
-    /// Whether a stop was requested.
-    fn stopping(&self) -> bool;
 }
 
 /// What a controller holds of its store, whatever its key type.
@@ -38,11 +34,15 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// at `now`.
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
     /// The flusher thread's body: returns after the final flush at stop
-    /// (after the workers exited), releasing the claim. A failed final
-    /// flush stays in `stats().error`, its keys in `pending`.
+    /// (after [`workers_done`](Self::workers_done)), releasing the claim.
+    /// A failed final flush stays in `stats().error`, its keys in
+    /// `pending`.
     fn run_flusher(&self, source: &dyn KeySource<K>);
     /// Wakes the flusher for a stop.
     fn wake(&self);
+    /// No worker can change a key any more (the controller stopped): the
+    /// flusher may do its final flush.
+    fn workers_done(&self);
     fn stats(&self) -> StoreStats;
 }
 

@@ -64,6 +64,8 @@ pub(crate) struct Persister<K> {
     written: Mutex<HashSet<K, foldhash::fast::RandomState>>,
     status: Mutex<(Option<SystemTime>, Option<String>)>,
     stopped: AtomicBool,
+    /// Set by [`StoreLink::workers_done`]; the final flush waits for it.
+    workers_done: AtomicBool,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -83,6 +85,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             written: Mutex::new(HashSet::default()),
             status: Mutex::new((None, None)),
             stopped: AtomicBool::new(false),
+            workers_done: AtomicBool::new(false),
         })
     }
 
@@ -226,7 +229,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
         let tick = self.store.flush_interval() / 2;
-        let stopping = || self.stopped.load(Ordering::Acquire) || source.stopping();
+        let stopping = || self.stopped.load(Ordering::Acquire);
         let mut next_tick: Option<Instant> = None;
         // Compactions left to try since the last write (0: compacted).
         let mut compact_tries = 0;
@@ -268,7 +271,9 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         }
         // The queue answers for what the stop dropped (its stop views), so
         // one flush after the workers is the whole story.
-        source.wait_workers_exited();
+        while !self.workers_done.load(Ordering::Acquire) {
+            std::thread::park();
+        }
         let keys = self.take_for_flush(|aged| {
             let mut keys = std::mem::take(aged);
             keys.extend(self.dirty.take());
@@ -282,6 +287,11 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn wake(&self) {
         self.stopped.store(true, Ordering::Release);
+        self.dirty.wake();
+    }
+
+    fn workers_done(&self) {
+        self.workers_done.store(true, Ordering::Release);
         self.dirty.wake();
     }
 

@@ -227,7 +227,7 @@ def test_bad_calls_change_nothing(make):
     with pytest.raises(TypeError):
         c.watch([], transform=5)  # type: ignore[arg-type]
     s = c.stats()
-    assert s["depth"] == 0 and s["waiting"] == 0 and s["state"] == "new"
+    assert s["depth"] == 0 and s["waiting"] == 0 and s["state"] == "not started"
     assert c.wait_idle(0)
 
 
@@ -339,7 +339,7 @@ def test_hanging_report(make):
 def test_repr(make):
     c = make(print, workers=3, name="shown")
     r = repr(c)
-    assert r.startswith("<reconq.Controller") and '"shown"' in r and "workers=3" in r and "state=new" in r
+    assert r.startswith("<reconq.Controller") and '"shown"' in r and "workers=3" in r and "state=not started" in r
     c.start()
     assert "state=running" in repr(c)
     c.stop()

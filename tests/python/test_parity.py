@@ -224,7 +224,7 @@ def test_stop_with_report_rejects_a_bad_timeout(make):
     c = make(lambda key: None)
     with pytest.raises(ValueError):
         c.stop_with_report(timeout=-1)
-    assert c.stats()["state"] == "new"
+    assert c.stats()["state"] == "not started"
 
 
 # --- Manager max_retry_interval -------------------------------------------------------

@@ -1,0 +1,210 @@
+//! A stop in progress ([`Stopping`]), driven by whoever waits for it in
+//! slices: so a caller that must look up between waits (Python's Ctrl-C)
+//! needs no helper thread and no flags of its own.
+
+use std::time::{Duration, Instant};
+
+use super::handle::{ControllerHandle, StopReport};
+use super::{ControllerKey, Runtime};
+use crate::clock::deadline_after;
+use crate::logs;
+
+/// How often a stop waiting for reconciles logs which ones it waits for.
+const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How [`ControllerHandle::stop_with`] stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StopOptions {
+    /// Reconcile the keys ready now first (as
+    /// [`stop_with_drain_report`](ControllerHandle::stop_with_drain_report)),
+    /// or stop at once (as [`stop`](ControllerHandle::stop)).
+    pub drain: bool,
+    /// When to give up on the workers (real time; `None`: never). A drain
+    /// then cancels what runs and drops what is ready.
+    pub timeout: Option<Duration>,
+    /// How long to wait for trigger, watch and watchdog threads once the
+    /// workers are done (`None`: until the timeout); those still running
+    /// then are detached.
+    pub aux_grace: Option<Duration>,
+}
+
+/// A stop under way: [`wait`](Self::wait) drives it to its report.
+#[derive(Debug)]
+pub struct Stopping<K: ControllerKey> {
+    handle: ControllerHandle<K>,
+    drain: bool,
+    deadline: Instant,
+    aux_grace: Option<Duration>,
+    step: Step,
+    report: StopReport<K>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// The queue drains; `next_log` is when to say what runs.
+    Draining {
+        next_log: Instant,
+    },
+    /// Waiting for the workers to exit.
+    Workers,
+    /// Waiting for the auxiliary threads until `until`.
+    Aux {
+        until: Instant,
+    },
+    Done,
+}
+
+/// What one step of the stop did.
+enum Moved {
+    On(Step),
+    /// The caller's slice ended first.
+    SliceOver,
+}
+
+impl<K: ControllerKey> ControllerHandle<K> {
+    /// Starts a stop as `options` say and returns it under way; its
+    /// [`wait`](Stopping::wait) finishes it. Requests the stop before it
+    /// returns: [`state`](Self::state) is stopping or stopped from then on.
+    pub fn stop_with(&self, options: StopOptions) -> Stopping<K> {
+        let now = Instant::now();
+        let deadline = deadline_after(now, options.timeout.unwrap_or(Duration::MAX));
+        let step = if options.drain {
+            self.core.request_stop();
+            match self.core.rt.get() {
+                Some(rt) => {
+                    // Closes the queue for the drain; `wait` waits for it.
+                    rt.queue.shut_down_with_drain_timeout(Duration::ZERO);
+                    Step::Draining { next_log: deadline_after(now, STOP_WAIT_LOG_INTERVAL) }
+                }
+                None => Step::Aux { until: deadline },
+            }
+        } else {
+            self.stop();
+            Step::Workers
+        };
+        Stopping {
+            handle: self.clone(),
+            drain: options.drain,
+            deadline,
+            aux_grace: options.aux_grace,
+            step,
+            report: StopReport::finished_with_nothing_left(),
+        }
+    }
+}
+
+impl<K: ControllerKey> Stopping<K> {
+    /// Waits for the stop at most `slice` (real time); its report once it is
+    /// done (again on every later call), `None` if the slice ended first.
+    pub fn wait(&mut self, slice: Duration) -> Option<StopReport<K>> {
+        let slice_end = deadline_after(Instant::now(), slice);
+        loop {
+            let until = slice_end.min(self.deadline);
+            let moved = match self.step {
+                Step::Draining { next_log } => self.drain(next_log, until),
+                Step::Workers => self.workers(until),
+                Step::Aux { until: aux_until } => self.aux(aux_until, until),
+                Step::Done => {
+                    self.report.store_error = self.handle.store_error();
+                    return Some(self.report.clone());
+                }
+            };
+            match moved {
+                Moved::On(step) => self.step = step,
+                Moved::SliceOver => return None,
+            }
+        }
+    }
+
+    fn rt(&self) -> &Runtime<K> {
+        runtime(&self.handle)
+    }
+
+    /// Waits for the queue to drain, saying every few seconds what runs.
+    fn drain(&self, next_log: Instant, until: Instant) -> Moved {
+        let rt = self.rt();
+        let now = Instant::now();
+        let until = until.min(next_log);
+        let drained = rt.queue.shut_down_with_drain_timeout(until.saturating_duration_since(now));
+        // Back before its time without draining: the queue is not draining
+        // (an immediate stop came first); nothing to wait for.
+        let now = Instant::now();
+        if drained || now < until || now >= self.deadline {
+            return Moved::On(Step::Workers);
+        }
+        if now >= next_log {
+            logs::stop_waiting(&self.handle.core.name, &running_keys(rt));
+            return Moved::On(Step::Draining { next_log: deadline_after(now, STOP_WAIT_LOG_INTERVAL) });
+        }
+        Moved::SliceOver
+    }
+
+    /// Waits for the workers; at the deadline a drain gives up on them.
+    fn workers(&mut self, until: Instant) -> Moved {
+        let life = &self.handle.core.life;
+        let drain = self.drain;
+        let exited = life.wait_until(Some(until), |life| {
+            if drain { life.live_workers == 0 } else { life.phase == super::life::Phase::Stopped }
+        });
+        let now = Instant::now();
+        if !exited && now < self.deadline {
+            return Moved::SliceOver;
+        }
+        self.report.finished = exited;
+        if drain {
+            let rt = runtime(&self.handle);
+            let name = &self.handle.core.name;
+            if exited {
+                life.join_workers();
+            } else {
+                self.handle.core.cancel_everything();
+                rt.queue.shut_down_now();
+                self.report.unfinished = running_keys(rt);
+                life.abandon();
+                logs::drain_deadline_passed(name, &self.report.unfinished);
+            }
+            self.report.dropped = rt.queue.take_dropped();
+            logs::stop_dropped(name, &self.report.dropped);
+        } else if !exited {
+            // Stopped at once, and not in time: nothing more to wait for.
+            return Moved::On(Step::Done);
+        }
+        let grace_end = self.aux_grace.map_or(self.deadline, |grace| deadline_after(now, grace));
+        Moved::On(Step::Aux { until: self.deadline.min(grace_end) })
+    }
+
+    /// Waits for the trigger, watch and watchdog threads until `aux_until`;
+    /// those still running then are detached.
+    fn aux(&mut self, aux_until: Instant, until: Instant) -> Moved {
+        let life = &self.handle.core.life;
+        // A stop at once joins the workers here, with the rest.
+        let workers_too = !self.drain;
+        let done = life.wait_until(Some(until.min(aux_until)), |life| {
+            life.live_aux == 0 && (!workers_too || life.live_workers == 0)
+        });
+        if done {
+            if workers_too {
+                life.join_workers();
+            }
+            life.join_aux();
+        } else if Instant::now() >= aux_until {
+            self.report.detached_threads = life.read(|life| life.live_aux);
+        } else {
+            return Moved::SliceOver;
+        }
+        Moved::On(Step::Done)
+    }
+}
+
+/// The runtime of a controller whose stop reached its workers.
+fn runtime<K>(handle: &ControllerHandle<K>) -> &Runtime<K>
+where
+    K: ControllerKey,
+{
+    handle.core.rt.get().expect("a stop with workers has a runtime")
+}
+
+/// The keys whose reconcile is running now.
+pub(crate) fn running_keys<K: Clone>(rt: &Runtime<K>) -> Vec<K> {
+    rt.slots.iter().filter_map(|slot| slot.running.lock().as_ref().map(|r| r.key.clone())).collect()
+}
