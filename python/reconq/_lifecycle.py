@@ -8,10 +8,11 @@ What is held, and how:
 * A started ``reconq.Controller`` is held strongly until ``stop()`` (like a
   running ``threading.Thread``), so dropping the last user reference does not
   leave its worker threads orphaned.
-* Managers and elections are held weakly: dropping a manager stops its
-  controllers, and an election a program no longer references is only used
-  through the controllers and managers holding it, which give it up when they
-  stop.
+* Managers are held weakly: dropping a manager stops its controllers.
+* Elections are held from their first use (a controller or manager made
+  with one, or ``start()``) until exit, whose hook gives leadership up: a
+  controller's stop returns once its workers are gone, and the lease they
+  release may still be on its way to etcd when the process ends.
 
 Every entry belongs to the process that registered it: after ``os.fork()``
 the child forgets them all, since their threads exist only in the parent
@@ -62,7 +63,7 @@ class _Registry:
         self.lock = threading.Lock()
         self.controllers: Set[Any] = set()
         self.managers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self.elections: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.elections: Set[Any] = set()
 
     def add(self, entries: str, entry: Any) -> None:
         with self.lock:
@@ -95,7 +96,7 @@ def add_manager(manager: Any) -> None:
 
 
 def add_election(election: Any) -> None:
-    """An election was started by hand: give it up at exit."""
+    """An election is in use: give it up at exit."""
     _registry.add("elections", election)
 
 

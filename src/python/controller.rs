@@ -435,6 +435,7 @@ impl PyController {
             builder = builder.parked_capacity(capacity);
         }
         if let Some(election) = leader_election {
+            super::election::hold_until_exit(election.py(), &election)?;
             builder = builder.leader_election(election.inner.clone());
         }
         if let Some(store) = store {

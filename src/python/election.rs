@@ -71,10 +71,10 @@ impl PyLeaderElection {
     }
 
     /// Starts campaigning (a controller using it starts it too, and gives
-    /// it up when it stops). Started here, it is given up at the
-    /// interpreter's exit (`reconq._lifecycle`), after controllers drained.
+    /// it up when it stops). It is given up at the interpreter's exit
+    /// (`reconq._lifecycle`), after controllers drained.
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
-        slf.py().import("reconq._lifecycle")?.call_method1("add_election", (slf,))?;
+        hold_until_exit(slf.py(), slf)?;
         slf.get().inner.start();
         Ok(())
     }
@@ -94,6 +94,15 @@ impl PyLeaderElection {
             self.inner.leader()
         )
     }
+}
+
+/// Keeps `election` in `reconq._lifecycle` until the interpreter exits,
+/// whose hook gives it up after controllers and managers stopped: a stop
+/// returns once the workers are gone, and the lease they release might
+/// otherwise still be on its way to etcd when the process ends.
+pub(crate) fn hold_until_exit<'py>(py: Python<'py>, election: impl IntoPyObject<'py>) -> PyResult<()> {
+    py.import("reconq._lifecycle")?.call_method1("add_election", (election,))?;
+    Ok(())
 }
 
 /// etcd endpoints from Python: one `str` or a list of them.

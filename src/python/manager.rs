@@ -140,16 +140,17 @@ impl PyManager {
     /// (one election may serve several managers and controllers).
     #[new]
     #[pyo3(signature = (name="manager", leader_election=None))]
-    fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> Self {
+    fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> PyResult<Self> {
         let mut builder = Manager::builder()
             .name(name)
             .thread_wrapper(python_thread_wrapper())
             // `call_logged` logs exceptions itself, with their tracebacks.
             .log_errors(false);
         if let Some(election) = leader_election {
+            super::election::hold_until_exit(election.py(), &election)?;
             builder = builder.leader_election(election.inner.clone());
         }
-        Self { manager: builder.build() }
+        Ok(Self { manager: builder.build() })
     }
 
     /// Creates the controller `name`, or replaces its parameters; either way
