@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::wait_for;
 use reconq::{
     Action, Context, Controller, ControllerHandle, ExponentialBackoff, KeyStatus, ReconcileError, SqliteStore,
-    StoreError,
+    StoreError, StoredState,
 };
 
 static DIRS: AtomicUsize = AtomicUsize::new(0);
@@ -366,9 +366,13 @@ fn set_file_size_limit(bytes: libc::rlim_t) {
 /// "full" flushing every 50 ms, with SIGXFSZ ignored (so "file too large"
 /// is an EFBIG error, not a kill).
 fn full_disk_controller(dir: &Path) -> ControllerHandle<String> {
+    full_disk_controller_flushing_every(dir, Duration::from_millis(50))
+}
+
+fn full_disk_controller_flushing_every(dir: &Path, interval: Duration) -> ControllerHandle<String> {
     // SAFETY: ignoring SIGXFSZ turns "file too large" into an EFBIG error.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), Duration::from_millis(50)).unwrap();
+    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), interval).unwrap();
     Controller::new("full", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
         .store(store)
         .start()
@@ -490,6 +494,8 @@ fn final_flush_child(dir: &Path) {
     }
     let report = handle.stop_with_drain_report(LONG);
     assert!(report.store_error.is_some(), "the failed last flush is reported: {report:?}");
+    let flushed = handle.flush().expect_err("flush() after a stop returns its failed last flush");
+    assert!(flushed.to_string().contains("store I/O error"), "{flushed}");
     let stats = handle.stats().store.unwrap();
     assert!(stats.error.is_some() && stats.pending >= N, "the error stays visible: {stats:?}");
     set_file_size_limit(libc::RLIM_INFINITY);
@@ -627,4 +633,233 @@ fn an_idle_store_is_one_file_that_shrinks_after_a_large_batch() {
     });
     handle.stop();
     assert!(handle.join_timeout(LONG));
+}
+
+// flush(): everything changed before it returned is on disk.
+
+/// Long enough that no tick writes during a test: only `flush()` (or a
+/// stop) can have written what the file holds.
+const NO_TICK: Duration = Duration::from_secs(30);
+
+const FLUSH_CHILD_ENV: &str = "RECONQ_STORE_FLUSH_CHILD";
+const FLUSH_ROUND_ENV: &str = "RECONQ_STORE_FLUSH_ROUND";
+const FLUSH_KEYS: usize = 40;
+
+/// The keys round `round` of the flush child leaves pending, with the
+/// state each must be stored in.
+fn flush_round_keys(round: usize) -> Vec<(String, Kept)> {
+    let mut keys = Vec::new();
+    for i in 0..4 {
+        keys.push((format!("block-{round}-{i}"), Kept::Waiting));
+    }
+    for i in 0..FLUSH_KEYS {
+        keys.push((format!("fail-{round}-{i}"), Kept::Retried));
+        keys.push((format!("park-{round}-{i}"), Kept::Parked));
+        keys.push((format!("ready-{round}-{i}"), Kept::Waiting));
+        keys.push((format!("later-{round}-{i}"), Kept::Delayed));
+    }
+    keys
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    Waiting,
+    Delayed,
+    Retried,
+    Parked,
+}
+
+/// The flush child: with flushes 30 s apart, retried and parked keys
+/// (reconciled first), keys in flight (`block*` never return), ready keys
+/// behind them and delayed ones, then `flush()`, then "flushed" on stdout,
+/// which the parent answers with SIGKILL.
+fn flush_child(dir: &Path) {
+    use std::io::Write;
+    let round: usize = std::env::var(FLUSH_ROUND_ENV).unwrap().parse().unwrap();
+    let store = SqliteStore::open_with_flush_interval(dir.join(format!("round-{round}.db")), NO_TICK).unwrap();
+    let handle = Controller::new("flush", |key: &String, _: &Context| -> Result<Action, ReconcileError> {
+        if key.starts_with("block") {
+            loop {
+                std::thread::park();
+            }
+        }
+        if key.starts_with("park") {
+            return Err(ReconcileError::permanent("bad spec"));
+        }
+        Err("backend down".into())
+    })
+    .workers(4)
+    .rate_limiter(hour_limiter())
+    .store(store)
+    .start();
+    let keys = flush_round_keys(round);
+    let named = |prefix: &'static str| keys.iter().map(|(k, _)| k.clone()).filter(move |k| k.starts_with(prefix));
+    for key in named("fail").chain(named("park")) {
+        handle.enqueue(key);
+    }
+    wait_for("the fail and park keys reconciled", || {
+        let stats = handle.stats();
+        stats.parked == FLUSH_KEYS && stats.reconciles as usize == 2 * FLUSH_KEYS
+    });
+    named("block").for_each(|key| handle.enqueue(key));
+    wait_for("every worker blocked", || handle.stats().processing == 4);
+    named("ready").for_each(|key| handle.enqueue(key));
+    named("later").for_each(|key| handle.enqueue_after(key, HOUR));
+    handle.flush().unwrap();
+    std::io::stdout().write_all(b"flushed\n").unwrap();
+    handle.wait_stopped(None);
+}
+
+/// Blocks until the child printed `word` on its stdout.
+fn wait_line(child: &mut std::process::Child, word: &str) {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains(word) {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited before {word:?}");
+    }
+}
+
+#[test]
+fn flush_writes_everything_changed_before_it_so_a_sigkill_after_it_loses_nothing() {
+    let test = "flush_writes_everything_changed_before_it_so_a_sigkill_after_it_loses_nothing";
+    if let Ok(dir) = std::env::var(FLUSH_CHILD_ENV) {
+        return flush_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    for round in 0..10 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(FLUSH_CHILD_ENV, &dir.0)
+            .env(FLUSH_ROUND_ENV, round.to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_line(&mut child, "flushed");
+        kill(&mut child);
+        let rows = open(&dir.0.join(format!("round-{round}.db"))).load("flush").unwrap();
+        let stored: std::collections::HashMap<String, (Kept, u32)> = rows
+            .into_iter()
+            .map(|row| {
+                let state = match row.state {
+                    StoredState::Waiting => Kept::Waiting,
+                    StoredState::Delayed { .. } if row.failures > 0 => Kept::Retried,
+                    StoredState::Delayed { .. } => Kept::Delayed,
+                    StoredState::Parked { .. } => Kept::Parked,
+                };
+                (reconq::decode_key::<String>(&row.key).unwrap(), (state, row.failures))
+            })
+            .collect();
+        for (key, expected) in flush_round_keys(round) {
+            let found = stored.get(&key).map(|(state, _)| *state);
+            assert_eq!(found, Some(expected), "round {round}: key {key} enqueued before flush() returned");
+        }
+    }
+}
+
+/// In a child: a flush() whose write fails (file size limit) returns the
+/// store error; the keys stay pending and the next flush() writes them.
+fn failed_flush_child(dir: &Path) {
+    let handle = full_disk_controller_flushing_every(dir, NO_TICK);
+    set_file_size_limit(64 * 1024);
+    const N: usize = 3000;
+    for i in 0..N {
+        handle.enqueue_after(format!("{i:0>100}"), HOUR);
+    }
+    let err = handle.flush().expect_err("a write past the file size limit fails");
+    let store_error = err.get_ref().and_then(|inner| inner.downcast_ref::<StoreError>());
+    assert!(matches!(store_error, Some(StoreError::Io(_))), "{err:?}");
+    assert!(err.to_string().contains("store I/O error"), "{err}");
+    let stats = handle.stats();
+    let store = stats.store.clone().unwrap();
+    assert!(store.pending >= N && store.error.is_some(), "the keys stay pending: {store:?}");
+    assert_eq!(stats.waiting, N, "nothing dropped from memory");
+    set_file_size_limit(libc::RLIM_INFINITY);
+    handle.flush().unwrap();
+    assert_eq!(handle.stats().store.unwrap().pending, 0);
+    assert_eq!(open(&dir.join("state.db")).load("full").unwrap().len(), N);
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}
+
+#[test]
+fn a_failed_flush_returns_the_store_error_and_keeps_the_keys_pending() {
+    const ENV: &str = "RECONQ_STORE_FAILED_FLUSH_CHILD";
+    run_in_child("a_failed_flush_returns_the_store_error_and_keeps_the_keys_pending", ENV, failed_flush_child);
+}
+
+#[test]
+fn concurrent_flushes_all_return_with_their_keys_written() {
+    let dir = TempDir::new();
+    let store = SqliteStore::open_with_flush_interval(dir.db(), NO_TICK).unwrap();
+    let handle =
+        Controller::new("many", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(store)
+            .start();
+    let reader = open(&dir.db());
+    let threads: Vec<_> = (0..8)
+        .map(|thread| {
+            let handle = handle.clone();
+            let reader = reader.clone();
+            std::thread::spawn(move || {
+                for round in 0..20 {
+                    let key = format!("{thread}-{round}");
+                    handle.enqueue_after(key.clone(), HOUR);
+                    handle.flush().unwrap();
+                    let rows = reader.load("many").unwrap();
+                    let key = reconq::encode_key(&key);
+                    assert!(rows.iter().any(|row| row.key == key), "thread {thread}, round {round}: not written");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(reader.load("many").unwrap().len(), 8 * 20);
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}
+
+#[test]
+fn flush_before_start_is_an_error_and_without_a_store_returns_at_once() {
+    let dir = TempDir::new();
+    let calls = Calls::default();
+    let unstarted = controller(open(&dir.db()), &calls);
+    let err = unstarted.handle().flush().expect_err("nothing is claimed before start");
+    assert_eq!(err.kind(), std::io::ErrorKind::Other);
+    assert!(err.to_string().contains("was not started"), "{err}");
+    let plain =
+        Controller::new("plain", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) });
+    assert!(plain.handle().flush().is_err(), "not started, store or not");
+    let plain = plain.start();
+    plain.enqueue_after("later".to_string(), HOUR);
+    plain.flush().unwrap();
+    plain.stop();
+    plain.flush().unwrap();
+    assert!(plain.join_timeout(LONG));
+}
+
+#[test]
+fn flush_during_a_stop_writes_what_changed_and_after_it_returns_its_outcome() {
+    let dir = TempDir::new();
+    let calls = Calls::default();
+    let store = SqliteStore::open_with_flush_interval(dir.db(), NO_TICK).unwrap();
+    let handle = controller(store, &calls).start();
+    handle.enqueue("block".to_string());
+    wait_for("block in flight", || called(&calls, "block"));
+    handle.enqueue_after("later".to_string(), HOUR);
+    // Without drain or deadline: the stop waits for `block`, which returns
+    // only once cancelled, after this flush.
+    let stopping = handle.stop_with(reconq::StopOptions { drain: false, timeout: None, aux_grace: None });
+    handle.flush().unwrap();
+    let stored: HashSet<String> =
+        open(&dir.db()).load("s2").unwrap().iter().map(|row| reconq::decode_key::<String>(&row.key).unwrap()).collect();
+    assert_eq!(stored, HashSet::from(["block".to_string(), "later".to_string()]));
+    handle.cancel(&"block".to_string());
+    let mut stopping = stopping;
+    assert!(stopping.wait(LONG).is_some_and(|report| report.finished));
+    assert!(handle.join_timeout(LONG));
+    handle.flush().unwrap();
 }

@@ -1,12 +1,13 @@
 //! The controller's side of the store seam (`crate::store::StoreLink`):
-//! what a key is now, and putting restored keys back.
+//! what a key is now, putting restored keys back, and `flush()`.
 
+use std::io;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{ControllerKey, Core, Runtime};
+use super::{ControllerHandle, ControllerKey, Core, Runtime};
 use crate::queue::Place;
-use crate::store::{KeySource, KeyView, StoreLink};
+use crate::store::{KeySource, KeyView, StoreError, StoreLink};
 
 impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>) {
@@ -51,4 +52,68 @@ pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &
             Some(due) => rt.queue.add_at_placed(key, due, place),
         }
     });
+}
+
+impl<K: ControllerKey> ControllerHandle<K> {
+    /// Blocks until every change made before the call (keys enqueued, with
+    /// or without a delay, and reconciles that returned: done, retried,
+    /// parked) is on disk in the controller's [`store`](crate::Controller::store),
+    /// without waiting for the next flush interval. Callers flushing at
+    /// the same time share one write.
+    ///
+    /// This is the point to advance a position kept outside from: enqueue
+    /// the keys a change feed gave, `flush()`, then record the feed's
+    /// position; after a crash, every key enqueued before the recorded
+    /// position comes back (section 9's restore).
+    ///
+    /// # Errors
+    /// * The write failed: the [`StoreError`] inside the `io::Error`
+    ///   (`get_ref()` + `downcast_ref`); the keys stay pending (in
+    ///   `stats().store`) and the next flush writes them again.
+    /// * The controller was never started ([`io::ErrorKind::Other`]): keys
+    ///   enqueued before [`start`](crate::Controller::start) reach the
+    ///   store only once `start` has claimed it.
+    ///
+    /// Without a store it returns `Ok` at once: there is nothing to write
+    /// (and nothing survives a crash). After a stop, it waits for the
+    /// stop's last flush and returns its outcome; while a stop waits for
+    /// its reconciles, it writes what changed so far, as before the stop.
+    pub fn flush(&self) -> io::Result<()> {
+        let pending = self.ask_flush()?;
+        loop {
+            if let Some(outcome) = pending.wait(None) {
+                return outcome.map_err(io::Error::from);
+            }
+        }
+    }
+
+    /// Asks for the write [`flush`](Self::flush) waits for.
+    pub(crate) fn ask_flush(&self) -> io::Result<PendingFlush<K>> {
+        let Some(rt) = self.core.rt.get() else {
+            return Err(io::Error::other(format!(
+                "controller {:?} was not started: flush() writes what a started controller holds",
+                self.core.name
+            )));
+        };
+        let ticket = rt.store.as_ref().map(|link| (Arc::clone(link), link.ask_flush()));
+        Ok(PendingFlush { ticket })
+    }
+}
+
+/// A flush asked for, to wait for in slices (Python checks for signals
+/// between them).
+pub(crate) struct PendingFlush<K> {
+    /// `None`: no store, nothing to wait for.
+    ticket: Option<(Arc<dyn StoreLink<K>>, u64)>,
+}
+
+impl<K> PendingFlush<K> {
+    /// The write's outcome once it is known, `None` if `timeout` passed
+    /// first (`None` waits without a limit).
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {
+        match &self.ticket {
+            None => Some(Ok(())),
+            Some((link, ticket)) => link.flushed(*ticket, timeout),
+        }
+    }
 }

@@ -695,6 +695,20 @@ impl PyController {
         Ok(idle.is_some())
     }
 
+    /// Blocks (without the GIL) until everything enqueued or changed
+    /// (done, retried, delayed, parked) before the call is on disk in the
+    /// controller's store, without waiting for `flush_interval`: the point
+    /// to record a change feed's position from. Raises OSError (or
+    /// ValueError) naming the store error when the write fails (the keys
+    /// stay pending and are written again at the next flush), and
+    /// RuntimeError before start(). Without a store it returns at once;
+    /// after stop() it returns the outcome of the stop's last flush.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let pending = self.handle.ask_flush().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let outcome = wait_interruptibly(py, None, |slice| pending.wait(slice))?.expect("waited without a deadline");
+        outcome.map_err(|e| super::store::store_error(&e))
+    }
+
     /// Counters, queue sizes, hanging reconciles, the last error.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let handle = &self.handle;

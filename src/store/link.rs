@@ -4,7 +4,9 @@
 //! so the controller reaches a store only through these traits (without
 //! the feature it never has one).
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::StoreError;
 
 /// What a store keeps of one key, in the controller's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,14 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// No worker can change a key any more (the controller stopped): the
     /// flusher may do its final flush.
     fn workers_done(&self);
+    /// Asks for a write of every change marked before this call and wakes
+    /// the flusher; returns the ticket to wait for with
+    /// [`flushed`](Self::flushed). After the final flush, the ticket is
+    /// answered at once with its outcome (nothing changes any more).
+    fn ask_flush(&self) -> u64;
+    /// Blocks until the write that covers `ticket` committed or failed
+    /// (`Some`), or `timeout` passed (`None`; `None` waits without a limit).
+    fn flushed(&self, ticket: u64, timeout: Option<Duration>) -> Option<Result<(), StoreError>>;
     fn stats(&self) -> StoreStats;
 }
 

@@ -9,6 +9,7 @@
 //! * `lock` is the claim a live controller holds on its name (S3).
 //! * `db` is the SQLite file: schema version, validation, batched writes.
 //! * `dirty` is the set of keys changed since the last flush.
+//! * `flush_requests` answers `flush()` callers once a write covers them.
 //! * `persist` is its side of the seam: restore, flusher, status.
 //! * `open_files` lists the store files this process has open, so a second
 //!   SQLite library in the process (Python's `sqlite3`) can be refused.
@@ -17,6 +18,8 @@
 mod db;
 #[cfg(feature = "store")]
 mod dirty;
+#[cfg(feature = "store")]
+mod flush_requests;
 mod link;
 #[cfg(feature = "store")]
 mod lock;
@@ -62,6 +65,19 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+impl StoreError {
+    /// A copy for each caller one failed write answers (`io::Error` is not
+    /// `Clone`: the copy keeps its kind and its message).
+    #[cfg(feature = "store")]
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            StoreError::Locked(name) => StoreError::Locked(name.clone()),
+            StoreError::Invalid(message) => StoreError::Invalid(message.clone()),
+            StoreError::Io(err) => StoreError::Io(io::Error::new(err.kind(), err.to_string())),
+        }
+    }
+}
 
 /// For [`Controller::try_start`](crate::Controller::try_start): the
 /// `StoreError` stays inside (`get_ref()` + `downcast_ref`).

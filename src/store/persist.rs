@@ -9,6 +9,9 @@
 //!   had not written again (nothing is dropped).
 //! * Only the flusher thread writes (its final flush too), so an older
 //!   sample never overwrites a newer one.
+//! * A `flush()` ticket is answered only by a write that took every
+//!   change (`take_every_change`) after the ticket was asked
+//!   (`flush_requests`).
 //! * `written` holds exactly the keys with a row in the file for this
 //!   name, so a key enqueued and finished between two flushes (no row, no
 //!   view) costs no SQL at all; its size is bounded by pending + parked.
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use super::dirty::DirtySet;
+use super::flush_requests::FlushRequests;
 use super::link::{KeySource, KeyView, StoreLink, StoreStats};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
@@ -66,6 +70,7 @@ pub(crate) struct Persister<K> {
     stopped: AtomicBool,
     /// Set by [`StoreLink::workers_done`]; the final flush waits for it.
     workers_done: AtomicBool,
+    flushes: FlushRequests,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -86,15 +91,16 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             status: Mutex::new((None, None)),
             stopped: AtomicBool::new(false),
             workers_done: AtomicBool::new(false),
+            flushes: FlushRequests::default(),
         })
     }
 
     /// Writes the changed keys, in key order, in transactions of at most
     /// [`WRITE_CHUNK`] keys; on a failure the keys not written yet stay
     /// marked for the next flush.
-    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) {
+    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) -> Result<(), StoreError> {
         if keys.is_empty() {
-            return;
+            return Ok(());
         }
         let (batch, keys) = self.rows_to_write(source, keys);
         self.writing.store(keys.len(), Ordering::Release);
@@ -106,7 +112,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
                 }
                 self.writing.store(0, Ordering::Release);
                 self.failed(&err, unwritten.len(), last);
-                return;
+                return Err(err);
             }
             let mut written = self.written.lock();
             for ((_, row), key) in batch_chunk.iter().zip(keys_chunk) {
@@ -120,6 +126,25 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             self.writing.fetch_sub(keys_chunk.len(), Ordering::AcqRel);
         }
         *self.status.lock() = (Some(SystemTime::now()), None);
+        Ok(())
+    }
+
+    /// Answers the `flush()` tickets asked so far, if any, with a write of
+    /// every change not written yet. Returns whether it wrote (asked).
+    fn answer_flushes(&self, source: &dyn KeySource<K>) -> bool {
+        let Some(upto) = self.flushes.unanswered() else { return false };
+        let keys = self.take_every_change();
+        self.flushes.answer(upto, self.flush(source, keys, false), false);
+        true
+    }
+
+    /// Every change not written yet: the aged keys and every mark.
+    fn take_every_change(&self) -> Vec<K> {
+        self.take_for_flush(|aged| {
+            let mut keys = std::mem::take(aged);
+            keys.extend(self.dirty.take());
+            keys
+        })
     }
 
     /// Samples `keys` and keeps the ones that need SQL (a view to keep, or
@@ -225,20 +250,26 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     /// never written (most keys of a busy queue). The ticks keep their
     /// schedule while a long flush runs: the next one starts as soon as
     /// it is due, so a burst is written while it is still being marked;
-    /// and a burst's keys are not aged (`NO_AGING_ABOVE`).
+    /// and a burst's keys are not aged (`NO_AGING_ABOVE`). A `flush()`
+    /// does not wait for a tick: it wakes the flusher, which writes every
+    /// change at once.
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
         let tick = self.store.flush_interval() / 2;
         let stopping = || self.stopped.load(Ordering::Acquire);
+        let asked = || self.flushes.unanswered().is_some();
         let mut next_tick: Option<Instant> = None;
         // Compactions left to try since the last write (0: compacted).
         let mut compact_tries = 0;
         loop {
-            // Asleep until something changes (G8) or a stop; compacted
+            if self.answer_flushes(source) {
+                compact_tries = COMPACT_TRIES;
+            }
+            // Asleep until something changes (G8), a flush() or a stop; compacted
             // first if it wrote since it last slept (item 13 of issue 22:
             // a burst left 33 MiB of WAL and free pages behind). A reader
             // in the way gets a few more ticks, then the next write.
-            while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() {
+            while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() && !asked() {
                 next_tick = None;
                 if compact_tries == 0 {
                     std::thread::park();
@@ -250,7 +281,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
                 }
             }
             let next = *next_tick.get_or_insert_with(|| Instant::now() + tick);
-            while !stopping() {
+            while !stopping() && !asked() {
                 let now = Instant::now();
                 if now >= next {
                     break;
@@ -260,26 +291,35 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             if stopping() {
                 break;
             }
+            if asked() {
+                continue;
+            }
             next_tick = Some((next + tick).max(Instant::now()));
             compact_tries = COMPACT_TRIES;
+            // A failed tick is in the status; no caller waits for a tick.
             let aged = self.take_for_flush(|aged| std::mem::replace(aged, self.dirty.take()));
-            self.flush(source, aged, false);
+            let _ = self.flush(source, aged, false);
             if self.aged.lock().len() >= NO_AGING_ABOVE {
                 let burst = self.take_for_flush(std::mem::take);
-                self.flush(source, burst, false);
+                let _ = self.flush(source, burst, false);
             }
         }
         // The queue answers for what the stop dropped (its stop views), so
-        // one flush after the workers is the whole story.
-        while !self.workers_done.load(Ordering::Acquire) {
-            std::thread::park();
+        // one flush after the workers is the whole story. A flush() asked
+        // meanwhile is answered at once: a hung reconcile does not hold it.
+        loop {
+            self.answer_flushes(source);
+            if self.workers_done.load(Ordering::Acquire) {
+                break;
+            }
+            if !asked() {
+                std::thread::park();
+            }
         }
-        let keys = self.take_for_flush(|aged| {
-            let mut keys = std::mem::take(aged);
-            keys.extend(self.dirty.take());
-            keys
-        });
-        self.flush(source, keys, true);
+        let upto = self.flushes.unanswered().unwrap_or(0);
+        let keys = self.take_every_change();
+        let outcome = self.flush(source, keys, true);
+        self.flushes.answer(upto, outcome, true);
         // Best effort: the next start compacts too, once it has written.
         self.store.compact();
         self.claim.lock().take();
@@ -293,6 +333,16 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     fn workers_done(&self) {
         self.workers_done.store(true, Ordering::Release);
         self.dirty.wake();
+    }
+
+    fn ask_flush(&self) -> u64 {
+        let ticket = self.flushes.ask();
+        self.dirty.wake();
+        ticket
+    }
+
+    fn flushed(&self, ticket: u64, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {
+        self.flushes.wait(ticket, timeout)
     }
 
     fn stats(&self) -> StoreStats {
