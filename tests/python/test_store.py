@@ -201,6 +201,11 @@ report = c.stop_with_report()
 stats = c.stats()
 assert report["store_error"] is not None, report
 assert stats["store_error"] is not None and stats["store_pending"] >= 60000, stats
+try:
+    c.flush()
+    raise AssertionError("flush() after a stop returns the outcome of its failed last flush")
+except OSError as e:
+    assert "store I/O error" in str(e), e
 print("reported")
 """
 
@@ -303,3 +308,152 @@ def test_sigkill_at_random_moments_loses_no_key_and_failure_counts_continue(tmp_
         first_attempt.setdefault(key, attempt)
     for key, failures in stored.items():
         assert first_attempt[key] == failures, f"key {key}: failure count did not continue"
+
+
+# flush(): everything changed before it returned is on disk.
+
+FLUSH_CHILD = r"""
+import sys, threading, reconq
+sys.path.insert(0, sys.argv[2])
+from waiting import wait_for
+n = int(sys.argv[3])
+
+def reconcile(key):
+    if key.startswith("block"):
+        threading.Event().wait()
+    if key.startswith("park"):
+        raise reconq.PermanentError("bad spec")
+    raise RuntimeError("backend down")
+
+# Flushes 30 s apart: only flush() can have written anything by the kill.
+c = reconq.Controller(reconcile, name="flush", workers=4, rate_limiter=reconq.ExponentialBackoff(3600, 3600),
+                      store=reconq.SqliteStore(sys.argv[1], flush_interval=30.0))
+c.start()
+for i in range(n):
+    c.enqueue(f"fail-{i}")
+    c.enqueue(f"park-{i}")
+wait_for(lambda: c.stats()["parked"] == n and c.stats()["reconciles"] == 2 * n)
+for i in range(4):
+    c.enqueue(f"block-{i}")
+wait_for(lambda: c.stats()["processing"] == 4)
+for i in range(n):
+    c.enqueue(f"ready-{i}")
+    c.enqueue_after(f"later-{i}", 3600)
+c.flush()
+print("flushed", flush=True)
+threading.Event().wait()
+"""
+
+FLUSH_KEYS = 30
+
+
+def test_flush_then_sigkill_loses_nothing_enqueued_before_it(tmp_path):
+    """Issue 25: every key enqueued (ready, delayed, retried, parked, in
+    flight) before flush() returned survives a SIGKILL right after it."""
+    n = FLUSH_KEYS
+    for round in range(10):
+        db = tmp_path / f"round-{round}.db"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FLUSH_CHILD, str(db), str(Path(__file__).parent), str(n)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "flushed"
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        seen = set()
+        again = reconq.Controller(seen.add, name="flush", store=str(db), rate_limiter=hour_limiter())
+        again.start()
+        try:
+            run = {f"ready-{i}" for i in range(n)} | {f"block-{i}" for i in range(4)}
+            wait_for(lambda: run <= seen, what=f"round {round}: the ready and in-flight keys reconciled")
+            assert sorted(again.parked()) == sorted(f"park-{i}" for i in range(n)), f"round {round}"
+            for i in range(n):
+                assert again.inspect(f"later-{i}")["state"] == "waiting", f"round {round}: later-{i}"
+                retried = again.inspect(f"fail-{i}")
+                assert retried["state"] == "waiting" and retried["attempts"] == 1, f"round {round}: fail-{i}"
+        finally:
+            again.stop()
+
+
+FAILED_FLUSH_CHILD = r"""
+import resource, signal, sys, reconq
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # "file too large" as an error, not a kill
+c = reconq.Controller(lambda key: None, name="full", store=reconq.SqliteStore(sys.argv[1], flush_interval=30.0))
+c.start()
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+for i in range(3000):
+    c.enqueue_after(f"{i:0>100}", 3600)
+try:
+    c.flush()
+    raise AssertionError("a write past the file size limit fails")
+except OSError as e:
+    assert "store I/O error" in str(e), e
+stats = c.stats()
+assert stats["store_pending"] >= 3000 and stats["store_error"] is not None, stats
+assert stats["waiting"] == 3000, stats
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+c.flush()
+assert c.stats()["store_pending"] == 0 and c.stats()["store_error"] is None, c.stats()
+c.stop()
+print("raised, then flushed")
+"""
+
+
+def test_a_failed_flush_raises_the_store_error_and_keeps_the_keys_pending(tmp_path):
+    db = tmp_path / "state.db"
+    out = subprocess.run(
+        [sys.executable, "-c", FAILED_FLUSH_CHILD, str(db)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "raised, then flushed" in out.stdout, out.stdout + out.stderr
+    assert query_from_another_process(db, "SELECT count(*) FROM keys") == [(3000,)]
+
+
+def test_concurrent_flushes_from_threads_all_return_with_their_keys_written(tmp_path):
+    import threading
+
+    db = tmp_path / "state.db"
+    c = reconq.Controller(lambda key: None, name="many", store=reconq.SqliteStore(db, flush_interval=30.0))
+    c.start()
+    errors = []
+
+    def flusher(thread):
+        try:
+            for round in range(20):
+                c.enqueue_after(f"{thread}-{round}", HOUR)
+                c.flush()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=flusher, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert not any(t.is_alive() for t in threads) and not errors, errors
+        assert query_from_another_process(db, "SELECT count(*) FROM keys") == [(8 * 20,)]
+    finally:
+        c.stop()
+
+
+def test_flush_before_start_raises_and_without_a_store_or_after_stop_returns(tmp_path):
+    stored = reconq.Controller(lambda key: None, name="sync", store=str(tmp_path / "state.db"))
+    with pytest.raises(RuntimeError, match="was not started"):
+        stored.flush()
+    stored.start()
+    stored.enqueue_after("later", HOUR)
+    stored.stop()
+    stored.flush()  # the stop's last flush succeeded
+    assert query_from_another_process(tmp_path / "state.db", "SELECT count(*) FROM keys") == [(1,)]
+
+    plain = reconq.Controller(lambda key: None, name="plain")
+    with pytest.raises(RuntimeError, match="was not started"):
+        plain.flush()
+    plain.start()
+    plain.enqueue_after("later", HOUR)
+    plain.flush()
+    plain.stop()
+    plain.flush()
