@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{ControllerHandle, ControllerKey, Core, Runtime};
 use crate::queue::Place;
-use crate::store::{KeySource, KeyView, StoreError, StoreLink};
+use crate::store::{Flush, KeySource, KeyView, StoreError, StoreLink};
 
 impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>) {
@@ -80,34 +80,35 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// its reconciles, it writes what changed so far, as before the stop.
     pub fn flush(&self) -> io::Result<()> {
         let pending = self.ask_flush()?;
-        loop {
-            if let Some(outcome) = pending.wait(None) {
-                return outcome.map_err(io::Error::from);
-            }
-        }
+        pending.wait(None).expect("waited without a deadline").map_err(io::Error::from)
     }
 
     /// Asks for the write [`flush`](Self::flush) waits for.
-    pub(crate) fn ask_flush(&self) -> io::Result<PendingFlush<K>> {
+    pub(crate) fn ask_flush(&self) -> io::Result<PendingFlush> {
         let Some(rt) = self.core.rt.get() else {
             return Err(io::Error::other(format!(
                 "controller {:?} was not started: flush() writes what a started controller holds",
                 self.core.name
             )));
         };
-        let ticket = rt.store.as_ref().map(|link| (Arc::clone(link), link.ask_flush()));
+        let ticket = rt.store.as_ref().map(|link| {
+            let flush: Arc<dyn Flush> = Arc::clone(link) as Arc<dyn Flush>;
+            let ticket = flush.ask_flush();
+            (flush, ticket)
+        });
         Ok(PendingFlush { ticket })
     }
 }
 
 /// A flush asked for, to wait for in slices (Python checks for signals
-/// between them).
-pub(crate) struct PendingFlush<K> {
+/// between them). Not tied to a key type: a cache's `flush()` can hand
+/// out the same.
+pub(crate) struct PendingFlush {
     /// `None`: no store, nothing to wait for.
-    ticket: Option<(Arc<dyn StoreLink<K>>, u64)>,
+    ticket: Option<(Arc<dyn Flush>, u64)>,
 }
 
-impl<K> PendingFlush<K> {
+impl PendingFlush {
     /// The write's outcome once it is known, `None` if `timeout` passed
     /// first (`None` waits without a limit).
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {

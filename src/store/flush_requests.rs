@@ -111,3 +111,52 @@ impl FlushRequests {
         self.answered.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk_full() -> StoreError {
+        StoreError::Io(std::io::Error::other("disk full"))
+    }
+
+    fn answered(requests: &FlushRequests, ticket: u64) -> Option<Result<(), String>> {
+        requests.wait(ticket, Some(Duration::ZERO)).map(|outcome| outcome.map_err(|e| e.to_string()))
+    }
+
+    #[test]
+    fn a_write_answers_the_tickets_asked_before_its_take_only() {
+        let requests = FlushRequests::default();
+        let (first, second) = (requests.ask(), requests.ask());
+        let upto = requests.unanswered().unwrap();
+        let late = requests.ask();
+        requests.answer(upto, Ok(()), false);
+        assert_eq!((answered(&requests, first), answered(&requests, second)), (Some(Ok(())), Some(Ok(()))));
+        assert_eq!(answered(&requests, late), None, "asked after the take: the next write answers it");
+        assert_eq!(requests.unanswered(), Some(late));
+    }
+
+    #[test]
+    fn a_failed_write_answers_with_its_error_until_a_later_write_succeeds() {
+        let requests = FlushRequests::default();
+        let failed = requests.ask();
+        requests.answer(requests.unanswered().unwrap(), Err(disk_full()), false);
+        assert_eq!(answered(&requests, failed), Some(Err("store I/O error: disk full".into())));
+        let next = requests.ask();
+        requests.answer(requests.unanswered().unwrap(), Ok(()), false);
+        // The later write had the failed keys (marked again): all written.
+        assert_eq!((answered(&requests, failed), answered(&requests, next)), (Some(Ok(())), Some(Ok(()))));
+    }
+
+    #[test]
+    fn after_the_final_flush_every_ticket_gets_its_outcome_at_once() {
+        let requests = FlushRequests::default();
+        let before = requests.ask();
+        requests.answer(0, Err(disk_full()), true);
+        assert!(matches!(answered(&requests, before), Some(Err(_))));
+        assert!(matches!(answered(&requests, requests.ask()), Some(Err(_))));
+        let clean = FlushRequests::default();
+        clean.answer(0, Ok(()), true);
+        assert_eq!(answered(&clean, clean.ask()), Some(Ok(())));
+    }
+}

@@ -29,7 +29,7 @@ pub(crate) trait KeySource<K>: Send + Sync {
 }
 
 /// What a controller holds of its store, whatever its key type.
-pub(crate) trait StoreLink<K>: Send + Sync {
+pub(crate) trait StoreLink<K>: Flush {
     /// `key` changed: write it at the next flush.
     fn mark(&self, key: &K);
     /// Hands every stored key to `restore`, due times on the queue clock
@@ -45,6 +45,13 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// No worker can change a key any more (the controller stopped): the
     /// flusher may do its final flush.
     fn workers_done(&self);
+    fn stats(&self) -> StoreStats;
+}
+
+/// `flush()` of whatever a store's flusher writes, whatever its key type:
+/// a controller's keys today; a cache whose rows that flusher writes too
+/// (issue 25) can hand out tickets through the same trait.
+pub(crate) trait Flush: Send + Sync {
     /// Asks for a write of every change marked before this call and wakes
     /// the flusher; returns the ticket to wait for with
     /// [`flushed`](Self::flushed). After the final flush, the ticket is
@@ -53,7 +60,6 @@ pub(crate) trait StoreLink<K>: Send + Sync {
     /// Blocks until the write that covers `ticket` committed or failed
     /// (`Some`), or `timeout` passed (`None`; `None` waits without a limit).
     fn flushed(&self, ticket: u64, timeout: Option<Duration>) -> Option<Result<(), StoreError>>;
-    fn stats(&self) -> StoreStats;
 }
 
 /// The store's part of a controller's stats.

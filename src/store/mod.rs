@@ -31,7 +31,7 @@ mod persist;
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub use link::StoreStats;
-pub(crate) use link::{KeySource, KeyView, StoreLink};
+pub(crate) use link::{Flush, KeySource, KeyView, StoreLink};
 #[cfg(feature = "store")]
 pub use lock::StoreClaim;
 #[cfg(feature = "python")]

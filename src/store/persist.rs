@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
-use super::link::{KeySource, KeyView, StoreLink, StoreStats};
+use super::link::{Flush, KeySource, KeyView, StoreLink, StoreStats};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
 
@@ -335,6 +335,14 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         self.dirty.wake();
     }
 
+    fn stats(&self) -> StoreStats {
+        let (last_flush_time, error) = self.status.lock().clone();
+        let pending = self.dirty.len() + self.aged.lock().len() + self.writing.load(Ordering::Acquire);
+        StoreStats { pending, last_flush_time, error }
+    }
+}
+
+impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Flush for Persister<K> {
     fn ask_flush(&self) -> u64 {
         let ticket = self.flushes.ask();
         self.dirty.wake();
@@ -343,11 +351,5 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn flushed(&self, ticket: u64, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {
         self.flushes.wait(ticket, timeout)
-    }
-
-    fn stats(&self) -> StoreStats {
-        let (last_flush_time, error) = self.status.lock().clone();
-        let pending = self.dirty.len() + self.aged.lock().len() + self.writing.load(Ordering::Acquire);
-        StoreStats { pending, last_flush_time, error }
     }
 }
