@@ -130,12 +130,13 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     }
 
     /// Answers the `flush()` tickets asked so far, if any, with a write of
-    /// every change not written yet. Returns whether it wrote (asked).
+    /// every change not written yet. Returns whether it had keys to write.
     fn answer_flushes(&self, source: &dyn KeySource<K>) -> bool {
         let Some(upto) = self.flushes.unanswered() else { return false };
         let keys = self.take_every_change();
+        let wrote = !keys.is_empty();
         self.flushes.answer(upto, self.flush(source, keys, false), false);
-        true
+        wrote
     }
 
     /// Every change not written yet: the aged keys and every mark.
@@ -265,10 +266,11 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             if self.answer_flushes(source) {
                 compact_tries = COMPACT_TRIES;
             }
-            // Asleep until something changes (G8), a flush() or a stop; compacted
-            // first if it wrote since it last slept (item 13 of issue 22:
-            // a burst left 33 MiB of WAL and free pages behind). A reader
-            // in the way gets a few more ticks, then the next write.
+            // Asleep until something changes (G8), a flush() or a stop;
+            // compacted first if it wrote since it last slept (item 13 of
+            // issue 22: a burst left 33 MiB of WAL and free pages behind).
+            // A reader in the way gets a few more ticks, then the next
+            // write.
             while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() && !asked() {
                 next_tick = None;
                 if compact_tries == 0 {
