@@ -547,3 +547,32 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(matches!(handle.watch_cache(&fine, Watch::new()), Err(WatchError::ControllerStopped { .. })));
     fine.stop();
 }
+
+/// E7: a `PollingSource`'s first poll is its list (the list priority); the
+/// later polls' differences are live changes. Checked by mutation: one
+/// priority for both fails it.
+#[test]
+fn a_polling_sources_first_poll_uses_the_list_priority_and_later_polls_the_live_one() {
+    let table: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    table.lock().insert("first".into(), 1);
+    let rows = Arc::clone(&table);
+    let source = reconq::PollingSource::new(ms(10), move || {
+        Ok::<_, String>(rows.lock().clone().into_iter().collect::<Vec<_>>())
+    })
+    .unwrap();
+    let cache = Cache::builder("polled", source).build().unwrap();
+    let seen: Arc<Mutex<Vec<(String, i32)>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let handle = Controller::from_fn("polled", move |key: &String, ctx: &Context| {
+        log.lock().push((key.clone(), ctx.priority()));
+        Ok(Action::Done)
+    })
+    .watch_cache(&cache, Watch::new().priority(3))
+    .start();
+    assert!(handle.wait_synced(Some(PATIENCE)));
+    table.lock().insert("later".into(), 1);
+    wait_for("the later row", || seen.lock().iter().any(|(k, _)| k == "later"));
+    let seen = seen.lock().clone();
+    assert_eq!(seen, [("first".to_string(), reconq::DEFAULT_LIST_PRIORITY), ("later".to_string(), 3)]);
+    handle.stop();
+}
