@@ -188,6 +188,14 @@ fn cache_of(memory: &Memory, name: &str) -> Cache<MemorySource> {
     Cache::builder(name, memory.source()).build().unwrap()
 }
 
+/// A cache of `memory` and a controller (not started, watching nothing
+/// yet) recording its reconciles, both named `name`.
+fn recorded(memory: &Memory, name: &str) -> (Cache<MemorySource>, Seen, Controller<String>) {
+    let cache = cache_of(memory, name);
+    let (seen, reconcile) = recording(&cache);
+    (cache, seen, Controller::from_fn(name, reconcile))
+}
+
 /// `workqueue_adds_total` of controller `name`: a worker that the synced
 /// gate makes put a key back adds it again.
 fn queue_adds(name: &str) -> u64 {
@@ -207,9 +215,8 @@ fn every_change_is_reconciled_after_the_cache_holds_it() {
     let memory = Memory::default();
     memory.put("a", 1);
     memory.put("gone", 1);
-    let cache = cache_of(&memory, "e2-items");
-    let (seen, reconcile) = recording(&cache);
-    let handle = Controller::from_fn("e2", reconcile).watch_cache(&cache, Watch::new()).start();
+    let (cache, seen, controller) = recorded(&memory, "e2");
+    let handle = controller.watch_cache(&cache, Watch::new()).start();
     assert!(handle.wait_synced(Some(PATIENCE)));
     wait_for("the listed keys", || saw(&seen, "a", Some(1)) && saw(&seen, "gone", Some(1)));
     for value in 2..=20 {
@@ -240,9 +247,8 @@ fn the_synced_gate_holds_keys_until_the_first_list_and_keeps_them() {
     let memory = Memory::default();
     memory.put("listed", 1);
     memory.hold_lists(true);
-    let cache = cache_of(&memory, "e5-held");
-    let (seen, reconcile) = recording(&cache);
-    let handle = Controller::from_fn("e5-gate", reconcile).workers(2).watch_cache(&cache, Watch::new()).start();
+    let (cache, seen, controller) = recorded(&memory, "e5-gate");
+    let handle = controller.workers(2).watch_cache(&cache, Watch::new()).start();
     handle.enqueue("early".to_string());
     // The key was handed out and put back (a second add), or reconciled.
     wait_for("the early key handed out", || queue_adds("e5-gate") >= 2 || !seen.lock().is_empty());
@@ -264,10 +270,9 @@ fn a_stop_before_sync_reconciles_nothing() {
     for drain in [false, true] {
         let memory = Memory::default();
         memory.hold_lists(true);
-        let cache = cache_of(&memory, "e5-stop");
-        let (seen, reconcile) = recording(&cache);
         let name = format!("e5-stop-{drain}");
-        let handle = Controller::from_fn(name.as_str(), reconcile).watch_cache(&cache, Watch::new()).start();
+        let (cache, seen, controller) = recorded(&memory, name.as_str());
+        let handle = controller.watch_cache(&cache, Watch::new()).start();
         handle.enqueue("early".to_string());
         wait_for("the early key handed out", || queue_adds(&name) >= 2 || !seen.lock().is_empty());
         if drain {
@@ -298,11 +303,9 @@ fn keys_held_at_a_stop_before_sync_stay_stored() {
     let memory = Memory::default();
     memory.hold_lists(true);
     for drain in [false, true] {
-        let cache = cache_of(&memory, "e5-stored");
-        let (seen, reconcile) = recording(&cache);
         let name = format!("e5-stored-{drain}");
-        let handle =
-            Controller::from_fn(name.as_str(), reconcile).store(store()).watch_cache(&cache, Watch::new()).start();
+        let (cache, seen, controller) = recorded(&memory, name.as_str());
+        let handle = controller.store(store()).watch_cache(&cache, Watch::new()).start();
         handle.enqueue("early".to_string());
         wait_for("the early key handed out", || queue_adds(&name) >= 2 || !seen.lock().is_empty());
         if drain {
@@ -315,11 +318,9 @@ fn keys_held_at_a_stop_before_sync_stay_stored() {
     }
     memory.hold_lists(false);
     for drain in [false, true] {
-        let cache = cache_of(&memory, "e5-stored");
-        let (seen, reconcile) = recording(&cache);
         let name = format!("e5-stored-{drain}");
-        let handle =
-            Controller::from_fn(name.as_str(), reconcile).store(store()).watch_cache(&cache, Watch::new()).start();
+        let (cache, seen, controller) = recorded(&memory, name.as_str());
+        let handle = controller.store(store()).watch_cache(&cache, Watch::new()).start();
         wait_for("the stored key reconciled", || reconciles_of(&seen, "early") == 1);
         handle.stop();
     }
@@ -354,9 +355,8 @@ fn an_unsynced_cache_is_reported_with_its_last_error_every_sync_timeout() {
 fn a_cache_watched_after_start_does_not_hold_the_controller() {
     let memory = Memory::default();
     memory.hold_lists(true);
-    let cache = cache_of(&memory, "e5-late");
-    let (seen, reconcile) = recording(&cache);
-    let handle = Controller::from_fn("e5-late", reconcile).start();
+    let (cache, seen, controller) = recorded(&memory, "e5-late");
+    let handle = controller.start();
     handle.watch_cache(&cache, Watch::new()).unwrap();
     handle.enqueue("other".to_string());
     wait_for("a key reconciled while the cache is unsynced", || saw(&seen, "other", None));
@@ -463,9 +463,8 @@ fn a_failing_map_or_predicate_is_counted_and_enqueues_the_changed_key() {
 fn lists_and_resyncs_use_the_list_priority_and_changes_theirs() {
     let memory = Memory::default();
     memory.put("listed", 1);
-    let cache = cache_of(&memory, "e7-items");
-    let (seen, reconcile) = recording(&cache);
-    let handle = Controller::from_fn("e7", reconcile).watch_cache(&cache, Watch::new().priority(5)).start();
+    let (cache, seen, controller) = recorded(&memory, "e7");
+    let handle = controller.watch_cache(&cache, Watch::new().priority(5)).start();
     wait_for("the listed key", || saw(&seen, "listed", Some(1)));
     memory.put("live", 1);
     wait_for("the live key", || saw(&seen, "live", Some(1)));
