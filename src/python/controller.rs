@@ -302,7 +302,10 @@ impl PyController {
         // drain finishes on a thread of its own, without a deadline.
         let own_worker = handle.on_own_worker();
         let timeout = if own_worker { None } else { timeout };
-        let mut stopping = handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) });
+        // Detached: a stop lets go of the caches it watched, and stopping
+        // one joins its thread, which may be waiting for the GIL.
+        let mut stopping =
+            py.detach(|| handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) }));
         // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
         drop(unstarted);
@@ -318,7 +321,7 @@ impl PyController {
                 Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
                 Err(e) => {
                     // Interrupted (Ctrl-C): give up a drain, stop at once.
-                    handle.stop();
+                    py.detach(|| handle.stop());
                     Err(e)
                 }
             }
@@ -565,7 +568,7 @@ impl PyController {
         if let Err(e) = started {
             // Nothing runs: the controller is stopped, as after stop() (a
             // failed claim left it unstopped).
-            this.handle.stop();
+            py.detach(|| this.handle.stop());
             this.release_callback();
             if let Some(store) = e.get_ref().and_then(|inner| inner.downcast_ref::<crate::StoreError>()) {
                 return Err(super::store::store_error(store));
