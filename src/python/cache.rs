@@ -15,11 +15,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList};
 
 use super::attach::{attach, python_thread_wrapper};
 use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
@@ -27,10 +27,9 @@ use super::callables::check_sync_callable;
 use super::duration::{timeout_from_py, unix_timestamp};
 use super::errors::describe;
 use super::key::PyKey;
-use super::queue::wait_interruptibly;
+use super::queue::wait_synced_interruptibly;
 use super::reconciler::log;
 use super::sources::{AnySource, SourceSpec};
-use crate::clock::deadline_after;
 use crate::{Cache, CacheError, encode_key};
 
 /// The Rust cache every Python cache is.
@@ -55,21 +54,10 @@ fn index_value(value: &PyKey) -> String {
     encode_key(value).into_iter().map(char::from).collect()
 }
 
-/// What an index function returned, as values: None is none; a str, int,
-/// bytes or tuple is one value (as `map`'s keys); any other iterable gives
-/// one value per element. A value that is not a valid key raises.
+/// What an index function returned, as values (read as `map`'s keys are:
+/// [`PyKey::one_or_many`]). A value that is not a valid key raises.
 fn index_values(values: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
-    if values.is_none() {
-        return Ok(Vec::new());
-    }
-    let one = values.is_instance_of::<PyString>()
-        || values.is_instance_of::<PyInt>()
-        || values.is_instance_of::<PyBytes>()
-        || values.is_instance_of::<PyTuple>();
-    if one {
-        return Ok(vec![index_value(&PyKey::from_py(values)?)]);
-    }
-    values.try_iter()?.map(|value| Ok(index_value(&PyKey::from_py(&value?)?))).collect()
+    Ok(PyKey::one_or_many(values)?.iter().map(index_value).collect())
 }
 
 /// A Python index function as the Rust cache's. It runs under the cache's
@@ -230,14 +218,8 @@ impl PyCache {
     /// unsynced, or after `timeout` seconds (None: no limit).
     #[pyo3(signature = (timeout=None))]
     fn wait_synced(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let timeout = timeout_from_py(timeout)?;
-        let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let cache = &self.cache;
-        let waited = wait_interruptibly(py, deadline, |slice| {
-            let synced = cache.wait_synced(slice);
-            (synced || cache.is_stopped()).then_some(synced)
-        })?;
-        Ok(waited.unwrap_or(false))
+        wait_synced_interruptibly(py, timeout_from_py(timeout)?, |slice| cache.wait_synced(slice))
     }
 
     /// A dict: name, synced, keys, position, relists, events, errors,

@@ -34,7 +34,7 @@ use super::election::PyLeaderElection;
 use super::key::PyKey;
 use super::limiters::limiter_from_py;
 use super::priority::priority_from_py;
-use super::queue::wait_interruptibly;
+use super::queue::{wait_interruptibly, wait_synced_interruptibly};
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use super::sharding::{PySharding, resync_from_py};
 use super::watch::watch_from_py;
@@ -304,8 +304,7 @@ impl PyController {
         let timeout = if own_worker { None } else { timeout };
         // Detached: a stop lets go of the caches it watched, and stopping
         // one joins its thread, which may be waiting for the GIL.
-        let mut stopping =
-            py.detach(|| handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) }));
+        let mut stopping = py.detach(|| handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) }));
         // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
         drop(unstarted);
@@ -858,16 +857,8 @@ impl PyController {
     /// seconds (None: no limit).
     #[pyo3(signature = (timeout=None))]
     fn wait_synced(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let timeout = timeout_from_py(timeout)?;
-        let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
         let handle = &self.handle;
-        let synced = wait_interruptibly(py, deadline, |slice| {
-            let began = Instant::now();
-            let synced = handle.wait_synced(slice);
-            // False before its slice ran out: a cache stopped unsynced.
-            (synced || slice.is_none_or(|slice| began.elapsed() < slice)).then_some(synced)
-        })?;
-        Ok(synced.unwrap_or(false))
+        wait_synced_interruptibly(py, timeout_from_py(timeout)?, |slice| handle.wait_synced(slice))
     }
 
     /// Runs `fn(stop_event)` (`stop_event` a `threading.Event`) on its own

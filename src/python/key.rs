@@ -72,6 +72,24 @@ impl PyKey {
         Err(PyTypeError::new_err(format!("keys must be str, int, bytes or tuples of these, not {type_name}")))
     }
 
+    /// The keys a user function returned where one key or several may come
+    /// back (a watch's `map`, an index function): a `str`, `int`, `bytes`
+    /// or tuple is one key (not its letters or items), None is none, any
+    /// other iterable gives one key per element.
+    pub(crate) fn one_or_many(value: &Bound<'_, PyAny>) -> PyResult<Vec<Self>> {
+        if value.is_none() {
+            return Ok(Vec::new());
+        }
+        let one = value.is_instance_of::<PyString>()
+            || value.is_instance_of::<PyInt>()
+            || value.is_instance_of::<PyBytes>()
+            || value.is_instance_of::<PyTuple>();
+        if one {
+            return Ok(vec![Self::from_py(value)?]);
+        }
+        value.try_iter()?.map(|key| Self::from_py(&key?)).collect()
+    }
+
     /// A Python value equal (`==`) to the one the key was made from.
     pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         Ok(match self {

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
 
 use super::attach::attach;
 use super::cache_values::PyObj;
@@ -20,22 +19,6 @@ use super::errors::describe;
 use super::key::PyKey;
 use super::sources::{AnySource, positive_from_py};
 use crate::Watch;
-
-/// What `map` returned, as keys: a str, int, bytes or tuple is one key;
-/// None is none; any other iterable (a list...) gives one key per element.
-fn keys_from_map(keys: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
-    if keys.is_none() {
-        return Ok(Vec::new());
-    }
-    let one = keys.is_instance_of::<PyString>()
-        || keys.is_instance_of::<PyInt>()
-        || keys.is_instance_of::<PyBytes>()
-        || keys.is_instance_of::<PyTuple>();
-    if one {
-        return Ok(vec![PyKey::from_py(keys)?]);
-    }
-    keys.try_iter()?.map(|key| PyKey::from_py(&key?)).collect()
-}
 
 fn optional_obj<'py>(py: Python<'py>, obj: Option<&PyObj>) -> Bound<'py, PyAny> {
     obj.map_or_else(|| py.None().into_bound(py), |obj| obj.to_py(py))
@@ -73,7 +56,7 @@ pub(crate) fn watch_from_py(
         Some(map) => Watch::with_fallible_map(move |key: &PyKey, obj: Option<&PyObj>| {
             attach(|py| {
                 let keys = key.to_py(py).and_then(|k| map.bind(py).call1((k, optional_obj(py, obj))));
-                keys.and_then(|keys| keys_from_map(&keys)).map_err(|e| describe(py, &e))
+                keys.and_then(|keys| PyKey::one_or_many(&keys)).map_err(|e| describe(py, &e))
             })
             .unwrap_or_else(|| Err(interpreter_gone()))
         }),

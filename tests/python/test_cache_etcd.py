@@ -28,14 +28,6 @@ def etcd() -> Iterator[Etcd]:
     server.close()
 
 
-@pytest.fixture
-def caches() -> Iterator[List[reconq.Cache]]:
-    made: List[reconq.Cache] = []
-    yield made
-    for cache in made:
-        cache.stop()
-
-
 def text_cache(caches: List[reconq.Cache], endpoint: str, name: str) -> reconq.Cache:
     cache = reconq.Cache(reconq.EtcdSource(endpoint, PREFIX, decode=bytes.decode), name=name)
     caches.append(cache)
@@ -55,9 +47,11 @@ def converged(cache: reconq.Cache, etcd: Etcd) -> None:
     wait_for(lambda: contents(cache) == etcd_items(etcd), what="the cache to hold what etcd holds")
 
 
-def cut_off(etcd: Etcd, caches: List[reconq.Cache], name: str) -> "tuple[Proxy, reconq.Cache]":
-    """A synced cache behind a proxy, then the proxy cut: returns once the
-    cache noticed the break."""
+def cut_off(etcd: Etcd, caches: List[reconq.Cache], keys: str, name: str) -> "tuple[Proxy, reconq.Cache]":
+    """`keys` put (each its own value), a synced cache of them behind a
+    proxy, then the proxy cut: returns once the cache noticed the break."""
+    for key in keys:
+        etcd.put(PREFIX + key, key)
     proxy = Proxy(etcd.endpoint)
     cache = text_cache(caches, proxy.endpoint, name)
     assert cache.wait_synced(PATIENCE)
@@ -126,9 +120,7 @@ def test_etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted(
 def test_deletes_made_while_the_stream_was_down_arrive_without_a_relist(
     etcd: Etcd, caches: List[reconq.Cache]
 ) -> None:
-    for key in "abc":
-        etcd.put(PREFIX + key, key)
-    proxy, cache = cut_off(etcd, caches, "deletes")
+    proxy, cache = cut_off(etcd, caches, "abc", "deletes")
     etcd.delete(PREFIX + "a")
     etcd.put(PREFIX + "b", "changed")
     proxy.heal()
@@ -140,9 +132,7 @@ def test_deletes_made_while_the_stream_was_down_arrive_without_a_relist(
 def test_a_compaction_past_the_cache_revision_relists_and_keys_gone_meanwhile_are_deleted(
     etcd: Etcd, caches: List[reconq.Cache]
 ) -> None:
-    for key in "abc":
-        etcd.put(PREFIX + key, key)
-    proxy, cache = cut_off(etcd, caches, "compacted")
+    proxy, cache = cut_off(etcd, caches, "abc", "compacted")
     etcd.delete(PREFIX + "b")
     etcd.put(PREFIX + "c", "changed")
     etcd.compact()

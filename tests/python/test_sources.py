@@ -23,39 +23,20 @@ from fake_system import System
 from waiting import PATIENCE, wait_for
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.NOTSET)
-        self.records: List[logging.LogRecord] = []
+class Records:
+    """The "reconq" log records of one test (pytest's caplog), as lines."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self.caplog = caplog
 
     def lines(self, level: int = logging.DEBUG) -> List[str]:
-        return [r.getMessage() for r in list(self.records) if r.levelno >= level]
+        return [r.getMessage() for r in list(self.caplog.records) if r.levelno >= level]
 
 
 @pytest.fixture
-def logs() -> Iterator[Records]:
-    logger = logging.getLogger("reconq")
-    handler = Records()
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-
-
-@pytest.fixture
-def caches() -> Iterator[List[reconq.Cache]]:
-    """Caches made by a test, stopped at its end."""
-    made: List[reconq.Cache] = []
-    yield made
-    for cache in made:
-        cache.stop()
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[Records]:
+    with caplog.at_level(logging.DEBUG, logger="reconq"):
+        yield Records(caplog)
 
 
 def started(caches: List[reconq.Cache], source: Any, **kw: Any) -> reconq.Cache:
