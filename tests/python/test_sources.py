@@ -6,6 +6,7 @@ state, never by sleeping."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -356,6 +357,26 @@ def test_a_stopped_cache_cannot_start_again_and_stop_is_idempotent() -> None:
         cache.start()
     assert system.streams_open == 0
     assert [row["state"] for row in reconq.status() if row.get("name") == "once"] == ["stopped"]
+
+
+def test_dropping_a_started_cache_stops_it_and_its_metrics_and_status_go_with_it() -> None:
+    saw_stop = threading.Event()
+
+    def changes(position: Any, stop: threading.Event) -> Iterator[reconq.Put]:
+        try:
+            stop.wait()
+            yield from ()
+        finally:
+            saw_stop.set()
+
+    cache = reconq.Cache(reconq.Source(lambda: ({"a": 1}, 1), changes), name="dropped")
+    cache.start()
+    assert cache.wait_synced(PATIENCE)
+    assert 'reconq_cache_keys{cache="dropped"} 1' in reconq.metrics_text()
+    del cache
+    gc.collect()
+    assert saw_stop.wait(PATIENCE), "the stop event was set"
+    wait_for(lambda: not [row for row in reconq.status() if row["name"] == "dropped"], what="its status row gone")
 
 
 def thread_cpu_seconds(name: str) -> float:

@@ -221,6 +221,18 @@ def test_lists_use_list_priority_live_changes_priority_and_resync_enqueues_every
     wait_for(lambda: "c" in seen.keys())
     priorities = {key: priority for key, _, priority in seen.calls}
     assert priorities == {"a": -5, "b": -5, "c": 7}, priorities
+    # A PollingSource's first poll is its list; later polls are live changes.
+    polled_items = {"p": 1}
+    polled = reconq.Cache(reconq.PollingSource(lambda: dict(polled_items), 0.05), name="polled-priorities")
+    seen_polled = Seen(polled)
+    p = reconq.Controller(seen_polled, name="polled-priorities")
+    stopped.append(p)
+    p.watch_cache(polled, priority=7, list_priority=-5)
+    p.start()
+    wait_for(lambda: seen_polled.keys() == ["p"])
+    polled_items["q"] = 2
+    wait_for(lambda: "q" in seen_polled.keys())
+    assert {key: priority for key, _, priority in seen_polled.calls} == {"p": -5, "q": 7}
     resynced = reconq.Cache(system.source(), name="resynced")
     seen_again = Seen(resynced)
     r = reconq.Controller(seen_again, name="resynced")
