@@ -347,6 +347,21 @@ fn an_unsynced_cache_is_reported_with_its_last_error_every_sync_timeout() {
     memory.change(|s| s.list_error = None);
     assert!(handle.wait_synced(Some(PATIENCE)));
     handle.stop();
+
+    // A cache stopped before it synced: the ERROR says so.
+    memory.hold_lists(true);
+    let cache = cache_of(&memory, "e5-stopped");
+    let handle = Controller::from_fn("e5-gone", |_: &String, _: &Context| Ok(Action::Done))
+        .sync_timeout(ms(50))
+        .unwrap()
+        .watch_cache(&cache, Watch::new())
+        .start();
+    cache.stop();
+    wait_for("the ERROR saying the cache stopped", || {
+        logged(&["ERROR", "e5-gone", "e5-stopped", "the cache was stopped"])
+    });
+    assert!(!handle.wait_synced(Some(ms(0))));
+    handle.stop();
 }
 
 /// E5: a cache watched after start does not hold the controller: its

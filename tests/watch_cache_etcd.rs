@@ -10,6 +10,7 @@ mod common;
 #[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
 mod etcd;
 #[path = "common/proxy.rs"]
+#[allow(dead_code)] // freezing serves cache_etcd.rs
 mod proxy;
 
 use std::sync::Arc;

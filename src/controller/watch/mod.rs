@@ -217,10 +217,10 @@ impl<K: ControllerKey> Watches<K> {
                 Self::keep_pending(&mut state, cache, watch);
                 return Ok(());
             }
-            state.caches.push(Arc::new(cache.clone()));
         }
         // Outside the lock: the subscription replays the cache's keys.
         let attached = feed::attach(core, cache, watch)?;
+        self.state.lock().caches.push(Arc::new(cache.clone()));
         self.keep(attached);
         Ok(())
     }

@@ -82,7 +82,7 @@ impl SyncLatch {
             }
             drop(unsynced);
             for cache in self.caches.iter().filter(|c| !c.synced()) {
-                let error = cache.last_error();
+                let error = if cache.is_stopped() { Some("the cache was stopped".into()) } else { cache.last_error() };
                 logs::watch_not_synced(&core.name, cache.name(), started.elapsed(), error.as_deref());
             }
             next += self.sync_timeout;
