@@ -178,6 +178,28 @@ def test_a_stalled_iterator_is_ended_by_the_stop_event_when_the_cache_stops() ->
     cache.stop()  # idempotent
 
 
+def test_a_stream_left_at_stop_is_closed_before_stop_returns() -> None:
+    """A generator the cache leaves mid-stream (it ignores its stop event
+    but yields) is released, its `finally` run, before `stop()` returns."""
+    closed = threading.Event()
+
+    def changes(position: Any, stop: threading.Event) -> Iterator[reconq.Bookmark]:
+        try:
+            n = 0
+            while True:
+                n += 1
+                stop.wait(0.01)
+                yield reconq.Bookmark(n)
+        finally:
+            closed.set()
+
+    cache = reconq.Cache(reconq.Source(lambda: ({}, 0), changes), name="left")
+    cache.start()
+    wait_for(lambda: (cache.stats()["position"] or 0) > 3)
+    cache.stop()
+    assert closed.is_set()
+
+
 def test_a_list_that_raises_is_retried_after_a_backoff_and_shown_in_the_status(caches: List[reconq.Cache]) -> None:
     system = System({"a": 1})
     system.list_faults.append(ConnectionError("refused"))
