@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
 
 import reconq
+from cpu import thread_cpu_seconds
 from etcd_server import Etcd
 from proxy import Proxy
 from waiting import PATIENCE, wait_for
@@ -193,3 +195,15 @@ def test_a_controller_started_before_etcd_is_up_reconciles_every_key_once_it_is(
         c.stop()
         proxy.close()
     assert cache.stats()["synced"]
+
+
+def test_an_idle_cache_blocked_on_its_etcd_watch_uses_no_cpu(etcd: Etcd, caches: List[reconq.Cache]) -> None:
+    etcd.put(PREFIX + "a", "1")
+    cache = text_cache(caches, etcd.endpoint, "e")
+    assert cache.wait_synced(PATIENCE)
+    etcd.put(PREFIX + "b", "2")
+    converged(cache, etcd)  # the watch is open: it delivered a put
+    before = thread_cpu_seconds("reconq-cache-e")
+    time.sleep(2)  # the window measured, not a wait for a condition
+    used = thread_cpu_seconds("reconq-cache-e") - before
+    assert used <= 0.02, f"G8: an idle etcd cache used {used} s of CPU in 2 s"

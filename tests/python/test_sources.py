@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 import reconq
+from cpu import thread_cpu_seconds
 from fake_system import System
 from waiting import PATIENCE, wait_for
 
@@ -399,22 +400,6 @@ def test_dropping_a_started_cache_stops_it_and_its_metrics_and_status_go_with_it
     gc.collect()
     assert saw_stop.wait(PATIENCE), "the stop event was set"
     wait_for(lambda: not [row for row in reconq.status() if row["name"] == "dropped"], what="its status row gone")
-
-
-def thread_cpu_seconds(name: str) -> float:
-    """CPU time (user + system) of this process's thread named `name` (its
-    first 15 characters, as Linux keeps them)."""
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/self/task/{task}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if comm == name[:15]:
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    raise AssertionError(f"no thread named {name!r}")
 
 
 def test_an_idle_cache_blocked_on_a_python_stream_uses_no_cpu(caches: List[reconq.Cache]) -> None:
