@@ -161,19 +161,6 @@ impl fmt::Display for PyKey {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn debug_is_python_like() {
-        let k =
-            PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
-        assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
-        assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
-    }
-}
-
 /// The documented key encoding (`crate::key_encoding`): the same bytes as
 /// Rust keys of the same shape, for the store and for `partition_of`.
 impl StoreKey for PyKey {
@@ -211,5 +198,18 @@ impl StoreKey for PyKey {
                 Some(PyKey::Tuple(items.into()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_python_like() {
+        let k =
+            PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
+        assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
+        assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
     }
 }
