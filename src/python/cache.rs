@@ -14,7 +14,7 @@
 //!   at exit; dropping the last reference to a running cache stops it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
@@ -44,8 +44,10 @@ pub(crate) type PyCacheCore = Cache<AnySource>;
 #[pyclass(name = "Cache", module = "reconq", frozen, weakref)]
 pub(crate) struct PyCache {
     pub(crate) cache: PyCacheCore,
-    /// `start()` was called: dropping the last reference stops it.
-    started: AtomicBool,
+    /// The process whose `start()` started it (0: none): dropping the last
+    /// reference stops it there. A forked child has no cache threads, so
+    /// dropping its copy must not try to stop (and join) them.
+    started_by: AtomicU32,
 }
 
 /// An index value as the Rust index keeps it: its key encoding, one
@@ -125,7 +127,7 @@ impl PyCache {
             CacheError::Stopped { .. } => PyRuntimeError::new_err(format!("{e}: make a new Cache")),
             CacheError::Thread(_) => PyRuntimeError::new_err(e.to_string()),
         })?;
-        slf.get().started.store(true, Ordering::Relaxed);
+        slf.get().started_by.store(std::process::id(), Ordering::Relaxed);
         lifecycle(slf.py(), "add_cache", slf)
     }
 }
@@ -159,7 +161,7 @@ impl PyCache {
             builder = builder.index(index.clone(), index_fn(Arc::clone(&cache_name), index, function));
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { cache, started: AtomicBool::new(false) })
+        Ok(Self { cache, started_by: AtomicU32::new(0) })
     }
 
     #[getter]
@@ -281,11 +283,11 @@ impl PyCache {
 }
 
 impl Drop for PyCache {
-    /// A started cache whose last reference went stops (its thread is
-    /// joined on a thread of its own: this one may hold the GIL the
-    /// cache's thread waits for).
+    /// A cache started in this process whose last reference went stops
+    /// (its thread is joined on a thread of its own: this one may hold the
+    /// GIL the cache's thread waits for).
     fn drop(&mut self) {
-        if self.started.load(Ordering::Relaxed) && !self.cache.is_stopped() {
+        if self.started_by.load(Ordering::Relaxed) == std::process::id() && !self.cache.is_stopped() {
             let cache = self.cache.clone();
             let _ = std::thread::Builder::new().name("reconq-cache-stop".into()).spawn(move || cache.stop());
         }

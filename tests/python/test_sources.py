@@ -402,6 +402,36 @@ def test_dropping_a_started_cache_stops_it_and_its_metrics_and_status_go_with_it
     wait_for(lambda: not [row for row in reconq.status() if row["name"] == "dropped"], what="its status row gone")
 
 
+def test_a_forked_child_dropping_its_copy_of_a_running_cache_leaves_the_parent_s_threads_alone() -> None:
+    """The child of a fork has none of the cache's threads: dropping its copy
+    must not try to stop (join) them, and the parent's cache runs on."""
+    script = textwrap.dedent(
+        """
+        import gc, os, reconq
+        def changes(position, stop):
+            stop.wait()
+            yield from ()
+        cache = reconq.Cache(reconq.Source(lambda: ({"a": 1}, 1), changes), name="forked")
+        cache.start()
+        assert cache.wait_synced(10)
+        pid = os.fork()
+        if pid == 0:
+            del cache
+            gc.collect()
+            tasks = os.listdir("/proc/self/task")
+            names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks]
+            os._exit(3 if "reconq-cache-st" in names else 0)
+        _, status = os.waitpid(pid, 0)
+        print("child exit code", os.waitstatus_to_exitcode(status))
+        assert cache.get("a") == 1 and cache.stats()["errors"] == 0
+        cache.stop()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "child exit code 0" in proc.stdout, (proc.stdout, proc.stderr)
+
+
 def test_an_idle_cache_blocked_on_a_python_stream_uses_no_cpu(caches: List[reconq.Cache]) -> None:
     system = System({"a": 1})
     cache = started(caches, system.source(), name="i")
