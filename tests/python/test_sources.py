@@ -158,19 +158,26 @@ def test_a_source_without_positions_relists_after_every_break(caches: List[recon
     converged(cache, system)
 
 
-def test_a_stalled_iterator_is_ended_by_the_stop_event_when_the_cache_stops() -> None:
+def stalled_cache(name: str) -> "tuple[reconq.Cache, threading.Event]":
+    """A started, synced cache whose stream stalls (nothing until the cache
+    stops), and the event its iterator sets when it ends."""
     saw_stop = threading.Event()
 
     def changes(position: Any, stop: threading.Event) -> Iterator[reconq.Put]:
         try:
-            stop.wait()  # stalls: nothing until the cache stops
+            stop.wait()
             yield from ()
         finally:
             saw_stop.set()
 
-    cache = reconq.Cache(reconq.Source(lambda: ({"a": 1}, 1), changes), name="stalled")
+    cache = reconq.Cache(reconq.Source(lambda: ({"a": 1}, 1), changes), name=name)
     cache.start()
     assert cache.wait_synced(PATIENCE)
+    return cache, saw_stop
+
+
+def test_a_stalled_iterator_is_ended_by_the_stop_event_when_the_cache_stops() -> None:
+    cache, saw_stop = stalled_cache("stalled")
     stopper = threading.Thread(target=cache.stop)
     stopper.start()
     stopper.join(PATIENCE)
@@ -383,18 +390,7 @@ def test_a_stopped_cache_cannot_start_again_and_stop_is_idempotent() -> None:
 
 
 def test_dropping_a_started_cache_stops_it_and_its_metrics_and_status_go_with_it() -> None:
-    saw_stop = threading.Event()
-
-    def changes(position: Any, stop: threading.Event) -> Iterator[reconq.Put]:
-        try:
-            stop.wait()
-            yield from ()
-        finally:
-            saw_stop.set()
-
-    cache = reconq.Cache(reconq.Source(lambda: ({"a": 1}, 1), changes), name="dropped")
-    cache.start()
-    assert cache.wait_synced(PATIENCE)
+    cache, saw_stop = stalled_cache("dropped")
     assert 'reconq_cache_keys{cache="dropped"} 1' in reconq.metrics_text()
     del cache
     gc.collect()
