@@ -72,6 +72,24 @@ impl PyKey {
         Err(PyTypeError::new_err(format!("keys must be str, int, bytes or tuples of these, not {type_name}")))
     }
 
+    /// The keys a user function returned where one key or several may come
+    /// back (a watch's `map`, an index function): a `str`, `int`, `bytes`
+    /// or tuple is one key (not its letters or items), None is none, any
+    /// other iterable gives one key per element.
+    pub(crate) fn one_or_many(value: &Bound<'_, PyAny>) -> PyResult<Vec<Self>> {
+        if value.is_none() {
+            return Ok(Vec::new());
+        }
+        let one = value.is_instance_of::<PyString>()
+            || value.is_instance_of::<PyInt>()
+            || value.is_instance_of::<PyBytes>()
+            || value.is_instance_of::<PyTuple>();
+        if one {
+            return Ok(vec![Self::from_py(value)?]);
+        }
+        value.try_iter()?.map(|key| Self::from_py(&key?)).collect()
+    }
+
     /// A Python value equal (`==`) to the one the key was made from.
     pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         Ok(match self {
@@ -143,19 +161,6 @@ impl fmt::Display for PyKey {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn debug_is_python_like() {
-        let k =
-            PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
-        assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
-        assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
-    }
-}
-
 /// The documented key encoding (`crate::key_encoding`): the same bytes as
 /// Rust keys of the same shape, for the store and for `partition_of`.
 impl StoreKey for PyKey {
@@ -193,5 +198,18 @@ impl StoreKey for PyKey {
                 Some(PyKey::Tuple(items.into()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_python_like() {
+        let k =
+            PyKey::Tuple(vec![PyKey::Str("a".into()), PyKey::Int(-3), PyKey::Bytes(Arc::from(&b"x\0'"[..]))].into());
+        assert_eq!(format!("{k:?}"), r#"("a", -3, b'x\x00\'')"#);
+        assert_eq!(format!("{:?}", PyKey::Tuple(vec![PyKey::Int(1)].into())), "(1,)");
     }
 }

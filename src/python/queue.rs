@@ -70,6 +70,25 @@ pub(crate) fn wait_interruptibly<T: Send>(
     }
 }
 
+/// A `wait_synced(timeout)` of the engine (a cache's, a controller's), as
+/// [`wait_interruptibly`] runs it: `wait(slice)` returns whether synced,
+/// and `false` at once when it never will be (a cache stopped unsynced),
+/// which a `false` before its slice ran out tells apart from a slice
+/// that passed.
+pub(crate) fn wait_synced_interruptibly(
+    py: Python<'_>,
+    timeout: Option<Duration>,
+    wait: impl Fn(Option<Duration>) -> bool + Sync,
+) -> PyResult<bool> {
+    let deadline = timeout.map(|t| crate::clock::deadline_after(Instant::now(), t));
+    let synced = wait_interruptibly(py, deadline, |slice| {
+        let began = Instant::now();
+        let synced = wait(slice);
+        (synced || slice.is_none_or(|slice| began.elapsed() < slice)).then_some(synced)
+    })?;
+    Ok(synced.unwrap_or(false))
+}
+
 /// A deduplicating, delaying, rate-limiting work queue (client-go's
 /// `workqueue` semantics). Keys are str, int, bytes or tuples of these.
 #[pyclass(name = "WorkQueue", module = "reconq", frozen)]

@@ -77,9 +77,9 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
     Ok(d)
 }
 
-/// Every live Controller and every named controller of every live Manager
-/// in this process: one dict each, controllers first, each kind sorted by
-/// name. See the stub (`reconq._native.pyi`) for the keys.
+/// Every live Controller, every named controller of every live Manager and
+/// every live Cache in this process: one dict each, controllers first, then
+/// periodic ones, then caches, each kind sorted by name. See the stub (`reconq._native.pyi`) for the keys.
 #[pyfunction]
 fn status<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
     let entries = py.detach(snapshot);
