@@ -251,11 +251,9 @@ mod tests {
     /// still count as its last listing, compared with what was held.
     #[test]
     fn of_a_key_listed_twice_the_last_counts() {
-        let mut c = contents();
-        let mut failures = Vec::new();
-        c.put(1, "apple".into(), Some(1), &mut failures);
-        c.put(2, "avocado".into(), Some(1), &mut failures);
         let item = |key, obj: &str, version| Item { key, obj: obj.to_owned(), version: Some(version) };
+        let (mut c, mut failures) = (contents(), Vec::new());
+        assert_eq!(c.replace(vec![item(1, "apple", 1), item(2, "avocado", 1)], &mut failures).len(), 2);
         let listed = vec![item(1, "banana", 2), item(2, "cherry", 2), item(1, "apple", 1), item(2, "date", 3)];
         let changes = c.replace(listed, &mut failures);
         let changed: Vec<(u32, Option<&str>, Option<&str>)> = changes
