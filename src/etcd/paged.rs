@@ -7,13 +7,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use std::time::Duration;
-
 use super::{EtcdClient, EtcdError, RawKeyValue, int_field, prefix_end, raw_key_value};
-
-/// How long one page may take: 10,000 keys of a few KB each from a busy
-/// etcd. Only the thread listing waits on it.
-const PAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One page of a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +29,7 @@ impl EtcdClient {
             "revision": revision.to_string(),
             "limit": limit.to_string(),
         });
-        let reply = self.call_within("kv/range", &body, PAGE_TIMEOUT)?;
+        let reply = self.call("kv/range", &body)?;
         let header_revision = int_field(reply.get("header").unwrap_or(&Value::Null), "revision")?;
         let kvs = reply.get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
         Ok(Page {

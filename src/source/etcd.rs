@@ -26,12 +26,15 @@ use crate::logs;
 /// 1,000, 0.9 s in pages of 10,000, 0.8 s in one call; docs/benchmarks.md).
 const DEFAULT_PAGE_SIZE: usize = 10_000;
 
-/// Keys of the first page at most, before the size of a key is known.
-const FIRST_PAGE: usize = 1000;
+/// Keys of the first page at most, before the size of a key is known:
+/// few, so even keys of etcd's largest values (1.5 MB unless
+/// `--max-request-bytes` says otherwise) fit one reply. A first page of
+/// any size costs etcd the same walk over the prefix.
+const FIRST_PAGE: usize = 10;
 
 /// The size of the gateway's reply a page after the first aims at, so
 /// large values come in more pages instead of one reply too large to
-/// read within its timeout (and its memory).
+/// read within the client's 2 s call timeout.
 const PAGE_BYTES: usize = 4 << 20;
 
 /// etcd's default `--experimental-watch-progress-notify-interval` (10
@@ -101,8 +104,8 @@ impl<O> EtcdSource<O> {
     }
 
     /// Keys read per call of the list at most (positive; default 10,000).
-    /// The first page holds at most 1,000, the next ones about 4 MB of
-    /// the gateway's JSON each (by the size of the keys and values read so
+    /// The first page holds at most 10, the next ones about 4 MB of the
+    /// gateway's JSON each (by the size of the keys and values read so
     /// far), so pages of large values stay small without setting this.
     pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
         if keys == 0 {
