@@ -101,6 +101,28 @@ fn a_cache_lists_in_pages_then_follows_puts_and_deletes_with_versions_and_positi
     cache.stop();
 }
 
+/// Large values come in pages of about 4 MB: 1,000 keys of 10 KB (13 MB
+/// of JSON) are more than ureq reads by default.
+#[test]
+fn a_prefix_of_large_values_is_listed_in_smaller_pages() {
+    let etcd = Etcd::start();
+    let value = |i: usize| format!("{i:05}{}", "x".repeat(10_000));
+    let kvs: Vec<(String, String)> = (0..1100).map(|i| (format!("{PREFIX}k{i:04}"), value(i))).collect();
+    etcd.put_all(&kvs, 50);
+    let ranges_before = etcd.requests().get("Range").copied().unwrap_or(0);
+    let (cache, _heard, _s) = cache_of(&etcd.endpoint, "large");
+    assert!(cache.wait_synced(Some(PATIENCE)), "{:?}", cache.stats().last_error);
+    assert_eq!(cache.len(), 1100);
+    // 10 keys, then pages of 311 (4 MiB of 13,456 bytes of JSON each).
+    let pages = etcd.requests()["Range"] - ranges_before;
+    assert!(pages >= 5, "{pages} pages");
+    for i in [0, 999, 1000, 1099] {
+        assert_eq!(cache.get(&format!("k{i:04}")).as_deref(), Some(&value(i)));
+    }
+    assert_eq!(cache.stats().errors, 0);
+    cache.stop();
+}
+
 #[test]
 fn etcd_restarted_with_its_data_under_a_running_cache_is_resumed_not_relisted() {
     let mut etcd = Etcd::start();

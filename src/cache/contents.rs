@@ -5,6 +5,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
+
+/// Keys come from the source, not from whoever sends requests: a fast
+/// hash (the queue's) rather than SipHash.
+type Hasher = foldhash::fast::RandomState;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -32,16 +36,16 @@ struct Entry<O, V> {
 }
 
 pub(super) struct Contents<K, O, V> {
-    entries: HashMap<K, Entry<O, V>>,
+    entries: HashMap<K, Entry<O, V>, Hasher>,
     index_fns: super::Indexes<K, O>,
     /// Per index: value → keys.
-    indexes: Vec<HashMap<String, HashSet<K>>>,
+    indexes: Vec<HashMap<String, HashSet<K, Hasher>, Hasher>>,
 }
 
 impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
     pub(super) fn new(index_fns: super::Indexes<K, O>) -> Self {
-        let indexes = index_fns.iter().map(|_| HashMap::new()).collect();
-        Self { entries: HashMap::new(), index_fns, indexes }
+        let indexes = index_fns.iter().map(|_| HashMap::default()).collect();
+        Self { entries: HashMap::default(), index_fns, indexes }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -79,11 +83,8 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         version: Option<V>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Applied<K, O> {
-        let obj = Arc::new(obj);
         let old = self.remove(&key);
-        let indexed = self.index(&key, &obj, failures);
-        self.entries.insert(key.clone(), Entry { obj: Arc::clone(&obj), version, indexed });
-        Applied { key, old, new: Some(obj), listed: false }
+        self.insert(key, obj, version, old, failures)
     }
 
     /// `key` is gone: a change if it was there.
@@ -94,33 +95,74 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
 
     /// The contents become `items` (a list): keys missing from it are
     /// deleted, keys listed with an equal object and version are no
-    /// change.
+    /// change (their entries are kept as they are), and of a key listed
+    /// twice the last one counts. The deletes come first, then the puts
+    /// in the order listed.
+    ///
+    /// One pass, three hash lookups per item: the entries held before
+    /// are moved out, each item takes its key's old entry (kept if
+    /// unchanged), and what is left of them is gone. The items are read
+    /// from the last, so a key already in the new entries was listed
+    /// again later.
     pub(super) fn replace(
         &mut self,
         items: Vec<Item<K, O, V>>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Vec<Applied<K, O>> {
-        let mut listed: HashMap<K, (O, Option<V>)> = HashMap::with_capacity(items.len());
-        for item in items {
-            listed.insert(item.key, (item.obj, item.version));
-        }
-        let gone: Vec<K> = self.entries.keys().filter(|k| !listed.contains_key(k)).cloned().collect();
-        let mut changes: Vec<Applied<K, O>> = gone.into_iter().filter_map(|key| self.delete(key)).collect();
-        for (key, (obj, version)) in listed {
-            let unchanged = self.entries.get(&key).is_some_and(|e| *e.obj == obj && e.version == version);
-            if !unchanged {
-                changes.push(self.put(key, obj, version, failures));
+        let fresh = HashMap::with_capacity_and_hasher(items.len(), Hasher::default());
+        let mut before = std::mem::replace(&mut self.entries, fresh);
+        let mut puts = Vec::new();
+        for Item { key, obj, version } in items.into_iter().rev() {
+            if self.entries.contains_key(&key) {
+                continue;
+            }
+            match before.remove(&key) {
+                Some(entry) if *entry.obj == obj && entry.version == version => {
+                    self.entries.insert(key, entry);
+                }
+                previous => {
+                    let old = previous.map(|entry| self.unindex(&key, entry));
+                    puts.push(self.insert(key, obj, version, old, failures));
+                }
             }
         }
+        let gone = before.into_iter().map(|(key, entry)| {
+            let old = self.unindex(&key, entry);
+            Applied { key, old: Some(old), new: None, listed: false }
+        });
+        let mut changes: Vec<Applied<K, O>> = gone.collect();
+        changes.extend(puts.into_iter().rev());
         for change in &mut changes {
             change.listed = true;
         }
         changes
     }
 
+    /// Holds `obj` under `key` (not held now) and indexes it; `old` was
+    /// held before.
+    fn insert(
+        &mut self,
+        key: K,
+        obj: O,
+        version: Option<V>,
+        old: Option<Arc<O>>,
+        failures: &mut Vec<IndexFailure<K>>,
+    ) -> Applied<K, O> {
+        let obj = Arc::new(obj);
+        let indexed = self.index(&key, &obj, failures);
+        self.entries.insert(key.clone(), Entry { obj: Arc::clone(&obj), version, indexed });
+        Applied { key, old, new: Some(obj), listed: false }
+    }
+
     /// Takes `key` out of the map and every index; its object if it was in.
     fn remove(&mut self, key: &K) -> Option<Arc<O>> {
         let entry = self.entries.remove(key)?;
+        Some(self.unindex(key, entry))
+    }
+
+    /// Takes `key` (whose entry was `entry`, no longer in the map) out of
+    /// every index; its object.
+    fn unindex(&mut self, key: &K, entry: Entry<O, V>) -> Arc<O> {
         for (index, values) in self.indexes.iter_mut().zip(&entry.indexed) {
             for value in values {
                 if let Some(keys) = index.get_mut(value) {
@@ -131,7 +173,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
                 }
             }
         }
-        Some(entry.obj)
+        entry.obj
     }
 
     /// Puts `key` in every index under the values its functions give.
@@ -203,5 +245,26 @@ mod tests {
         assert_eq!(c.by_index("first", "b").unwrap(), [13]);
         assert_eq!(c.len(), 2);
         assert_eq!(c.delete(7).map(|a| a.key), None, "deleting an absent key is no change");
+    }
+
+    /// A relist reads its items from the last: a key listed twice must
+    /// still count as its last listing, compared with what was held.
+    #[test]
+    fn of_a_key_listed_twice_the_last_counts() {
+        let item = |key, obj: &str, version| Item { key, obj: obj.to_owned(), version: Some(version) };
+        let (mut c, mut failures) = (contents(), Vec::new());
+        assert_eq!(c.replace(vec![item(1, "apple", 1), item(2, "avocado", 1)], &mut failures).len(), 2);
+        let listed = vec![item(1, "banana", 2), item(2, "cherry", 2), item(1, "apple", 1), item(2, "date", 3)];
+        let changes = c.replace(listed, &mut failures);
+        let changed: Vec<(u32, Option<&str>, Option<&str>)> = changes
+            .iter()
+            .map(|a| (a.key, a.old.as_deref().map(String::as_str), a.new.as_deref().map(String::as_str)))
+            .collect();
+        assert_eq!(changed, [(2, Some("avocado"), Some("date"))], "1 is listed last as it was held");
+        assert_eq!(c.get(&1).map(|o| o.as_str()), Some("apple"));
+        assert_eq!(c.version(&2), Some(&3));
+        assert_eq!(c.by_index("first", "a").unwrap(), [1]);
+        assert_eq!(c.by_index("first", "d").unwrap(), [2]);
+        assert_eq!(c.len(), 2);
     }
 }

@@ -40,6 +40,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// waits on it.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The largest reply read (ureq's default is 10 MB): a page of a list
+/// may be larger before the source knows the size of its values.
+const MAX_REPLY_BYTES: u64 = 64 << 20;
+
 /// The most keys [`EtcdClient::create_if_absent`] creates in one
 /// transaction: etcd refuses transactions of more than `--max-txn-ops`
 /// operations per branch (128 by default); one is left for the read.
@@ -230,7 +234,7 @@ impl EtcdClient {
             match request.send(body.to_string()) {
                 Ok(mut response) => {
                     let status = response.status();
-                    let text = response.body_mut().read_to_string()?;
+                    let text = response.body_mut().with_config().limit(MAX_REPLY_BYTES).read_to_string()?;
                     if !status.is_success() {
                         last = refused(endpoint, status, &text);
                         continue;

@@ -19,9 +19,23 @@ use crate::error::InvalidArgument;
 use crate::etcd::{EtcdClient, EtcdError, RawKeyValue, WatchItem, key_after};
 use crate::logs;
 
-/// Keys read per call of the list by default: each page is one call
-/// within the client's call timeout.
-const DEFAULT_PAGE_SIZE: usize = 1000;
+/// Keys read per call of the list by default, at most. Few and large:
+/// etcd 3.4 walks every key from a page's start to the prefix's end for
+/// each page (to count them), so a list of n keys in pages of p costs it
+/// n²/2p key visits (100,000 keys: 1.8 s through the gateway in pages of
+/// 1,000, 0.9 s in pages of 10,000, 0.8 s in one call; docs/benchmarks.md).
+const DEFAULT_PAGE_SIZE: usize = 10_000;
+
+/// Keys of the first page at most, before the size of a key is known:
+/// few, so even keys of etcd's largest values (1.5 MB unless
+/// `--max-request-bytes` says otherwise) fit one reply. A first page of
+/// any size costs etcd the same walk over the prefix.
+const FIRST_PAGE: usize = 10;
+
+/// The size of the gateway's reply a page after the first aims at, so
+/// large values come in more pages instead of one reply too large to
+/// read within the client's 2 s call timeout.
+const PAGE_BYTES: usize = 4 << 20;
 
 /// etcd's default `--experimental-watch-progress-notify-interval` (10
 /// min) and a minute of slack.
@@ -113,9 +127,10 @@ impl<O, K> EtcdSource<O, K> {
         Ok(self)
     }
 
-    /// Keys read per call of the list (positive; default 1000): smaller
-    /// pages for large values, so each call ends within the client's
-    /// 2 s call timeout.
+    /// Keys read per call of the list at most (positive; default 10,000).
+    /// The first page holds at most 10, the next ones about 4 MB of the
+    /// gateway's JSON each (by the size of the keys and values read so
+    /// far), so pages of large values stay small without setting this.
     pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
         if keys == 0 {
             return Err(InvalidArgument::new("EtcdSource: page_size must be positive, got 0"));
@@ -165,6 +180,18 @@ impl<O, K> EtcdSource<O, K> {
     }
 }
 
+/// The keys of the page after `kvs`: about [`PAGE_BYTES`] of the
+/// gateway's JSON at the size of these (base64 is 4/3 of the bytes; the
+/// revisions and field names about 100 bytes more per key), at most
+/// `page_size`, at least one.
+fn next_page_size(kvs: &[RawKeyValue], page_size: usize) -> usize {
+    let json: usize = kvs.iter().map(|kv| (kv.key.len() + kv.value.len()) * 4 / 3 + 100).sum();
+    match json {
+        0 => page_size,
+        json => (PAGE_BYTES * kvs.len() / json).clamp(1, page_size),
+    }
+}
+
 /// Compaction and a reset of etcd's history expire the position.
 fn source_error(e: EtcdError) -> SourceError {
     if e.reset().is_some() || e.compacted().is_some() {
@@ -200,12 +227,14 @@ where
         self.client.accept_reset();
         let mut items = Vec::new();
         let (mut from, mut revision) = (self.prefix.as_bytes().to_vec(), 0);
+        let mut limit = self.page_size.min(FIRST_PAGE);
         loop {
             if stop.is_set() {
                 return Err(SourceError::new("stopped"));
             }
-            let page = self.client.range_page(&self.prefix, &from, revision, self.page_size).map_err(source_error)?;
+            let page = self.client.range_page(&self.prefix, &from, revision, limit).map_err(source_error)?;
             revision = page.revision;
+            limit = next_page_size(&page.kvs, self.page_size);
             for kv in &page.kvs {
                 if let Some((key, obj)) = self.put(kv) {
                     items.push(Item { key, obj, version: Some(kv.mod_revision) });
@@ -260,6 +289,18 @@ mod tests {
 
     fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
         RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), mod_revision }
+    }
+
+    #[test]
+    fn pages_after_the_first_hold_about_four_megabytes() {
+        let small: Vec<RawKeyValue> = (0..1000).map(|i| kv(format!("k{i}").as_bytes(), "v", 1)).collect();
+        assert_eq!(next_page_size(&small, 10_000), 10_000, "small values: the most");
+        let big = "x".repeat(30_000);
+        let large: Vec<RawKeyValue> = (0..10).map(|i| kv(format!("k{i}").as_bytes(), &big, 1)).collect();
+        assert_eq!(next_page_size(&large, 10_000), 104, "4 MiB in keys of 40,106 bytes of JSON");
+        let huge = vec![kv(b"k", &"x".repeat(10 << 20), 1)];
+        assert_eq!(next_page_size(&huge, 10_000), 1, "at least one");
+        assert_eq!(next_page_size(&[], 10_000), 10_000);
     }
 
     /// A resume after any event must not skip the rest of its transaction:

@@ -143,6 +143,18 @@ impl Etcd {
         self.call("kv/put", &format!(r#"{{"key":"{}","value":"{}"}}"#, b64(key), b64(value)));
     }
 
+    /// Puts every `(key, value)` of `kvs`, `per_txn` to a transaction
+    /// (etcd refuses more than 128 operations, or 1.5 MB, in one).
+    pub fn put_all(&self, kvs: &[(String, String)], per_txn: usize) {
+        for chunk in kvs.chunks(per_txn) {
+            let puts: Vec<String> = chunk
+                .iter()
+                .map(|(k, v)| format!(r#"{{"requestPut":{{"key":"{}","value":"{}"}}}}"#, b64(k), b64(v)))
+                .collect();
+            self.call("kv/txn", &format!(r#"{{"success":[{}]}}"#, puts.join(",")));
+        }
+    }
+
     /// Puts `key` `times` times: the store's revision grows by `times`.
     pub fn bump(&self, key: &str, times: usize) {
         for _ in 0..times {
