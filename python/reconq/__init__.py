@@ -10,8 +10,10 @@ a ``str`` subclass as a plain ``str``.
 
 from . import _lifecycle  # noqa: F401  (exit and fork: reconq._lifecycle)
 from ._native import (
+    Cache,
     Context,
     Controller,
+    EtcdSource,
     ExponentialBackoff,
     FakeClock,
     FastSlow,
@@ -19,9 +21,11 @@ from ._native import (
     Manager,
     MaxOf,
     MetricsServer,
+    PollingSource,
     RateLimiter,
     Sharding,
     ShutDown,
+    Source,
     SqliteStore,
     StoreLocked,
     TokenBucket,
@@ -37,17 +41,22 @@ from ._native import (
     start_http_server,
 )
 from ._results import PermanentError, Requeue, RetryAfter
+from ._sources import Bookmark, Delete, PositionExpired, Put
 from ._types import Key
 
 # At exit, one hook stops running controllers, then managers, then
-# elections; after os.fork() the child forgets the parent's (reconq._lifecycle).
+# elections, then caches; after os.fork() the child forgets the parent's (reconq._lifecycle).
 #
 # `reconq.status()` and `reconq.format_status()` report every live
 # controller and manager controller; `python -m reconq.status` shows the
 # table for a small demo (reconq/status.py).
 
 __all__ = [
+    "Bookmark",
+    "Cache",
     "Context",
+    "Delete",
+    "EtcdSource",
     "Key",
     "LeaderElection",
     "Controller",
@@ -58,11 +67,15 @@ __all__ = [
     "MaxOf",
     "MetricsServer",
     "PermanentError",
+    "PollingSource",
+    "PositionExpired",
+    "Put",
     "RateLimiter",
     "Requeue",
     "RetryAfter",
     "Sharding",
     "ShutDown",
+    "Source",
     "SqliteStore",
     "StoreLocked",
     "TokenBucket",

@@ -1,5 +1,5 @@
 """The one registry of everything in this process that runs engine threads:
-controllers, managers and leader elections. It has one ``atexit`` hook with
+controllers, managers, leader elections and caches. It has one ``atexit`` hook with
 one deadline and one at-fork hook, so process exit and ``os.fork()`` are
 handled in one place.
 
@@ -9,6 +9,8 @@ What is held, and how:
   running ``threading.Thread``), so dropping the last user reference does not
   leave its worker threads orphaned.
 * Managers are held weakly: dropping a manager stops its controllers.
+* Caches are held weakly, from their start: dropping a started cache stops
+  it, and a cache a running controller watches is held by that controller.
 * Elections are held from their first use (a controller or manager made
   with one, or ``start()``) until exit, whose hook gives leadership up: a
   controller's stop returns once its workers are gone, and the lease they
@@ -27,8 +29,14 @@ At exit, in this order, within ``EXIT_TIMEOUT`` seconds in all:
    finish while the interpreter is whole;
 2. managers remove their controllers (their ``stop`` functions run);
 3. elections give leadership up at once, so a standby takes over without
-   waiting for the lease to expire. Last, because a leadership must not pass
-   on while a reconcile or a ``do`` of ours may still run.
+   waiting for the lease to expire. After the controllers and managers,
+   because a leadership must not pass on while a reconcile or a ``do`` of
+   ours may still run;
+4. caches stop (their source's stop event is set, their thread joined
+   within what is left of the deadline). Last, because reconciles and
+   ``do`` functions draining in steps 1 and 2 read them, and a ``Source``
+   iterator slow to heed its stop event must not delay the hand-over of
+   step 3.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ class _Registry:
         self.controllers: Set[Any] = set()
         self.managers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.elections: Set[Any] = set()
+        self.caches: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
     def add(self, entries: str, entry: Any) -> None:
         with self.lock:
@@ -100,6 +109,11 @@ def add_election(election: Any) -> None:
     _registry.add("elections", election)
 
 
+def add_cache(cache: Any) -> None:
+    """A cache started: stop it at exit."""
+    _registry.add("caches", cache)
+
+
 def _stop_all_at_exit() -> None:
     deadline = time.monotonic() + EXIT_TIMEOUT
 
@@ -110,6 +124,7 @@ def _stop_all_at_exit() -> None:
         controllers = list(_registry.controllers)
         managers = list(_registry.managers)
         elections = list(_registry.elections)
+        caches = list(_registry.caches)
     for controller in controllers:
         try:
             controller.stop(drain=True, timeout=left())
@@ -123,6 +138,11 @@ def _stop_all_at_exit() -> None:
     for election in elections:
         try:
             election.stop()
+        except BaseException:  # noqa: BLE001
+            pass
+    for cache in caches:
+        try:
+            cache._stop_at_exit(left())
         except BaseException:  # noqa: BLE001
             pass
 

@@ -54,7 +54,7 @@ use self::contents::{Contents, IndexFailure, IndexFn};
 use crate::error::InvalidArgument;
 use crate::source::{Source, Stop};
 use crate::sync::{Condvar, Mutex};
-use crate::thread::{self, JoinHandle};
+use crate::thread::{self, JoinHandle, ThreadWrapper};
 use crate::{logs, panics};
 
 /// A change a cache applied, as its subscribers get it.
@@ -147,6 +147,7 @@ pub struct CacheBuilder<S: Source> {
     source: S,
     indexes: Indexes<S::Key, S::Object>,
     first_backoff: Duration,
+    thread_wrapper: Option<ThreadWrapper>,
 }
 
 impl<S: Source> CacheBuilder<S> {
@@ -159,6 +160,14 @@ impl<S: Source> CacheBuilder<S> {
         index: impl Fn(&S::Key, &S::Object) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
         self.indexes.push((name.into(), Arc::new(index)));
+        self
+    }
+
+    /// Runs the cache's thread inside `wrapper`, as a controller's
+    /// (`Controller::thread_wrapper`): the Python binding attaches it to
+    /// the interpreter once for its life, since its source calls Python.
+    pub fn thread_wrapper(mut self, wrapper: ThreadWrapper) -> Self {
+        self.thread_wrapper = Some(wrapper);
         self
     }
 
@@ -196,6 +205,7 @@ impl<S: Source> CacheBuilder<S> {
             stop: Stop::new(),
             counters: Counters::default(),
             first_backoff: self.first_backoff,
+            thread_wrapper: self.thread_wrapper,
         });
         Ok(Cache { inner })
     }
@@ -254,13 +264,20 @@ struct Inner<S: Source> {
     stop: Stop,
     counters: Counters,
     first_backoff: Duration,
+    thread_wrapper: Option<ThreadWrapper>,
 }
 
 impl<S: Source> Cache<S> {
     /// A builder for a cache named `name` (unique names make its status
     /// entry, metrics and log lines tell it apart) of `source`.
     pub fn builder(name: impl Into<String>, source: S) -> CacheBuilder<S> {
-        CacheBuilder { name: name.into(), source, indexes: Vec::new(), first_backoff: backoff::FIRST }
+        CacheBuilder {
+            name: name.into(),
+            source,
+            indexes: Vec::new(),
+            first_backoff: backoff::FIRST,
+            thread_wrapper: None,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -385,6 +402,12 @@ impl<S: Source> Cache<S> {
         self.inner.stop();
     }
 
+    /// Whether [`stop`](Self::stop) was called (or the last
+    /// [`CacheUse`] of a cache never started went): it will not run again.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.life.lock().stopped
+    }
+
     pub fn stats(&self) -> CacheStats<S::Position> {
         self.inner.stats()
     }
@@ -471,7 +494,9 @@ impl<S: Source> Inner<S> {
         }
         let Some(source) = life.source.take() else { return Ok(()) };
         let inner = Arc::clone(self);
-        match thread::spawn_named(format!("reconq-cache-{}", self.name), None, move || inner.keep(source)) {
+        match thread::spawn_named(format!("reconq-cache-{}", self.name), self.thread_wrapper.as_ref(), move || {
+            inner.keep(source)
+        }) {
             Ok(handle) => {
                 life.thread = Some(handle);
                 Ok(())

@@ -8,6 +8,8 @@
 //! bindings go in their own modules and register their classes below.
 
 mod attach;
+mod cache;
+mod cache_values;
 mod callables;
 mod clock;
 mod context;
@@ -24,6 +26,7 @@ mod priority;
 mod queue;
 mod reconciler;
 mod sharding;
+mod sources;
 mod status;
 mod store;
 
@@ -59,5 +62,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     manager::register(m)?;
     status::register(m)?;
     metrics::register(m)?;
+    cache::register(m)?;
     Ok(())
 }

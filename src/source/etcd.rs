@@ -30,12 +30,15 @@ const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(11 * 60);
 type Decode<O> = Arc<dyn Fn(&[u8]) -> Result<O, String> + Send + Sync>;
 
 /// The keys under `prefix` in etcd. Keys are the etcd key without the
-/// prefix (keys that are not UTF-8 are logged and skipped); objects are
-/// the values, as bytes or through [`decode`](Self::decode); the version
-/// of a key is its `mod_revision`; the position is etcd's revision.
-pub struct EtcdSource<O = Vec<u8>> {
+/// prefix, as a `String` (keys that are not UTF-8 are logged and skipped)
+/// or through [`keys`](Self::keys); objects are the values, as bytes or
+/// through [`decode`](Self::decode); the version of a key is its
+/// `mod_revision`; the position is etcd's revision.
+pub struct EtcdSource<O = Vec<u8>, K = String> {
     client: EtcdClient,
     prefix: String,
+    /// The key, without the prefix, as the cache names it.
+    key: Decode<K>,
     decode: Decode<O>,
     progress_timeout: Duration,
     page_size: usize,
@@ -53,6 +56,9 @@ impl EtcdSource<Vec<u8>> {
         Ok(Self {
             client: EtcdClient::new(endpoints),
             prefix,
+            key: Arc::new(|bytes: &[u8]| {
+                String::from_utf8(bytes.to_vec()).map_err(|_| "the key is not UTF-8".to_owned())
+            }),
             decode: Arc::new(|bytes: &[u8]| Ok(bytes.to_vec())),
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             page_size: DEFAULT_PAGE_SIZE,
@@ -60,17 +66,35 @@ impl EtcdSource<Vec<u8>> {
     }
 }
 
-impl<O> EtcdSource<O> {
+impl<O, K> EtcdSource<O, K> {
     /// Objects are `decode(value)`; a value it fails on is logged and
     /// that change skipped (the cache keeps what it had for the key).
     pub fn decode<P, E: fmt::Display>(
         self,
         decode: impl Fn(&[u8]) -> Result<P, E> + Send + Sync + 'static,
-    ) -> EtcdSource<P> {
+    ) -> EtcdSource<P, K> {
         EtcdSource {
             client: self.client,
             prefix: self.prefix,
+            key: self.key,
             decode: Arc::new(move |bytes: &[u8]| decode(bytes).map_err(|e| e.to_string())),
+            progress_timeout: self.progress_timeout,
+            page_size: self.page_size,
+        }
+    }
+
+    /// Keys are `key(etcd key without the prefix)` instead of a `String`
+    /// (the Python binding keeps keys that are not UTF-8 as bytes); a key
+    /// it fails on is logged and that change skipped, as with `decode`.
+    pub fn keys<L, E: fmt::Display>(
+        self,
+        key: impl Fn(&[u8]) -> Result<L, E> + Send + Sync + 'static,
+    ) -> EtcdSource<O, L> {
+        EtcdSource {
+            client: self.client,
+            prefix: self.prefix,
+            key: Arc::new(move |bytes: &[u8]| key(bytes).map_err(|e| e.to_string())),
+            decode: self.decode,
             progress_timeout: self.progress_timeout,
             page_size: self.page_size,
         }
@@ -101,9 +125,8 @@ impl<O> EtcdSource<O> {
     }
 
     /// The key without the prefix, or why it is skipped.
-    fn key(&self, kv: &RawKeyValue) -> Result<String, String> {
-        let key = kv.key.strip_prefix(self.prefix.as_bytes()).unwrap_or(&kv.key);
-        String::from_utf8(key.to_vec()).map_err(|_| "the key is not UTF-8".to_owned())
+    fn key(&self, kv: &RawKeyValue) -> Result<K, String> {
+        (self.key)(kv.key.strip_prefix(self.prefix.as_bytes()).unwrap_or(&kv.key))
     }
 
     /// `Some` of what `read` makes of `kv`, or `None` (logged) if it fails.
@@ -112,12 +135,12 @@ impl<O> EtcdSource<O> {
     }
 
     /// A put's key and object, or `None` (logged) if either cannot be had.
-    fn put(&self, kv: &RawKeyValue) -> Option<(String, O)> {
+    fn put(&self, kv: &RawKeyValue) -> Option<(K, O)> {
         self.skipping(kv, || Ok((self.key(kv)?, (self.decode)(&kv.value)?)))
     }
 
     /// What a batch of watched changes is for the cache.
-    fn events(&self, batch: Vec<(bool, RawKeyValue)>) -> Vec<Event<String, O, i64, i64>> {
+    fn events(&self, batch: Vec<(bool, RawKeyValue)>) -> Vec<Event<K, O, i64, i64>> {
         let revisions: Vec<i64> = batch.iter().map(|(_, kv)| kv.mod_revision).collect();
         let events = batch.into_iter().enumerate().filter_map(|(i, (deleted, kv))| {
             let last = revisions.get(i + 1) != Some(&kv.mod_revision);
@@ -130,7 +153,7 @@ impl<O> EtcdSource<O> {
     /// revision carries it as a position (`last`): a resume after it must
     /// not skip the others of that transaction. A change that cannot be
     /// had (logged) is a bookmark there.
-    fn event(&self, deleted: bool, kv: RawKeyValue, last: bool) -> Option<Event<String, O, i64, i64>> {
+    fn event(&self, deleted: bool, kv: RawKeyValue, last: bool) -> Option<Event<K, O, i64, i64>> {
         let revision = kv.mod_revision;
         let position = last.then_some(revision);
         let event = if deleted {
@@ -151,7 +174,7 @@ fn source_error(e: EtcdError) -> SourceError {
     }
 }
 
-impl<O> fmt::Debug for EtcdSource<O> {
+impl<O, K> fmt::Debug for EtcdSource<O, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdSource")
             .field("endpoints", &self.client.endpoints())
@@ -162,13 +185,17 @@ impl<O> fmt::Debug for EtcdSource<O> {
     }
 }
 
-impl<O: PartialEq + Send + Sync + 'static> Source for EtcdSource<O> {
-    type Key = String;
+impl<O, K> Source for EtcdSource<O, K>
+where
+    O: PartialEq + Send + Sync + 'static,
+    K: Clone + Eq + std::hash::Hash + fmt::Debug + Send + Sync + 'static,
+{
+    type Key = K;
     type Object = O;
     type Position = i64;
     type Version = i64;
 
-    fn list(&mut self, stop: &Stop) -> Result<Listing<String, O, i64, i64>, SourceError> {
+    fn list(&mut self, stop: &Stop) -> Result<Listing<K, O, i64, i64>, SourceError> {
         // A list reads the new history whole: what the old one said goes.
         self.client.accept_reset();
         let mut items = Vec::new();
