@@ -67,7 +67,7 @@ class Postgres:
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "server.log")
         self.port = free_port()
-        self.dsn = f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres"
+        self.dsn = self.dsn_as(SUPERUSER)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         atexit.register(self.close)  # if a test run ends without the fixture's teardown
         try:
@@ -76,6 +76,11 @@ class Postgres:
         except BaseException:
             self.close()
             raise
+
+    def dsn_as(self, user: str) -> str:
+        """The connection string for `user` (any role may log in without a
+        password: initdb's trust authentication)."""
+        return f"host=127.0.0.1 port={self.port} user={user} dbname=postgres"
 
     def _run(self, command: List[str]) -> None:
         result = subprocess.run(command, cwd=self.dir, user=self._uid(), group=self._gid(), capture_output=True)

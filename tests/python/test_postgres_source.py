@@ -248,3 +248,87 @@ def test_changes_resume_from_the_position_after_a_server_restart(
     assert [described(e) for e in resumed.take(1)] == [("put", "e", "1")]
     rows, _ = table.list()
     assert sorted(rows) == sorted((key, value, db.version(key)) for key, value in db.rows().items())
+
+
+# A reconq.Cache over the recipe.
+
+
+@pytest.fixture
+def caches() -> Iterator[List[reconq.Cache]]:
+    made: List[reconq.Cache] = []
+    yield made
+    for cache in made:
+        cache.stop()
+
+
+def started(table: PostgresTable, caches: List[reconq.Cache]) -> reconq.Cache:
+    cache = reconq.Cache(table.source())
+    caches.append(cache)
+    cache.start()
+    assert cache.wait_synced(timeout=30)
+    return cache
+
+
+def contents(cache: reconq.Cache) -> Dict[Any, Any]:
+    return {key: cache.get(key) for key in cache.keys()}
+
+
+def converged(cache: reconq.Cache, db: Writer) -> bool:
+    return contents(cache) == db.rows()
+
+
+def test_a_cache_converges_to_the_table(table: PostgresTable, db: Writer, caches: List[reconq.Cache]) -> None:
+    for key in ("a", "b", "c"):
+        db.put(key, "1")
+    cache = started(table, caches)
+    assert contents(cache) == db.rows() == {"a": "1", "b": "1", "c": "1"}
+    db.put("a", "2")
+    db.delete("b")
+    db.put("d", "1")
+    wait_for(lambda: converged(cache, db), what="the cache to hold the table")
+    assert cache.stats()["position"] == table.list()[1]
+    # Followed, not listed again.
+    assert cache.stats()["relists"] == 0 and cache.stats()["errors"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_delete_made_while_the_stream_is_down_arrives_as_a_delete(
+    postgres: Postgres, table: PostgresTable, db: Writer, caches: List[reconq.Cache]
+) -> None:
+    """The cache reads as a role of its own, which the test locks out and
+    disconnects: the table changes while its stream cannot reconnect, and
+    the resumed stream (not a relist) brings the deletes."""
+    db.sql("CREATE ROLE follower LOGIN")
+    db.sql("GRANT SELECT ON desired, desired_tombstones TO follower")
+    for key in ("a", "b", "c", "d"):
+        db.put(key, "1")
+    cache = started(PostgresTable(postgres.dsn_as("follower"), "desired", wait=0.2), caches)
+    db.sql("ALTER ROLE follower NOLOGIN")
+    db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'follower'")
+    wait_for(lambda: cache.stats()["errors"] >= 1, what="the stream to break")
+    db.delete("b")
+    db.delete("c")
+    db.put("a", "2")
+    assert "b" in cache and "c" in cache
+    db.sql("ALTER ROLE follower LOGIN")
+    wait_for(lambda: converged(cache, db), timeout=60, what="the cache to hold the table again")
+    assert contents(cache) == {"a": "2", "d": "1"}
+    assert cache.stats()["relists"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("crash", [False, True], ids=["fast shutdown", "crash"])
+def test_a_cache_follows_the_table_through_a_server_restart(
+    postgres: Postgres, table: PostgresTable, db: Writer, caches: List[reconq.Cache], crash: bool
+) -> None:
+    for key in ("a", "b", "c"):
+        db.put(key, "1")
+    cache = started(table, caches)
+    postgres.restart(crash=crash)
+    wait_for(lambda: cache.stats()["errors"] >= 1, timeout=30, what="the stream to break")
+    db.delete("a")
+    db.put("b", "2")
+    db.put("e", "1")
+    wait_for(lambda: converged(cache, db), timeout=60, what="the cache to hold the table again")
+    assert contents(cache) == {"b": "2", "c": "1", "e": "1"}
+    assert cache.stats()["relists"] == 0
