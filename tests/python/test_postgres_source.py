@@ -18,12 +18,21 @@ import psycopg
 import pytest
 
 from postgres_server import Postgres, postgres  # noqa: F401  (the fixture)
+from test_readme import PYTHON_BLOCK
 from waiting import wait_for
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "docs" / "recipes"))
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+RECIPE = DOCS / "recipes" / "postgres_source.py"
+sys.path.insert(0, str(RECIPE.parent))
 from postgres_source import PostgresTable  # noqa: E402
 
 import reconq  # noqa: E402
+
+
+def test_the_docs_show_the_recipe_whole() -> None:
+    """docs/sources.md shows the file these tests import, as it is."""
+    shown = [block for block in PYTHON_BLOCK.findall((DOCS / "sources.md").read_text()) if "class PostgresTable" in block]
+    assert shown == [RECIPE.read_text()]
 
 
 @pytest.fixture
