@@ -300,26 +300,45 @@ def test_a_cache_converges_to_the_table(table: PostgresTable, db: Writer, caches
     assert cache.stats()["relists"] == 0 and cache.stats()["errors"] == 0
 
 
+class Follower:
+    """The cache's own role, which a test can lock out: its sessions are
+    terminated and it may not log in until `let_in`, so the table changes
+    while the cache's stream cannot reconnect."""
+
+    def __init__(self, postgres: Postgres, db: Writer) -> None:
+        self.db = db
+        db.sql("CREATE ROLE follower LOGIN")
+        db.sql("GRANT SELECT ON desired, desired_tombstones TO follower")
+        self.table = PostgresTable(postgres.dsn_as("follower"), "desired", wait=0.2)
+
+    def lock_out(self) -> None:
+        self.db.sql("ALTER ROLE follower NOLOGIN")
+        self.db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'follower'")
+
+    def let_in(self) -> None:
+        self.db.sql("ALTER ROLE follower LOGIN")
+
+
+@pytest.fixture
+def follower(postgres: Postgres, db: Writer) -> Follower:
+    return Follower(postgres, db)
+
+
 @pytest.mark.timeout(120)
 def test_a_delete_made_while_the_stream_is_down_arrives_as_a_delete(
-    postgres: Postgres, table: PostgresTable, db: Writer, caches: List[reconq.Cache]
+    follower: Follower, db: Writer, caches: List[reconq.Cache]
 ) -> None:
-    """The cache reads as a role of its own, which the test locks out and
-    disconnects: the table changes while its stream cannot reconnect, and
-    the resumed stream (not a relist) brings the deletes."""
-    db.sql("CREATE ROLE follower LOGIN")
-    db.sql("GRANT SELECT ON desired, desired_tombstones TO follower")
+    """The resumed stream (not a relist) brings the deletes."""
     for key in ("a", "b", "c", "d"):
         db.put(key, "1")
-    cache = started(PostgresTable(postgres.dsn_as("follower"), "desired", wait=0.2), caches)
-    db.sql("ALTER ROLE follower NOLOGIN")
-    db.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'follower'")
+    cache = started(follower.table, caches)
+    follower.lock_out()
     wait_for(lambda: cache.stats()["errors"] >= 1, what="the stream to break")
     db.delete("b")
     db.delete("c")
     db.put("a", "2")
     assert "b" in cache and "c" in cache
-    db.sql("ALTER ROLE follower LOGIN")
+    follower.let_in()
     wait_for(lambda: converged(cache, db), timeout=60, what="the cache to hold the table again")
     assert contents(cache) == {"a": "2", "d": "1"}
     assert cache.stats()["relists"] == 0
@@ -341,3 +360,91 @@ def test_a_cache_follows_the_table_through_a_server_restart(
     wait_for(lambda: converged(cache, db), timeout=60, what="the cache to hold the table again")
     assert contents(cache) == {"b": "2", "c": "1", "e": "1"}
     assert cache.stats()["relists"] == 0
+
+
+# A controller watching that cache.
+
+
+class Reconciled:
+    """What a reconcile saw: for each key, `cache.get(key)` at each of its
+    reconciles, in order."""
+
+    def __init__(self, cache: reconq.Cache) -> None:
+        self.cache = cache
+        self.lock = threading.Lock()
+        self.seen: Dict[Any, List[Any]] = {}
+
+    def __call__(self, key: Any) -> None:
+        state = self.cache.get(key)
+        with self.lock:
+            self.seen.setdefault(key, []).append(state)
+
+    def last(self) -> Dict[Any, Any]:
+        """Each key's state at its last reconcile."""
+        with self.lock:
+            return {key: states[-1] for key, states in self.seen.items()}
+
+
+def watching(cache: reconq.Cache, make: Any) -> Tuple[Reconciled, reconq.Controller]:
+    reconciled = Reconciled(cache)
+    c = make(reconciled, name="follower")
+    c.watch_cache(cache)
+    c.start()
+    assert c.wait_synced(timeout=30)
+    return reconciled, c
+
+
+def test_a_controller_reconciles_each_changed_key_reading_the_cache(
+    table: PostgresTable, db: Writer, caches: List[reconq.Cache], make: Any
+) -> None:
+    for key in ("a", "b", "c"):
+        db.put(key, "1")
+    cache = reconq.Cache(table.source())
+    caches.append(cache)
+    reconciled, _ = watching(cache, make)  # its start() starts the cache
+    wait_for(lambda: reconciled.last() == {"a": "1", "b": "1", "c": "1"}, what="the listed keys to be reconciled")
+    db.put("a", "2")
+    db.delete("b")
+    db.put("d", "1")
+    # Each changed key is reconciled after the cache holds its change,
+    # and reads it there (a delete reads None).
+    wait_for(lambda: reconciled.last() == {"a": "2", "b": None, "c": "1", "d": "1"}, what="the changes to be reconciled")
+    assert reconciled.seen["c"] == ["1"]  # unchanged: not reconciled again
+
+
+@pytest.mark.timeout(120)
+def test_a_controller_hears_deletes_made_while_the_stream_was_down(
+    follower: Follower, db: Writer, caches: List[reconq.Cache], make: Any
+) -> None:
+    for key in ("a", "b", "c"):
+        db.put(key, "1")
+    cache = reconq.Cache(follower.table.source())
+    caches.append(cache)
+    reconciled, _ = watching(cache, make)
+    wait_for(lambda: reconciled.last() == {"a": "1", "b": "1", "c": "1"}, what="the listed keys to be reconciled")
+    follower.lock_out()
+    wait_for(lambda: cache.stats()["errors"] >= 1, what="the stream to break")
+    db.delete("a")
+    db.delete("b")
+    follower.let_in()
+    wait_for(lambda: reconciled.last() == {"a": None, "b": None, "c": "1"}, timeout=60, what="the deletes to be reconciled")
+    assert cache.stats()["relists"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_controller_follows_the_table_through_a_server_crash(
+    postgres: Postgres, table: PostgresTable, db: Writer, caches: List[reconq.Cache], make: Any
+) -> None:
+    for key in ("a", "b"):
+        db.put(key, "1")
+    cache = reconq.Cache(table.source())
+    caches.append(cache)
+    reconciled, c = watching(cache, make)
+    wait_for(lambda: reconciled.last() == {"a": "1", "b": "1"}, what="the listed keys to be reconciled")
+    postgres.restart(crash=True)
+    db.delete("a")
+    db.put("b", "2")
+    db.put("e", "1")
+    wait_for(lambda: reconciled.last() == {"a": None, "b": "2", "e": "1"}, timeout=60, what="the changes to be reconciled")
+    assert contents(cache) == db.rows()
+    assert cache.stats()["relists"] == 0 and c.stats()["failures"] == 0
