@@ -419,6 +419,33 @@ pub(crate) fn cache_subscriber_panicked<K: fmt::Debug>(cache: &str, key: &K, err
     tracing::error!(target: CACHE, cache = %cache, key = ?Short(key), error, "cache subscriber panicked");
 }
 
+/// A controller's `map` or `predicate` for a watched cache failed: the
+/// changed key itself is enqueued (E6).
+pub(crate) fn watch_handler_failed<K: fmt::Debug>(controller: &str, cache: &str, handler: &str, key: &K, error: &str) {
+    tracing::error!(
+        target: CONTROLLER, controller = %controller, cache = %cache, handler, key = ?Short(key), error,
+        "watch_cache handler failed; the changed key is enqueued"
+    );
+}
+
+/// A controller has waited `waited` for a cache it watched at start to
+/// sync (E5): it hands out no key until then.
+pub(crate) fn watch_not_synced(controller: &str, cache: &str, waited: Duration, last_error: Option<&str>) {
+    tracing::error!(
+        target: CONTROLLER, controller = %controller, cache = %cache, waited = ?waited,
+        last_error = last_error.unwrap_or("none"),
+        "cache not synced; the controller hands out no key until it is"
+    );
+}
+
+/// A watch's resync thread could not be spawned: no resync for it.
+pub(crate) fn watch_resync_unavailable(controller: &str, cache: &str, error: &str) {
+    tracing::error!(
+        target: CONTROLLER, controller = %controller, cache = %cache, error,
+        "cannot spawn the resync thread of a watched cache; it will not resync"
+    );
+}
+
 /// An etcd source skipped an item it could not read (a key that is not
 /// UTF-8, a value its decode function refused).
 #[cfg(feature = "etcd")]

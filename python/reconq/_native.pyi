@@ -8,10 +8,13 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
 from ._results import Requeue
+from ._sources import Bookmark, Delete, Put
 
 __all__ = [
+    "Cache",
     "Context",
     "Controller",
+    "EtcdSource",
     "ExponentialBackoff",
     "FakeClock",
     "FastSlow",
@@ -19,9 +22,11 @@ __all__ = [
     "Manager",
     "MaxOf",
     "MetricsServer",
+    "PollingSource",
     "RateLimiter",
     "ShutDown",
     "Sharding",
+    "Source",
     "SqliteStore",
     "StoreLocked",
     "TokenBucket",
@@ -213,6 +218,92 @@ class Sharding:
 def partition_of(key: _Key, partitions: int) -> int:
     """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust."""
 
+# --- Sources and caches (guarantees §13, docs/sources.md) ---
+
+_Items: TypeAlias = Union[
+    Dict[Any, Any], Iterable[Union[Tuple[Any, Any], Tuple[Any, Any, Any]]]
+]
+"""What a list gives: ``{key: obj}``, or ``(key, obj)`` / ``(key, obj, version)`` tuples."""
+
+@final
+class PollingSource:
+    """Calls ``list_fn()`` every ``interval`` seconds; the differences between polls are puts and deletes."""
+
+    def __new__(cls, list_fn: Callable[[], _Items], interval: _Seconds, name: Optional[str] = None) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def interval(self) -> float: ...
+
+@final
+class EtcdSource:
+    """The keys under ``prefix`` of etcd: keys without the prefix (str; bytes if not UTF-8), values bytes or ``decode(bytes)``."""
+
+    def __new__(
+        cls,
+        endpoints: Union[str, List[str]],
+        prefix: str,
+        decode: Optional[Callable[[bytes], object]] = None,
+        name: Optional[str] = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def prefix(self) -> str: ...
+
+@final
+class Source:
+    """Any other system: ``list() -> (items, position)``, ``changes(position, stop)`` -> iterator of events."""
+
+    def __new__(
+        cls,
+        list: Callable[[], Tuple[_Items, Any]],
+        changes: Callable[[Any, Event], Iterable[Union[Put, Delete, Bookmark]]],
+        name: Optional[str] = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+
+class _CacheStats(TypedDict):
+    name: str
+    synced: bool
+    keys: int
+    position: Any
+    """The position of the last list or event applied (etcd: its revision; a poll count)."""
+    relists: int
+    events: int
+    errors: int
+    last_error: Optional[str]
+    last_error_time: Optional[float]
+
+@final
+class Cache:
+    """A local copy of a source, kept by its own thread (list, stream, resume, relist, back-off)."""
+
+    def __new__(
+        cls,
+        source: Union[PollingSource, EtcdSource, Source],
+        name: Optional[str] = None,
+        indexes: Optional[Dict[str, Callable[[Any, Any], object]]] = None,
+        store: None = None,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    def get(self, key: _Key) -> Any:
+        """The last state seen of ``key``; None when absent."""
+    def keys(self) -> List[Any]: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...
+    def by_index(self, index: str, value: _Key) -> List[Any]:
+        """Keys whose index function gave ``value`` (KeyError: unknown index)."""
+    @property
+    def synced(self) -> bool: ...
+    def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool: ...
+    def stats(self) -> _CacheStats: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def _stop_at_exit(self, timeout: float) -> None: ...
+
 # --- The reconcile context (guarantees §7) ---
 
 @final
@@ -398,11 +489,31 @@ class _PeriodicEntry(_LeaderFields):
     last_duration: Optional[float]
     next_run_in: Optional[float]
 
-_StatusEntry: TypeAlias = Union[_ControllerEntry, _PeriodicEntry]
+class _CacheEntry(TypedDict):
+    """A ``reconq.Cache`` (or a Rust cache) in ``status()``."""
+
+    kind: Literal["cache"]
+    name: str
+    state: Literal["not started", "running", "stopped"]
+    successes: int
+    """Events applied."""
+    failures: int
+    """Failures of the source (each logged as a warning)."""
+    consecutive_failures: int
+    last_error: Optional[str]
+    last_error_time: Optional[float]
+    last_success_time: Optional[float]
+    synced: bool
+    keys: int
+    position: Optional[str]
+    """The position, as text."""
+    relists: int
+
+_StatusEntry: TypeAlias = Union[_ControllerEntry, _PeriodicEntry, _CacheEntry]
 
 def status() -> List[_StatusEntry]:
-    """Every live Controller and named Manager controller in this process:
-    controllers first, then periodic ones, each sorted by name."""
+    """Every live Controller, named Manager controller and Cache in this process:
+    controllers first, then periodic ones, then caches, each sorted by name."""
 
 def format_status() -> str:
     """``status()`` as an aligned text table under a summary line."""

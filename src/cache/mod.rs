@@ -71,6 +71,7 @@ pub struct Applied<K, O> {
 }
 
 type Subscriber<K, O> = Arc<dyn Fn(&Applied<K, O>) + Send + Sync>;
+type SyncedHook = Box<dyn FnOnce() + Send>;
 /// Subscribers with their ids, as the cache's thread takes them.
 type Subscribers<K, O> = [(u64, Subscriber<K, O>)];
 /// Index functions by name, in the order given.
@@ -202,6 +203,7 @@ impl<S: Source> CacheBuilder<S> {
             life: Mutex::new(Life { source: Some(self.source), ..Life::default() }),
             synced: Mutex::new(false),
             synced_cv: Condvar::new(),
+            synced_hooks: Mutex::new(Vec::new()),
             stop: Stop::new(),
             counters: Counters::default(),
             first_backoff: self.first_backoff,
@@ -261,6 +263,9 @@ struct Inner<S: Source> {
     life: Mutex<Life<S>>,
     synced: Mutex<bool>,
     synced_cv: Condvar,
+    /// Run once, when the first list has reached the subscribers (taken
+    /// under `synced`'s lock, then this one's).
+    synced_hooks: Mutex<Vec<SyncedHook>>,
     stop: Stop,
     counters: Counters,
     first_backoff: Duration,
@@ -345,6 +350,26 @@ impl<S: Source> Cache<S> {
         *synced
     }
 
+    /// Whether [`stop`](Self::stop) was called (it cannot run again).
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.inner.life.lock().stopped
+    }
+
+    /// Runs `hook` once the cache is [`synced`](Self::synced): on the
+    /// cache's thread right after its first list reached the subscribers,
+    /// or here at once if it already has. Never if the cache stops
+    /// unsynced. How a controller's synced gate (E5) opens without a
+    /// thread waiting.
+    pub(crate) fn on_synced(&self, hook: impl FnOnce() + Send + 'static) {
+        let synced = self.inner.synced.lock();
+        if *synced {
+            drop(synced);
+            hook();
+        } else {
+            self.inner.synced_hooks.lock().push(Box::new(hook));
+        }
+    }
+
     /// Calls `subscriber` with every change applied from now on, on the
     /// cache's thread (keep it short: the cache applies nothing while it
     /// runs), after first replaying every key held now (`listed`, `old`
@@ -400,12 +425,6 @@ impl<S: Source> Cache<S> {
     /// Idempotent.
     pub fn stop(&self) {
         self.inner.stop();
-    }
-
-    /// Whether [`stop`](Self::stop) was called (or the last
-    /// [`CacheUse`] of a cache never started went): it will not run again.
-    pub fn is_stopped(&self) -> bool {
-        self.inner.life.lock().stopped
     }
 
     pub fn stats(&self) -> CacheStats<S::Position> {
@@ -512,6 +531,9 @@ impl<S: Source> Inner<S> {
             life.source = None;
             life.thread.take()
         };
+        // Never to run: they may hold clones of this cache.
+        let never_run = std::mem::take(&mut *self.synced_hooks.lock());
+        drop(never_run);
         self.stop.set();
         {
             let _synced = self.synced.lock();

@@ -111,10 +111,17 @@ impl<S: Source> Inner<S> {
         }
         self.succeeded();
         self.deliver(&subscribers, &changes, failures);
-        let mut synced = self.synced.lock();
-        if !*synced {
+        let hooks = {
+            let mut synced = self.synced.lock();
+            if *synced {
+                return;
+            }
             *synced = true;
             self.synced_cv.notify_all();
+            std::mem::take(&mut *self.synced_hooks.lock())
+        };
+        for hook in hooks {
+            hook();
         }
     }
 

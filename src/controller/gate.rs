@@ -2,6 +2,8 @@
 //! §10, §11): whether a key is this process's to keep, whether it may be
 //! reconciled now and under which fencing token. Enqueues and the worker
 //! loop ask the [`Gate`]; nothing else in the controller knows about etcd.
+//! The synced gate of watched caches (`controller/watch`, E5) stands in
+//! front of coordination's, so the worker loop still asks one gate.
 
 use std::any::Any;
 use std::io;
@@ -17,13 +19,13 @@ mod etcd;
 pub(crate) use etcd::{leader, shards};
 
 /// What the gate says of a key being handed out.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
 pub(crate) enum Admission {
-    /// Reconcile it under this fencing token.
-    Run(u64),
+    /// Reconcile it, under this fencing token if coordination gives one.
+    Run(Option<u64>),
     /// Not now (a standby): put it back and wait for [`Gate::wait`].
     Wait,
     /// Not ours: drop it (its owner reconciles it).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding says so
     Drop,
 }
 
@@ -53,6 +55,18 @@ pub(crate) struct Coordinated<K> {
 }
 
 impl<K> Coordinated<K> {
+    /// `coordination`'s membership (if any) behind the gate `wrap` puts in
+    /// front of its gate.
+    pub(crate) fn wrapped(
+        coordination: Option<Self>,
+        wrap: impl FnOnce(Option<Box<dyn Gate<K>>>) -> Box<dyn Gate<K>>,
+    ) -> Self {
+        match coordination {
+            Some(Coordinated { gate, membership }) => Coordinated { gate: wrap(Some(gate)), membership },
+            None => Coordinated { gate: wrap(None), membership: Mutex::new(None) },
+        }
+    }
+
     pub(crate) fn leave(&self) {
         let membership = self.membership.lock().take();
         drop(membership);

@@ -81,6 +81,9 @@ pub struct Stats {
     /// Keys dropped because another replica owns them (sharding): enqueues
     /// of keys not ours, and keys whose partition moved before their turn.
     pub not_owned: u64,
+    /// Failures of a watched cache's `map` or `predicate` (each logged as
+    /// an ERROR; the changed key was enqueued instead).
+    pub handler_errors: u64,
 }
 
 /// What [`ControllerHandle::stop_with_drain_report`] found.
@@ -163,6 +166,28 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// [`enqueue_at`](Self::enqueue_at) at `priority`.
     pub fn enqueue_at_with_priority(&self, key: K, at: Instant, priority: i32) {
         self.core.route(key, When::At(at), priority);
+    }
+
+    /// [`Controller::watch_cache`](super::Controller::watch_cache) through
+    /// a handle. Before start it is the same (the cache holds the
+    /// controller until it syncs, E5); after start the cache is acquired
+    /// (started if not running) and subscribed at once, and does not hold
+    /// the controller: its list's keys are handed out as they come. An
+    /// error if the cache or the controller was stopped (nothing changed),
+    /// or the OS refused the cache's thread.
+    pub fn watch_cache<S: crate::source::Source>(
+        &self,
+        cache: &crate::Cache<S>,
+        watch: super::Watch<S, K>,
+    ) -> Result<(), super::WatchError> {
+        self.core.watches.watch(&self.core, cache, watch)
+    }
+
+    /// Blocks until every cache this controller watches has synced (`None`:
+    /// no time limit); returns whether they have (`true` at once if it
+    /// watches none; `false` at once for a cache stopped unsynced).
+    pub fn wait_synced(&self, timeout: Option<Duration>) -> bool {
+        self.core.watches.wait_synced(timeout)
     }
 
     /// Cancels the reconcile of `key` if one is running (its

@@ -14,6 +14,7 @@
 //! * `persist` is the controller's side of the store seam (`crate::store`).
 //! * `life` is the controller's state, the threads a stop waits for, and
 //!   the hooks features register to hear of a stop.
+//! * `watch` is the seam to caches: `watch_cache`, the synced gate.
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -44,6 +45,7 @@ mod run_signals;
 mod status;
 mod stopping;
 mod triggers;
+mod watch;
 mod watchdog;
 mod worker;
 
@@ -76,6 +78,7 @@ pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
 pub use stopping::{StopOptions, Stopping};
 pub use triggers::TriggerOutcome;
+pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 
 use groups::{GroupTable, Grouping};
 use inspect::{KeyMemory, ParkedSet};
@@ -374,6 +377,33 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Reconciles what changes in `cache` (docs/sources.md, E2): each change
+    /// the cache applies enqueues the keys `watch` maps it to, if its
+    /// predicate accepts it, at its priority (E6, E7); a
+    /// [`resync`](Watch::resync) enqueues every cached key periodically.
+    /// Starting the controller starts the cache if it is not running, and
+    /// its stop lets it go (a cache stops with the last controller that
+    /// watches it, unless started with [`Cache::start`](crate::Cache::start)).
+    ///
+    /// A cache watched before start holds the controller (E5): no key is
+    /// handed out before it has applied its first list (keys enqueued
+    /// meanwhile are kept; a stop before then reconciles none of them);
+    /// see [`sync_timeout`](Self::sync_timeout). Watching a stopped cache
+    /// makes [`try_start`](Self::try_start) fail with a [`WatchError`]
+    /// inside its `io::Error`, with nothing started.
+    pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::Cache<S>, watch: Watch<S, K>) -> Self {
+        self.core.watches.keep_for_start(cache, watch);
+        self
+    }
+
+    /// While a cache watched at start has not synced, an ERROR (target
+    /// `reconq::controller`) every `timeout` names it and its last error
+    /// (default 120 s). A zero timeout is refused.
+    pub fn sync_timeout(self, timeout: Duration) -> Result<Self, crate::InvalidArgument> {
+        self.core.watches.set_sync_timeout(timeout)?;
+        Ok(self)
+    }
+
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
@@ -411,6 +441,7 @@ impl<K: ControllerKey> Controller<K> {
     /// `io::Error`: `Locked` for a name held by another live controller)
     /// changes nothing.
     pub fn try_start(mut self) -> io::Result<ControllerHandle<K>> {
+        let watched = self.core.watches.take_at_start().map_err(io::Error::other)?;
         let store = match self.store.take() {
             Some(claim) => Some(claim(&self.core.name)?),
             None => None,
@@ -444,6 +475,7 @@ impl<K: ControllerKey> Controller<K> {
             Some(join) => Some(join(&self.core, &mut resync)?),
             None => None,
         };
+        let coordination = watched.gate(coordination);
         // Before anything is shared, so a panicking resync leaves nothing
         // half started (the claim and the membership drop as it unwinds).
         let listed = resync.map(|resync| resync()).unwrap_or_default();
@@ -527,6 +559,11 @@ impl<K: ControllerKey> Controller<K> {
                 handle.join_timeout(FAILED_START_JOIN);
                 return Err(io::Error::new(e.kind(), format!("cannot spawn the store's flusher thread: {e}")));
             }
+        }
+        if let Err(e) = watched.attach(&self.core) {
+            handle.stop();
+            handle.join_timeout(FAILED_START_JOIN);
+            return Err(io::Error::other(e));
         }
         Ok(handle)
     }
@@ -682,6 +719,8 @@ pub(crate) struct Core<K> {
     /// State, threads and stop hooks (see `life`).
     pub(crate) life: Lifecycle,
     pub(crate) triggers: Mutex<triggers::Triggers<K>>,
+    /// The caches it watches (see `watch`).
+    pub(crate) watches: watch::Watches<K>,
 }
 
 impl<K: ControllerKey> Observed for Core<K> {
@@ -731,6 +770,7 @@ impl<K: ControllerKey> Core<K> {
             parked: ParkedSet::new(DEFAULT_PARKED_CAPACITY),
             life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
+            watches: watch::Watches::new(),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
         let _ = core._registration.set(observe::register(observed));

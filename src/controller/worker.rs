@@ -98,7 +98,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // callback finds running, and `begin` made us findable).
         if let Some(coordination) = &rt.coordination {
             match coordination.gate.admit(&key) {
-                Admission::Run(token) => ctx.fencing_token = Some(token),
+                Admission::Run(token) => ctx.fencing_token = token,
                 Admission::Wait => {
                     slot.running.lock().take();
                     next = stand_by(core, rt, &*coordination.gate, key, priority);

@@ -87,6 +87,29 @@ class Etcd:
         with urllib.request.urlopen(request, timeout=5) as response:
             response.read()
 
+    def _call(self, path: str, body: Dict[str, object]) -> Dict[str, object]:
+        request = urllib.request.Request(f"{self.endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            reply: Dict[str, object] = json.loads(response.read())
+            return reply
+
+    def put_bytes(self, key: bytes, value: bytes) -> None:
+        """A put of raw bytes (keys that are not UTF-8)."""
+        self._call("kv/put", {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()})
+
+    def delete(self, key: str) -> None:
+        self._call("kv/deleterange", {"key": b64(key)})
+
+    def revision(self) -> int:
+        """The store's revision now."""
+        header = self._call("kv/range", {"key": b64("/")})["header"]
+        assert isinstance(header, dict)
+        return int(header["revision"])
+
+    def compact(self) -> None:
+        """Compacts the history up to the revision now."""
+        self._call("kv/compaction", {"revision": str(self.revision()), "physical": True})
+
     def bump(self, times: int) -> None:
         """Puts a filler key `times` times: the store's revision grows by as many."""
         for _ in range(times):

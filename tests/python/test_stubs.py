@@ -71,11 +71,37 @@ PROGRAMS = {
             t: 'float | None' = e['last_success_time']
             if e['kind'] == 'controller':
                 depth: int = e['depth'] + len(e['hanging'])
-            else:
+            elif e['kind'] == 'periodic':
                 manager: str = e['manager']
+            else:
+                synced: bool = e['synced'] and e['keys'] + e['relists'] > 0
+                position: 'str | None' = e['position']
         table: str = reconq.format_status()
         name: str = reconq.Manager(name='jobs').name
-        reconq.status()[0]['depth']  # E: periodic entries have no depth
+        reconq.status()[0]['is_leader']  # E: cache entries have no leader fields
+    """,
+    "cache_and_sources_usage": """
+        import threading
+        from typing import Any, Iterator, Union
+        import reconq
+        def changes(position: Any, stop: threading.Event) -> Iterator[Union[reconq.Put, reconq.Delete, reconq.Bookmark]]:
+            yield reconq.Put('k', {'a': 1}, position=1, version=1)
+            yield reconq.Delete('k', position=2)
+            yield reconq.Bookmark(3)
+            raise reconq.PositionExpired('compacted')
+        source = reconq.Source(lambda: ({'k': 1}, 0), changes, name='mine')
+        polled = reconq.PollingSource(lambda: [('a', 1), ('b', 2, 'v2')], interval=30)
+        etcd = reconq.EtcdSource(['http://127.0.0.1:2379'], '/items/', decode=bytes.decode)
+        cache = reconq.Cache(polled, name='items', indexes={'size': lambda key, obj: [obj]})
+        cache.start()
+        ok: bool = cache.wait_synced(timeout=5) and cache.synced and 'a' in cache
+        obj = cache.get('a')
+        keys: 'list[Any]' = cache.keys() + cache.by_index('size', 1)
+        stats = cache.stats()
+        n: int = len(cache) + stats['relists'] + stats['events'] + stats['errors']
+        err: 'str | None' = stats['last_error']
+        cache.stop()
+        reconq.Cache(polled, store='state.db')  # E: store= is not supported yet
     """,
     "context_and_scheduling_usage": """
         import reconq

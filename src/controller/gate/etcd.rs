@@ -31,7 +31,7 @@ impl<K> Gate<K> for LeaderGate {
     }
 
     fn admit(&self, _: &K) -> Admission {
-        self.0.token().map_or(Admission::Wait, Admission::Run)
+        self.0.token().map_or(Admission::Wait, |token| Admission::Run(Some(token)))
     }
 
     fn finished(&self, _: &K, _: u64) {}
@@ -78,7 +78,7 @@ impl<K: StoreKey> Gate<K> for ShardGate {
     }
 
     fn admit(&self, key: &K) -> Admission {
-        self.0.admit(self.partition(key)).map_or(Admission::Drop, Admission::Run)
+        self.0.admit(self.partition(key)).map_or(Admission::Drop, |token| Admission::Run(Some(token)))
     }
 
     fn finished(&self, key: &K, token: u64) {

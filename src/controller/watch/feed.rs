@@ -1,0 +1,118 @@
+//! A cache's changes turned into a controller's enqueues (E2, E6, E7): the
+//! predicate, the map, the priority of a list or a live change, the
+//! fallback to the changed key when a handler fails, and the resync timer.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Attached, Watch, WatchError};
+use crate::cache::{Applied, Cache};
+use crate::controller::{ControllerKey, Core, When, splitmix64};
+use crate::logs;
+use crate::source::{Source, Stop};
+
+/// One watch's handlers, shared by its subscriber (on the cache's thread)
+/// and its resync thread.
+struct Feed<S: Source, K> {
+    /// Weak: the cache holds the subscriber, and must not keep the
+    /// controller alive.
+    controller: Weak<Core<K>>,
+    /// Only the name: the cache holds this feed (a cycle otherwise).
+    cache_name: String,
+    watch: Watch<S, K>,
+}
+
+/// Acquires `cache` (starting it if it is not running) and subscribes the
+/// controller to it; the returned guard undoes both.
+pub(super) fn attach<S: Source, K: ControllerKey>(
+    core: &Arc<Core<K>>,
+    cache: &Cache<S>,
+    watch: Watch<S, K>,
+) -> Result<Attached, WatchError> {
+    let used = cache.acquire()?;
+    let resync_stop = Stop::new();
+    let feed = Arc::new(Feed { controller: Arc::downgrade(core), cache_name: cache.name().to_owned(), watch });
+    if let Some(every) = feed.watch.resync {
+        // The hook's clone of the cache goes when it runs, or when the
+        // cache stops unsynced.
+        let (feed, cache, stop) = (Arc::clone(&feed), cache.clone(), resync_stop.clone());
+        cache.clone().on_synced(move || feed.start_resync(cache, every, stop));
+    }
+    let subscriber = Arc::clone(&feed);
+    let subscription = cache.subscribe(move |change| subscriber.changed(change));
+    Ok(Attached { _subscription: subscription, _use: used, resync_stop })
+}
+
+impl<S: Source, K: ControllerKey> Feed<S, K> {
+    /// A change the cache applied: enqueue what `map` says, if the
+    /// predicate accepts it.
+    fn changed(&self, change: &Applied<S::Key, S::Object>) {
+        let Some(core) = self.controller.upgrade() else { return };
+        let priority = if change.listed { self.watch.list_priority } else { self.watch.priority };
+        let (old, new) = (change.old.as_deref(), change.new.as_deref());
+        let accepted = match &self.watch.predicate {
+            // Every delete; a put only if the object changed.
+            None => new.is_none() || old != new,
+            Some(predicate) => match predicate(old, new) {
+                Ok(accepted) => accepted,
+                Err(error) => return self.failed(&core, "predicate", &change.key, &error, priority),
+            },
+        };
+        if accepted {
+            self.enqueue(&core, &change.key, new.or(old), priority);
+        }
+    }
+
+    /// Enqueues the keys `map` gives for `key` (holding `obj`).
+    fn enqueue(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, priority: i32) {
+        match (self.watch.map)(key, obj) {
+            Ok(keys) => {
+                for key in keys {
+                    core.route(key, When::Now, priority);
+                }
+            }
+            Err(error) => self.failed(core, "map", key, &error, priority),
+        }
+    }
+
+    /// A handler failed: logged, counted, and the changed key itself
+    /// enqueued (missing a change is worse than one reconcile too many).
+    fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, priority: i32) {
+        logs::watch_handler_failed(&core.name, &self.cache_name, handler, key, error);
+        core.watches.count_handler_error();
+        core.route((self.watch.fallback)(key), When::Now, priority);
+    }
+
+    /// Starts the resync thread (the cache just synced), unless the watch
+    /// has ended.
+    fn start_resync(self: Arc<Self>, cache: Cache<S>, every: Duration, stop: Stop) {
+        let Some(core) = self.controller.upgrade() else { return };
+        if stop.is_set() {
+            return;
+        }
+        let name = format!("reconq-{}-resync", core.name);
+        let feed = Arc::clone(&self);
+        if let Err(e) = core.try_spawn_aux(name, move |_| feed.resync_until(&cache, every, &stop)) {
+            logs::watch_resync_unavailable(&core.name, &self.cache_name, &e.to_string());
+        }
+    }
+
+    /// Every `every` (±10%) until `stop`: every cached key through `map`,
+    /// at the list priority (E7).
+    fn resync_until(&self, cache: &Cache<S>, every: Duration, stop: &Stop) {
+        let mut seed = RandomState::new().hash_one(&self.cache_name);
+        loop {
+            seed = splitmix64(seed);
+            let unit = (seed >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+            if stop.wait_timeout(every.mul_f64(0.9 + 0.2 * unit)) {
+                return;
+            }
+            let Some(core) = self.controller.upgrade() else { return };
+            for key in cache.keys() {
+                let obj = cache.get(&key);
+                self.enqueue(&core, &key, obj.as_deref(), self.watch.list_priority);
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The controller's one seam to caches (docs/sources.md, E2, E5–E7): a
+//! controller watches a [`Cache`] through [`Watch`] options, and this module
+//! alone knows of it. It keeps the watches ([`Watches`], in the core),
+//! attaches them at start (the cache acquired, a subscriber that maps
+//! changes to enqueues), holds hand-out until every cache watched at start
+//! has synced (the synced gate, composed with coordination's in
+//! `controller/gate.rs`, so the worker loop asks one gate), and releases
+//! the caches at stop (a lifecycle hook). A controller that watches no
+//! cache has no gate from here and no per-reconcile work.
+//!
+//! * `options`: [`Watch`], the public options.
+//! * `feed`: a cache's changes (and resyncs) turned into enqueues.
+//! * `synced`: the synced gate and its `sync_timeout` reports.
+
+mod feed;
+mod options;
+mod synced;
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::gate::{Coordinated, Gate};
+use super::{ControllerKey, Core};
+use crate::cache::{Cache, CacheError, CacheUse, Subscription};
+use crate::error::InvalidArgument;
+use crate::source::{Source, Stop};
+use crate::sync::Mutex;
+
+pub use options::{DEFAULT_LIST_PRIORITY, Watch};
+pub(crate) use synced::SyncLatch;
+
+/// How long a controller waits for a cache it watched at start before
+/// each ERROR saying so (E5), by default.
+pub(crate) const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a controller cannot watch a cache.
+#[derive(Debug)]
+pub enum WatchError {
+    /// The cache was stopped: a stopped cache never runs again.
+    CacheStopped { cache: String },
+    /// The controller was stopped.
+    ControllerStopped { controller: String },
+    /// The OS refused a thread (the cache's, or its resync's).
+    Thread(io::Error),
+}
+
+impl fmt::Display for WatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WatchError::CacheStopped { cache } => write!(f, "cache {cache:?} is stopped and cannot start again"),
+            WatchError::ControllerStopped { controller } => {
+                write!(f, "controller {controller:?} is stopped: it watches no cache any more")
+            }
+            WatchError::Thread(e) => write!(f, "cannot spawn a thread for a watched cache: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for WatchError {}
+
+impl From<CacheError> for WatchError {
+    fn from(e: CacheError) -> Self {
+        match e {
+            CacheError::Stopped { cache } => WatchError::CacheStopped { cache },
+            CacheError::Thread(e) => WatchError::Thread(e),
+        }
+    }
+}
+
+/// A cache as the controller side sees it, whatever its source.
+pub(crate) trait Watched: Send + Sync {
+    fn name(&self) -> &str;
+    fn is_stopped(&self) -> bool;
+    fn synced(&self) -> bool;
+    fn wait_synced(&self, timeout: Option<Duration>) -> bool;
+    fn last_error(&self) -> Option<String>;
+    /// See [`Cache::on_synced`].
+    fn on_synced(&self, hook: Box<dyn FnOnce() + Send>);
+}
+
+impl<S: Source> Watched for Cache<S> {
+    fn name(&self) -> &str {
+        Cache::name(self)
+    }
+    fn is_stopped(&self) -> bool {
+        Cache::is_stopped(self)
+    }
+    fn synced(&self) -> bool {
+        Cache::synced(self)
+    }
+    fn wait_synced(&self, timeout: Option<Duration>) -> bool {
+        Cache::wait_synced(self, timeout)
+    }
+    fn last_error(&self) -> Option<String> {
+        self.stats().last_error
+    }
+    fn on_synced(&self, hook: Box<dyn FnOnce() + Send>) {
+        Cache::on_synced(self, hook);
+    }
+}
+
+/// A watch not attached yet (made before start), its source type erased.
+trait Unattached<K>: Send {
+    fn cache(&self) -> Arc<dyn Watched>;
+    fn attach(self: Box<Self>, core: &Arc<Core<K>>) -> Result<Attached, WatchError>;
+}
+
+struct Pending<S: Source, K> {
+    cache: Cache<S>,
+    watch: Watch<S, K>,
+}
+
+impl<S: Source, K: ControllerKey> Unattached<K> for Pending<S, K> {
+    fn cache(&self) -> Arc<dyn Watched> {
+        Arc::new(self.cache.clone())
+    }
+
+    fn attach(self: Box<Self>, core: &Arc<Core<K>>) -> Result<Attached, WatchError> {
+        feed::attach(core, &self.cache, self.watch)
+    }
+}
+
+/// A watch in force: dropping it unsubscribes, stops its resync and lets
+/// the cache go (it stops if no one else uses it and it was not started
+/// explicitly). Fields drop in order: no change is delivered to the
+/// controller once the cache may stop.
+pub(crate) struct Attached {
+    _subscription: Subscription,
+    _use: CacheUse,
+    /// Set on drop: ends the resync thread.
+    resync_stop: Stop,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.resync_stop.set();
+    }
+}
+
+/// A controller's watches, in its core.
+pub(crate) struct Watches<K> {
+    state: Mutex<State<K>>,
+    /// Failed maps and predicates (E6), for `Stats::handler_errors`.
+    handler_errors: AtomicU64,
+}
+
+struct State<K> {
+    sync_timeout: Duration,
+    /// `start()` took `at_start`: later watches attach at once and do not
+    /// hold the controller.
+    started: bool,
+    /// The controller stopped: the watches were released.
+    released: bool,
+    at_start: Vec<Box<dyn Unattached<K>>>,
+    attached: Vec<Attached>,
+    /// Every cache watched, for `wait_synced`.
+    caches: Vec<Arc<dyn Watched>>,
+}
+
+/// What `start()` takes: the watches made before it and the gate's latch.
+pub(crate) struct AtStart<K> {
+    watches: Vec<Box<dyn Unattached<K>>>,
+    latch: Option<Arc<SyncLatch>>,
+}
+
+impl<K: ControllerKey> Watches<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                sync_timeout: DEFAULT_SYNC_TIMEOUT,
+                started: false,
+                released: false,
+                at_start: Vec::new(),
+                attached: Vec::new(),
+                caches: Vec::new(),
+            }),
+            handler_errors: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn set_sync_timeout(&self, timeout: Duration) -> Result<(), InvalidArgument> {
+        if timeout.is_zero() {
+            return Err(InvalidArgument::new("sync_timeout must be positive, got 0 s"));
+        }
+        self.state.lock().sync_timeout = timeout;
+        Ok(())
+    }
+
+    pub(crate) fn handler_errors(&self) -> u64 {
+        self.handler_errors.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_handler_error(&self) {
+        self.handler_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Watches `cache`: before start, kept for start (and the cache holds
+    /// the controller until it syncs); after, attached now.
+    pub(crate) fn watch<S: Source>(
+        &self,
+        core: &Arc<Core<K>>,
+        cache: &Cache<S>,
+        watch: Watch<S, K>,
+    ) -> Result<(), WatchError> {
+        if cache.is_stopped() {
+            return Err(WatchError::CacheStopped { cache: cache.name().to_owned() });
+        }
+        {
+            let mut state = self.state.lock();
+            if state.released || core.life.is_stopping() {
+                return Err(WatchError::ControllerStopped { controller: core.name.clone() });
+            }
+            if !state.started {
+                Self::keep_pending(&mut state, cache, watch);
+                return Ok(());
+            }
+            state.caches.push(Arc::new(cache.clone()));
+        }
+        // Outside the lock: the subscription replays the cache's keys.
+        let attached = feed::attach(core, cache, watch)?;
+        self.keep(attached);
+        Ok(())
+    }
+
+    /// Keeps a watch made on the builder for start (which refuses a
+    /// stopped cache).
+    pub(crate) fn keep_for_start<S: Source>(&self, cache: &Cache<S>, watch: Watch<S, K>) {
+        Self::keep_pending(&mut self.state.lock(), cache, watch);
+    }
+
+    fn keep_pending<S: Source>(state: &mut State<K>, cache: &Cache<S>, watch: Watch<S, K>) {
+        state.caches.push(Arc::new(cache.clone()));
+        state.at_start.push(Box::new(Pending { cache: cache.clone(), watch }));
+    }
+
+    /// Keeps `attached` until stop (dropped at once if it came meanwhile).
+    fn keep(&self, attached: Attached) {
+        let mut state = self.state.lock();
+        if state.released {
+            drop(state);
+            drop(attached);
+        } else {
+            state.attached.push(attached);
+        }
+    }
+
+    /// Takes the watches made before start (no later watch holds the
+    /// controller) and their latch; an error if one of their caches was
+    /// stopped (then nothing has changed: no cache was acquired).
+    pub(crate) fn take_at_start(&self) -> Result<AtStart<K>, WatchError> {
+        let mut state = self.state.lock();
+        let watches = std::mem::take(&mut state.at_start);
+        let caches: Vec<Arc<dyn Watched>> = watches.iter().map(|w| w.cache()).collect();
+        if let Some(stopped) = caches.iter().find(|c| c.is_stopped()) {
+            let cache = stopped.name().to_owned();
+            state.at_start = watches;
+            return Err(WatchError::CacheStopped { cache });
+        }
+        state.started = true;
+        let latch = (!caches.is_empty()).then(|| SyncLatch::new(caches, state.sync_timeout));
+        Ok(AtStart { watches, latch })
+    }
+
+    /// Gives up the watches at the controller's stop (its `Stop` hook).
+    fn release(&self) {
+        let attached = {
+            let mut state = self.state.lock();
+            state.released = true;
+            std::mem::take(&mut state.attached)
+        };
+        drop(attached);
+    }
+
+    /// Waits until every cache watched is synced; `true` at once if none.
+    pub(crate) fn wait_synced(&self, timeout: Option<Duration>) -> bool {
+        let caches = self.state.lock().caches.clone();
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        caches.iter().all(|cache| cache.wait_synced(deadline.map(|d| d.saturating_duration_since(Instant::now()))))
+    }
+}
+
+impl<K: ControllerKey> AtStart<K> {
+    /// Puts the synced gate in front of coordination's, if anything was
+    /// watched (else leaves it as it is: no gate, no cost).
+    pub(crate) fn gate(&self, coordination: Option<Coordinated<K>>) -> Option<Coordinated<K>> {
+        match &self.latch {
+            None => coordination,
+            Some(latch) => Some(Coordinated::wrapped(coordination, |inner: Option<Box<dyn Gate<K>>>| {
+                Box::new(synced::SyncedGate::new(Arc::clone(latch), inner))
+            })),
+        }
+    }
+
+    /// Attaches the watches of a started controller, opens the gate as
+    /// their caches sync, reports the caches that do not within
+    /// `sync_timeout`, and releases everything at stop.
+    pub(crate) fn attach(self, core: &Arc<Core<K>>) -> Result<(), WatchError> {
+        core.subscribe(super::life::Event::Stop, |core| core.watches.release());
+        if let Some(latch) = &self.latch {
+            let latch = Arc::clone(latch);
+            core.try_spawn_aux(format!("reconq-{}-sync", core.name), move |core| latch.report_until_synced(core))
+                .map_err(WatchError::Thread)?;
+        }
+        for watch in self.watches {
+            let cache = watch.cache();
+            let attached = watch.attach(core)?;
+            core.watches.keep(attached);
+            if let Some(latch) = &self.latch {
+                let latch = Arc::clone(latch);
+                cache.on_synced(Box::new(move || latch.one_synced()));
+            }
+        }
+        Ok(())
+    }
+}
