@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import queue
+import subprocess
 import sys
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -33,6 +34,15 @@ def test_the_docs_show_the_recipe_whole() -> None:
     """docs/sources.md shows the file these tests import, as it is."""
     shown = [block for block in PYTHON_BLOCK.findall((DOCS / "sources.md").read_text()) if "class PostgresTable" in block]
     assert shown == [RECIPE.read_text()]
+
+
+def test_the_recipe_type_checks() -> None:
+    """`mypy --strict` accepts the recipe against reconq's stubs and
+    psycopg's types, so a change of the API it uses shows here."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(RECIPE)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.fixture
