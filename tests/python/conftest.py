@@ -27,3 +27,12 @@ def make():
     yield factory
     for c in made:
         c.stop(drain=False, timeout=5)
+
+
+@pytest.fixture
+def caches():
+    """Caches made by a test, stopped at its end."""
+    made: List[reconq.Cache] = []
+    yield made
+    for cache in made:
+        cache.stop()

@@ -61,7 +61,7 @@ class Writer:
 
     def sql(self, statement: str, *args: Any) -> List[Tuple[Any, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            cursor = conn.execute(statement, args)  # type: ignore[call-overload]
+            cursor = conn.execute(statement, args)
             return cursor.fetchall() if cursor.description else []
 
     def put(self, key: str, value: str) -> None:
@@ -72,7 +72,7 @@ class Writer:
 
     def rows(self) -> Dict[str, str]:
         """The table as the database lists it: the truth to converge to."""
-        return dict(self.sql("SELECT key, value FROM desired"))  # type: ignore[arg-type]
+        return dict(self.sql("SELECT key, value FROM desired"))
 
     def version(self, key: str) -> int:
         ((version,),) = self.sql("SELECT version FROM desired WHERE key = %s", key)
@@ -226,15 +226,23 @@ def test_versions_follow_commit_order(postgres: Postgres, table: PostgresTable, 
     assert [described(e) for e in seen] == [("put", "a", "first"), ("put", "b", "second")]
 
 
-def test_a_reconnect_misses_no_change_made_while_disconnected(table: PostgresTable, db: Writer, streams: List[Stream]) -> None:
-    """Nobody listens while the changes are made, so their notifications
-    are lost: the query by version still finds them."""
+def following_a_change(table: PostgresTable, db: Writer, streams: List[Stream]) -> Tuple[Stream, Any]:
+    """A stream from a listing of keys a, b and c, and the event it gave
+    for a change of a."""
     for key in ("a", "b", "c"):
         db.put(key, "1")
     _, position = table.list()
     stream = follow(table, position, streams)
     db.put("a", "2")
     (event,) = stream.take(1)
+    assert described(event) == ("put", "a", "2")
+    return stream, event
+
+
+def test_a_reconnect_misses_no_change_made_while_disconnected(table: PostgresTable, db: Writer, streams: List[Stream]) -> None:
+    """Nobody listens while the changes are made, so their notifications
+    are lost: the query by version still finds them."""
+    stream, event = following_a_change(table, db, streams)
     stream.close()
     assert stream.ended is None
     db.put("b", "2")
@@ -248,12 +256,7 @@ def test_a_reconnect_misses_no_change_made_while_disconnected(table: PostgresTab
 def test_changes_resume_from_the_position_after_a_server_restart(
     postgres: Postgres, table: PostgresTable, db: Writer, streams: List[Stream], crash: bool
 ) -> None:
-    for key in ("a", "b", "c"):
-        db.put(key, "1")
-    _, position = table.list()
-    stream = follow(table, position, streams)
-    db.put("a", "2")
-    (event,) = stream.take(1)
+    stream, event = following_a_change(table, db, streams)
     postgres.restart(crash=crash)
     # The broken connection ends the stream with an error (a cache backs
     # off, then calls `changes` again from the last position it applied).
@@ -270,14 +273,6 @@ def test_changes_resume_from_the_position_after_a_server_restart(
 
 
 # A reconq.Cache over the recipe.
-
-
-@pytest.fixture
-def caches() -> Iterator[List[reconq.Cache]]:
-    made: List[reconq.Cache] = []
-    yield made
-    for cache in made:
-        cache.stop()
 
 
 def started(table: PostgresTable, caches: List[reconq.Cache]) -> reconq.Cache:
