@@ -373,6 +373,8 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     processing: int
     waiting: int
     parked: int
+    handler_errors: int
+    """Failures of a watched cache's ``map`` or ``predicate`` (the changed key was enqueued instead)."""
     background_threads: int
     hanging: Dict[_Key, float]
     last_error: Optional[str]
@@ -413,6 +415,7 @@ class Controller:
         store: Union[SqliteStore, str, PathLike[str], None] = None,
         sharding: Optional[Sharding] = None,
         resync: Optional[Callable[[], Iterable[_Key]]] = None,
+        sync_timeout: float = 120.0,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
@@ -432,6 +435,17 @@ class Controller:
     def inspect(self, key: _Key) -> _KeyInfo: ...
     def parked(self) -> List[_Key]: ...
     def requeue_parked(self, key: _Key) -> bool: ...
+    def watch_cache(
+        self,
+        cache: Cache,
+        map: Optional[Callable[[Any, Any], Union[_Key, Iterable[_Key], None]]] = None,
+        predicate: Optional[Callable[[Any, Any], object]] = None,
+        resync: Optional[_Seconds] = None,
+        priority: int = 0,
+        list_priority: int = -100,
+    ) -> None: ...
+    def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool:
+        """Waits until every watched cache has synced (True at once if none)."""
     def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
     def remove_trigger(self, key: _Key) -> bool: ...
     def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...

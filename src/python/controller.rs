@@ -24,9 +24,12 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
 use super::attach::python_thread_wrapper;
+use super::cache::PyCache;
 use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
-use super::duration::{delay_from_py, non_negative_from_py, shown, timeout_from_py, to_secs, unix_timestamp};
+use super::duration::{
+    delay_from_py, non_negative_from_py, positive_secs, shown, timeout_from_py, to_secs, unix_timestamp,
+};
 use super::election::PyLeaderElection;
 use super::key::PyKey;
 use super::limiters::limiter_from_py;
@@ -34,6 +37,7 @@ use super::priority::priority_from_py;
 use super::queue::wait_interruptibly;
 use super::reconciler::{AUX_GRACE, CallbackCell, PyEvents, PyReconciler, keys_from_event, log, try_log};
 use super::sharding::{PySharding, resync_from_py};
+use super::watch::watch_from_py;
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::observe::status::RunState;
@@ -99,6 +103,8 @@ const MAX_WORKERS: i64 = 1024;
 ///   partitions this replica owns.
 /// - `resync=None`: with `sharding`, a callable listing every key; called
 ///   when partitions are gained.
+/// - `sync_timeout=120.0`: while a cache watched at start has not synced,
+///   an ERROR every this many seconds names it and its last error.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -110,6 +116,9 @@ pub(crate) struct PyController {
     triggers: Arc<Mutex<TriggerEvents>>,
     /// Built with `group=`: `stats()` reports `in_flight_by_group`.
     grouped: bool,
+    /// The caches it watches, held until it stops: a cache the user
+    /// started and let go of must not stop under it (`PyCache`'s drop).
+    watched: Mutex<Vec<Py<PyCache>>>,
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -315,6 +324,8 @@ impl PyController {
             }
         };
         this.release_callback();
+        let watched = std::mem::take(&mut *this.watched.lock());
+        drop(watched);
         lifecycle(py, "untrack", slf)?;
         result
     }
@@ -333,7 +344,7 @@ impl PyController {
     #[pyo3(signature = (
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
-        leader_election=None, store=None, sharding=None, resync=None,
+        leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -353,8 +364,10 @@ impl PyController {
         store: Option<&Bound<'_, PyAny>>,
         sharding: Option<PyRef<'_, PySharding>>,
         resync: Option<&Bound<'_, PyAny>>,
+        sync_timeout: f64,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile", 1)?;
+        let sync_timeout = positive_secs(sync_timeout, "sync_timeout")?;
         if !(1..=MAX_WORKERS).contains(&workers) {
             return Err(PyValueError::new_err(format!("workers must be between 1 and {MAX_WORKERS}, got {workers}")));
         }
@@ -447,6 +460,7 @@ impl PyController {
         if let Some(resync) = resync {
             builder = builder.resync(resync_from_py(resync));
         }
+        builder = builder.sync_timeout(sync_timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let handle = builder.handle();
         Ok(Self {
             name,
@@ -456,6 +470,7 @@ impl PyController {
             callback,
             triggers: Arc::new(Mutex::new(TriggerEvents::default())),
             grouped,
+            watched: Mutex::new(Vec::new()),
         })
     }
 
@@ -711,6 +726,7 @@ impl PyController {
         d.set_item("processing", stats.processing)?;
         d.set_item("waiting", stats.waiting)?;
         d.set_item("parked", stats.parked)?;
+        d.set_item("handler_errors", stats.handler_errors)?;
         d.set_item("background_threads", handle.background_threads())?;
         let hang = PyDict::new(py);
         for (key, running) in hanging {
@@ -793,6 +809,62 @@ impl PyController {
     /// was parked.
     fn requeue_parked(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.handle.requeue_parked(&PyKey::from_py(key)?))
+    }
+
+    /// Reconciles what changes in `cache` (guarantees §13): each change
+    /// enqueues the keys `map(key, obj)` gives (default: the key; for a
+    /// delete `obj` is the last state held, or None), if
+    /// `predicate(old, new)` accepts it (default: every delete, every put
+    /// whose object differs); at `priority` for live changes and
+    /// `list_priority` for lists, relists and the `resync` every `resync`
+    /// seconds. A `map` or `predicate` that raises is logged and counted
+    /// (`stats()["handler_errors"]`), and the changed key is enqueued.
+    /// Watched before `start()`, the cache holds the controller until it
+    /// has synced (and `start()` starts it); after, it is started at once
+    /// and holds nothing. RuntimeError if the cache or the controller was
+    /// stopped.
+    #[pyo3(
+        signature = (cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100),
+        text_signature = "($self, cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100)"
+    )]
+    #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §13)
+    fn watch_cache(
+        &self,
+        py: Python<'_>,
+        cache: &Bound<'_, PyAny>,
+        map: Option<&Bound<'_, PyAny>>,
+        predicate: Option<&Bound<'_, PyAny>>,
+        resync: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = priority_from_py)] priority: i32,
+        #[pyo3(from_py_with = priority_from_py)] list_priority: i32,
+    ) -> PyResult<()> {
+        let cache = cache
+            .cast::<PyCache>()
+            .map_err(|_| PyTypeError::new_err(format!("cache must be a reconq.Cache, not {}", type_name(cache))))?;
+        let watch = watch_from_py(map, predicate, resync, priority, list_priority)?;
+        let handle = &self.handle;
+        let core = &cache.get().cache;
+        py.detach(|| handle.watch_cache(core, watch)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        self.watched.lock().push(cache.clone().unbind());
+        Ok(())
+    }
+
+    /// Blocks (GIL released) until every cache this controller watches
+    /// has synced; returns whether they have: True at once if it watches
+    /// none, False at once if one was stopped unsynced, or after `timeout`
+    /// seconds (None: no limit).
+    #[pyo3(signature = (timeout=None))]
+    fn wait_synced(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let timeout = timeout_from_py(timeout)?;
+        let deadline = timeout.map(|t| deadline_after(Instant::now(), t));
+        let handle = &self.handle;
+        let synced = wait_interruptibly(py, deadline, |slice| {
+            let began = Instant::now();
+            let synced = handle.wait_synced(slice);
+            // False before its slice ran out: a cache stopped unsynced.
+            (synced || slice.is_none_or(|slice| began.elapsed() < slice)).then_some(synced)
+        })?;
+        Ok(synced.unwrap_or(false))
     }
 
     /// Runs `fn(stop_event)` (`stop_event` a `threading.Event`) on its own

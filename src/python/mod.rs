@@ -29,6 +29,7 @@ mod sharding;
 mod sources;
 mod status;
 mod store;
+mod watch;
 
 use pyo3::prelude::*;
 

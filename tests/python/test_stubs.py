@@ -100,6 +100,12 @@ PROGRAMS = {
         stats = cache.stats()
         n: int = len(cache) + stats['relists'] + stats['events'] + stats['errors']
         err: 'str | None' = stats['last_error']
+        c = reconq.Controller(lambda key: None, sync_timeout=30)
+        c.watch_cache(cache, map=lambda key, obj: [key, ('owner', key)], predicate=lambda old, new: old != new,
+                      resync=600, priority=10, list_priority=-100)
+        c.watch_cache(cache, map=lambda key, obj: key)
+        synced: bool = c.wait_synced(timeout=5)
+        errors: int = c.stats()['handler_errors']
         cache.stop()
         reconq.Cache(polled, store='state.db')  # E: store= is not supported yet
     """,
