@@ -99,6 +99,9 @@ class Postgres:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    # The server quits (as after a crash) when the test
+                    # process dies, even by SIGKILL: none outlives a run.
+                    "setpriv", "--pdeathsig", "QUIT", "--",
                     str(self.bin / "postgres"), "-D", self.data, "-p", str(self.port),
                     "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
                     # Tests survive the server's crash, not the machine's.
