@@ -31,9 +31,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reconq::source::{Changes, Item, Listing, Stop};
 use reconq::{
-    Action, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff, FakeClock,
-    LeaderElection, Manager, ReconcileError, Sharding, partition_of,
+    Action, Cache, CacheError, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff,
+    FakeClock, LeaderElection, Manager, ReconcileError, Sharding, Source, SourceError, Watch, partition_of,
 };
 use shuttle::sync::Mutex;
 use shuttle::thread;
@@ -57,7 +58,8 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 11] = [
+    let models: [fn(); 12] = [
+        cache_relisting_while_controller_stops_model,
         stop_racing_start_runs_every_stop_hook_model,
         leadership_lost_during_reconciles_model,
         partition_handed_over_while_its_key_runs_model,
@@ -827,4 +829,83 @@ fn manager_self_removal_racing_remove_all_model() {
     assert_eq!(events.first(), Some(&Event::Do(1)), "{events:?}");
     assert_eq!(count(&events, Event::Stop(1)), 1, "stop ran not exactly once: {events:?}");
     assert_eq!(events.last(), Some(&Event::Stop(1)), "{events:?}");
+}
+
+// ---------------------------------------------------------------------------
+// A cache relisting while the controller watching it stops.
+
+/// A source whose first stream expires at once (a compaction): the cache
+/// relists, finding key 1 changed and key 2 new; the second stream blocks
+/// until the cache stops.
+#[derive(Default)]
+struct RelistingSource {
+    lists: u8,
+}
+
+impl Source for RelistingSource {
+    type Key = u8;
+    type Object = u8;
+    type Position = u8;
+    type Version = ();
+
+    fn list(&mut self, _stop: &Stop) -> Result<Listing<u8, u8, u8, ()>, SourceError> {
+        self.lists += 1;
+        let items: Vec<(u8, u8)> = if self.lists == 1 { vec![(1, 1)] } else { vec![(1, 2), (2, 1)] };
+        Ok(Listing { items: items.into_iter().map(Item::from).collect(), position: Some(self.lists) })
+    }
+
+    fn changes(&mut self, _from: Option<&u8>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
+        if self.lists == 1 {
+            return Err(SourceError::expired("compacted"));
+        }
+        let stop = stop.clone();
+        Ok(Box::new(std::iter::from_fn(move || {
+            stop.wait_timeout(FOREVER);
+            None
+        })))
+    }
+}
+
+#[test]
+fn cache_relisting_while_controller_stops() {
+    explore(cache_relisting_while_controller_stops_model);
+}
+
+/// **A cache relisting while its controller stops** (E2, E5, lifecycle).
+/// The controller is the cache's only user; a stopper thread stops it at
+/// whatever point shuttle picks: before or during its start, before the
+/// first list, while the list or the relist is delivered to the
+/// controller, while their keys are reconciled.
+///
+/// Invariants: nothing deadlocks (the stop joins the cache's thread, which
+/// may be enqueueing into the stopping controller); no key is reconciled
+/// before the cache synced; a reconcile of key 2 reads the state the relist
+/// brought; the cache stops with its last user; and no reconcile runs once
+/// the stop returned and the threads were joined.
+fn cache_relisting_while_controller_stops_model() {
+    let cache = Cache::builder("relisting", RelistingSource::default()).build().unwrap();
+    let seen: Arc<Mutex<Vec<(u8, Option<u8>, bool)>>> = Arc::default();
+    let (log, reader) = (Arc::clone(&seen), cache.clone());
+    let reconcile = move |key: &u8, _ctx: &Context| -> Result<Action, ReconcileError> {
+        log.lock().unwrap().push((*key, reader.get(key).as_deref().copied(), reader.synced()));
+        Ok(Action::Done)
+    };
+    let controller = Controller::new("relisting", reconcile).watch_cache(&cache, Watch::new());
+    let handle = controller.handle();
+    let stopper = {
+        let handle = handle.clone();
+        thread::spawn(move || handle.stop())
+    };
+    let started = controller.try_start().is_ok();
+    stopper.join().unwrap();
+    assert!(handle.join_timeout(FOREVER), "a thread never heard of the stop");
+    if started {
+        assert!(matches!(cache.acquire(), Err(CacheError::Stopped { .. })), "the cache outlived its last user");
+    } else {
+        assert!(!cache.synced(), "a controller stopped before start started its cache");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|(.., synced)| *synced), "reconciled before the cache synced: {seen:?}");
+    assert!(seen.iter().all(|(key, value, _)| *key != 2 || *value == Some(1)), "key 2 read a wrong state: {seen:?}");
+    assert_eq!(handle.stats().reconciles as usize, seen.len(), "a reconcile after the stop");
 }

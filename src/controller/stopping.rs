@@ -156,6 +156,10 @@ impl<K: ControllerKey> Stopping<K> {
             let name = &self.handle.core.name;
             if exited {
                 life.join_workers();
+                // Keys still ready were held back by a gate (caches not
+                // synced, a standby) from workers now gone: dropped, and
+                // reported as such.
+                rt.queue.shut_down_now();
             } else {
                 self.handle.core.cancel_everything();
                 rt.queue.shut_down_now();

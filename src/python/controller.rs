@@ -302,11 +302,10 @@ impl PyController {
         // drain finishes on a thread of its own, without a deadline.
         let own_worker = handle.on_own_worker();
         let timeout = if own_worker { None } else { timeout };
-        // Detached: the stop releases the caches this controller watched,
-        // and a cache's stop waits for its thread, which may be in Python
-        // (a `Source`'s iterator, a `decode`) waiting for the GIL.
-        let options = StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) };
-        let mut stopping = py.detach(|| handle.stop_with(options));
+        // Detached: a stop lets go of the caches it watched, and stopping
+        // one joins its thread, which may be waiting for the GIL.
+        let mut stopping =
+            py.detach(|| handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) }));
         // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
         drop(unstarted);
@@ -321,8 +320,7 @@ impl PyController {
             match wait_interruptibly(py, None, |slice| stopping.lock().wait(slice.unwrap_or(Duration::MAX))) {
                 Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
                 Err(e) => {
-                    // Interrupted (Ctrl-C): give up a drain, stop at once
-                    // (detached, as above).
+                    // Interrupted (Ctrl-C): give up a drain, stop at once.
                     py.detach(|| handle.stop());
                     Err(e)
                 }
@@ -569,7 +567,7 @@ impl PyController {
         let started = py.detach(move || builder.try_start().map(drop));
         if let Err(e) = started {
             // Nothing runs: the controller is stopped, as after stop() (a
-            // failed claim left it unstopped). Detached, as in a stop.
+            // failed claim left it unstopped).
             py.detach(|| this.handle.stop());
             this.release_callback();
             if let Some(store) = e.get_ref().and_then(|inner| inner.downcast_ref::<crate::StoreError>()) {

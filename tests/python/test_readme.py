@@ -60,14 +60,22 @@ def run_etcd_example(
     page: str, block: str, namespace: Dict[str, Any], while_running: Optional[Callable[[Etcd], None]] = None
 ) -> None:
     """An example on etcd (leader election, sharding, a cache of a prefix),
-    against a test etcd holding a key `web` = 3 under each prefix it caches:
-    once it has reconciled, and `while_running` has returned, Ctrl-C ends
-    its `run()` as it would a user's."""
+    against a test etcd holding a key `web` = 3 under each prefix it caches.
+    One that calls `c.run()` gets Ctrl-C once it has reconciled and
+    `while_running` has returned, as a user would end it; any other runs
+    to its end, and its controller `c` is stopped."""
     etcd = Etcd()
     try:
         block = block.replace("http://127.0.0.1:2379", etcd.endpoint)
-        for prefix in re.findall(r'EtcdSource\(\[[^]]*\], "([^"]+)"', block):
+        for prefix in re.findall(r'EtcdSource\((?:\[[^]]*\]|"[^"]*"), "([^"]+)"', block):
             etcd.put(f"{prefix}web", "3")
+        if "c.run()" not in block:
+            try:
+                exec(compile(block, page, "exec"), namespace)
+            finally:
+                if "c" in namespace:
+                    namespace["c"].stop()
+            return
         failed: List[BaseException] = []
 
         def interrupt_once_reconciled() -> None:

@@ -1,0 +1,205 @@
+"""`reconq.EtcdSource` caches against a real etcd (guarantees §13, E1–E4):
+keys and values as Python sees them, etcd restarted with its data and
+wiped, deletes made while the stream was down, a compaction past the
+cache's revision, a cache started before etcd is reachable, and a
+controller started before etcd is up. Convergence is checked against
+etcd's own listing, never by sleeping."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+import reconq
+from etcd_server import Etcd
+from proxy import Proxy
+from waiting import PATIENCE, wait_for
+
+PREFIX = "/items/"
+
+
+@pytest.fixture
+def etcd() -> Iterator[Etcd]:
+    server = Etcd()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def caches() -> Iterator[List[reconq.Cache]]:
+    made: List[reconq.Cache] = []
+    yield made
+    for cache in made:
+        cache.stop()
+
+
+def text_cache(caches: List[reconq.Cache], endpoint: str, name: str) -> reconq.Cache:
+    cache = reconq.Cache(reconq.EtcdSource(endpoint, PREFIX, decode=bytes.decode), name=name)
+    caches.append(cache)
+    cache.start()
+    return cache
+
+
+def contents(cache: reconq.Cache) -> Dict[Any, Any]:
+    return {key: cache.get(key) for key in cache.keys()}
+
+
+def etcd_items(etcd: Etcd) -> Dict[str, str]:
+    return {key[len(PREFIX) :]: value for key, value in etcd.keys(PREFIX).items()}
+
+
+def converged(cache: reconq.Cache, etcd: Etcd) -> None:
+    wait_for(lambda: contents(cache) == etcd_items(etcd), what="the cache to hold what etcd holds")
+
+
+def cut_off(etcd: Etcd, caches: List[reconq.Cache], name: str) -> "tuple[Proxy, reconq.Cache]":
+    """A synced cache behind a proxy, then the proxy cut: returns once the
+    cache noticed the break."""
+    proxy = Proxy(etcd.endpoint)
+    cache = text_cache(caches, proxy.endpoint, name)
+    assert cache.wait_synced(PATIENCE)
+    converged(cache, etcd)
+    proxy.cut()
+    wait_for(lambda: cache.stats()["errors"] >= 1, what="the break noticed")
+    return proxy, cache
+
+
+def test_keys_are_str_or_bytes_and_values_bytes_or_decoded_and_decode_failures_skipped(
+    etcd: Etcd, caches: List[reconq.Cache], caplog: pytest.LogCaptureFixture
+) -> None:
+    etcd.put(PREFIX + "a", "1")
+    etcd.put_bytes(PREFIX.encode() + b"\xff\xfe", b"\x00raw")
+    etcd.put(PREFIX + "bad", "not a number")
+    raw = reconq.Cache(reconq.EtcdSource([etcd.endpoint], PREFIX), name="raw")
+    caches.append(raw)
+    raw.start()
+    assert raw.wait_synced(PATIENCE)
+    assert contents(raw) == {"a": b"1", b"\xff\xfe": b"\x00raw", "bad": b"not a number"}
+    assert raw.stats()["position"] == etcd.revision()
+    with caplog.at_level(logging.WARNING, logger="reconq"):
+        numbers = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX, decode=int), name="numbers")
+        caches.append(numbers)
+        numbers.start()
+        assert numbers.wait_synced(PATIENCE)
+        assert numbers.get("a") == 1 and "bad" not in numbers and len(numbers) == 1
+        etcd.put(PREFIX + "b", "2")
+        etcd.put(PREFIX + "c", "three")
+        wait_for(lambda: numbers.get("b") == 2)
+        wait_for(lambda: numbers.stats()["position"] == etcd.revision())
+        assert "c" not in numbers and numbers.stats()["errors"] == 0
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert any("bad" in line and "ValueError" in line for line in skipped), skipped
+    assert any("/items/c" in line and "ValueError" in line for line in skipped), skipped
+
+
+def test_etcd_restarted_with_its_data_is_resumed_not_relisted(etcd: Etcd, caches: List[reconq.Cache]) -> None:
+    for key in "abc":
+        etcd.put(PREFIX + key, key)
+    cache = text_cache(caches, etcd.endpoint, "restarted")
+    assert cache.wait_synced(PATIENCE)
+    etcd.restart()
+    etcd.put(PREFIX + "d", "d")
+    etcd.delete(PREFIX + "a")
+    converged(cache, etcd)
+    stats = cache.stats()
+    assert stats["relists"] == 0 and stats["errors"] >= 1, stats
+    wait_for(lambda: cache.stats()["position"] == etcd.revision())
+
+
+def test_etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    for key in "abcdef":
+        etcd.put(PREFIX + key, key)
+    cache = text_cache(caches, etcd.endpoint, "wiped")
+    assert cache.wait_synced(PATIENCE)
+    etcd.wipe()
+    etcd.put(PREFIX + "new", "n")
+    converged(cache, etcd)
+    assert contents(cache) == {"new": "n"}
+    assert cache.stats()["relists"] >= 1
+
+
+def test_deletes_made_while_the_stream_was_down_arrive_without_a_relist(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    for key in "abc":
+        etcd.put(PREFIX + key, key)
+    proxy, cache = cut_off(etcd, caches, "deletes")
+    etcd.delete(PREFIX + "a")
+    etcd.put(PREFIX + "b", "changed")
+    proxy.heal()
+    converged(cache, etcd)
+    assert cache.stats()["relists"] == 0, "E3: resumed, not relisted"
+    proxy.close()
+
+
+def test_a_compaction_past_the_cache_revision_relists_and_keys_gone_meanwhile_are_deleted(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    for key in "abc":
+        etcd.put(PREFIX + key, key)
+    proxy, cache = cut_off(etcd, caches, "compacted")
+    etcd.delete(PREFIX + "b")
+    etcd.put(PREFIX + "c", "changed")
+    etcd.compact()
+    proxy.heal()
+    converged(cache, etcd)
+    assert cache.stats()["relists"] == 1, "E3: the compacted revision expired"
+    assert "b" not in cache
+    proxy.close()
+
+
+def test_a_cache_started_before_etcd_is_reachable_syncs_once_it_is_and_says_why_it_waits(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    etcd.put(PREFIX + "a", "1")
+    proxy = Proxy(etcd.endpoint)
+    proxy.cut()
+    cache = text_cache(caches, proxy.endpoint, "unreachable")
+    wait_for(lambda: cache.stats()["errors"] >= 1)
+    assert not cache.synced
+    rows = [row for row in reconq.status() if row["kind"] == "cache" and row["name"] == "unreachable"]
+    assert rows and rows[0]["last_error"] and not rows[0]["synced"], rows
+    proxy.heal()
+    assert cache.wait_synced(PATIENCE * 3)
+    converged(cache, etcd)
+    proxy.close()
+
+
+def test_a_controller_started_before_etcd_is_up_reconciles_every_key_once_it_is(etcd: Etcd) -> None:
+    """E5 with a real source: nothing is handed out before the first list;
+    then every key, and every later change, is reconciled with the cache
+    holding it."""
+    for key in "ab":
+        etcd.put(PREFIX + key, key)
+    proxy = Proxy(etcd.endpoint)
+    proxy.cut()
+    cache = reconq.Cache(reconq.EtcdSource(proxy.endpoint, PREFIX, decode=bytes.decode), name="before-up")
+    lock = threading.Lock()
+    seen: List[Any] = []
+
+    def reconcile(key: Any) -> None:
+        with lock:
+            seen.append((key, cache.get(key)))
+
+    c = reconq.Controller(reconcile, name="before-up", sync_timeout=0.5)
+    c.watch_cache(cache)
+    c.enqueue("early")
+    c.start()
+    try:
+        wait_for(lambda: cache.stats()["errors"] >= 1)
+        assert not c.wait_synced(0.2) and seen == [], "E5: no key before the first list"
+        proxy.heal()
+        assert c.wait_synced(PATIENCE * 3)
+        wait_for(lambda: {k for k, _ in seen} >= {"a", "b", "early"})
+        etcd.put(PREFIX + "c", "c")
+        wait_for(lambda: ("c", "c") in seen, what="the later put reconciled with the cache holding it")
+        assert c.wait_idle(PATIENCE)
+    finally:
+        c.stop()
+        proxy.close()
+    assert cache.stats()["synced"]

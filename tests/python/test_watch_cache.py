@@ -1,0 +1,289 @@
+"""Controllers watching caches from Python (guarantees §13, E2, E5–E7):
+every change reconciled with the cache holding it, the synced gate and
+`sync_timeout`, `map` and `predicate` (and their failures), priorities and
+resync, the caches' lifecycle under controllers, and bad input."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+import reconq
+from fake_system import System
+from waiting import PATIENCE, wait_for
+
+
+class Seen:
+    """What a reconcile saw: (key, the cache's object for it, priority)."""
+
+    def __init__(self, cache: Optional[reconq.Cache] = None) -> None:
+        self.lock = threading.Lock()
+        self.cache = cache
+        self.calls: List[Tuple[Any, Any, int]] = []
+
+    def __call__(self, key: Any) -> None:
+        obj = self.cache.get(key) if self.cache is not None and not isinstance(key, tuple) else None
+        with self.lock:
+            self.calls.append((key, obj, reconq.context().priority))
+
+    def keys(self) -> List[Any]:
+        with self.lock:
+            return [key for key, _, _ in self.calls]
+
+    def last(self) -> Dict[Any, Any]:
+        with self.lock:
+            return {key: obj for key, obj, _ in self.calls}
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    with caplog.at_level(logging.DEBUG, logger="reconq"):
+        yield caplog
+
+
+@pytest.fixture
+def stopped() -> Iterator[List[Any]]:
+    """Controllers and caches a test made, stopped at its end."""
+    made: List[Any] = []
+    yield made
+    for thing in reversed(made):
+        thing.stop()
+
+
+def test_every_change_is_reconciled_with_the_cache_holding_it_or_newer(stopped: List[Any]) -> None:
+    system = System({"a": 1, "b": 2})
+    cache = reconq.Cache(system.source(), name="e2")
+    seen = Seen(cache)
+    c = reconq.Controller(seen, name="e2", workers=2)
+    stopped.append(c)
+    c.watch_cache(cache)
+    c.start()
+    assert c.wait_synced(PATIENCE) and cache.synced, "the controller's start started the cache"
+    wait_for(lambda: seen.last() == {"a": 1, "b": 2})
+    for value in range(3, 30):
+        system.put("a", value)
+    system.put("c", 3)
+    system.delete("b")
+    wait_for(lambda: seen.last() == {"a": 29, "b": None, "c": 3}, what="every change reconciled")
+    assert c.wait_idle(PATIENCE) and c.stats()["handler_errors"] == 0
+
+
+def test_no_key_is_handed_out_before_every_cache_watched_at_start_has_synced(stopped: List[Any]) -> None:
+    system = System({"a": 1})
+    may_list = threading.Event()
+
+    def slow_list() -> Any:
+        may_list.wait()
+        return system.list()
+
+    cache = reconq.Cache(reconq.Source(slow_list, system.changes), name="gate")
+    seen = Seen(cache)
+    c = reconq.Controller(seen, name="gate")
+    stopped.append(c)
+    c.watch_cache(cache)
+    c.enqueue("early")
+    c.start()
+    assert not c.wait_synced(0.3) and seen.keys() == [], "E5: held until the first list"
+    may_list.set()
+    assert c.wait_synced(PATIENCE)
+    wait_for(lambda: sorted(seen.keys()) == ["a", "early"], what="the key enqueued before sync kept")
+    # A cache watched after start does not hold the controller.
+    never = threading.Event()
+    late = reconq.Cache(reconq.Source(lambda: (never.wait(), ({}, 0))[1], system.changes), name="late")
+    c.watch_cache(late)
+    c.enqueue("after")
+    wait_for(lambda: "after" in seen.keys())
+    assert not late.synced
+    never.set()
+
+
+def test_a_stop_before_sync_reconciles_nothing_the_gate_held() -> None:
+    release = threading.Event()
+    cache = reconq.Cache(reconq.Source(lambda: (release.wait(), ({"a": 1}, 0))[1], lambda p, s: iter(())), name="held")
+    seen = Seen()
+    c = reconq.Controller(seen, name="held")
+    c.watch_cache(cache)
+    c.enqueue("k")
+    c.start()
+    stopping = threading.Thread(target=lambda: c.stop(drain=True, timeout=PATIENCE))
+    stopping.start()
+    wait_for(lambda: c.stats()["state"] == "stopping" or not stopping.is_alive())
+    release.set()  # the cache's list returns so its thread can end
+    stopping.join(PATIENCE)
+    assert not stopping.is_alive()
+    assert seen.keys() == [], "E5: a stop before sync drains nothing the gate holds"
+
+
+def test_a_cache_that_cannot_sync_is_named_with_its_last_error_every_sync_timeout(
+    stopped: List[Any], logs: pytest.LogCaptureFixture
+) -> None:
+    def refused() -> Any:
+        raise ConnectionError("connection refused")
+
+    cache = reconq.Cache(reconq.Source(refused, lambda p, s: iter(())), name="unsyncable")
+    c = reconq.Controller(Seen(), name="waits", sync_timeout=0.3)
+    stopped.append(c)
+    c.watch_cache(cache)
+    c.start()
+
+    def reported() -> bool:
+        return any(
+            r.levelno == logging.ERROR and "unsyncable" in r.getMessage() and "connection refused" in r.getMessage()
+            for r in logs.records
+        )
+
+    wait_for(reported, what="an ERROR naming the cache and its last error")
+    assert not c.wait_synced(0)
+
+
+def test_map_and_predicate_choose_the_keys_and_a_failing_one_enqueues_the_changed_key(
+    stopped: List[Any], logs: pytest.LogCaptureFixture
+) -> None:
+    system = System({"a": {"owner": "ann"}})
+    cache = reconq.Cache(system.source(), name="mapped")
+    seen = Seen(cache)
+    predicates: List[Tuple[Any, Any]] = []
+
+    def owners(key: Any, obj: Any) -> Any:
+        if key == "boom":
+            raise ValueError("map broke")
+        if key == "badkey":
+            return [1.5]
+        if key == "pair":
+            return ("owner", obj["owner"])  # a tuple is one key
+        if key == "one":
+            return obj["owner"]  # a str is one key
+        return ["owner:" + (obj or {}).get("owner", "?")] if obj else ["gone:" + key]
+
+    def predicate(old: Any, new: Any) -> bool:
+        predicates.append((old, new))
+        if new is not None and new.get("raise"):
+            raise RuntimeError("predicate broke")
+        return new is None or new.get("skip") is not True
+
+    c = reconq.Controller(seen, name="mapped")
+    stopped.append(c)
+    c.watch_cache(cache, map=owners, predicate=predicate)
+    c.start()
+    wait_for(lambda: "owner:ann" in seen.keys())
+    system.put("pair", {"owner": "bob"})
+    system.put("one", {"owner": "cy"})
+    system.put("skipped", {"owner": "dee", "skip": True})
+    system.put("boom", {"owner": "eve"})
+    system.put("badkey", {"owner": "fay"})
+    system.put("raising", {"owner": "gus", "raise": True})
+    system.delete("a")
+    wait_for(lambda: {("owner", "bob"), "cy", "boom", "badkey", "raising"} <= set(seen.keys()))
+    wait_for(lambda: "owner:ann" in seen.keys() and seen.keys().count("owner:ann") >= 2, what="the delete mapped")
+    assert "owner:dee" not in seen.keys() and "skipped" not in seen.keys(), "the predicate refused it"
+    assert ({"owner": "ann"}, None) in predicates, "a delete: old is the last state held, new None"
+    assert (None, {"owner": "bob"}) in predicates, "a create: old None"
+    assert c.stats()["handler_errors"] == 3
+    assert cache.get("boom") == {"owner": "eve"} and cache.get("raising") is not None, "the change is still applied"
+    errors = [r.getMessage() for r in logs.records if r.levelno == logging.ERROR]
+    assert any("map broke" in line and "mapped" in line for line in errors), errors
+    assert any("predicate broke" in line for line in errors), errors
+    assert any("badkey" in line and "TypeError" in line for line in errors), errors
+
+
+def test_the_default_predicate_enqueues_nothing_for_a_relist_that_finds_keys_unchanged(stopped: List[Any]) -> None:
+    system = System({"a": {"v": 1}, "b": {"v": 2}})
+    cache = reconq.Cache(system.source(), name="unchanged")
+    seen = Seen(cache)
+    c = reconq.Controller(seen, name="unchanged")
+    stopped.append(c)
+    c.watch_cache(cache)
+    c.start()
+    wait_for(lambda: sorted(seen.keys()) == ["a", "b"])
+    assert c.wait_idle(PATIENCE)
+    system.fault("expire")  # relist: the same objects (equal, not the same Python objects)
+    wait_for(lambda: cache.stats()["relists"] == 1)
+    system.put("c", {"v": 3})  # a marker reconciled after the relist's changes
+    wait_for(lambda: "c" in seen.keys())
+    assert c.wait_idle(PATIENCE)
+    assert sorted(seen.keys()) == ["a", "b", "c"], "E6: unchanged keys of a relist enqueue nothing"
+
+
+def test_lists_use_list_priority_live_changes_priority_and_resync_enqueues_every_key(stopped: List[Any]) -> None:
+    system = System({"a": 1, "b": 2})
+    cache = reconq.Cache(system.source(), name="priorities")
+    seen = Seen(cache)
+    c = reconq.Controller(seen, name="priorities")
+    stopped.append(c)
+    c.watch_cache(cache, priority=7, list_priority=-5)
+    c.start()
+    wait_for(lambda: len(seen.calls) == 2)
+    system.put("c", 3)
+    wait_for(lambda: "c" in seen.keys())
+    priorities = {key: priority for key, _, priority in seen.calls}
+    assert priorities == {"a": -5, "b": -5, "c": 7}, priorities
+    resynced = reconq.Cache(system.source(), name="resynced")
+    seen_again = Seen(resynced)
+    r = reconq.Controller(seen_again, name="resynced")
+    stopped.append(r)
+    r.watch_cache(resynced, resync=0.2, list_priority=-3)
+    r.start()
+    wait_for(lambda: all(seen_again.keys().count(k) >= 3 for k in "abc"), what="every key resynced, twice")
+    assert {priority for _, _, priority in seen_again.calls} == {-3}
+
+
+def test_a_controller_starts_the_caches_it_watches_and_its_stop_stops_those_no_one_else_needs() -> None:
+    system = System({"a": 1})
+    shared = reconq.Cache(system.source(), name="shared")
+    kept = reconq.Cache(system.source(), name="kept")
+    kept.start()
+    first = reconq.Controller(Seen(), name="first")
+    second = reconq.Controller(Seen(), name="second")
+    for c in (first, second):
+        c.watch_cache(shared)
+        c.watch_cache(kept)
+    assert not shared.synced and [r["state"] for r in reconq.status() if r["name"] == "shared"] == ["not started"]
+    first.start()
+    second.start()
+    assert first.wait_synced(PATIENCE) and second.wait_synced(PATIENCE)
+    first.stop()
+    state = lambda name: [r["state"] for r in reconq.status() if r["kind"] == "cache" and r["name"] == name]  # noqa: E731
+    assert state("shared") == ["running"], "the other controller still watches it"
+    second.stop()
+    assert state("shared") == ["stopped"] and state("kept") == ["running"], "a cache started by hand stays"
+    with pytest.raises(RuntimeError, match="stopped"):
+        shared.start()
+    kept.stop()
+
+
+def test_bad_input_to_watch_cache_and_sync_timeout_raises_and_changes_nothing() -> None:
+    system = System({"a": 1})
+    cache = reconq.Cache(system.source(), name="bad-watch")
+    c = reconq.Controller(Seen(), name="bad-watch")
+    with pytest.raises(TypeError, match="cache"):
+        c.watch_cache(system.source())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="map"):
+        c.watch_cache(cache, map=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="predicate"):
+        c.watch_cache(cache, predicate=lambda new: True)
+    for resync in (0, -1, math.nan):
+        with pytest.raises(ValueError, match="resync"):
+            c.watch_cache(cache, resync=resync)
+    with pytest.raises(OverflowError):
+        c.watch_cache(cache, priority=2**31)
+    with pytest.raises(OverflowError):
+        c.watch_cache(cache, list_priority=-(2**31) - 1)
+    for timeout in (0, -1, math.nan):
+        with pytest.raises(ValueError, match="sync_timeout"):
+            reconq.Controller(Seen(), sync_timeout=timeout)
+    assert c.wait_synced(0), "nothing was watched: True at once"
+    c.start()
+    assert c.wait_synced(0)
+    assert system.lists == 0, "the cache was never started"
+    stopped_cache = reconq.Cache(system.source(), name="already-stopped")
+    stopped_cache.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        c.watch_cache(stopped_cache)
+    c.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        c.watch_cache(cache)
+    cache.stop()
