@@ -1,5 +1,5 @@
 """Every Python example in the README and in the pages of docs/ runs as
-written (the metrics one on a free port instead of 9100, the replicas ones
+written (the metrics one on a free port instead of 9100, those on etcd
 against a test etcd), so none can rot. Their Rust examples are doc tests:
 src/lib.rs includes every page, which the last tests here check, along with
 the links between the pages."""
@@ -10,7 +10,7 @@ import pathlib
 import re
 import signal
 import threading
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -47,8 +47,8 @@ def first_line(block: str) -> str:
 def test_example_runs(page: str, block: str) -> None:
     block = block.replace("port=9100", "port=0")
     namespace: Dict[str, Any] = {"__name__": "readme_example"}
-    if "LeaderElection(" in block or "Sharding(" in block:
-        return run_replicas_example(page, block, namespace)
+    if any(needs in block for needs in ("LeaderElection(", "Sharding(", "EtcdSource(")):
+        return run_etcd_example(page, block, namespace)
     exec(compile(block, page, "exec"), namespace)
     # A block written as a pytest file: run its tests.
     for attribute, value in list(namespace.items()):
@@ -56,22 +56,63 @@ def test_example_runs(page: str, block: str) -> None:
             value()
 
 
-def run_replicas_example(page: str, block: str, namespace: Dict[str, Any]) -> None:
-    """A replicas example (leader election, sharding), against a test etcd:
-    once it has reconciled, Ctrl-C ends its `run()` as it would a user's."""
+def run_etcd_example(
+    page: str, block: str, namespace: Dict[str, Any], while_running: Optional[Callable[[Etcd], None]] = None
+) -> None:
+    """An example on etcd (leader election, sharding, a cache of a prefix),
+    against a test etcd holding a key `web` = 3 under each prefix it caches.
+    One that calls `c.run()` gets Ctrl-C once it has reconciled and
+    `while_running` has returned, as a user would end it; any other runs
+    to its end, and its controller `c` is stopped."""
     etcd = Etcd()
     try:
         block = block.replace("http://127.0.0.1:2379", etcd.endpoint)
+        for prefix in re.findall(r'EtcdSource\((?:\[[^]]*\]|"[^"]*"), "([^"]+)"', block):
+            etcd.put(f"{prefix}web", "3")
+        if "c.run()" not in block:
+            try:
+                exec(compile(block, page, "exec"), namespace)
+            finally:
+                if "c" in namespace:
+                    namespace["c"].stop()
+            return
+        failed: List[BaseException] = []
 
         def interrupt_once_reconciled() -> None:
-            wait_for(lambda: "c" in namespace and namespace["c"].stats()["successes"] >= 1, what="a reconcile")
-            signal.raise_signal(signal.SIGINT)
+            try:
+                wait_for(lambda: "c" in namespace and namespace["c"].stats()["successes"] >= 1, what="a reconcile")
+                if while_running is not None:
+                    while_running(etcd)
+            except BaseException as e:  # noqa: B036 (raised again by the test's thread)
+                failed.append(e)
+            finally:
+                signal.raise_signal(signal.SIGINT)
 
         threading.Thread(target=interrupt_once_reconciled, daemon=True).start()
         exec(compile(block, page, "exec"), namespace)
+        if failed:
+            raise failed[0]
         assert namespace["c"].stats()["state"] == "stopped"
     finally:
         etcd.close()
+
+
+def test_the_cache_example_follows_etcd() -> None:
+    """The README's cache example reconciles what etcd holds, and then each
+    change: an update, a new key and a delete."""
+    (block,) = [b for page, b in EXAMPLES if page == "README.md" and "EtcdSource(" in b]
+    namespace: Dict[str, Any] = {"__name__": "readme_example"}
+
+    def change_the_desired_state(etcd: Etcd) -> None:
+        wait_for(lambda: namespace["running"] == {"web": 3}, what="the listed key to be reconciled")
+        etcd.put("/replicas/web", "5")
+        etcd.put("/replicas/db", "1")
+        wait_for(lambda: namespace["running"] == {"web": 5, "db": 1}, what="the puts to be reconciled")
+        etcd.delete("/replicas/web")
+        wait_for(lambda: namespace["running"] == {"db": 1}, what="the delete to be reconciled")
+
+    run_etcd_example("README.md", block, namespace, change_the_desired_state)
+    assert namespace["replicas"].stats()["synced"]
 
 
 def test_the_first_example_counts_its_work(capsys: pytest.CaptureFixture[str]) -> None:
