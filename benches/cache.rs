@@ -1,4 +1,4 @@
-//! W10 (API.md §16): a controller watching a cache of an etcd prefix.
+//! W10 (docs/benchmarks.md): a controller watching a cache of an etcd prefix.
 //!
 //! * An etcd started here (loopback, temporary data directory) with 100,000
 //!   keys under a prefix; the time from `start()` until the cache synced
