@@ -57,6 +57,7 @@ mod context;
 mod controller;
 mod coordination;
 mod error;
+mod graph;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod key_encoding;
@@ -81,7 +82,8 @@ mod thread;
 pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
-    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, DEFAULT_LIST_PRIORITY, KeyInfo, KeyStatus,
+    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY, KeyInfo,
+    KeyStatus,
     ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome,
     Watch, WatchError,
 };

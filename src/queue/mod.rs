@@ -44,6 +44,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, deadline_after};
+use crate::graph::Dependencies;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
@@ -52,7 +53,7 @@ use key_index::Prefetcher;
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
-pub(crate) use state::Place;
+pub(crate) use state::{CancelHook, Place};
 use state::{Added, Finished, Hasher, QueueState};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -68,6 +69,9 @@ pub struct QueueCounts {
     pub processing: usize,
     /// Keys waiting for a due time.
     pub delayed: usize,
+    /// Keys ready but held by their dependencies (a controller's
+    /// `set_dependencies`; not counted in `ready`).
+    pub held: usize,
 }
 
 /// Why [`WorkQueue::get_timeout`] returned without a key.
@@ -151,6 +155,8 @@ struct Shared<K> {
     /// `add_now`). Padded: read by every add, written only when it flips.
     /// A hint only (std's atomic even under shuttle: no scheduling point).
     add_stamps: crossbeam_utils::CachePadded<AtomicBool>,
+    /// Whether dependencies were turned on (see `has_dependencies`).
+    dependencies: AtomicBool,
 }
 
 struct Locked<K> {
@@ -280,6 +286,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 _clock_subscription: clock_subscription,
                 _registration: self.name.is_some().then(|| observe::register(weak.clone())),
                 add_stamps: crossbeam_utils::CachePadded::new(AtomicBool::new(true)),
+                dependencies: AtomicBool::new(false),
                 name: self.name,
             }
         });
@@ -543,7 +550,64 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// The ready, processing and delayed counts at one instant.
     pub fn counts(&self) -> QueueCounts {
         let g = self.shared.lock_synced();
-        QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() }
+        QueueCounts {
+            ready: g.q.len(),
+            processing: g.q.processing_len(),
+            delayed: g.q.delayed_len(),
+            held: g.q.held_len(),
+        }
+    }
+
+    /// Replaces `key`'s parents (see `crate::graph`), turning dependencies
+    /// on with `cancel` (D3) if they are not yet. `Err`: the keys of the
+    /// cycle it would close (D4), nothing changed.
+    pub(crate) fn set_dependencies(
+        &self,
+        key: &K,
+        parents: Vec<K>,
+        cancel: impl FnOnce() -> CancelHook<K>,
+    ) -> Result<(), Vec<K>> {
+        let mut g = self.shared.lock_synced();
+        if !g.q.has_dependencies() {
+            self.enable_dependencies(&mut g, Box::default(), cancel());
+        }
+        if g.q.set_dependencies(key, parents)? {
+            self.shared.publish_ready(&g);
+            self.shared.wake_ready(&mut g);
+        }
+        Ok(())
+    }
+
+    /// Turns dependencies on with edges set before start.
+    pub(crate) fn install_dependencies(&self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        let mut g = self.shared.lock();
+        self.enable_dependencies(&mut g, deps, cancel);
+    }
+
+    fn enable_dependencies(&self, g: &mut Guard<'_, K>, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        g.q.enable_dependencies(deps, cancel);
+        self.shared.dependencies.store(true, Relaxed);
+    }
+
+    /// Whether any dependency was ever set (a hint read without the lock:
+    /// a worker that sees `false` skips D2 with one branch).
+    pub(crate) fn has_dependencies(&self) -> bool {
+        self.shared.dependencies.load(Relaxed)
+    }
+
+    /// `key`'s direct parents.
+    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
+        self.shared.lock().q.dependencies(key)
+    }
+
+    /// `key`'s direct children.
+    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
+        self.shared.lock().q.dependents(key)
+    }
+
+    /// The pending ancestors holding `key`.
+    pub(crate) fn waiting_for(&self, key: &K) -> Vec<K> {
+        self.shared.lock_synced().q.waiting_for(key)
     }
 
     /// Where `key` stands: absent, ready, waiting for a due time, or
@@ -819,8 +883,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn finish(&self, g: &mut Guard<'_, K>, key: &K, now: &mut Now) {
         self.sync(g, now);
         match g.q.done(key, || self.clock.now(), now) {
-            Finished::Requeued => self.publish_ready(g),
-            Finished::Waiting(due) => self.on_scheduled(g, due),
+            Finished::Requeued | Finished::Released => self.publish_ready(g),
+            Finished::Waiting(due) => {
+                self.on_scheduled(g, due);
+                // Keys its dependencies held may have become ready.
+                self.publish_ready(g);
+            }
             // A full group may have got room: its keys became takeable.
             Finished::Removed if g.q.has_groups() => self.publish_ready(g),
             Finished::Removed | Finished::NotProcessing => {}

@@ -350,12 +350,18 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
     /// A ready key at priority `from` now has the higher priority `to` (P2).
     pub(crate) fn raise(&mut self, key: K, from: Priority, to: Priority, group: GroupId) {
         debug_assert!(to > from);
-        let level = if from == 0 { &mut self.zero } else { self.others.get_mut(&from).expect("a ready key's level") };
-        level.unlive(group, &mut self.groups);
-        *self.stale.entry((key.clone(), from, group)).or_insert(0) += 1;
-        self.retire_if_empty(from);
-        self.live -= 1;
+        self.remove(key.clone(), from, group);
         self.push(key, to, group);
+    }
+
+    /// Takes a ready key out (its entry stays, counted stale): a raise, or
+    /// a key its dependencies now hold (`crate::graph`).
+    pub(crate) fn remove(&mut self, key: K, prio: Priority, group: GroupId) {
+        let level = if prio == 0 { &mut self.zero } else { self.others.get_mut(&prio).expect("a ready key's level") };
+        level.unlive(group, &mut self.groups);
+        *self.stale.entry((key, prio, group)).or_insert(0) += 1;
+        self.retire_if_empty(prio);
+        self.live -= 1;
     }
 
     /// Hands out the next key: highest priority first, FIFO within one
