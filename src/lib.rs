@@ -57,9 +57,9 @@ mod context;
 mod controller;
 mod coordination;
 mod error;
-mod graph;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod graph;
 mod key_encoding;
 mod logs;
 mod manager;
@@ -83,9 +83,8 @@ pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, 
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY, KeyInfo,
-    KeyStatus,
-    ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome,
-    Watch, WatchError,
+    KeyStatus, ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping,
+    TriggerOutcome, Watch, WatchError,
 };
 #[cfg(feature = "etcd")]
 pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};

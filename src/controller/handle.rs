@@ -204,11 +204,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// (D2); a key becoming ready cancels its running descendants and runs
     /// after they returned (D3). Parents that would close a cycle return
     /// [`CycleError`](super::CycleError) and change nothing (D4).
-    pub fn set_dependencies(
-        &self,
-        key: &K,
-        parents: impl IntoIterator<Item = K>,
-    ) -> Result<(), super::CycleError<K>> {
+    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), super::CycleError<K>> {
         self.core.set_dependencies(key, parents)
     }
 

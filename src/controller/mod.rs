@@ -73,8 +73,8 @@ use crate::sync::Mutex;
 use crate::thread::{ThreadWrapper, spawn_named};
 
 pub use crate::context::{Context, StopSignal};
-pub(crate) use groups::GroupFn;
 pub use dependencies::CycleError;
+pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};

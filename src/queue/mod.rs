@@ -53,8 +53,8 @@ use key_index::Prefetcher;
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
-pub(crate) use state::{CancelHook, Place};
 use state::{Added, Finished, Hasher, QueueState};
+pub(crate) use state::{CancelHook, Place};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
