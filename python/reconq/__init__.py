@@ -12,6 +12,7 @@ from . import _lifecycle  # noqa: F401  (exit and fork: reconq._lifecycle)
 from ._native import (
     Context,
     Controller,
+    CycleError,
     ExponentialBackoff,
     FakeClock,
     FastSlow,
@@ -51,6 +52,7 @@ __all__ = [
     "Key",
     "LeaderElection",
     "Controller",
+    "CycleError",
     "ExponentialBackoff",
     "FakeClock",
     "FastSlow",

@@ -57,6 +57,9 @@ class FakeClock:
 class ShutDown(Exception):
     """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
 
+class CycleError(ValueError):
+    """Raised by ``Controller.set_dependencies()`` when the parents would close a cycle (the message names every key of it); nothing was changed."""
+
 class StoreLocked(Exception):
     """Raised by ``start()`` when another live controller holds this name in the store file."""
 
@@ -282,6 +285,8 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     processing: int
     waiting: int
     parked: int
+    held: int
+    superseded: int
     background_threads: int
     hanging: Dict[_Key, float]
     last_error: Optional[str]
@@ -302,6 +307,7 @@ class _KeyInfo(TypedDict):
     last_error: Optional[str]
     next_run: Optional[float]
     since: Optional[float]
+    waiting_for: List[_Key]
 
 @final
 class Controller:
@@ -342,6 +348,9 @@ class Controller:
     def inspect(self, key: _Key) -> _KeyInfo: ...
     def parked(self) -> List[_Key]: ...
     def requeue_parked(self, key: _Key) -> bool: ...
+    def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None: ...
+    def dependencies(self, key: _Key) -> List[_Key]: ...
+    def dependents(self, key: _Key) -> List[_Key]: ...
     def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
     def remove_trigger(self, key: _Key) -> bool: ...
     def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...
