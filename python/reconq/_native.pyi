@@ -12,6 +12,7 @@ from ._results import Requeue
 __all__ = [
     "Context",
     "Controller",
+    "CycleError",
     "ExponentialBackoff",
     "FakeClock",
     "FastSlow",
