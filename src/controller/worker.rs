@@ -138,7 +138,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
             }
             _ => Outcome::classify(result),
         };
-        let counted = (!superseded).then(|| Counted::of(&outcome));
+        let counted = Counted::of(&outcome);
         if superseded {
             // Neither success nor failure: the error, the limiter and the
             // attempt stay as they were; an ancestor's run brings the key
@@ -154,7 +154,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
         let finished = ticks::now();
-        if let Some(counted) = counted {
+        if !superseded {
             slot.metrics.record(started, finished, counted);
         }
         // The retry is scheduled and the stats counted before `done`, so a

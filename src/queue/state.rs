@@ -446,9 +446,12 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         match then {
             Then::Finish => {
                 let key = self.forget(at);
-                let released = self.deps.is_some() && self.deps_left(&key);
+                if self.deps.is_some() && self.deps_left(&key) {
+                    self.compact_if_sparse();
+                    return Finished::Released;
+                }
                 self.compact_if_sparse();
-                if released { Finished::Released } else { Finished::Removed }
+                Finished::Removed
             }
             Then::Wait(timer) if timer.due > now() => {
                 *slot = Slot::Delayed { timer, prio: again, group };
