@@ -62,7 +62,9 @@ impl<K: ControllerKey> Core<K> {
     }
 
     fn set_started(self: &Arc<Self>, rt: &Runtime<K>, key: &K, parents: Vec<K>) -> Result<(), CycleError<K>> {
-        rt.queue.set_dependencies(key, parents, || self.cancel_hook()).map_err(|keys| CycleError { keys })
+        rt.queue.set_dependencies(key, parents, || self.cancel_hook()).map_err(|keys| CycleError { keys })?;
+        rt.has_dependencies.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// At start, before the runtime is visible: hands the edges set so far
@@ -71,6 +73,7 @@ impl<K: ControllerKey> Core<K> {
     pub(crate) fn install_dependencies(self: &Arc<Self>, before: &mut Option<Box<Dependencies<K>>>, rt: &Runtime<K>) {
         if let Some(deps) = before.take() {
             rt.queue.install_dependencies(deps, self.cancel_hook());
+            rt.has_dependencies.store(true, Ordering::Relaxed);
         }
     }
 
@@ -128,7 +131,7 @@ impl<K: ControllerKey> Core<K> {
     /// its direct dependents are enqueued while it is still being
     /// reconciled, so none can start before it is done.
     pub(crate) fn dependents_follow(&self, rt: &Runtime<K>, key: &K) {
-        if !rt.queue.has_dependencies() {
+        if !rt.has_dependencies.load(Ordering::Relaxed) {
             return;
         }
         for child in rt.queue.dependents(key) {

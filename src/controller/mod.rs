@@ -495,6 +495,7 @@ impl<K: ControllerKey> Controller<K> {
             grouping: self.grouping,
             store,
             coordination,
+            has_dependencies: std::sync::atomic::AtomicBool::new(false),
         };
         let core = &self.core;
         let mut deps_before_start = core.deps_before_start.lock();
@@ -666,6 +667,10 @@ pub(crate) struct Runtime<K> {
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
     /// Leader election or sharding: which keys run here, and when.
     pub(crate) coordination: Option<gate::Coordinated<K>>,
+    /// Whether any dependency was set (read without a lock by every
+    /// finishing worker, written once: kept away from the queue's written
+    /// lines; see `dependencies`).
+    pub(crate) has_dependencies: std::sync::atomic::AtomicBool,
 }
 
 impl<K: ControllerKey> Runtime<K> {

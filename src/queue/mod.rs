@@ -155,8 +155,6 @@ struct Shared<K> {
     /// `add_now`). Padded: read by every add, written only when it flips.
     /// A hint only (std's atomic even under shuttle: no scheduling point).
     add_stamps: crossbeam_utils::CachePadded<AtomicBool>,
-    /// Whether dependencies were turned on (see `has_dependencies`).
-    dependencies: AtomicBool,
 }
 
 struct Locked<K> {
@@ -286,7 +284,6 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 _clock_subscription: clock_subscription,
                 _registration: self.name.is_some().then(|| observe::register(weak.clone())),
                 add_stamps: crossbeam_utils::CachePadded::new(AtomicBool::new(true)),
-                dependencies: AtomicBool::new(false),
                 name: self.name,
             }
         });
@@ -586,13 +583,6 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
 
     fn enable_dependencies(&self, g: &mut Guard<'_, K>, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
         g.q.enable_dependencies(deps, cancel);
-        self.shared.dependencies.store(true, Relaxed);
-    }
-
-    /// Whether any dependency was ever set (a hint read without the lock:
-    /// a worker that sees `false` skips D2 with one branch).
-    pub(crate) fn has_dependencies(&self) -> bool {
-        self.shared.dependencies.load(Relaxed)
     }
 
     /// `key`'s direct parents.
