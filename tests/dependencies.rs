@@ -314,3 +314,23 @@ fn d3_a_parent_becoming_ready_cancels_a_running_child_and_runs_after_it() {
     assert_eq!(h.inspect(&s("child")).attempts, 0);
     h.stop();
 }
+
+#[test]
+fn d1_a_released_key_keeps_its_place_by_the_time_it_became_ready() {
+    let script = Script::default();
+    let c = script.controller(1);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    script.close("parent");
+    h.enqueue(s("parent"));
+    wait_for("parent running", || script.running("parent"));
+    h.enqueue(s("child"));
+    h.enqueue(s("x"));
+    h.enqueue_with_priority(s("y"), -1);
+    h.enqueue(s("z"));
+    script.open("parent");
+    idle(&h);
+    let order: Vec<String> = script.events().into_iter().filter(|(w, _)| *w == "start").map(|(_, k)| k).collect();
+    assert_eq!(order, keys(&["parent", "child", "x", "z", "y"]));
+    h.stop();
+}

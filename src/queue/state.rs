@@ -68,8 +68,10 @@ enum Slot {
     /// drain: the drain waits for it to be processed too. `added` is the
     /// metrics' add stamp.
     /// `held`: the dependencies hold it (`crate::graph`), so it is not in
-    /// the ready set.
-    Ready { owed: bool, held: bool, added: u64, prio: Priority, group: GroupId },
+    /// the ready set. `seq`: with dependencies, the order it became ready
+    /// in, so a held key joins the ready set at its place when released
+    /// (0 without dependencies: never read).
+    Ready { owed: bool, held: bool, added: u64, seq: u64, prio: Priority, group: GroupId },
     /// Waiting in the delay heap.
     Delayed { timer: Timer, prio: Priority, group: GroupId },
     /// Handed out to a worker; `then` is what `done` does with it, `run`
@@ -174,6 +176,8 @@ pub(crate) struct QueueState<K> {
     on_cancel: Option<CancelHook<K>>,
     /// Number of `Ready { held: true }` slots.
     held: usize,
+    /// The last `seq` given to a key that became ready (with dependencies).
+    ready_seq: u64,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -197,6 +201,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             deps: None,
             on_cancel: None,
             held: 0,
+            ready_seq: 0,
         }
     }
 
@@ -223,7 +228,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Ok(at) => at,
             Err(vacant) => {
                 let added = self.recorder.on_add(now);
-                let slot = Slot::Ready { owed: false, held: false, added, prio: place.prio, group: place.group };
+                let slot =
+                    Slot::Ready { owed: false, held: false, added, seq: 0, prio: place.prio, group: place.group };
                 let at = self.entries.insert(Entry { key, slot });
                 vacant.insert(at);
                 return self.push_pending(at, place.prio, place.group);
@@ -234,13 +240,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Slot::Delayed { prio, group, .. } => {
                 let added = self.recorder.on_add(now);
                 let prio = prio.max(place.prio);
-                *slot = Slot::Ready { owed: false, held: false, added, prio, group };
+                *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
                 self.timers -= 1;
                 self.delayed -= 1;
                 self.push_pending(at, prio, group)
             }
-            Slot::Ready { owed, held, added, prio, group } if place.prio > prio => {
-                *slot = Slot::Ready { owed, held, added, prio: place.prio, group };
+            Slot::Ready { owed, held, added, seq, prio, group } if place.prio > prio => {
+                *slot = Slot::Ready { owed, held, added, seq, prio: place.prio, group };
                 if !held {
                     self.ready.raise(at, prio, place.prio, group);
                 }
@@ -370,7 +376,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             let slot = &mut self.entries.get_mut(at).slot;
             match *slot {
                 Slot::Delayed { timer: live, prio, group } if live == timer => {
-                    *slot = Slot::Ready { owed: false, held: false, added: self.recorder.on_add(stamp), prio, group };
+                    let added = self.recorder.on_add(stamp);
+                    *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
                     self.timers -= 1;
                     self.delayed -= 1;
                     if self.push_pending(at, prio, group) == Added::Ready {
@@ -476,7 +483,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 };
                 let owed = self.draining;
                 self.owed += usize::from(owed);
-                *slot = Slot::Ready { owed, held: false, added, prio: again, group };
+                *slot = Slot::Ready { owed, held: false, added, seq: 0, prio: again, group };
                 if self.deps.is_some() {
                     return self.deps_done(at);
                 }
@@ -491,6 +498,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     #[inline]
     fn push_pending(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
         if self.deps.is_some() {
+            self.stamp_seq(at);
             let key = self.entries.get(at).key.clone();
             if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
                 self.hold_new(at);
@@ -499,6 +507,15 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
         self.ready.push(at, prio, group);
         Added::Ready
+    }
+
+    /// Gives the `Ready` slot at `at` the next place in ready order (D1: a
+    /// released key keeps it).
+    fn stamp_seq(&mut self, at: u32) {
+        self.ready_seq += 1;
+        if let Slot::Ready { seq, .. } = &mut self.entries.get_mut(at).slot {
+            *seq = self.ready_seq;
+        }
     }
 
     /// Marks the `Ready` slot at `at`, not in the ready set, held.
@@ -513,6 +530,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// not held): the keys waiting for its cancelled run are told, then it
     /// joins the ready set unless held.
     fn deps_done(&mut self, at: u32) -> Finished {
+        self.stamp_seq(at);
         let key = self.entries.get(at).key.clone();
         let hold = self.with_deps(|deps, slots| {
             deps.returned(&key, slots);
@@ -875,12 +893,21 @@ impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
 
     fn release(&mut self, key: &K) {
         let Some(at) = self.index.find(key, self.entries) else { return };
-        if let Slot::Ready { held: held @ true, prio, group, .. } = &mut self.entries.get_mut(at).slot {
-            *held = false;
-            *self.held -= 1;
-            self.ready.push(at, *prio, *group);
-            self.released = true;
-        }
+        let Slot::Ready { held: held @ true, prio, group, seq, .. } = &mut self.entries.get_mut(at).slot else {
+            return;
+        };
+        *held = false;
+        *self.held -= 1;
+        self.released = true;
+        let (prio, group, seq) = (*prio, *group, *seq);
+        // At its place by the time it became ready (G4 per priority): after
+        // every entry that became ready before it. Stale entries answer
+        // with their key's slot; misplacing past one changes no live order.
+        let entries = &*self.entries;
+        let earlier = |e: &u32| {
+            entries.get_live(*e).is_some_and(|entry| matches!(entry.slot, Slot::Ready { seq: s, .. } if s <= seq))
+        };
+        self.ready.insert_by(at, prio, group, earlier);
     }
 
     fn cancel(&mut self, key: &K) {
