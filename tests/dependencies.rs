@@ -202,12 +202,28 @@ fn d1_a_grandchild_waits_for_a_ready_grandparent() {
 #[test]
 fn d1_a_parent_waiting_on_a_delay_holds_nothing() {
     let script = Script::default();
+    let h = script.controller(1).start();
+    h.enqueue_after(s("parent"), Duration::from_secs(3600));
+    // The edge is set while the parent waits: it must not count as pending.
+    h.set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    h.enqueue(s("child"));
+    wait_for("child ran", || script.starts("child") == 1);
+    assert_eq!(h.stats().held, 0);
+    assert!(h.waiting_for(&s("child")).is_empty());
+    h.stop();
+}
+
+#[test]
+fn d1_a_parent_waiting_to_retry_holds_nothing() {
+    let script = Script::default();
     let c = script.controller(1);
     c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
     let h = c.start();
-    h.enqueue_after(s("parent"), Duration::from_secs(3600));
+    script.then("parent", Err(ReconcileError::retry_after(Duration::from_secs(3600), "later")));
+    h.enqueue(s("parent"));
+    wait_for("parent waits to retry", || matches!(h.inspect(&s("parent")).state, KeyStatus::Waiting { .. }));
     h.enqueue(s("child"));
-    wait_for("child ran", || script.starts("child") == 1);
+    wait_for("child ran while its parent waits", || script.starts("child") == 1);
     assert_eq!(h.stats().held, 0);
     h.stop();
 }
