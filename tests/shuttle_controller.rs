@@ -912,7 +912,7 @@ fn cache_relisting_while_controller_stops_model() {
 }
 
 // ---------------------------------------------------------------------------
-// (d) Dependencies (spec §14): a parent becoming ready while a descendant's
+// (d) Dependencies (guarantees §14): a parent becoming ready while a descendant's
 // reconcile returns, or while it is being cancelled.
 
 /// Keys of model (d): `DEP_P` → `DEP_C` → `DEP_G` (parent, child, grandchild).

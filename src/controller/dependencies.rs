@@ -1,4 +1,4 @@
-//! The controller's side of dependencies between keys (spec §14): the
+//! The controller's side of dependencies between keys (guarantees §14): the
 //! handle's calls, where edges live before start, D2's enqueue of the
 //! dependents, and D3's cancellation of running descendants. The graph and
 //! its holds are `crate::graph`'s, kept in the queue once started.

@@ -85,7 +85,7 @@ pub struct Stats {
     /// an ERROR; the changed key was enqueued instead).
     pub handler_errors: u64,
     /// Ready keys held by a pending ancestor, or waiting for cancelled
-    /// descendants to return (spec §14); counted in `depth` too.
+    /// descendants to return (guarantees §14); counted in `depth` too.
     pub held: usize,
     /// Reconciles cancelled because an ancestor became pending (D3),
     /// counted in `reconciles` too.
@@ -196,7 +196,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.watches.wait_synced(timeout)
     }
 
-    /// Makes `key` run after `parents` (spec §14): replaces its earlier
+    /// Makes `key` run after `parents` (guarantees §14): replaces its earlier
     /// parents (an empty list clears them), enqueues nothing, applies at
     /// once to keys already waiting, and may be called before start. A key
     /// is never handed out while an ancestor is ready or being reconciled

@@ -1,4 +1,4 @@
-//! Dependencies between keys (spec §14, D1–D5): the edges, and the holds
+//! Dependencies between keys (guarantees §14, D1–D5): the edges, and the holds
 //! they put on keys.
 //!
 //! The queue owns one [`Dependencies`] once a controller sets its first

@@ -1,4 +1,4 @@
-"""Dependencies between keys from Python (spec §14, D1–D4): ancestors first,
+"""Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
 dependents follow, a change cancels running descendants, no cycles, and bad
 input."""
 
