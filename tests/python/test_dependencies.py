@@ -222,3 +222,35 @@ def test_d3_a_parent_becoming_ready_cancels_a_running_child(make):
     assert (stats["superseded"], stats["failures"], stats["reconciles"]) == (1, 0, 4), stats
     assert stats["last_error"] is None
     assert c.inspect("child")["attempts"] == 0
+
+
+def test_d1_a_released_key_keeps_its_place(make):
+    c, script = make(workers=1)
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    script.close("parent")
+    c.enqueue("parent")
+    wait_for(lambda: script.running("parent"), what="parent running")
+    c.enqueue("child")
+    c.enqueue("x")
+    c.enqueue("y", priority=-1)
+    c.enqueue("z")
+    script.open("parent")
+    assert c.wait_idle(PATIENCE)
+    assert [k for what, k in script.log if what == "start"] == ["parent", "child", "x", "z", "y"]
+
+
+def test_a_drained_stop_with_held_keys_finishes(make):
+    c, script = make(workers=1)
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    script.close("parent")
+    c.enqueue("parent")
+    wait_for(lambda: script.running("parent"), what="parent running")
+    c.enqueue("child")
+    stopping = threading.Thread(target=lambda: c.stop(drain=True, timeout=PATIENCE))
+    stopping.start()
+    script.open("parent")
+    stopping.join(PATIENCE)
+    assert not stopping.is_alive()
+    assert c.stats()["held"] == 0
