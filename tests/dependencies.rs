@@ -16,6 +16,9 @@ use reconq::*;
 /// What reconciles did, in order: ("start" | "end", key).
 type Log = Arc<Mutex<Vec<(&'static str, String)>>>;
 
+/// What a key's reconciles return, in turn.
+type Results = Arc<Mutex<HashMap<String, Vec<Result<Action, ReconcileError>>>>>;
+
 /// Keys a reconcile blocks on until opened (or its context is cancelled),
 /// and what a key returns.
 #[derive(Clone, Default)]
@@ -24,7 +27,7 @@ struct Script {
     /// key → open? Keys not listed do not block.
     gates: Arc<(Mutex<HashMap<String, bool>>, Condvar)>,
     /// key → results to return, in turn (then `Ok(Done)`).
-    results: Arc<Mutex<HashMap<String, Vec<Result<Action, ReconcileError>>>>>,
+    results: Results,
 }
 
 impl Script {

@@ -41,9 +41,8 @@ impl<K: ControllerKey> Core<K> {
     pub(crate) fn stats_and_hanging(&self) -> (Stats, Vec<(K, Duration)>) {
         let (depth, held, processing, waiting, by_priority) = match self.rt.get() {
             Some(rt) => {
-                let counts = rt.queue.counts();
-                let depth = counts.ready + counts.held;
-                (depth, counts.held, counts.processing, counts.delayed, rt.queue.len_by_priority())
+                let (counts, held) = rt.queue.counts_and_held();
+                (counts.ready + held, held, counts.processing, counts.delayed, rt.queue.len_by_priority())
             }
             None => {
                 let pending = self.pending.lock();

@@ -69,9 +69,6 @@ pub struct QueueCounts {
     pub processing: usize,
     /// Keys waiting for a due time.
     pub delayed: usize,
-    /// Keys ready but held by their dependencies (a controller's
-    /// `set_dependencies`; not counted in `ready`).
-    pub held: usize,
 }
 
 /// Why [`WorkQueue::get_timeout`] returned without a key.
@@ -547,12 +544,15 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// The ready, processing and delayed counts at one instant.
     pub fn counts(&self) -> QueueCounts {
         let g = self.shared.lock_synced();
-        QueueCounts {
-            ready: g.q.len(),
-            processing: g.q.processing_len(),
-            delayed: g.q.delayed_len(),
-            held: g.q.held_len(),
-        }
+        QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() }
+    }
+
+    /// [`counts`](Self::counts), and the ready keys their dependencies hold
+    /// (a controller's `set_dependencies`; not in `ready`), at one instant.
+    pub(crate) fn counts_and_held(&self) -> (QueueCounts, usize) {
+        let g = self.shared.lock_synced();
+        let counts = QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() };
+        (counts, g.q.held_len())
     }
 
     /// Replaces `key`'s parents (see `crate::graph`), turning dependencies
