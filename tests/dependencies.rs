@@ -107,6 +107,17 @@ fn keys(ks: &[&str]) -> Vec<String> {
     ks.iter().map(|k| s(k)).collect()
 }
 
+/// Starts `controller` with "child" under "parent", and "parent" running
+/// (held at its gate).
+fn parent_running(script: &Script, controller: Controller<String>) -> ControllerHandle<String> {
+    controller.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = controller.start();
+    script.close("parent");
+    h.enqueue(s("parent"));
+    wait_for("parent running", || script.running("parent"));
+    h
+}
+
 fn idle(h: &ControllerHandle<String>) {
     assert!(h.wait_idle(Duration::from_secs(30)), "the controller became idle: {:?}", h.stats());
 }
@@ -154,12 +165,7 @@ fn d4_a_cycle_names_every_key_and_changes_nothing() {
 #[test]
 fn d1_a_child_waits_for_its_running_parent_and_holds_no_worker() {
     let script = Script::default();
-    let c = script.controller(2);
-    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
-    let h = c.start();
-    script.close("parent");
-    h.enqueue(s("parent"));
-    wait_for("parent running", || script.running("parent"));
+    let h = parent_running(&script, script.controller(2));
     h.enqueue(s("child"));
     h.enqueue(s("other"));
     wait_for("other ran on the free worker", || script.starts("other") == 1);
@@ -337,12 +343,7 @@ fn d3_a_parent_becoming_ready_cancels_a_running_child_and_runs_after_it() {
 #[test]
 fn d1_a_released_key_keeps_its_place_by_the_time_it_became_ready() {
     let script = Script::default();
-    let c = script.controller(1);
-    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
-    let h = c.start();
-    script.close("parent");
-    h.enqueue(s("parent"));
-    wait_for("parent running", || script.running("parent"));
+    let h = parent_running(&script, script.controller(1));
     h.enqueue(s("child"));
     h.enqueue(s("x"));
     h.enqueue_with_priority(s("y"), -1);

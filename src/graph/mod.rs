@@ -41,10 +41,14 @@ pub(crate) enum Pending {
     Running,
 }
 
+/// Where keys stand (read under the queue's lock).
+pub(crate) trait Pendings<K> {
+    fn pending(&self, key: &K) -> Pending;
+}
+
 /// What the queue does for the graph. Every call is made under the
 /// queue's lock.
-pub(crate) trait KeySlots<K> {
-    fn pending(&self, key: &K) -> Pending;
+pub(crate) trait KeySlots<K>: Pendings<K> {
     /// A ready key must not be handed out (idempotent).
     fn hold(&mut self, key: &K);
     /// A held ready key may be handed out again.
@@ -100,7 +104,7 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
 
     /// The pending ancestors of `key` (for `inspect`): a walk up, off the
     /// hot path.
-    pub(crate) fn pending_ancestors(&self, key: &K, slots: &impl KeySlots<K>) -> Vec<K> {
+    pub(crate) fn pending_ancestors(&self, key: &K, slots: &impl Pendings<K>) -> Vec<K> {
         let mut seen: HashSet<&K, Hasher> = HashSet::default();
         let mut stack: Vec<&K> = self.parents.get(key).map(|p| p.iter().collect()).unwrap_or_default();
         let mut out = Vec::new();
@@ -286,10 +290,13 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
 /// setting edges holds, releases and cancels nothing.
 pub(crate) struct NothingPending;
 
-impl<K> KeySlots<K> for NothingPending {
+impl<K> Pendings<K> for NothingPending {
     fn pending(&self, _: &K) -> Pending {
         Pending::No
     }
+}
+
+impl<K> KeySlots<K> for NothingPending {
     fn hold(&mut self, _: &K) {
         unreachable!("nothing is pending")
     }

@@ -42,7 +42,7 @@ use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
 use super::slab::{Keyed, Slab};
 use super::stop_views::{StopViews, View};
-use crate::graph::{Dependencies, KeySlots, Pending};
+use crate::graph::{Dependencies, KeySlots, Pending, Pendings};
 
 /// Cancels the running reconcile of a key (D3), called under the queue's
 /// lock.
@@ -862,26 +862,19 @@ fn pending_of<K: Eq + Hash>(entries: &Slab<Entry<K>>, index: &KeyIndex<Hasher>, 
     }
 }
 
-impl<K: Eq + Hash + Clone> KeySlots<K> for SlotsView<'_, K> {
+impl<K: Eq + Hash> Pendings<K> for SlotsView<'_, K> {
     fn pending(&self, key: &K) -> Pending {
         pending_of(self.entries, self.index, key)
     }
-    fn hold(&mut self, _: &K) {
-        unreachable!("a view changes nothing")
-    }
-    fn release(&mut self, _: &K) {
-        unreachable!("a view changes nothing")
-    }
-    fn cancel(&mut self, _: &K) {
-        unreachable!("a view changes nothing")
+}
+
+impl<K: Eq + Hash> Pendings<K> for Slots<'_, K> {
+    fn pending(&self, key: &K) -> Pending {
+        pending_of(self.entries, self.index, key)
     }
 }
 
 impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
-    fn pending(&self, key: &K) -> Pending {
-        pending_of(self.entries, self.index, key)
-    }
-
     fn hold(&mut self, key: &K) {
         let Some(at) = self.index.find(key, self.entries) else { return };
         if let Slot::Ready { held: held @ false, prio, group, .. } = &mut self.entries.get_mut(at).slot {

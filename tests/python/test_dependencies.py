@@ -81,6 +81,16 @@ def make():
         c.stop(drain=False)
 
 
+def start_with_parent_running(c: reconq.Controller, script: Script) -> None:
+    """Starts `c` with "child" under "parent", and "parent" running (held at
+    its gate)."""
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    script.close("parent")
+    c.enqueue("parent")
+    wait_for(lambda: script.running("parent"), what="parent running")
+
+
 def test_graph_calls_replace_clear_dedup_and_work_before_start(make):
     c, _ = make()
     c.set_dependencies("c", ["a", "b", "a"])
@@ -132,11 +142,7 @@ def test_a_bad_key_among_parents_raises_and_changes_nothing(make):
 
 def test_d1_a_child_waits_for_its_running_parent_without_a_worker(make):
     c, script = make(workers=2)
-    c.set_dependencies("child", ["parent"])
-    c.start()
-    script.close("parent")
-    c.enqueue("parent")
-    wait_for(lambda: script.running("parent"), what="parent running")
+    start_with_parent_running(c, script)
     c.enqueue("child")
     c.enqueue("other")
     wait_for(lambda: script.starts("other") == 1, what="other on the free worker")
@@ -226,11 +232,7 @@ def test_d3_a_parent_becoming_ready_cancels_a_running_child(make):
 
 def test_d1_a_released_key_keeps_its_place(make):
     c, script = make(workers=1)
-    c.set_dependencies("child", ["parent"])
-    c.start()
-    script.close("parent")
-    c.enqueue("parent")
-    wait_for(lambda: script.running("parent"), what="parent running")
+    start_with_parent_running(c, script)
     c.enqueue("child")
     c.enqueue("x")
     c.enqueue("y", priority=-1)
@@ -242,11 +244,7 @@ def test_d1_a_released_key_keeps_its_place(make):
 
 def test_a_drained_stop_with_held_keys_finishes(make):
     c, script = make(workers=1)
-    c.set_dependencies("child", ["parent"])
-    c.start()
-    script.close("parent")
-    c.enqueue("parent")
-    wait_for(lambda: script.running("parent"), what="parent running")
+    start_with_parent_running(c, script)
     c.enqueue("child")
     stopping = threading.Thread(target=lambda: c.stop(drain=True, timeout=PATIENCE))
     stopping.start()
