@@ -934,6 +934,13 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_stays_40_bytes() {
+        // Entries are read on every hand-out and finish: dependencies'
+        // fields must not grow them (see `retry_priority`).
+        assert!(std::mem::size_of::<Slot>() <= 40, "{}", std::mem::size_of::<Slot>());
+    }
+
+    #[test]
     fn dirty_key_returns_only_after_done() {
         let mut q = QueueState::new(Recorder::off(), ReadySet::new());
         assert_eq!(q.add("a", P0, n()), Added::Ready);
