@@ -11,9 +11,10 @@
 //!   an ancestor is pending. `blocked[k]` counts `k`'s busy parents, so D1
 //!   ("no pending ancestor") is `blocked[k] == 0`, read in O(1) at the time
 //!   it matters, never by a walk up the graph.
-//! * **Costs (D5).** A key becoming busy marks its descendants (O(their
-//!   number), as Rill's `markPending`), and looks for running ones to
-//!   cancel (D3). A key that stops being pending at the end of a run has
+//! * **Costs (D5).** A key becoming pending while not busy marks its
+//!   descendants (O(their number), as Rill's `markPending`), and looks for
+//!   running ones to cancel (D3); one already busy costs O(1) (its pending
+//!   ancestor did both), so D2's enqueues down a chain are linear in all. A key that stops being pending at the end of a run has
 //!   just enqueued its children (D2), which are pending themselves: the
 //!   change stops at them, O(children). Only a key going to wait for a
 //!   retry (not pending, not at the end of its run) frees its descendants
@@ -189,14 +190,15 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// ones) and cancels its running descendants, which it then waits for
     /// (D3). Returns whether `key` itself must be held.
     pub(crate) fn became_pending(&mut self, key: &K, slots: &mut impl KeySlots<K>) -> bool {
-        if !self.children.contains_key(key) {
+        if !self.children.contains_key(key) || self.blocked.contains_key(key) {
+            // No descendants, or already busy: a pending ancestor marked
+            // them and cancelled (and waits for) those running, and `key`
+            // runs after that ancestor. So D2's enqueue of a child costs
+            // O(1) here, and a chain runs in linear time.
             return self.must_hold(key);
         }
-        if !self.blocked.contains_key(key) {
-            // It was not busy: its children get a busy parent.
-            for child in self.children(key) {
-                self.mark_busy(&child, slots);
-            }
+        for child in self.children(key) {
+            self.mark_busy(&child, slots);
         }
         let mut seen: HashSet<K, Hasher> = HashSet::default();
         let mut stack = self.children(key);
@@ -305,5 +307,128 @@ impl<K> KeySlots<K> for NothingPending {
     }
     fn cancel(&mut self, _: &K) {
         unreachable!("nothing is pending")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// Slots of a model queue: each key's state, and how many times the
+    /// graph looked at one (its work).
+    #[derive(Default)]
+    struct Model {
+        state: HashMap<u32, Pending>,
+        held: HashSet<u32>,
+        cancelled: Vec<u32>,
+        looks: Cell<usize>,
+    }
+
+    impl Pendings<u32> for Model {
+        fn pending(&self, key: &u32) -> Pending {
+            self.looks.set(self.looks.get() + 1);
+            self.state.get(key).copied().unwrap_or(Pending::No)
+        }
+    }
+
+    impl KeySlots<u32> for Model {
+        fn hold(&mut self, key: &u32) {
+            self.held.insert(*key);
+        }
+        fn release(&mut self, key: &u32) {
+            self.held.remove(key);
+        }
+        fn cancel(&mut self, key: &u32) {
+            self.cancelled.push(*key);
+        }
+    }
+
+    /// A chain 0 → 1 → ... → n-1.
+    fn chain(n: u32) -> Dependencies<u32> {
+        let mut deps = Dependencies::default();
+        for k in 1..n {
+            deps.set_parents(&k, vec![k - 1], &mut NothingPending).unwrap();
+        }
+        deps
+    }
+
+    impl Model {
+        fn ready(&mut self, deps: &mut Dependencies<u32>, key: u32) -> bool {
+            self.state.insert(key, Pending::Ready);
+            let hold = deps.became_pending(&key, self);
+            if hold {
+                self.held.insert(key);
+            }
+            hold
+        }
+
+        fn finish(&mut self, deps: &mut Dependencies<u32>, key: u32) {
+            self.state.remove(&key);
+            deps.returned(&key, self);
+            deps.left_pending(&key, self);
+        }
+    }
+
+    #[test]
+    fn d5_a_chain_runs_in_linear_time() {
+        const N: u32 = 10_000;
+        let mut deps = chain(N);
+        let mut m = Model::default();
+        assert!(!m.ready(&mut deps, 0));
+        m.state.insert(0, Pending::Running);
+        for k in 0..N {
+            // D2: the child is enqueued before its parent is done.
+            if k + 1 < N {
+                assert!(m.ready(&mut deps, k + 1), "{} is held by {k}", k + 1);
+            }
+            m.finish(&mut deps, k);
+            if k + 1 < N {
+                assert!(!m.held.contains(&(k + 1)), "{} released by {k}'s finish", k + 1);
+                m.state.insert(k + 1, Pending::Running);
+            }
+        }
+        assert!(m.looks.get() < 10 * N as usize, "{} looks for a chain of {N}", m.looks.get());
+        assert!(deps.blocked.is_empty() && deps.waits.is_empty() && deps.waiters.is_empty());
+    }
+
+    #[test]
+    fn d3_a_root_becoming_ready_cancels_running_descendants_and_waits_for_them() {
+        let mut deps = chain(4);
+        let mut m = Model::default();
+        assert!(!m.ready(&mut deps, 2));
+        m.state.insert(2, Pending::Running);
+        assert!(m.ready(&mut deps, 3), "3's parent runs");
+        assert!(m.ready(&mut deps, 0), "0 waits for 2, cancelled");
+        assert_eq!(m.cancelled, vec![2]);
+        assert!(m.held.contains(&3), "3 has a pending ancestor");
+        let mut holding = deps.pending_ancestors(&3, &m);
+        holding.sort_unstable();
+        assert_eq!(holding, vec![0, 2], "1 is not pending itself");
+        m.finish(&mut deps, 2);
+        assert!(!m.held.contains(&0), "released once the cancelled run returned");
+        assert!(m.held.contains(&3));
+    }
+
+    #[test]
+    fn d4_a_cycle_is_named_and_nothing_changes() {
+        let mut deps = chain(3);
+        assert_eq!(deps.set_parents(&0, vec![9, 2], &mut NothingPending), Err(vec![0, 1, 2]));
+        assert!(deps.parents(&0).is_empty() && deps.children(&9).is_empty());
+        assert_eq!(deps.set_parents(&1, vec![1], &mut NothingPending), Err(vec![1]));
+        assert_eq!(deps.parents(&1), vec![0]);
+    }
+
+    #[test]
+    fn edges_come_and_go_with_their_holds() {
+        let mut deps = Dependencies::default();
+        let mut m = Model::default();
+        m.state.insert(7, Pending::Running);
+        m.state.insert(8, Pending::Ready);
+        deps.set_parents(&8, vec![7], &mut m).unwrap();
+        assert!(m.held.contains(&8), "a new edge from a pending parent holds");
+        deps.set_parents(&8, vec![], &mut m).unwrap();
+        assert!(!m.held.contains(&8), "clearing it releases");
+        assert!(deps.parents.is_empty() && deps.children.is_empty() && deps.blocked.is_empty());
     }
 }
