@@ -452,11 +452,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.ready.finished(group);
         match then {
             Then::Finish => {
-                let key = self.forget(at);
-                if self.deps.is_some() && self.deps_left(&key) {
-                    self.compact_if_sparse();
-                    return Finished::Released;
+                if self.deps.is_some() {
+                    return self.finish_with_deps(at);
                 }
+                self.forget(at);
                 self.compact_if_sparse();
                 Finished::Removed
             }
@@ -494,19 +493,37 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     /// A key whose slot just became `Ready` (not held): into the ready set,
-    /// unless its dependencies hold it (D1, D3).
-    #[inline]
+    /// unless its dependencies hold it (D1, D3). Without dependencies, one
+    /// branch (the rest is out of line).
+    #[inline(always)]
     fn push_pending(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
         if self.deps.is_some() {
-            self.stamp_seq(at);
-            let key = self.entries.get(at).key.clone();
-            if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
-                self.hold_new(at);
-                return Added::Unchanged;
-            }
+            return self.push_pending_with_deps(at, prio, group);
         }
         self.ready.push(at, prio, group);
         Added::Ready
+    }
+
+    #[inline(never)]
+    fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
+        self.stamp_seq(at);
+        let key = self.entries.get(at).key.clone();
+        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
+            self.hold_new(at);
+            return Added::Unchanged;
+        }
+        self.ready.push(at, prio, group);
+        Added::Ready
+    }
+
+    /// `done`'s `Finish` with dependencies: the key leaves, and keys it held
+    /// may become ready.
+    #[inline(never)]
+    fn finish_with_deps(&mut self, at: u32) -> Finished {
+        let key = self.forget(at);
+        let released = self.deps_left(&key);
+        self.compact_if_sparse();
+        if released { Finished::Released } else { Finished::Removed }
     }
 
     /// Gives the `Ready` slot at `at` the next place in ready order (D1: a
