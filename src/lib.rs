@@ -59,6 +59,7 @@ mod coordination;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod graph;
 mod key_encoding;
 mod logs;
 mod manager;
@@ -81,9 +82,9 @@ mod thread;
 pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
-    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, DEFAULT_LIST_PRIORITY, KeyInfo, KeyStatus,
-    ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome,
-    Watch, WatchError,
+    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY, KeyInfo,
+    KeyStatus, ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping,
+    TriggerOutcome, Watch, WatchError,
 };
 #[cfg(feature = "etcd")]
 pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};

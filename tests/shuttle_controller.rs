@@ -58,7 +58,8 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 12] = [
+    let models: [fn(); 13] = [
+        parent_ready_racing_descendant_return_model,
         cache_relisting_while_controller_stops_model,
         stop_racing_start_runs_every_stop_hook_model,
         leadership_lost_during_reconciles_model,
@@ -908,4 +909,101 @@ fn cache_relisting_while_controller_stops_model() {
     assert!(seen.iter().all(|(.., synced)| *synced), "reconciled before the cache synced: {seen:?}");
     assert!(seen.iter().all(|(key, value, _)| *key != 2 || *value == Some(1)), "key 2 read a wrong state: {seen:?}");
     assert_eq!(handle.stats().reconciles as usize, seen.len(), "a reconcile after the stop");
+}
+
+// ---------------------------------------------------------------------------
+// (d) Dependencies (guarantees §14): a parent becoming ready while a descendant's
+// reconcile returns, or while it is being cancelled.
+
+/// Keys of model (d): `DEP_P` → `DEP_C` → `DEP_G` (parent, child, grandchild).
+const DEP_P: u8 = 0;
+const DEP_C: u8 = 1;
+const DEP_G: u8 = 2;
+
+#[derive(Default)]
+struct DepLog {
+    running: Vec<u8>,
+    /// ("start" | "end", key), in order.
+    events: Vec<(&'static str, u8)>,
+    violations: Vec<String>,
+}
+
+impl DepLog {
+    fn last(&self, what: &str, key: u8) -> Option<usize> {
+        self.events.iter().rposition(|e| *e == (what, key))
+    }
+}
+
+/// **(d) a parent becoming ready while its descendants run or return.**
+/// Two workers; edges P → C → G. C and G are enqueued and start (C runs
+/// first: G is held by it); a thread enqueues P, racing C's reconcile from
+/// before it starts to after it returned, and so racing D3's cancel of C
+/// with C's return.
+///
+/// Invariants: a key never starts while an ancestor or a descendant runs
+/// (D1; D3's "runs only after they returned"); once idle, the last run of
+/// each child started after its parent's last run ended (D2 brings it back
+/// whether or not it was cancelled); every reconcile is counted once, as a
+/// success or as superseded; nothing is left held.
+#[test]
+fn parent_ready_racing_descendant_return() {
+    explore(parent_ready_racing_descendant_return_model);
+}
+
+fn parent_ready_racing_descendant_return_model() {
+    let log = Arc::new(Mutex::new(DepLog::default()));
+    let ancestors = |key: u8| (0..key).collect::<Vec<u8>>();
+    let descendants = |key: u8| (key + 1..=DEP_G).collect::<Vec<u8>>();
+    let reconcile = {
+        let log = Arc::clone(&log);
+        move |key: &u8, ctx: &Context| -> Result<Action, ReconcileError> {
+            {
+                let mut log = log.lock().unwrap();
+                let clash: Vec<u8> = log
+                    .running
+                    .iter()
+                    .copied()
+                    .filter(|k| ancestors(*key).contains(k) || descendants(*key).contains(k))
+                    .collect();
+                if !clash.is_empty() {
+                    log.violations.push(format!("{key} started while {clash:?} ran"));
+                }
+                log.running.push(*key);
+                log.events.push(("start", *key));
+            }
+            thread::yield_now();
+            let _ = ctx.is_cancelled();
+            thread::yield_now();
+            let mut log = log.lock().unwrap();
+            log.running.retain(|k| k != key);
+            log.events.push(("end", *key));
+            Ok(Action::Done)
+        }
+    };
+    let controller = Controller::new("d", reconcile).workers(2).rate_limiter(zero_backoff());
+    let handle = controller.handle();
+    handle.set_dependencies(&DEP_C, [DEP_P]).unwrap();
+    handle.set_dependencies(&DEP_G, [DEP_C]).unwrap();
+    handle.enqueue(DEP_C);
+    handle.enqueue(DEP_G);
+    let handle = controller.start();
+    let parent = {
+        let handle = handle.clone();
+        thread::spawn(move || handle.enqueue(DEP_P))
+    };
+    parent.join().unwrap();
+    assert!(handle.wait_idle(FOREVER), "wait_idle gave up");
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    for (parent, child) in [(DEP_P, DEP_C), (DEP_C, DEP_G)] {
+        let (end, start) = (log.last("end", parent), log.last("start", child));
+        assert!(end < start, "{child}'s last run did not follow {parent}'s: {:?}", log.events);
+    }
+    let stats = handle.stats();
+    let starts = log.events.iter().filter(|(what, _)| *what == "start").count() as u64;
+    assert_eq!(stats.reconciles, starts, "{stats:?}");
+    assert_eq!(stats.successes + stats.superseded, starts, "{stats:?}");
+    assert_eq!((stats.held, stats.depth, stats.processing), (0, 0, 0), "{stats:?}");
+    drop(log);
+    assert!(handle.stop_with_drain(FOREVER));
 }

@@ -14,6 +14,7 @@ __all__ = [
     "Cache",
     "Context",
     "Controller",
+    "CycleError",
     "EtcdSource",
     "ExponentialBackoff",
     "FakeClock",
@@ -61,6 +62,9 @@ class FakeClock:
 
 class ShutDown(Exception):
     """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
+
+class CycleError(ValueError):
+    """Raised by ``Controller.set_dependencies()`` when the parents would close a cycle (the message names every key of it); nothing was changed."""
 
 class StoreLocked(Exception):
     """Raised by ``start()`` when another live controller holds this name in the store file."""
@@ -375,6 +379,8 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     parked: int
     handler_errors: int
     """Failures of a watched cache's ``map`` or ``predicate`` (the changed key was enqueued instead)."""
+    held: int
+    superseded: int
     background_threads: int
     hanging: Dict[_Key, float]
     last_error: Optional[str]
@@ -395,6 +401,7 @@ class _KeyInfo(TypedDict):
     last_error: Optional[str]
     next_run: Optional[float]
     since: Optional[float]
+    waiting_for: List[_Key]
 
 @final
 class Controller:
@@ -447,6 +454,9 @@ class Controller:
     ) -> None: ...
     def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool:
         """Waits until every watched cache has synced (True at once if none)."""
+    def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None: ...
+    def dependencies(self, key: _Key) -> List[_Key]: ...
+    def dependents(self, key: _Key) -> List[_Key]: ...
     def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
     def remove_trigger(self, key: _Key) -> bool: ...
     def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...

@@ -84,6 +84,12 @@ pub struct Stats {
     /// Failures of a watched cache's `map` or `predicate` (each logged as
     /// an ERROR; the changed key was enqueued instead).
     pub handler_errors: u64,
+    /// Ready keys held by a pending ancestor, or waiting for cancelled
+    /// descendants to return (guarantees §14); counted in `depth` too.
+    pub held: usize,
+    /// Reconciles cancelled because an ancestor became pending (D3),
+    /// counted in `reconciles` too.
+    pub superseded: u64,
 }
 
 /// What [`ControllerHandle::stop_with_drain_report`] found.
@@ -188,6 +194,33 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// watches none; `false` at once for a cache stopped unsynced).
     pub fn wait_synced(&self, timeout: Option<Duration>) -> bool {
         self.core.watches.wait_synced(timeout)
+    }
+
+    /// Makes `key` run after `parents` (guarantees §14): replaces its earlier
+    /// parents (an empty list clears them), enqueues nothing, applies at
+    /// once to keys already waiting, and may be called before start. A key
+    /// is never handed out while an ancestor is ready or being reconciled
+    /// (D1); when a key's run of attempts ends its dependents are enqueued
+    /// (D2); a key becoming ready cancels its running descendants and runs
+    /// after they returned (D3). Parents that would close a cycle return
+    /// [`CycleError`](super::CycleError) and change nothing (D4).
+    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), super::CycleError<K>> {
+        self.core.set_dependencies(key, parents)
+    }
+
+    /// `key`'s direct parents (empty if none).
+    pub fn dependencies(&self, key: &K) -> Vec<K> {
+        self.core.dependencies(key)
+    }
+
+    /// `key`'s direct dependents (empty if none).
+    pub fn dependents(&self, key: &K) -> Vec<K> {
+        self.core.dependents(key)
+    }
+
+    /// The pending ancestors holding `key` (empty when nothing holds it).
+    pub fn waiting_for(&self, key: &K) -> Vec<K> {
+        self.core.rt.get().map(|rt| rt.queue.waiting_for(key)).unwrap_or_default()
     }
 
     /// Cancels the reconcile of `key` if one is running (its

@@ -33,6 +33,7 @@
 //! assert!(handle.stop_with_drain(Duration::from_secs(10)));
 //! ```
 
+mod dependencies;
 mod gate;
 mod groups;
 mod handle;
@@ -72,6 +73,7 @@ use crate::sync::Mutex;
 use crate::thread::{ThreadWrapper, spawn_named};
 
 pub use crate::context::{Context, StopSignal};
+pub use dependencies::CycleError;
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
@@ -493,11 +495,15 @@ impl<K: ControllerKey> Controller<K> {
             grouping: self.grouping,
             store,
             coordination,
+            has_dependencies: std::sync::atomic::AtomicBool::new(false),
         };
         let core = &self.core;
+        let mut deps_before_start = core.deps_before_start.lock();
+        core.install_dependencies(&mut deps_before_start, &rt);
         if core.rt.set(rt).is_err() {
             panic!("controller {:?} started twice", core.name);
         }
+        drop(deps_before_start);
         let rt = core.rt.get().expect("just set");
         core.subscribe_features(rt);
         if core.life.workers_starting(config.workers).is_err() {
@@ -661,6 +667,10 @@ pub(crate) struct Runtime<K> {
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
     /// Leader election or sharding: which keys run here, and when.
     pub(crate) coordination: Option<gate::Coordinated<K>>,
+    /// Whether any dependency was set (read without a lock by every
+    /// finishing worker, written once: kept away from the queue's written
+    /// lines; see `dependencies`).
+    pub(crate) has_dependencies: std::sync::atomic::AtomicBool,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -701,6 +711,8 @@ pub(crate) struct Counters {
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
     pub(crate) consecutive_failures: AtomicU64,
+    /// Reconciles cancelled because an ancestor became pending (D3).
+    pub(crate) superseded: AtomicU64,
 }
 
 /// Everything a controller's handles and threads share.
@@ -721,6 +733,8 @@ pub(crate) struct Core<K> {
     pub(crate) triggers: Mutex<triggers::Triggers<K>>,
     /// The caches it watches (see `watch`).
     pub(crate) watches: watch::Watches<K>,
+    /// Dependencies set before start (see `dependencies`).
+    pub(crate) deps_before_start: dependencies::BeforeStart<K>,
 }
 
 impl<K: ControllerKey> Observed for Core<K> {
@@ -771,6 +785,7 @@ impl<K: ControllerKey> Core<K> {
             life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
             watches: watch::Watches::new(),
+            deps_before_start: Mutex::new(None),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
         let _ = core._registration.set(observe::register(observed));

@@ -39,10 +39,10 @@ impl<K: ControllerKey> Core<K> {
     /// worker counts before it marks the key done). Locks are taken one at
     /// a time, briefly.
     pub(crate) fn stats_and_hanging(&self) -> (Stats, Vec<(K, Duration)>) {
-        let (depth, processing, waiting, by_priority) = match self.rt.get() {
+        let (depth, held, processing, waiting, by_priority) = match self.rt.get() {
             Some(rt) => {
-                let counts = rt.queue.counts();
-                (counts.ready, counts.processing, counts.delayed, rt.queue.len_by_priority())
+                let (counts, held) = rt.queue.counts_and_held();
+                (counts.ready + held, held, counts.processing, counts.delayed, rt.queue.len_by_priority())
             }
             None => {
                 let pending = self.pending.lock();
@@ -50,7 +50,7 @@ impl<K: ControllerKey> Core<K> {
                 for (_, _, priority) in pending.iter() {
                     *by_priority.entry(*priority).or_default() += 1;
                 }
-                (pending.len(), 0, 0, by_priority.into_iter().rev().collect())
+                (pending.len(), 0, 0, 0, by_priority.into_iter().rev().collect())
             }
         };
         let hanging = self.hanging();
@@ -61,7 +61,7 @@ impl<K: ControllerKey> Core<K> {
         };
         let results = self.rt.get().map_or_else(ResultTotals::default, |rt| ResultTotals::sum(&rt.slots));
         let stats = Stats {
-            reconciles: results.reconciles(),
+            reconciles: results.reconciles() + c.superseded.load(Ordering::Relaxed),
             successes: results.successes(),
             failures: results.failures(),
             requeues: results.requeues(),
@@ -79,6 +79,8 @@ impl<K: ControllerKey> Core<K> {
             shards: self.gate().and_then(Gate::shard_status),
             not_owned: c.not_owned.load(Ordering::Relaxed),
             handler_errors: self.watches.handler_errors(),
+            held,
+            superseded: c.superseded.load(Ordering::Relaxed),
         };
         (stats, hanging)
     }

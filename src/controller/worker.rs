@@ -33,6 +33,9 @@ pub(crate) struct Running<K> {
     /// The watchdog cancelled it at its timeout: it counts as a failure
     /// whatever it returns.
     pub(crate) timed_out: bool,
+    /// An ancestor became pending and cancelled it (D3): it counts as
+    /// superseded whatever it returns.
+    pub(crate) superseded: bool,
 }
 
 /// When a reconcile started, on the controller's clock.
@@ -126,7 +129,8 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         let span = logs::reconcile_span(&core.name, &key, ctx.attempt);
         let entered = span.enter();
         let result = catch_unwind(AssertUnwindSafe(|| reconciler.reconcile(&key, &ctx)));
-        let timed_out = slot.running.lock().take().is_some_and(|run| run.timed_out);
+        let (timed_out, superseded) =
+            slot.running.lock().take().map_or((false, false), |run| (run.timed_out, run.superseded));
         let outcome = match rt.timeout {
             Some(timeout) if timed_out => {
                 core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -135,7 +139,14 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
             _ => Outcome::classify(result),
         };
         let counted = Counted::of(&outcome);
-        settle(core, rt, &key, &ctx, outcome, timed_out);
+        if superseded {
+            // Neither success nor failure: the error, the limiter and the
+            // attempt stay as they were; an ancestor's run brings the key
+            // back (D2).
+            core.count_superseded();
+        } else {
+            settle(core, rt, &key, &ctx, outcome, timed_out);
+        }
         if let (Some(coordination), Some(token)) = (&rt.coordination, ctx.fencing_token) {
             coordination.gate.finished(&key, token);
         }
@@ -143,7 +154,9 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
         let finished = ticks::now();
-        slot.metrics.record(started, finished, counted);
+        if !superseded {
+            slot.metrics.record(started, finished, counted);
+        }
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
         (next, started) = done_and_get(rt, &key, finished);
@@ -187,7 +200,7 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
     let started = if rt.clock.is_real_time() { Started::Tick(tick) } else { Started::At(rt.clock.now()) };
     {
         let mut running = slot.running.lock();
-        *running = Some(Running { key: key.clone(), started, hang_logged: false, timed_out: false });
+        *running = Some(Running { key: key.clone(), started, hang_logged: false, timed_out: false, superseded: false });
         // Under the slot lock, so a concurrent `cancel_all` either sees this
         // reconcile or we see its flag.
         slot.signal.reset_to(core.life.cancel_all.load(Ordering::SeqCst));
@@ -218,6 +231,7 @@ fn settle<K: ControllerKey>(
                 core.memory.clear(key);
                 rt.queue.forget(key);
             }
+            core.dependents_follow(rt, key);
             counters.record_success();
         }
         Outcome::Requeue => {
@@ -231,6 +245,7 @@ fn settle<K: ControllerKey>(
             core.memory.clear(key);
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
+            core.dependents_follow(rt, key);
             counters.record_success();
         }
         Outcome::Failure { retry, message, panicked } => {
@@ -254,6 +269,7 @@ fn settle<K: ControllerKey>(
                     core.memory.clear(key);
                     rt.queue.forget(key);
                     core.parked.park(key.clone(), message.clone());
+                    core.dependents_follow(rt, key);
                 }
             }
             *counters.last_error.lock() = Some((message, SystemTime::now()));

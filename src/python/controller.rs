@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::attach::attach;
@@ -119,6 +119,30 @@ pub(crate) struct PyController {
     /// The caches it watches, held until it stops: a cache the user
     /// started and let go of must not stop under it (`PyCache`'s drop).
     watched: Mutex<Vec<Py<PyCache>>>,
+}
+
+/// Keys as a Python list.
+fn keys_to_py<'py>(py: Python<'py>, keys: &[PyKey]) -> PyResult<Bound<'py, PyList>> {
+    let items = keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// `set_dependencies`'s `parents`: an iterable of keys, but not a str,
+/// bytes or tuple (each of those is a key itself: `["a"]`, not `"a"`).
+fn parents_from_py(parents: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
+    if parents.is_instance_of::<PyString>()
+        || parents.is_instance_of::<PyBytes>()
+        || parents.is_instance_of::<PyTuple>()
+    {
+        return Err(PyTypeError::new_err(format!(
+            "parents must be a list of keys, not a {} (a key itself: wrap it in a list)",
+            type_name(parents)
+        )));
+    }
+    let iter = parents
+        .try_iter()
+        .map_err(|_| PyTypeError::new_err(format!("parents must be a list of keys, not {}", type_name(parents))))?;
+    iter.map(|parent| PyKey::from_py(&parent?)).collect()
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -743,6 +767,8 @@ impl PyController {
         d.set_item("waiting", stats.waiting)?;
         d.set_item("parked", stats.parked)?;
         d.set_item("handler_errors", stats.handler_errors)?;
+        d.set_item("held", stats.held)?;
+        d.set_item("superseded", stats.superseded)?;
         d.set_item("background_threads", handle.background_threads())?;
         let hang = PyDict::new(py);
         for (key, running) in hanging {
@@ -811,14 +837,48 @@ impl PyController {
         d.set_item("last_error", info.last_error)?;
         d.set_item("next_run", info.next_run.map(instant_to_wall))?;
         d.set_item("since", since)?;
+        let waiting_for = py.detach(|| handle.waiting_for(&key));
+        d.set_item("waiting_for", keys_to_py(py, &waiting_for)?)?;
         Ok(d)
     }
 
     /// Keys that failed permanently (raised PermanentError), oldest first.
     fn parked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys = self.handle.parked();
-        let items = keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+        keys_to_py(py, &self.handle.parked())
+    }
+
+    /// Makes `key` run after `parents` (a list or any iterable of keys but
+    /// a str, bytes or tuple, which are keys themselves): replaces its
+    /// earlier parents (`[]` clears them), enqueues nothing, may be called
+    /// before start. Raises `CycleError` (nothing changed) if they would
+    /// close a cycle.
+    fn set_dependencies(&self, py: Python<'_>, key: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = PyKey::from_py(key)?;
+        let parents = parents_from_py(parents)?;
+        let handle = &self.handle;
+        py.detach(|| handle.set_dependencies(&key, parents)).map_err(|cycle| {
+            let names = cycle.keys.iter().map(|k| Ok(k.to_py(py)?.str()?.to_string())).collect::<PyResult<Vec<_>>>();
+            match names {
+                Ok(names) => super::errors::CycleError::new_err(format!(
+                    "set_dependencies: these parents would close a cycle: {} -> {}",
+                    names.join(" -> "),
+                    names[0]
+                )),
+                Err(e) => e,
+            }
+        })
+    }
+
+    /// `key`'s direct parents (`[]` if none).
+    fn dependencies<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let key = PyKey::from_py(key)?;
+        keys_to_py(py, &self.handle.dependencies(&key))
+    }
+
+    /// `key`'s direct dependents (`[]` if none).
+    fn dependents<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let key = PyKey::from_py(key)?;
+        keys_to_py(py, &self.handle.dependents(&key))
     }
 
     /// Takes `key` out of the parked set and enqueues it; returns whether it

@@ -17,6 +17,13 @@ use super::duration::delay_from_py;
 
 pyo3::create_exception!(
     reconq,
+    CycleError,
+    pyo3::exceptions::PyValueError,
+    "Raised by Controller.set_dependencies() when the parents would close a cycle (the message names every key of it); nothing was changed."
+);
+
+pyo3::create_exception!(
+    reconq,
     ShutDown,
     PyException,
     "Raised by WorkQueue.get() once the queue is shut down and nothing is ready."

@@ -44,6 +44,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock, deadline_after};
+use crate::graph::Dependencies;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::rate_limit::{RateLimiter, default_rate_limiter};
@@ -52,8 +53,8 @@ use key_index::Prefetcher;
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
-pub(crate) use state::Place;
 use state::{Added, Finished, Hasher, QueueState};
+pub(crate) use state::{CancelHook, Place};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -546,6 +547,59 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() }
     }
 
+    /// [`counts`](Self::counts), and the ready keys their dependencies hold
+    /// (a controller's `set_dependencies`; not in `ready`), at one instant.
+    pub(crate) fn counts_and_held(&self) -> (QueueCounts, usize) {
+        let g = self.shared.lock_synced();
+        let counts = QueueCounts { ready: g.q.len(), processing: g.q.processing_len(), delayed: g.q.delayed_len() };
+        (counts, g.q.held_len())
+    }
+
+    /// Replaces `key`'s parents (see `crate::graph`), turning dependencies
+    /// on with `cancel` (D3) if they are not yet. `Err`: the keys of the
+    /// cycle it would close (D4), nothing changed.
+    pub(crate) fn set_dependencies(
+        &self,
+        key: &K,
+        parents: Vec<K>,
+        cancel: impl FnOnce() -> CancelHook<K>,
+    ) -> Result<(), Vec<K>> {
+        let mut g = self.shared.lock_synced();
+        if !g.q.has_dependencies() {
+            self.enable_dependencies(&mut g, Box::default(), cancel());
+        }
+        if g.q.set_dependencies(key, parents)? {
+            self.shared.publish_ready(&g);
+            self.shared.wake_ready(&mut g);
+        }
+        Ok(())
+    }
+
+    /// Turns dependencies on with edges set before start.
+    pub(crate) fn install_dependencies(&self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        let mut g = self.shared.lock();
+        self.enable_dependencies(&mut g, deps, cancel);
+    }
+
+    fn enable_dependencies(&self, g: &mut Guard<'_, K>, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        g.q.enable_dependencies(deps, cancel);
+    }
+
+    /// `key`'s direct parents.
+    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
+        self.shared.lock().q.dependencies(key)
+    }
+
+    /// `key`'s direct children.
+    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
+        self.shared.lock().q.dependents(key)
+    }
+
+    /// The pending ancestors holding `key`.
+    pub(crate) fn waiting_for(&self, key: &K) -> Vec<K> {
+        self.shared.lock_synced().q.waiting_for(key)
+    }
+
     /// Where `key` stands: absent, ready, waiting for a due time, or
     /// processing.
     pub fn key_state(&self, key: &K) -> KeyState {
@@ -819,8 +873,12 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     fn finish(&self, g: &mut Guard<'_, K>, key: &K, now: &mut Now) {
         self.sync(g, now);
         match g.q.done(key, || self.clock.now(), now) {
-            Finished::Requeued => self.publish_ready(g),
-            Finished::Waiting(due) => self.on_scheduled(g, due),
+            Finished::Requeued | Finished::Released => self.publish_ready(g),
+            Finished::Waiting(due) => {
+                self.on_scheduled(g, due);
+                // Keys its dependencies held may have become ready.
+                self.publish_ready(g);
+            }
             // A full group may have got room: its keys became takeable.
             Finished::Removed if g.q.has_groups() => self.publish_ready(g),
             Finished::Removed | Finished::NotProcessing => {}

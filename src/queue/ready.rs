@@ -112,6 +112,15 @@ impl<K> Fifo<K> {
         self.keys.push_back(key);
         self.live += 1;
     }
+
+    /// Puts `key` right after the last entry `earlier` says goes first
+    /// (scanning from the back: a key released soon after it became
+    /// ready meets few entries).
+    fn insert_by(&mut self, key: K, earlier: impl Fn(&K) -> bool) {
+        let at = self.keys.iter().rposition(earlier).map_or(0, |i| i + 1);
+        self.keys.insert(at, key);
+        self.live += 1;
+    }
 }
 
 impl<K: Eq + Hash + Clone> Fifo<K> {
@@ -171,9 +180,24 @@ impl<K: Eq + Hash + Clone> Level<K> {
         }
     }
 
+    #[inline]
     fn push(&mut self, key: K, prio: Priority, group: GroupId, groups: &mut Option<Groups>) {
+        self.put(key, prio, group, groups, Fifo::push);
+    }
+
+    /// Adds a key as [`push`](Self::push) does, `place` putting it in its
+    /// FIFO.
+    #[inline]
+    fn put(
+        &mut self,
+        key: K,
+        prio: Priority,
+        group: GroupId,
+        groups: &mut Option<Groups>,
+        place: impl FnOnce(&mut Fifo<K>, K),
+    ) {
         match self {
-            Level::Plain(fifo) => fifo.push(key),
+            Level::Plain(fifo) => place(fifo, key),
             Level::Fair(fair) => {
                 let groups = groups.as_mut().expect("a fair level belongs to a fair set");
                 fair.live += 1;
@@ -182,7 +206,7 @@ impl<K: Eq + Hash + Clone> Level<K> {
                     in_ring: false,
                     blocked: false,
                 });
-                gf.fifo.push(key);
+                place(&mut gf.fifo, key);
                 if gf.blocked {
                     groups.blocked_keys += 1;
                 } else if !gf.in_ring {
@@ -347,15 +371,33 @@ impl<K: Eq + Hash + Clone> ReadySet<K> {
         level.push(key, prio, group, &mut self.groups);
     }
 
+    /// A key became ready with priority `prio` in `group`, at the place
+    /// `earlier` gives it: right after the last entry of its FIFO that
+    /// `earlier` says goes first (a key its dependencies held, released
+    /// at its place by the time it became ready).
+    pub(crate) fn insert_by(&mut self, key: K, prio: Priority, group: GroupId, earlier: impl Fn(&K) -> bool) {
+        self.live += 1;
+        let fair = self.groups.is_some();
+        let level =
+            if prio == 0 { &mut self.zero } else { self.others.entry(prio).or_insert_with(|| Level::new(fair)) };
+        level.put(key, prio, group, &mut self.groups, |fifo, key| fifo.insert_by(key, earlier));
+    }
+
     /// A ready key at priority `from` now has the higher priority `to` (P2).
     pub(crate) fn raise(&mut self, key: K, from: Priority, to: Priority, group: GroupId) {
         debug_assert!(to > from);
-        let level = if from == 0 { &mut self.zero } else { self.others.get_mut(&from).expect("a ready key's level") };
-        level.unlive(group, &mut self.groups);
-        *self.stale.entry((key.clone(), from, group)).or_insert(0) += 1;
-        self.retire_if_empty(from);
-        self.live -= 1;
+        self.remove(key.clone(), from, group);
         self.push(key, to, group);
+    }
+
+    /// Takes a ready key out (its entry stays, counted stale): a raise, or
+    /// a key its dependencies now hold (`crate::graph`).
+    pub(crate) fn remove(&mut self, key: K, prio: Priority, group: GroupId) {
+        let level = if prio == 0 { &mut self.zero } else { self.others.get_mut(&prio).expect("a ready key's level") };
+        level.unlive(group, &mut self.groups);
+        *self.stale.entry((key, prio, group)).or_insert(0) += 1;
+        self.retire_if_empty(prio);
+        self.live -= 1;
     }
 
     /// Hands out the next key: highest priority first, FIFO within one

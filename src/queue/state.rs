@@ -42,6 +42,11 @@ use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
 use super::slab::{Keyed, Slab};
 use super::stop_views::{StopViews, View};
+use crate::graph::{Dependencies, KeySlots, Pending, Pendings};
+
+/// Cancels the running reconcile of a key (D3), called under the queue's
+/// lock.
+pub(crate) type CancelHook<K> = Arc<dyn Fn(&K) + Send + Sync>;
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
@@ -62,7 +67,11 @@ enum Slot {
     /// In the ready set. `owed` marks a key re-queued by `done` during a
     /// drain: the drain waits for it to be processed too. `added` is the
     /// metrics' add stamp.
-    Ready { owed: bool, added: u64, prio: Priority, group: GroupId },
+    /// `held`: the dependencies hold it (`crate::graph`), so it is not in
+    /// the ready set. `seq`: with dependencies, the order it became ready
+    /// in, so a held key joins the ready set at its place when released
+    /// (0 without dependencies: never read).
+    Ready { owed: bool, held: bool, added: u64, seq: u64, prio: Priority, group: GroupId },
     /// Waiting in the delay heap.
     Delayed { timer: Timer, prio: Priority, group: GroupId },
     /// Handed out to a worker; `then` is what `done` does with it, `run`
@@ -113,6 +122,9 @@ pub(crate) enum Finished {
     Waiting(Instant),
     /// The key was not being processed: nothing happened.
     NotProcessing,
+    /// The key left the queue, and keys its dependencies held joined the
+    /// ready set.
+    Released,
 }
 
 /// Where a key stands in the queue, for introspection.
@@ -157,6 +169,15 @@ pub(crate) struct QueueState<K> {
     dropped: Vec<K>,
     /// With a store: what shutdowns dropped or refused, per key.
     stop_views: Option<StopViews<K>>,
+    /// Dependencies between keys, once a controller set one (`None`: one
+    /// branch per add and `done`, nothing else).
+    deps: Option<Box<Dependencies<K>>>,
+    /// What cancels a running descendant (D3).
+    on_cancel: Option<CancelHook<K>>,
+    /// Number of `Ready { held: true }` slots.
+    held: usize,
+    /// The last `seq` given to a key that became ready (with dependencies).
+    ready_seq: u64,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -177,6 +198,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             draining: false,
             dropped: Vec::new(),
             stop_views: None,
+            deps: None,
+            on_cancel: None,
+            held: 0,
+            ready_seq: 0,
         }
     }
 
@@ -203,11 +228,11 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Ok(at) => at,
             Err(vacant) => {
                 let added = self.recorder.on_add(now);
-                let slot = Slot::Ready { owed: false, added, prio: place.prio, group: place.group };
+                let slot =
+                    Slot::Ready { owed: false, held: false, added, seq: 0, prio: place.prio, group: place.group };
                 let at = self.entries.insert(Entry { key, slot });
                 vacant.insert(at);
-                self.ready.push(at, place.prio, place.group);
-                return Added::Ready;
+                return self.push_pending(at, place.prio, place.group);
             }
         };
         let slot = &mut self.entries.get_mut(at).slot;
@@ -215,15 +240,16 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Slot::Delayed { prio, group, .. } => {
                 let added = self.recorder.on_add(now);
                 let prio = prio.max(place.prio);
-                *slot = Slot::Ready { owed: false, added, prio, group };
+                *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
                 self.timers -= 1;
                 self.delayed -= 1;
-                self.ready.push(at, prio, group);
-                Added::Ready
+                self.push_pending(at, prio, group)
             }
-            Slot::Ready { owed, added, prio, group } if place.prio > prio => {
-                *slot = Slot::Ready { owed, added, prio: place.prio, group };
-                self.ready.raise(at, prio, place.prio, group);
+            Slot::Ready { owed, held, added, seq, prio, group } if place.prio > prio => {
+                *slot = Slot::Ready { owed, held, added, seq, prio: place.prio, group };
+                if !held {
+                    self.ready.raise(at, prio, place.prio, group);
+                }
                 Added::Unchanged
             }
             Slot::Ready { .. } => Added::Unchanged,
@@ -327,8 +353,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     fn raise(&mut self, at: u32, to: Priority) {
         let slot = &mut self.entries.get_mut(at).slot;
         match slot {
-            Slot::Ready { prio, group, .. } if to > *prio => {
-                self.ready.raise(at, *prio, to, *group);
+            Slot::Ready { prio, group, held, .. } if to > *prio => {
+                if !*held {
+                    self.ready.raise(at, *prio, to, *group);
+                }
                 *prio = to;
             }
             Slot::Delayed { prio, .. } => *prio = (*prio).max(to),
@@ -348,11 +376,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             let slot = &mut self.entries.get_mut(at).slot;
             match *slot {
                 Slot::Delayed { timer: live, prio, group } if live == timer => {
-                    *slot = Slot::Ready { owed: false, added: self.recorder.on_add(stamp), prio, group };
+                    let added = self.recorder.on_add(stamp);
+                    *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
                     self.timers -= 1;
                     self.delayed -= 1;
-                    self.ready.push(at, prio, group);
-                    promoted += 1;
+                    if self.push_pending(at, prio, group) == Added::Ready {
+                        promoted += 1;
+                    }
                 }
                 Slot::Processing { then: Then::Wait(live), run, group, again } if live == timer => {
                     let then = Then::Requeue { added: self.recorder.on_add(stamp) };
@@ -422,6 +452,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.ready.finished(group);
         match then {
             Then::Finish => {
+                if self.deps.is_some() {
+                    return self.finish_with_deps(at);
+                }
                 self.forget(at);
                 self.compact_if_sparse();
                 Finished::Removed
@@ -429,6 +462,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Then::Wait(timer) if timer.due > now() => {
                 *slot = Slot::Delayed { timer, prio: again, group };
                 self.delayed += 1;
+                if self.deps.is_some() {
+                    let key = self.entries.get(at).key.clone();
+                    self.deps_left(&key);
+                }
                 Finished::Waiting(timer.due)
             }
             Then::Wait(_) | Then::Requeue { .. } => {
@@ -445,11 +482,143 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 };
                 let owed = self.draining;
                 self.owed += usize::from(owed);
-                *slot = Slot::Ready { owed, added, prio: again, group };
+                *slot = Slot::Ready { owed, held: false, added, seq: 0, prio: again, group };
+                if self.deps.is_some() {
+                    return self.deps_done(at);
+                }
                 self.ready.push(at, again, group);
                 Finished::Requeued
             }
         }
+    }
+
+    /// A key whose slot just became `Ready` (not held): into the ready set,
+    /// unless its dependencies hold it (D1, D3). Without dependencies, one
+    /// branch (the rest is out of line).
+    #[inline(always)]
+    fn push_pending(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
+        if self.deps.is_some() {
+            return self.push_pending_with_deps(at, prio, group);
+        }
+        self.ready.push(at, prio, group);
+        Added::Ready
+    }
+
+    #[inline(never)]
+    fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
+        self.stamp_seq(at);
+        let key = self.entries.get(at).key.clone();
+        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
+            self.hold_new(at);
+            return Added::Unchanged;
+        }
+        self.ready.push(at, prio, group);
+        Added::Ready
+    }
+
+    /// `done`'s `Finish` with dependencies: the key leaves, and keys it held
+    /// may become ready.
+    #[inline(never)]
+    fn finish_with_deps(&mut self, at: u32) -> Finished {
+        let key = self.forget(at);
+        let released = self.deps_left(&key);
+        self.compact_if_sparse();
+        if released { Finished::Released } else { Finished::Removed }
+    }
+
+    /// Gives the `Ready` slot at `at` the next place in ready order (D1: a
+    /// released key keeps it).
+    fn stamp_seq(&mut self, at: u32) {
+        self.ready_seq += 1;
+        if let Slot::Ready { seq, .. } = &mut self.entries.get_mut(at).slot {
+            *seq = self.ready_seq;
+        }
+    }
+
+    /// Marks the `Ready` slot at `at`, not in the ready set, held.
+    fn hold_new(&mut self, at: u32) {
+        if let Slot::Ready { held, .. } = &mut self.entries.get_mut(at).slot {
+            *held = true;
+            self.held += 1;
+        }
+    }
+
+    /// `done` of a key that comes back ready (its slot already `Ready`,
+    /// not held): the keys waiting for its cancelled run are told, then it
+    /// joins the ready set unless held.
+    fn deps_done(&mut self, at: u32) -> Finished {
+        self.stamp_seq(at);
+        let key = self.entries.get(at).key.clone();
+        let hold = self.with_deps(|deps, slots| {
+            deps.returned(&key, slots);
+            deps.must_hold(&key)
+        });
+        if hold {
+            self.hold_new(at);
+        } else if let Slot::Ready { prio, group, .. } = self.entries.get(at).slot {
+            self.ready.push(at, prio, group);
+        }
+        Finished::Requeued
+    }
+
+    /// `done` of a key that is no longer pending (its slot says so).
+    /// Returns whether keys it held became ready.
+    fn deps_left(&mut self, key: &K) -> bool {
+        self.with_deps(|deps, slots| {
+            deps.returned(key, slots);
+            deps.left_pending(key, slots);
+            slots.released
+        })
+    }
+
+    /// Runs `f` with the dependencies and the queue's side of their seam.
+    fn with_deps<R>(&mut self, f: impl FnOnce(&mut Dependencies<K>, &mut Slots<'_, K>) -> R) -> R {
+        let Self { deps, entries, index, ready, held, on_cancel, .. } = self;
+        let deps = deps.as_deref_mut().expect("dependencies are set");
+        let mut slots = Slots { entries, index, ready, held, cancel: on_cancel.as_ref(), released: false };
+        f(deps, &mut slots)
+    }
+
+    /// Turns dependencies on with the edges of `deps`, set while no key
+    /// was pending (a controller's first edge, or those set before start).
+    pub(crate) fn enable_dependencies(&mut self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        debug_assert!(self.deps.is_none());
+        self.deps = Some(deps);
+        self.on_cancel = Some(cancel);
+    }
+
+    /// Whether dependencies are on.
+    pub(crate) fn has_dependencies(&self) -> bool {
+        self.deps.is_some()
+    }
+
+    /// Replaces `key`'s parents (D4: `Err` with the keys of the cycle it
+    /// would close, nothing changed). Returns whether held keys were
+    /// released.
+    pub(crate) fn set_dependencies(&mut self, key: &K, parents: Vec<K>) -> Result<bool, Vec<K>> {
+        self.with_deps(|deps, slots| deps.set_parents(key, parents, slots).map(|()| slots.released))
+    }
+
+    /// `key`'s direct parents.
+    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
+        self.deps.as_ref().map(|d| d.parents(key)).unwrap_or_default()
+    }
+
+    /// `key`'s direct children.
+    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
+        self.deps.as_ref().map(|d| d.children(key)).unwrap_or_default()
+    }
+
+    /// The pending ancestors holding `key` (D1).
+    pub(crate) fn waiting_for(&self, key: &K) -> Vec<K> {
+        let Some(deps) = &self.deps else { return Vec::new() };
+        let slots = SlotsView { entries: &self.entries, index: &self.index };
+        deps.pending_ancestors(key, &slots)
+    }
+
+    /// Number of ready keys their dependencies hold.
+    pub(crate) fn held_len(&self) -> usize {
+        self.held
     }
 
     /// Removes the key at `at` from the queue and returns it. (Indices
@@ -518,6 +687,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             self.dropped.push(key);
         }
         self.compact_if_sparse();
+        self.discard_held();
         for (_, entry) in self.entries.iter_mut() {
             if let Slot::Processing { then, again, .. } = &mut entry.slot {
                 if matches!(then, Then::Requeue { .. }) {
@@ -529,6 +699,28 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
         self.owed = 0;
         self.requeue_after_done = 0;
+    }
+
+    /// Drops every key its dependencies hold (an immediate stop).
+    fn discard_held(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        let held: Vec<(u32, Priority)> = self
+            .entries
+            .iter_mut()
+            .filter_map(|(at, entry)| match entry.slot {
+                Slot::Ready { held: true, prio, .. } => Some((at, prio)),
+                _ => None,
+            })
+            .collect();
+        for (at, prio) in held {
+            Self::keep_stop_view(&mut self.stop_views, &self.entries.get(at).key, (None, prio));
+            let key = self.forget(at);
+            self.dropped.push(key);
+        }
+        self.held = 0;
+        self.compact_if_sparse();
     }
 
     /// The keys shutdowns dropped since the last call.
@@ -606,7 +798,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Nothing ready, processing or waiting for a due time.
     pub(crate) fn is_idle(&self) -> bool {
-        self.ready.is_empty() && self.processing == 0 && self.timers == 0
+        self.ready.is_empty() && self.processing == 0 && self.timers == 0 && self.held == 0
     }
 
     /// Whether any key waits for a due time (a cheap check before asking the
@@ -662,6 +854,79 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 }
 
+/// The queue's side of the dependencies' seam (`crate::graph`).
+struct Slots<'a, K> {
+    entries: &'a mut Slab<Entry<K>>,
+    index: &'a KeyIndex<Hasher>,
+    ready: &'a mut ReadySet<u32>,
+    held: &'a mut usize,
+    cancel: Option<&'a CancelHook<K>>,
+    /// A held key joined the ready set.
+    released: bool,
+}
+
+/// The read-only side, for `waiting_for`.
+struct SlotsView<'a, K> {
+    entries: &'a Slab<Entry<K>>,
+    index: &'a KeyIndex<Hasher>,
+}
+
+fn pending_of<K: Eq + Hash>(entries: &Slab<Entry<K>>, index: &KeyIndex<Hasher>, key: &K) -> Pending {
+    match index.find(key, entries).map(|at| &entries.get(at).slot) {
+        Some(Slot::Ready { .. }) => Pending::Ready,
+        Some(Slot::Processing { .. }) => Pending::Running,
+        Some(Slot::Delayed { .. }) | None => Pending::No,
+    }
+}
+
+impl<K: Eq + Hash> Pendings<K> for SlotsView<'_, K> {
+    fn pending(&self, key: &K) -> Pending {
+        pending_of(self.entries, self.index, key)
+    }
+}
+
+impl<K: Eq + Hash> Pendings<K> for Slots<'_, K> {
+    fn pending(&self, key: &K) -> Pending {
+        pending_of(self.entries, self.index, key)
+    }
+}
+
+impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
+    fn hold(&mut self, key: &K) {
+        let Some(at) = self.index.find(key, self.entries) else { return };
+        if let Slot::Ready { held: held @ false, prio, group, .. } = &mut self.entries.get_mut(at).slot {
+            *held = true;
+            *self.held += 1;
+            self.ready.remove(at, *prio, *group);
+        }
+    }
+
+    fn release(&mut self, key: &K) {
+        let Some(at) = self.index.find(key, self.entries) else { return };
+        let Slot::Ready { held: held @ true, prio, group, seq, .. } = &mut self.entries.get_mut(at).slot else {
+            return;
+        };
+        *held = false;
+        *self.held -= 1;
+        self.released = true;
+        let (prio, group, seq) = (*prio, *group, *seq);
+        // At its place by the time it became ready (G4 per priority): after
+        // every entry that became ready before it. Stale entries answer
+        // with their key's slot; misplacing past one changes no live order.
+        let entries = &*self.entries;
+        let earlier = |e: &u32| {
+            entries.get_live(*e).is_some_and(|entry| matches!(entry.slot, Slot::Ready { seq: s, .. } if s <= seq))
+        };
+        self.ready.insert_by(at, prio, group, earlier);
+    }
+
+    fn cancel(&mut self, key: &K) {
+        if let Some(cancel) = self.cancel {
+            cancel(key);
+        }
+    }
+}
+
 /// Whether `timer` is `key`'s live due time (a heap entry can be stale).
 fn is_live<K: Eq + Hash>(index: &KeyIndex<Hasher>, entries: &Slab<Entry<K>>, key: &K, timer: Timer) -> bool {
     let slot = index.find(key, entries).map(|at| &entries.get(at).slot);
@@ -683,6 +948,13 @@ mod tests {
     /// A fresh clock reading per call (each test call is its own operation).
     fn n() -> &'static mut Now {
         Box::leak(Box::new(Now::new()))
+    }
+
+    #[test]
+    fn a_slot_stays_40_bytes() {
+        // Entries are read on every hand-out and finish: dependencies'
+        // fields must not grow them (see `retry_priority`).
+        assert!(std::mem::size_of::<Slot>() <= 40, "{}", std::mem::size_of::<Slot>());
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! The controller's side of dependencies between keys (guarantees §14): the
+//! handle's calls, where edges live before start, D2's enqueue of the
+//! dependents, and D3's cancellation of running descendants. The graph and
+//! its holds are `crate::graph`'s, kept in the queue once started.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{ControllerKey, Core, Runtime, When};
+use crate::graph::{Dependencies, NothingPending};
+use crate::queue::CancelHook;
+
+/// `set_dependencies` would close a cycle (D4): nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CycleError<K> {
+    /// Every key of the cycle, from the key whose parents were set down to
+    /// the parent that would close it.
+    pub keys: Vec<K>,
+}
+
+impl<K: fmt::Debug> fmt::Display for CycleError<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dependencies would close a cycle through {:?}", self.keys)
+    }
+}
+
+impl<K: fmt::Debug> std::error::Error for CycleError<K> {}
+
+/// Edges set before start (the queue takes them at start).
+pub(crate) type BeforeStart<K> = crate::sync::Mutex<Option<Box<Dependencies<K>>>>;
+
+/// `parents` without repeats, in their first order.
+fn dedup<K: PartialEq>(parents: impl IntoIterator<Item = K>) -> Vec<K> {
+    let mut out: Vec<K> = Vec::new();
+    for parent in parents {
+        if !out.contains(&parent) {
+            out.push(parent);
+        }
+    }
+    out
+}
+
+impl<K: ControllerKey> Core<K> {
+    /// Replaces `key`'s parents (D4: a cycle changes nothing).
+    pub(crate) fn set_dependencies(
+        self: &Arc<Self>,
+        key: &K,
+        parents: impl IntoIterator<Item = K>,
+    ) -> Result<(), CycleError<K>> {
+        let parents = dedup(parents);
+        if let Some(rt) = self.rt.get() {
+            return self.set_started(rt, key, parents);
+        }
+        let mut before = self.deps_before_start.lock();
+        if let Some(rt) = self.rt.get() {
+            drop(before);
+            return self.set_started(rt, key, parents);
+        }
+        let deps = before.get_or_insert_with(Box::default);
+        deps.set_parents(key, parents, &mut NothingPending).map_err(|keys| CycleError { keys })
+    }
+
+    fn set_started(self: &Arc<Self>, rt: &Runtime<K>, key: &K, parents: Vec<K>) -> Result<(), CycleError<K>> {
+        rt.queue.set_dependencies(key, parents, || self.cancel_hook()).map_err(|keys| CycleError { keys })?;
+        rt.has_dependencies.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// At start, before the runtime is visible: hands the edges set so far
+    /// to the queue. The caller keeps `before` locked until the runtime is
+    /// set, so no edge lands in between.
+    pub(crate) fn install_dependencies(self: &Arc<Self>, before: &mut Option<Box<Dependencies<K>>>, rt: &Runtime<K>) {
+        if let Some(deps) = before.take() {
+            rt.queue.install_dependencies(deps, self.cancel_hook());
+            rt.has_dependencies.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// What the queue calls (under its lock) to cancel a running
+    /// descendant: the worker running it counts that run as superseded.
+    fn cancel_hook(self: &Arc<Self>) -> CancelHook<K> {
+        let core = Arc::downgrade(self);
+        Arc::new(move |key: &K| {
+            if let Some(core) = core.upgrade() {
+                core.supersede_running(key);
+            }
+        })
+    }
+
+    fn supersede_running(&self, key: &K) {
+        let Some(rt) = self.rt.get() else { return };
+        for slot in &rt.slots {
+            let mut running = slot.running.lock();
+            if let Some(run) = running.as_mut().filter(|run| &run.key == key) {
+                run.superseded = true;
+                slot.signal.set();
+                return;
+            }
+        }
+    }
+
+    /// `key`'s direct parents.
+    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
+        self.read_graph(key, |q, key| q.dependencies(key), |d, key| d.parents(key))
+    }
+
+    /// `key`'s direct children.
+    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
+        self.read_graph(key, |q, key| q.dependents(key), |d, key| d.children(key))
+    }
+
+    fn read_graph(
+        &self,
+        key: &K,
+        started: impl Fn(&crate::queue::WorkQueue<K>, &K) -> Vec<K>,
+        before: impl Fn(&Dependencies<K>, &K) -> Vec<K>,
+    ) -> Vec<K> {
+        if let Some(rt) = self.rt.get() {
+            return started(&rt.queue, key);
+        }
+        let deps = self.deps_before_start.lock();
+        match (self.rt.get(), deps.as_deref()) {
+            (Some(rt), _) => started(&rt.queue, key),
+            (None, Some(deps)) => before(deps, key),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// D2: the run of `key` ended (success, resync or permanent error):
+    /// its direct dependents are enqueued while it is still being
+    /// reconciled, so none can start before it is done.
+    pub(crate) fn dependents_follow(&self, rt: &Runtime<K>, key: &K) {
+        if !rt.has_dependencies.load(Ordering::Relaxed) {
+            return;
+        }
+        for child in rt.queue.dependents(key) {
+            self.apply(rt, child, When::Now, 0);
+        }
+    }
+
+    /// Counts a reconcile cancelled by D3.
+    pub(crate) fn count_superseded(&self) {
+        self.counters.superseded.fetch_add(1, Ordering::Relaxed);
+    }
+}

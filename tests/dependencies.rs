@@ -1,0 +1,356 @@
+//! Spec §14, dependencies between keys: D1 ancestors first (held keys hold
+//! no worker, across priorities and groups), D2 dependents follow the end
+//! of a run, D3 a change cancels running descendants, D4 no cycles, and
+//! `waiting_for`, `held`, `superseded`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use parking_lot::{Condvar, Mutex};
+use reconq::*;
+
+/// What reconciles did, in order: ("start" | "end", key).
+type Log = Arc<Mutex<Vec<(&'static str, String)>>>;
+
+/// What a key's reconciles return, in turn.
+type Results = Arc<Mutex<HashMap<String, Vec<Result<Action, ReconcileError>>>>>;
+
+/// Keys a reconcile blocks on until opened (or its context is cancelled),
+/// and what a key returns.
+#[derive(Clone, Default)]
+struct Script {
+    log: Log,
+    /// key → open? Keys not listed do not block.
+    gates: Arc<(Mutex<HashMap<String, bool>>, Condvar)>,
+    /// key → results to return, in turn (then `Ok(Done)`).
+    results: Results,
+}
+
+impl Script {
+    fn close(&self, key: &str) {
+        self.gates.0.lock().insert(key.into(), false);
+    }
+
+    fn open(&self, key: &str) {
+        self.gates.0.lock().insert(key.into(), true);
+        self.gates.1.notify_all();
+    }
+
+    fn then(&self, key: &str, result: Result<Action, ReconcileError>) {
+        self.results.lock().entry(key.into()).or_default().push(result);
+    }
+
+    fn reconcile(&self, key: &String, ctx: &Context) -> Result<Action, ReconcileError> {
+        self.log.lock().push(("start", key.clone()));
+        {
+            let (gates, changed) = &*self.gates;
+            let mut gates = gates.lock();
+            while gates.get(key) == Some(&false) && !ctx.is_cancelled() {
+                changed.wait_for(&mut gates, ms(5));
+            }
+        }
+        let result = {
+            let mut results = self.results.lock();
+            match results.get_mut(key) {
+                Some(list) if !list.is_empty() => list.remove(0),
+                _ => Ok(Action::Done),
+            }
+        };
+        self.log.lock().push(("end", key.clone()));
+        result
+    }
+
+    fn events(&self) -> Vec<(&'static str, String)> {
+        self.log.lock().clone()
+    }
+
+    fn starts(&self, key: &str) -> usize {
+        self.events().iter().filter(|(what, k)| *what == "start" && k == key).count()
+    }
+
+    fn running(&self, key: &str) -> bool {
+        let events = self.events();
+        let starts = events.iter().filter(|(w, k)| *w == "start" && k == key).count();
+        let ends = events.iter().filter(|(w, k)| *w == "end" && k == key).count();
+        starts > ends
+    }
+
+    /// Index of the `n`-th (from 0) event `what` of `key`.
+    fn at(&self, what: &str, key: &str, n: usize) -> usize {
+        let events = self.events();
+        events
+            .iter()
+            .enumerate()
+            .filter(|(_, (w, k))| *w == what && k == key)
+            .nth(n)
+            .unwrap_or_else(|| panic!("no {what} #{n} of {key} in {events:?}"))
+            .0
+    }
+
+    fn controller(&self, workers: usize) -> Controller<String> {
+        let script = self.clone();
+        Controller::new("deps", move |key: &String, ctx: &Context| script.reconcile(key, ctx))
+            .workers(workers)
+            .rate_limiter(ExponentialBackoff::new(ms(1), ms(1)))
+    }
+}
+
+fn s(k: &str) -> String {
+    k.to_string()
+}
+
+fn keys(ks: &[&str]) -> Vec<String> {
+    ks.iter().map(|k| s(k)).collect()
+}
+
+/// Starts `controller` with "child" under "parent", and "parent" running
+/// (held at its gate).
+fn parent_running(script: &Script, controller: Controller<String>) -> ControllerHandle<String> {
+    controller.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = controller.start();
+    script.close("parent");
+    h.enqueue(s("parent"));
+    wait_for("parent running", || script.running("parent"));
+    h
+}
+
+fn idle(h: &ControllerHandle<String>) {
+    assert!(h.wait_idle(Duration::from_secs(30)), "the controller became idle: {:?}", h.stats());
+}
+
+#[test]
+fn graph_calls_before_start_replace_clear_and_dedup() {
+    let script = Script::default();
+    let c = script.controller(1);
+    let h = c.handle();
+    h.set_dependencies(&s("c"), keys(&["a", "b", "a"])).unwrap();
+    assert_eq!(h.dependencies(&s("c")), keys(&["a", "b"]), "duplicates collapse");
+    assert_eq!(h.dependents(&s("a")), keys(&["c"]));
+    h.set_dependencies(&s("c"), keys(&["b"])).unwrap();
+    assert_eq!(h.dependencies(&s("c")), keys(&["b"]), "replaces");
+    assert!(h.dependents(&s("a")).is_empty());
+    h.set_dependencies(&s("c"), Vec::new()).unwrap();
+    assert!(h.dependencies(&s("c")).is_empty() && h.dependents(&s("b")).is_empty(), "[] clears");
+    h.set_dependencies(&s("c"), keys(&["b"])).unwrap();
+    let h = c.start();
+    assert_eq!(h.dependencies(&s("c")), keys(&["b"]), "edges set before start survive it");
+    assert_eq!(h.stats().superseded, 0);
+    h.stop();
+}
+
+#[test]
+fn d4_a_cycle_names_every_key_and_changes_nothing() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    h.set_dependencies(&s("b"), keys(&["a"])).unwrap();
+    h.set_dependencies(&s("c"), keys(&["b"])).unwrap();
+    let err = h.set_dependencies(&s("a"), keys(&["x", "c"])).unwrap_err();
+    let mut cycle = err.keys.clone();
+    cycle.sort();
+    assert_eq!(cycle, keys(&["a", "b", "c"]));
+    for k in ["a", "b", "c"] {
+        assert!(err.to_string().contains(k), "{err}");
+    }
+    assert!(h.dependencies(&s("a")).is_empty(), "not even the parent that closes no cycle");
+    assert!(h.dependents(&s("x")).is_empty());
+    let own = h.set_dependencies(&s("a"), keys(&["a"])).unwrap_err();
+    assert_eq!(own.keys, keys(&["a"]), "a key among its own parents");
+    h.stop();
+}
+
+#[test]
+fn d1_a_child_waits_for_its_running_parent_and_holds_no_worker() {
+    let script = Script::default();
+    let h = parent_running(&script, script.controller(2));
+    h.enqueue(s("child"));
+    h.enqueue(s("other"));
+    wait_for("other ran on the free worker", || script.starts("other") == 1);
+    let stats = h.stats();
+    assert_eq!((stats.held, stats.depth), (1, 1), "{stats:?}");
+    assert_eq!(h.waiting_for(&s("child")), keys(&["parent"]));
+    assert_eq!(script.starts("child"), 0, "held while its parent runs");
+    script.open("parent");
+    idle(&h);
+    assert!(script.at("end", "parent", 0) < script.at("start", "child", 0));
+    assert_eq!(script.starts("child"), 1, "the enqueue and D2's are one run");
+    assert_eq!(h.stats().held, 0);
+    assert!(h.waiting_for(&s("child")).is_empty());
+    h.stop();
+}
+
+#[test]
+fn d1_a_grandchild_waits_for_a_ready_grandparent() {
+    let script = Script::default();
+    let c = script.controller(3);
+    let h = c.handle();
+    h.set_dependencies(&s("b"), keys(&["a"])).unwrap();
+    h.set_dependencies(&s("c"), keys(&["b"])).unwrap();
+    script.close("a");
+    let h = c.start();
+    // "c" first, then its grandparent: "b" is not pending itself.
+    h.enqueue(s("c"));
+    wait_for("c ran (nothing holds it)", || script.starts("c") == 1);
+    idle(&h);
+    h.enqueue(s("a"));
+    wait_for("a running", || script.running("a"));
+    h.enqueue(s("c"));
+    wait_for("c held", || h.stats().held == 1);
+    assert_eq!(h.waiting_for(&s("c")), keys(&["a"]));
+    script.open("a");
+    idle(&h);
+    assert!(script.at("end", "a", 0) < script.at("start", "b", 0));
+    assert!(script.at("end", "b", 0) < script.at("start", "c", 1));
+    assert_eq!(script.starts("c"), 2);
+    h.stop();
+}
+
+#[test]
+fn d1_a_parent_waiting_on_a_delay_holds_nothing() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    h.enqueue_after(s("parent"), Duration::from_secs(3600));
+    // The edge is set while the parent waits: it must not count as pending.
+    h.set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    h.enqueue(s("child"));
+    wait_for("child ran", || script.starts("child") == 1);
+    assert_eq!(h.stats().held, 0);
+    assert!(h.waiting_for(&s("child")).is_empty());
+    h.stop();
+}
+
+#[test]
+fn d1_a_parent_waiting_to_retry_holds_nothing() {
+    let script = Script::default();
+    let c = script.controller(1);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    script.then("parent", Err(ReconcileError::retry_after(Duration::from_secs(3600), "later")));
+    h.enqueue(s("parent"));
+    wait_for("parent waits to retry", || matches!(h.inspect(&s("parent")).state, KeyStatus::Waiting { .. }));
+    h.enqueue(s("child"));
+    wait_for("child ran while its parent waits", || script.starts("child") == 1);
+    assert_eq!(h.stats().held, 0);
+    h.stop();
+}
+
+#[test]
+fn d1_holds_across_priorities_and_a_held_key_does_not_fill_its_group() {
+    let script = Script::default();
+    let c = script.controller(2).group(|k: &String| k.starts_with('g')).max_in_flight_per_group(1);
+    c.handle().set_dependencies(&s("g-child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    script.close("parent");
+    h.enqueue_with_priority(s("parent"), -5);
+    wait_for("parent running", || script.running("parent"));
+    h.enqueue_with_priority(s("g-child"), 100);
+    h.enqueue(s("g-other"));
+    wait_for("g-other ran: the held key takes no room in its group", || script.starts("g-other") == 1);
+    assert_eq!(script.starts("g-child"), 0, "a higher priority does not jump D1");
+    script.open("parent");
+    idle(&h);
+    assert!(script.at("end", "parent", 0) < script.at("start", "g-child", 0));
+    h.stop();
+}
+
+#[test]
+fn d1_setting_edges_applies_to_keys_already_waiting() {
+    let script = Script::default();
+    let h = script.controller(2).start();
+    script.close("parent");
+    h.enqueue(s("parent"));
+    wait_for("parent running", || script.running("parent"));
+    // One worker is left: occupy it so "child" stays ready, then hold it.
+    script.close("busy");
+    h.enqueue(s("busy"));
+    wait_for("busy running", || script.running("busy"));
+    h.enqueue(s("child"));
+    h.set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    assert_eq!(h.stats().held, 1);
+    script.open("busy");
+    wait_for("busy done", || !script.running("busy"));
+    assert_eq!(script.starts("child"), 0);
+    h.set_dependencies(&s("child"), Vec::new()).unwrap();
+    wait_for("released by clearing its parents", || script.starts("child") == 1);
+    script.open("parent");
+    idle(&h);
+    h.stop();
+}
+
+#[test]
+fn d2_dependents_follow_success_resync_and_permanent_error_not_retries() {
+    for (name, first) in [
+        ("success", Ok(Action::Done)),
+        ("resync", Ok(Action::RequeueAfter(Duration::from_secs(3600)))),
+        ("permanent", Err(ReconcileError::permanent("no"))),
+    ] {
+        let script = Script::default();
+        let c = script.controller(2);
+        c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+        let h = c.start();
+        script.then("parent", first);
+        h.enqueue(s("parent"));
+        wait_for(&format!("{name}: the child follows"), || script.starts("child") == 1);
+        assert!(script.at("end", "parent", 0) < script.at("start", "child", 0), "{name}");
+        h.stop();
+    }
+    // A retried failure continues the run: the child follows its end.
+    let script = Script::default();
+    let c = script.controller(2);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    script.then("parent", Err(ReconcileError::new("once")));
+    script.then("parent", Ok(Action::Requeue));
+    h.enqueue(s("parent"));
+    wait_for("the child follows the end of the run", || script.starts("child") == 1);
+    assert_eq!(script.starts("parent"), 3);
+    assert!(script.at("end", "parent", 2) < script.at("start", "child", 0));
+    idle(&h);
+    assert_eq!(script.starts("child"), 1);
+    h.stop();
+}
+
+#[test]
+fn d3_a_parent_becoming_ready_cancels_a_running_child_and_runs_after_it() {
+    let script = Script::default();
+    let c = script.controller(3);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    c.handle().set_dependencies(&s("grandchild"), keys(&["child"])).unwrap();
+    let h = c.start();
+    script.then("child", Err(ReconcileError::new("ignored: cancelled")));
+    script.close("child");
+    h.enqueue(s("child"));
+    wait_for("child running", || script.running("child"));
+    h.enqueue(s("parent"));
+    wait_for("the child's run cancelled", || script.events().contains(&("end", s("child"))));
+    script.open("child");
+    idle(&h);
+    let child_end = script.at("end", "child", 0);
+    assert!(child_end < script.at("start", "parent", 0), "the parent ran after the cancelled run returned");
+    assert!(script.at("end", "parent", 0) < script.at("start", "child", 1), "the child ran again after it");
+    assert!(script.at("end", "child", 1) < script.at("start", "grandchild", 0));
+    let stats = h.stats();
+    assert_eq!((stats.superseded, stats.failures), (1, 0), "{stats:?}");
+    assert_eq!(stats.reconciles, 4, "{stats:?}");
+    assert!(stats.last_error.is_none(), "a superseded run leaves last_error alone");
+    assert_eq!(h.inspect(&s("child")).attempts, 0);
+    h.stop();
+}
+
+#[test]
+fn d1_a_released_key_keeps_its_place_by_the_time_it_became_ready() {
+    let script = Script::default();
+    let h = parent_running(&script, script.controller(1));
+    h.enqueue(s("child"));
+    h.enqueue(s("x"));
+    h.enqueue_with_priority(s("y"), -1);
+    h.enqueue(s("z"));
+    script.open("parent");
+    idle(&h);
+    let order: Vec<String> = script.events().into_iter().filter(|(w, _)| *w == "start").map(|(_, k)| k).collect();
+    assert_eq!(order, keys(&["parent", "child", "x", "z", "y"]));
+    h.stop();
+}

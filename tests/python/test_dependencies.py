@@ -1,0 +1,254 @@
+"""Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
+dependents follow, a change cancels running descendants, no cycles, and bad
+input."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+import reconq
+from waiting import PATIENCE, wait_for
+
+
+class Script:
+    """A reconcile that logs ("start"|"end", key), blocks keys whose gate is
+    closed until it opens or the reconcile is cancelled, and raises (an
+    exception) or returns what `then` lists for a key, in turn."""
+
+    def __init__(self) -> None:
+        self.log: List[Tuple[str, Any]] = []
+        self.lock = threading.Lock()
+        self.gates: Dict[Any, threading.Event] = {}
+        self.results: Dict[Any, List[Any]] = {}
+
+    def close(self, key: Any) -> None:
+        self.gates[key] = threading.Event()
+
+    def open(self, key: Any) -> None:
+        self.gates[key].set()
+
+    def then(self, key: Any, result: Any) -> None:
+        self.results.setdefault(key, []).append(result)
+
+    def __call__(self, key: Any) -> Any:
+        with self.lock:
+            self.log.append(("start", key))
+        gate = self.gates.get(key)
+        ctx = reconq.context()
+        while gate is not None and not gate.is_set() and not ctx.cancelled:
+            ctx.wait_cancelled(0.005)
+        with self.lock:
+            self.log.append(("end", key))
+            pending = self.results.get(key)
+            result = pending.pop(0) if pending else None
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def starts(self, key: Any) -> int:
+        with self.lock:
+            return sum(1 for what, k in self.log if what == "start" and k == key)
+
+    def running(self, key: Any) -> bool:
+        with self.lock:
+            starts = sum(1 for what, k in self.log if what == "start" and k == key)
+            ends = sum(1 for what, k in self.log if what == "end" and k == key)
+        return starts > ends
+
+    def at(self, what: str, key: Any, n: int = 0) -> int:
+        with self.lock:
+            hits = [i for i, (w, k) in enumerate(self.log) if w == what and k == key]
+        assert len(hits) > n, f"no {what} #{n} of {key!r} in {self.log}"
+        return hits[n]
+
+
+@pytest.fixture
+def make():
+    made: List[reconq.Controller] = []
+
+    def factory(workers: int = 2, **kw: Any) -> Tuple[reconq.Controller, Script]:
+        script = Script()
+        limiter = reconq.ExponentialBackoff(0.001, 0.001)
+        c = reconq.Controller(script, workers=workers, rate_limiter=limiter, **kw)
+        made.append(c)
+        return c, script
+
+    yield factory
+    for c in made:
+        c.stop(drain=False)
+
+
+def start_with_parent_running(c: reconq.Controller, script: Script) -> None:
+    """Starts `c` with "child" under "parent", and "parent" running (held at
+    its gate)."""
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    script.close("parent")
+    c.enqueue("parent")
+    wait_for(lambda: script.running("parent"), what="parent running")
+
+
+def test_graph_calls_replace_clear_dedup_and_work_before_start(make):
+    c, _ = make()
+    c.set_dependencies("c", ["a", "b", "a"])
+    assert c.dependencies("c") == ["a", "b"]
+    assert c.dependents("a") == ["c"]
+    c.set_dependencies("c", iter(["b"]))
+    assert c.dependencies("c") == ["b"] and c.dependents("a") == []
+    c.set_dependencies("c", [])
+    assert c.dependencies("c") == [] and c.dependents("b") == []
+    c.set_dependencies(("t", 1), [("t", 0)])
+    c.start()
+    assert c.dependencies(("t", 1)) == [("t", 0)]
+    assert c.stats()["superseded"] == 0 and c.stats()["held"] == 0
+    assert c.inspect("nothing")["waiting_for"] == []
+
+
+def test_d4_a_cycle_raises_naming_every_key_and_changes_nothing(make):
+    c, _ = make()
+    c.set_dependencies("b", ["a"])
+    c.set_dependencies("c", ["b"])
+    with pytest.raises(reconq.CycleError) as err:
+        c.set_dependencies("a", ["x", "c"])
+    assert isinstance(err.value, ValueError)
+    for key in ("a", "b", "c"):
+        assert key in str(err.value)
+    assert c.dependencies("a") == [] and c.dependents("x") == []
+    with pytest.raises(reconq.CycleError, match="7"):
+        c.set_dependencies(7, [7])
+
+
+@pytest.mark.parametrize("parents", ["ab", b"ab", ("a", "b"), 3, None])
+def test_bad_parents_raise_type_error_and_change_nothing(make, parents):
+    c, _ = make()
+    c.set_dependencies("k", ["old"])
+    with pytest.raises(TypeError, match="parents"):
+        c.set_dependencies("k", parents)
+    assert c.dependencies("k") == ["old"]
+
+
+def test_a_bad_key_among_parents_raises_and_changes_nothing(make):
+    c, _ = make()
+    c.set_dependencies("k", ["old"])
+    with pytest.raises(TypeError):
+        c.set_dependencies("k", ["fine", 1.5])
+    with pytest.raises(TypeError):
+        c.set_dependencies(1.5, ["fine"])
+    assert c.dependencies("k") == ["old"] and c.dependents("fine") == []
+
+
+def test_d1_a_child_waits_for_its_running_parent_without_a_worker(make):
+    c, script = make(workers=2)
+    start_with_parent_running(c, script)
+    c.enqueue("child")
+    c.enqueue("other")
+    wait_for(lambda: script.starts("other") == 1, what="other on the free worker")
+    stats = c.stats()
+    assert (stats["held"], stats["depth"]) == (1, 1), stats
+    assert c.inspect("child")["waiting_for"] == ["parent"]
+    assert script.starts("child") == 0
+    script.open("parent")
+    assert c.wait_idle(PATIENCE)
+    assert script.at("end", "parent") < script.at("start", "child")
+    assert script.starts("child") == 1
+    assert c.inspect("child")["waiting_for"] == []
+
+
+def test_d1_across_priorities_and_groups(make):
+    c, script = make(workers=2, group=lambda k: k.startswith("g"), max_in_flight_per_group=1)
+    c.set_dependencies("g-child", ["parent"])
+    c.start()
+    script.close("parent")
+    c.enqueue("parent", priority=-5)
+    wait_for(lambda: script.running("parent"), what="parent running")
+    c.enqueue("g-child", priority=100)
+    c.enqueue("g-other")
+    wait_for(lambda: script.starts("g-other") == 1, what="g-other: the held key fills no group")
+    assert script.starts("g-child") == 0
+    script.open("parent")
+    assert c.wait_idle(PATIENCE)
+    assert script.at("end", "parent") < script.at("start", "g-child")
+
+
+def test_d1_a_delayed_parent_holds_nothing(make):
+    c, script = make(workers=1)
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    c.enqueue_after("parent", 3600)
+    c.enqueue("child")
+    wait_for(lambda: script.starts("child") == 1, what="child ran")
+
+
+@pytest.mark.parametrize(
+    "first", [None, reconq.Requeue(after=3600), reconq.PermanentError("no")], ids=["success", "resync", "permanent"]
+)
+def test_d2_dependents_follow_the_end_of_a_run(make, first):
+    c, script = make(workers=2)
+    c.set_dependencies("child", ["parent"])
+    if first is not None:
+        script.then("parent", first)
+    c.start()
+    c.enqueue("parent")
+    wait_for(lambda: script.starts("child") == 1, what="the child follows")
+    assert script.at("end", "parent") < script.at("start", "child")
+
+
+def test_d2_a_retried_failure_continues_the_run(make):
+    c, script = make(workers=2)
+    c.set_dependencies("child", ["parent"])
+    script.then("parent", RuntimeError("once"))
+    script.then("parent", reconq.Requeue())
+    c.start()
+    c.enqueue("parent")
+    wait_for(lambda: script.starts("child") == 1, what="the child follows the run's end")
+    assert script.starts("parent") == 3
+    assert script.at("end", "parent", 2) < script.at("start", "child")
+
+
+def test_d3_a_parent_becoming_ready_cancels_a_running_child(make):
+    c, script = make(workers=3)
+    c.set_dependencies("child", ["parent"])
+    c.set_dependencies("grandchild", ["child"])
+    c.start()
+    script.close("child")
+    script.then("child", RuntimeError("ignored: cancelled"))
+    c.enqueue("child")
+    wait_for(lambda: script.running("child"), what="child running")
+    c.enqueue("parent")
+    wait_for(lambda: ("end", "child") in script.log, what="the child's run cancelled")
+    script.open("child")
+    assert c.wait_idle(PATIENCE)
+    assert script.at("end", "child") < script.at("start", "parent")
+    assert script.at("end", "parent") < script.at("start", "child", 1)
+    assert script.at("end", "child", 1) < script.at("start", "grandchild")
+    stats = c.stats()
+    assert (stats["superseded"], stats["failures"], stats["reconciles"]) == (1, 0, 4), stats
+    assert stats["last_error"] is None
+    assert c.inspect("child")["attempts"] == 0
+
+
+def test_d1_a_released_key_keeps_its_place(make):
+    c, script = make(workers=1)
+    start_with_parent_running(c, script)
+    c.enqueue("child")
+    c.enqueue("x")
+    c.enqueue("y", priority=-1)
+    c.enqueue("z")
+    script.open("parent")
+    assert c.wait_idle(PATIENCE)
+    assert [k for what, k in script.log if what == "start"] == ["parent", "child", "x", "z", "y"]
+
+
+def test_a_drained_stop_with_held_keys_finishes(make):
+    c, script = make(workers=1)
+    start_with_parent_running(c, script)
+    c.enqueue("child")
+    stopping = threading.Thread(target=lambda: c.stop(drain=True, timeout=PATIENCE))
+    stopping.start()
+    script.open("parent")
+    stopping.join(PATIENCE)
+    assert not stopping.is_alive()
+    assert c.stats()["held"] == 0
