@@ -5,6 +5,7 @@ disturb other tests."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,8 @@ CHILD = textwrap.dedent(
     """
     import os, resource, threading
     import reconq
+
+    STACK = int(os.environ["RUST_MIN_STACK"])
 
     def tasks():
         return len(os.listdir("/proc/self/task"))
@@ -26,8 +29,11 @@ CHILD = textwrap.dedent(
     c = reconq.Controller(lambda key: None, workers=1024, name="huge")
     c.enqueue("k")
     before = tasks()
-    # Room for a few dozen worker stacks, not 1,024.
-    limit = vm_bytes() + 256 * 1024 * 1024
+    # Room for four worker stacks (RUST_MIN_STACK, below) and 64 MiB more,
+    # not 1,024 stacks: the spawn that fails leaves that slack, so the
+    # threads already made can still allocate their thread-local data
+    # (glibc aborts a thread that cannot).
+    limit = vm_bytes() + 4 * STACK + 64 * 1024 * 1024
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
@@ -50,7 +56,11 @@ CHILD = textwrap.dedent(
 
 
 def test_a_start_the_os_refuses_is_a_clean_runtime_error():
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    # Large worker stacks make the address-space limit count stacks, not
+    # whatever else the process maps; one malloc arena keeps glibc from
+    # reserving 64 MiB per thread out of the slack.
+    env = dict(os.environ, RUST_MIN_STACK=str(128 * 1024 * 1024), MALLOC_ARENA_MAX="1")
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert 'error: controller "huge" could not start: cannot spawn worker thread' in out, out + proc.stderr
