@@ -193,11 +193,14 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// ones) and cancels its running descendants, which it then waits for
     /// (D3). Returns whether `key` itself must be held.
     pub(crate) fn became_pending(&mut self, key: &K, slots: &mut impl KeySlots<K>) -> bool {
-        if !self.children.contains_key(key) || self.blocked.contains_key(key) {
-            // No descendants, or already busy: a pending ancestor marked
-            // them and cancelled (and waits for) those running, and `key`
-            // runs after that ancestor. So D2's enqueue of a child costs
-            // O(1) here, and a chain runs in linear time.
+        // Already busy: a pending ancestor marked the descendants and
+        // cancelled (and waits for) those running, and `key` runs after
+        // that ancestor. So D2's enqueue of a child costs one lookup here
+        // (the common case first), and a chain runs in linear time.
+        if self.blocked.contains_key(key) {
+            return true;
+        }
+        if !self.children.contains_key(key) {
             return self.must_hold(key);
         }
         for child in self.children(key) {
