@@ -157,6 +157,12 @@ pub struct ControllerDetails {
     pub shards: Option<crate::ShardStatus>,
     /// Keys dropped because another replica owns them.
     pub not_owned: u64,
+    /// Ready keys held by a pending ancestor or waiting for cancelled
+    /// descendants (guarantees §14); counted in `depth` too.
+    pub held: usize,
+    /// Reconciles cancelled because an ancestor became pending (D3),
+    /// counted in `reconciles` too.
+    pub superseded: u64,
 }
 
 /// Where a [`Controller`](crate::Controller) is in its life.
