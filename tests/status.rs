@@ -301,7 +301,7 @@ fn an_entry_counts_held_keys_and_superseded_reconciles() {
     let e = entry(name);
     let d = details(&e);
     assert_eq!((d.held, d.superseded, d.reconciles, e.successes), (0, 1, 3, 2), "the child's first run superseded");
-    let json = status::to_json(&[e.clone()]);
+    let json = status::to_json(std::slice::from_ref(&e));
     assert!(json.contains(r#""held":0"#) && json.contains(r#""superseded":1"#), "{json}");
 }
 

@@ -69,6 +69,10 @@ pub struct StatusEntry {
 }
 
 /// The two kinds of [`StatusEntry`].
+// Unboxed although a controller's details are the largest: a snapshot
+// holds one entry per live object, taken rarely, and `EntryKind::Controller
+// (ControllerDetails { .. })` stays the public way to build and match one.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
     /// A [`Controller`](crate::Controller): a pool of workers reconciling
