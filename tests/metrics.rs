@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Gate, PATIENCE, ms, secs, wait_for};
+use common::{Gate, PATIENCE, ms, parent_held_by_cancelled_child, secs, wait_for};
 use parking_lot::Mutex;
 use reconq::{Action, Context, Controller, ExponentialBackoff, FakeClock, ReconcileError, WorkQueue};
 
@@ -382,6 +382,25 @@ fn active_workers_and_unfinished_work_during_a_blocked_reconcile() {
     assert_eq!(processing_gauges(name), (0.0, 0.0));
     assert_eq!(controller_value("controller_runtime_reconcile_time_seconds_count", name), 2.0);
     assert!(handle.stop_with_drain(PATIENCE));
+}
+
+#[test]
+fn held_keys_and_superseded_reconciles_per_controller() {
+    let name = "metrics_dependencies";
+    let labels = [("controller", name)];
+    let (h, gate) = parent_held_by_cancelled_child(name);
+    let s = scrape();
+    assert_eq!(get(&s, "reconq_held_keys", &labels), 1.0, "the parent waits for the child");
+    assert_eq!(get(&s, "reconq_superseded_reconciles_total", &labels), 0.0);
+    for _ in 0..3 {
+        gate.release();
+    }
+    assert!(h.wait_idle(PATIENCE));
+    let s = scrape();
+    assert_eq!(get(&s, "reconq_held_keys", &labels), 0.0);
+    assert_eq!(get(&s, "reconq_superseded_reconciles_total", &labels), 1.0, "the child's first run");
+    let success = [("controller", name), ("result", "success")];
+    assert_eq!(get(&s, "controller_runtime_reconcile_total", &success), 2.0, "superseded runs are not results");
 }
 
 #[test]

@@ -11,7 +11,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{Gate, PATIENCE, secs, wait_for};
+use common::{Gate, PATIENCE, parent_held_by_cancelled_child, secs, wait_for};
 use reconq::status::{self, ControllerDetails, EntryKind, PeriodicDetails, RunState, StatusEntry};
 use reconq::{
     Action, Context, Controller, ControllerParams, DoError, ExponentialBackoff, FakeClock, Manager, ReconcileError,
@@ -287,6 +287,24 @@ fn entries_live_as_long_as_their_objects() {
     wait_for("a dropped manager's controllers to go", || !listed("status-dropped-job"));
 }
 
+#[test]
+fn an_entry_counts_held_keys_and_superseded_reconciles() {
+    let name = "status_dependencies";
+    let (h, gate) = parent_held_by_cancelled_child(name);
+    let e = entry(name);
+    let d = details(&e);
+    assert_eq!((d.held, d.depth, d.processing, d.superseded), (1, 1, 1, 0), "the parent waits for the child");
+    for _ in 0..3 {
+        gate.release();
+    }
+    assert!(h.wait_idle(PATIENCE));
+    let e = entry(name);
+    let d = details(&e);
+    assert_eq!((d.held, d.superseded, d.reconciles, e.successes), (0, 1, 3, 2), "the child's first run superseded");
+    let json = status::to_json(std::slice::from_ref(&e));
+    assert!(json.contains(r#""held":0"#) && json.contains(r#""superseded":1"#), "{json}");
+}
+
 /// Where each header starts in the table's header line.
 fn column_starts(header: &str, names: &[&str]) -> Vec<usize> {
     names.iter().map(|n| header.find(n).unwrap_or_else(|| panic!("no column {n} in {header:?}"))).collect()
@@ -313,6 +331,8 @@ fn the_table_aligns_its_columns() {
             leader: None,
             shards: None,
             not_owned: 0,
+            held: 0,
+            superseded: 0,
         }),
         successes: 12000,
         failures: 345,

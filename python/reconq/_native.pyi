@@ -492,6 +492,10 @@ class _ControllerEntry(_StoreFields, _LeaderFields, _ShardFields):
     processing: int
     waiting: int
     parked: int
+    held: int
+    """Ready keys held by a pending ancestor or waiting for cancelled descendants (counted in ``depth`` too)."""
+    superseded: int
+    """Reconciles cancelled because an ancestor became pending (counted in ``reconciles`` too)."""
     hanging_threshold: Optional[float]
     hanging: Dict[_Key, float]
     """Keys whose reconcile has run longer than ``hanging_threshold``: seconds running."""

@@ -1,7 +1,8 @@
 //! A controller's metrics, with controller-runtime's names and semantics:
 //! results counted by label (`success`, `error` — errors and panics —,
 //! `requeue`, `requeue_after`), errors, terminal (permanent) errors,
-//! panics, reconcile time, active workers and the configured worker count.
+//! panics, reconcile time, active workers and the configured worker count;
+//! and reconq's own held keys and superseded reconciles (dependencies).
 //!
 //! Each worker records into its own cache-padded [`WorkerMetrics`] (one
 //! writer per slot, so plain loads and stores, no contention between
@@ -146,6 +147,7 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
     let mut results = ResultTotals::default();
     let mut terminal = 0;
     let mut active = 0;
+    let mut held = 0;
     let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
     let workers = match core.rt.get() {
         Some(rt) => {
@@ -155,6 +157,7 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
                 reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
                 active += usize::from(slot.running.lock().is_some());
             }
+            held = rt.queue.counts_and_held().1;
             rt.workers
         }
         None => core.configured_workers(),
@@ -193,6 +196,20 @@ pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies
             core.counters.timeouts.load(Relaxed) as f64,
         );
     }
+    // Dependencies (guarantees §14): reconq's own, always there, so a
+    // dashboard or alert needs no `absent()`.
+    out.gauge(
+        "reconq_held_keys",
+        "Ready keys held by a pending ancestor or waiting for cancelled descendants per controller",
+        &labels,
+        held as f64,
+    );
+    out.counter(
+        "reconq_superseded_reconciles_total",
+        "Total number of reconciles cancelled because an ancestor became pending per controller",
+        &labels,
+        core.counters.superseded.load(Relaxed) as f64,
+    );
     out.histogram(
         "controller_runtime_reconcile_time_seconds",
         "Length of time per reconciliation per controller",

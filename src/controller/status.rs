@@ -136,6 +136,8 @@ impl<K: ControllerKey> Core<K> {
             leader: stats.leader.clone(),
             shards: stats.shards.clone(),
             not_owned: stats.not_owned,
+            held: stats.held,
+            superseded: stats.superseded,
         };
         StatusEntry {
             name: self.name.clone(),

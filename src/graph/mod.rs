@@ -50,6 +50,9 @@ pub(crate) trait Pendings<K> {
 /// What the queue does for the graph. Every call is made under the
 /// queue's lock.
 pub(crate) trait KeySlots<K>: Pendings<K> {
+    /// Whether any key is being reconciled: if none, no descendant can be
+    /// running, and D3's walk down is skipped.
+    fn any_running(&self) -> bool;
     /// A ready key must not be handed out (idempotent).
     fn hold(&mut self, key: &K);
     /// A held ready key may be handed out again.
@@ -190,15 +193,21 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// ones) and cancels its running descendants, which it then waits for
     /// (D3). Returns whether `key` itself must be held.
     pub(crate) fn became_pending(&mut self, key: &K, slots: &mut impl KeySlots<K>) -> bool {
-        if !self.children.contains_key(key) || self.blocked.contains_key(key) {
-            // No descendants, or already busy: a pending ancestor marked
-            // them and cancelled (and waits for) those running, and `key`
-            // runs after that ancestor. So D2's enqueue of a child costs
-            // O(1) here, and a chain runs in linear time.
+        // Already busy: a pending ancestor marked the descendants and
+        // cancelled (and waits for) those running, and `key` runs after
+        // that ancestor. So D2's enqueue of a child costs one lookup here
+        // (the common case first), and a chain runs in linear time.
+        if self.blocked.contains_key(key) {
+            return true;
+        }
+        if !self.children.contains_key(key) {
             return self.must_hold(key);
         }
         for child in self.children(key) {
             self.mark_busy(&child, slots);
+        }
+        if !slots.any_running() {
+            return self.must_hold(key);
         }
         let mut seen: HashSet<K, Hasher> = HashSet::default();
         let mut stack = self.children(key);
@@ -250,8 +259,9 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// `key` got one more busy parent; a key that became busy and is not
     /// pending passes it on to its children (iterative: chains are deep).
     fn mark_busy(&mut self, key: &K, slots: &mut impl KeySlots<K>) {
-        let mut stack = vec![key.clone()];
-        while let Some(k) = stack.pop() {
+        // `next` before `stack`: the common case, a pending key, allocates nothing.
+        let (mut next, mut stack) = (Some(key.clone()), Vec::new());
+        while let Some(k) = next.take().or_else(|| stack.pop()) {
             let n = self.blocked.entry(k.clone()).or_insert(0);
             *n += 1;
             if *n > 1 {
@@ -268,8 +278,8 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// `key` has one busy parent fewer; a key that stopped being busy
     /// passes it on as [`mark_busy`](Self::mark_busy) does.
     fn mark_free(&mut self, key: &K, slots: &mut impl KeySlots<K>) {
-        let mut stack = vec![key.clone()];
-        while let Some(k) = stack.pop() {
+        let (mut next, mut stack) = (Some(key.clone()), Vec::new());
+        while let Some(k) = next.take().or_else(|| stack.pop()) {
             let std::collections::hash_map::Entry::Occupied(mut n) = self.blocked.entry(k.clone()) else {
                 debug_assert!(false, "a busy parent was counted");
                 continue;
@@ -299,6 +309,9 @@ impl<K> Pendings<K> for NothingPending {
 }
 
 impl<K> KeySlots<K> for NothingPending {
+    fn any_running(&self) -> bool {
+        false
+    }
     fn hold(&mut self, _: &K) {
         unreachable!("nothing is pending")
     }
@@ -333,6 +346,9 @@ mod tests {
     }
 
     impl KeySlots<u32> for Model {
+        fn any_running(&self) -> bool {
+            self.state.values().any(|p| *p == Pending::Running)
+        }
         fn hold(&mut self, key: &u32) {
             self.held.insert(*key);
         }

@@ -69,6 +69,10 @@ pub struct StatusEntry {
 }
 
 /// The two kinds of [`StatusEntry`].
+// Unboxed although a controller's details are the largest: a snapshot
+// holds one entry per live object, taken rarely, and `EntryKind::Controller
+// (ControllerDetails { .. })` stays the public way to build and match one.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
     /// A [`Controller`](crate::Controller): a pool of workers reconciling
@@ -157,6 +161,12 @@ pub struct ControllerDetails {
     pub shards: Option<crate::ShardStatus>,
     /// Keys dropped because another replica owns them.
     pub not_owned: u64,
+    /// Ready keys held by a pending ancestor or waiting for cancelled
+    /// descendants (guarantees §14); counted in `depth` too.
+    pub held: usize,
+    /// Reconciles cancelled because an ancestor became pending (D3),
+    /// counted in `reconciles` too.
+    pub superseded: u64,
 }
 
 /// Where a [`Controller`](crate::Controller) is in its life.

@@ -47,6 +47,8 @@ fn entry(e: &StatusEntry) -> Value {
             d.insert("processing".into(), json!(c.processing));
             d.insert("waiting".into(), json!(c.waiting));
             d.insert("parked".into(), json!(c.parked));
+            d.insert("held".into(), json!(c.held));
+            d.insert("superseded".into(), json!(c.superseded));
             d.insert("hanging_threshold".into(), secs(c.hanging_threshold));
             let hanging: Map<String, Value> =
                 c.hanging.iter().map(|h| (h.key.clone(), json!(h.running.as_secs_f64()))).collect();

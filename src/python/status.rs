@@ -51,6 +51,8 @@ fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyD
             d.set_item("processing", c.processing)?;
             d.set_item("waiting", c.waiting)?;
             d.set_item("parked", c.parked)?;
+            d.set_item("held", c.held)?;
+            d.set_item("superseded", c.superseded)?;
             d.set_item("hanging_threshold", c.hanging_threshold.map(to_secs))?;
             let hanging = PyDict::new(py);
             for h in &c.hanging {

@@ -573,9 +573,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Runs `f` with the dependencies and the queue's side of their seam.
     fn with_deps<R>(&mut self, f: impl FnOnce(&mut Dependencies<K>, &mut Slots<'_, K>) -> R) -> R {
-        let Self { deps, entries, index, ready, held, on_cancel, .. } = self;
+        let Self { deps, entries, index, ready, held, on_cancel, processing, .. } = self;
         let deps = deps.as_deref_mut().expect("dependencies are set");
-        let mut slots = Slots { entries, index, ready, held, cancel: on_cancel.as_ref(), released: false };
+        let mut slots =
+            Slots { entries, index, ready, held, processing: *processing, cancel: on_cancel.as_ref(), released: false };
         f(deps, &mut slots)
     }
 
@@ -860,6 +861,8 @@ struct Slots<'a, K> {
     index: &'a KeyIndex<Hasher>,
     ready: &'a mut ReadySet<u32>,
     held: &'a mut usize,
+    /// Keys being reconciled (the queue's count, unchanged by the graph).
+    processing: usize,
     cancel: Option<&'a CancelHook<K>>,
     /// A held key joined the ready set.
     released: bool,
@@ -892,6 +895,10 @@ impl<K: Eq + Hash> Pendings<K> for Slots<'_, K> {
 }
 
 impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
+    fn any_running(&self) -> bool {
+        self.processing > 0
+    }
+
     fn hold(&mut self, key: &K) {
         let Some(at) = self.index.find(key, self.entries) else { return };
         if let Slot::Ready { held: held @ false, prio, group, .. } = &mut self.entries.get_mut(at).slot {

@@ -180,6 +180,22 @@ impl Gate {
     }
 }
 
+/// A started controller named `name` whose key "child" depends on
+/// "parent", caught with the parent held (guarantees §14): the child's
+/// reconcile is at the returned gate and was cancelled (D3) when the
+/// parent was enqueued, so the parent waits for it to return. Three
+/// releases finish it: the child's cancelled run (superseded), the
+/// parent's, and the child's again (D2).
+pub fn parent_held_by_cancelled_child(name: &str) -> (ControllerHandle<String>, Gate) {
+    let gate = Gate::new();
+    let h = Controller::new(name, gate.reconcile::<String>()).workers(2).start();
+    h.set_dependencies(&"child".to_string(), ["parent".to_string()]).unwrap();
+    h.enqueue("child".to_string());
+    gate.wait_arrivals(1);
+    h.enqueue("parent".to_string());
+    (h, gate)
+}
+
 /// `n` successive `when(key)` answers of `limiter`.
 pub fn whens<K, L: RateLimiter<K> + ?Sized>(limiter: &L, key: &K, n: usize) -> Vec<Duration> {
     (0..n).map(|_| limiter.when(key)).collect()

@@ -53,7 +53,7 @@ def entry_when(name, what, cond):
 CONTROLLER_KEYS = {
     "kind", "name", "state", "workers", "reconciles", "successes", "failures", "requeues", "panics",
     "consecutive_failures", "last_error", "last_error_time", "last_success_time", "depth", "processing",
-    "waiting", "parked", "hanging_threshold", "hanging",
+    "waiting", "parked", "held", "superseded", "hanging_threshold", "hanging",
 }
 PERIODIC_KEYS = {
     "kind", "name", "manager", "state", "successes", "failures", "consecutive_failures", "last_error",
