@@ -1,7 +1,8 @@
 //! Spec §14, dependencies between keys: D1 ancestors first (held keys hold
 //! no worker, across priorities and groups), D2 dependents follow the end
 //! of a run, D3 a change cancels running descendants, D4 no cycles, and
-//! `waiting_for`, `held`, `superseded`.
+//! `waiting_for`, `held`, `superseded`; and §15's U3, batches (scheduled
+//! through the same holds).
 
 mod common;
 
@@ -352,5 +353,82 @@ fn d1_a_released_key_keeps_its_place_by_the_time_it_became_ready() {
     idle(&h);
     let order: Vec<String> = script.events().into_iter().filter(|(w, _)| *w == "start").map(|(_, k)| k).collect();
     assert_eq!(order, keys(&["parent", "child", "x", "z", "y"]));
+    h.stop();
+}
+
+#[test]
+fn u3_a_batch_holds_what_becomes_ready_until_the_last_one_closes_parents_first() {
+    let script = Script::default();
+    let c = script.controller(2);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    let outer = h.batch();
+    // Overlapping, from another thread: opened inside `outer`, closed after it.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let h = h.clone();
+        std::thread::spawn(move || {
+            let inner = h.batch();
+            opened_tx.send(()).unwrap();
+            close_rx.recv().unwrap();
+            drop(inner);
+        })
+    };
+    opened_rx.recv().unwrap();
+    // The child first: without the batch a worker could take it before
+    // its parent is enqueued.
+    h.enqueue(s("child"));
+    h.enqueue(s("parent"));
+    assert_eq!(h.stats().held, 2, "both held: nothing handed out while a batch is open");
+    drop(outer);
+    assert_eq!(h.stats().held, 2, "another batch is still open");
+    assert_eq!(script.starts("parent") + script.starts("child"), 0);
+    close_tx.send(()).unwrap();
+    other.join().unwrap();
+    idle(&h);
+    assert!(script.at("end", "parent", 0) < script.at("start", "child", 0), "{:?}", script.events());
+    assert_eq!(script.starts("child"), 1, "{:?}", script.events());
+    h.stop();
+}
+
+#[test]
+fn u3_keys_ready_before_the_batch_keep_running_and_a_nested_one_holds_until_the_outer_closes() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    script.close("busy");
+    h.enqueue(s("busy"));
+    wait_for("busy running", || script.running("busy"));
+    h.enqueue(s("before"));
+    let outer = h.batch();
+    let inner = h.batch();
+    h.enqueue(s("inside"));
+    drop(inner);
+    script.open("busy");
+    wait_for("the key ready before the batch ran", || script.starts("before") == 1);
+    wait_for("busy and before done", || !script.running("before") && !script.running("busy"));
+    let stats = h.stats();
+    assert_eq!((stats.held, script.starts("inside")), (1, 0), "{stats:?}");
+    drop(outer);
+    idle(&h);
+    assert_eq!(script.starts("inside"), 1);
+    h.stop();
+}
+
+#[test]
+fn u3_a_batch_opened_before_start_holds_keys_enqueued_before_it() {
+    let script = Script::default();
+    let c = script.controller(1);
+    let batch = c.handle().batch();
+    c.handle().enqueue(s("early"));
+    let h = c.start();
+    assert_eq!(h.stats().held, 1, "held from the start");
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _batch = batch;
+        panic!("the block failed");
+    }));
+    assert!(unwound.is_err());
+    idle(&h);
+    assert_eq!(script.starts("early"), 1, "the guard closed the batch as the panic unwound");
     h.stop();
 }

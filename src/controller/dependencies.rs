@@ -79,7 +79,7 @@ impl<K: ControllerKey> Core<K> {
 
     /// What the queue calls (under its lock) to cancel a running
     /// descendant: the worker running it counts that run as superseded.
-    fn cancel_hook(self: &Arc<Self>) -> CancelHook<K> {
+    pub(super) fn cancel_hook(self: &Arc<Self>) -> CancelHook<K> {
         let core = Arc::downgrade(self);
         Arc::new(move |key: &K| {
             if let Some(core) = core.upgrade() {

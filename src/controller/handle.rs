@@ -208,6 +208,15 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.set_dependencies(key, parents)
     }
 
+    /// Opens a batch (guarantees §15, U3): while any batch is open (from any
+    /// thread, nested or overlapping), no key that becomes ready is handed
+    /// out; keys ready before the first one opened keep running. When the
+    /// last one closes (its guard dropped), they are scheduled together,
+    /// ancestors first (D1). May be opened before start.
+    pub fn batch(&self) -> super::Batch<K> {
+        self.core.open_batch()
+    }
+
     /// `key`'s direct parents (empty if none).
     pub fn dependencies(&self, key: &K) -> Vec<K> {
         self.core.dependencies(key)

@@ -33,6 +33,7 @@
 //! assert!(handle.stop_with_drain(Duration::from_secs(10)));
 //! ```
 
+mod batch;
 mod dependencies;
 mod gate;
 mod groups;
@@ -73,6 +74,7 @@ use crate::sync::Mutex;
 use crate::thread::{ThreadWrapper, spawn_named};
 
 pub use crate::context::{Context, StopSignal};
+pub use batch::Batch;
 pub use dependencies::CycleError;
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
@@ -500,9 +502,12 @@ impl<K: ControllerKey> Controller<K> {
         let core = &self.core;
         let mut deps_before_start = core.deps_before_start.lock();
         core.install_dependencies(&mut deps_before_start, &rt);
+        let open_batches = core.batches.lock();
+        core.install_batch(&open_batches, &rt);
         if core.rt.set(rt).is_err() {
             panic!("controller {:?} started twice", core.name);
         }
+        drop(open_batches);
         drop(deps_before_start);
         let rt = core.rt.get().expect("just set");
         core.subscribe_features(rt);
@@ -735,6 +740,8 @@ pub(crate) struct Core<K> {
     pub(crate) watches: watch::Watches<K>,
     /// Dependencies set before start (see `dependencies`).
     pub(crate) deps_before_start: dependencies::BeforeStart<K>,
+    /// Batches open now (see `batch`).
+    pub(crate) batches: batch::OpenBatches,
 }
 
 impl<K: ControllerKey> Observed for Core<K> {
@@ -786,6 +793,7 @@ impl<K: ControllerKey> Core<K> {
             triggers: Mutex::new(triggers::Triggers::default()),
             watches: watch::Watches::new(),
             deps_before_start: Mutex::new(None),
+            batches: Mutex::new(0),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
         let _ = core._registration.set(observe::register(observed));

@@ -41,7 +41,7 @@ use super::watch::watch_from_py;
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::observe::status::RunState;
-use crate::{Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
+use crate::{Batch, Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -119,6 +119,41 @@ pub(crate) struct PyController {
     /// The caches it watches, held until it stops: a cache the user
     /// started and let go of must not stop under it (`PyCache`'s drop).
     watched: Mutex<Vec<Py<PyCache>>>,
+}
+
+/// `with c.batch():` — opens at `__enter__`, closes at `__exit__` (an
+/// exception in the block included, which then propagates).
+#[pyclass(name = "Batch", module = "reconq", frozen)]
+pub(crate) struct PyBatch {
+    handle: ControllerHandle<PyKey>,
+    open: Mutex<Option<Batch<PyKey>>>,
+}
+
+#[pymethods]
+impl PyBatch {
+    fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<Self>> {
+        let this = slf.get();
+        let mut open = this.open.lock();
+        if open.is_some() {
+            return Err(PyRuntimeError::new_err("this batch is already open: use a new c.batch() to nest"));
+        }
+        let handle = &this.handle;
+        *open = Some(slf.py().detach(|| handle.batch()));
+        Ok(slf.clone().unbind())
+    }
+
+    #[pyo3(signature = (_exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyType>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        let closed = self.open.lock().take();
+        py.detach(|| drop(closed));
+        false
+    }
 }
 
 /// Keys as a Python list.
@@ -867,6 +902,14 @@ impl PyController {
                 Err(e) => e,
             }
         })
+    }
+
+    /// A batch, for a `with` block (guarantees §15, U3): while any block is
+    /// open (any thread, nested or overlapping), no key that becomes ready
+    /// is handed out; when the last one exits, they are scheduled together,
+    /// parents first. May be used before start.
+    fn batch(&self) -> PyBatch {
+        PyBatch { handle: self.handle.clone(), open: Mutex::new(None) }
     }
 
     /// `key`'s direct parents (`[]` if none).

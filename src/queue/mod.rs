@@ -575,6 +575,27 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         Ok(())
     }
 
+    /// Opens a batch (U3; idempotent): keys that become ready are held until
+    /// [`close_batch`](Self::close_batch). It rides on the dependencies'
+    /// holds, turning them on (without edges) if they are not yet.
+    pub(crate) fn open_batch(&self, cancel: impl FnOnce() -> CancelHook<K>) {
+        let mut g = self.shared.lock_synced();
+        if !g.q.has_dependencies() {
+            self.enable_dependencies(&mut g, Box::default(), cancel());
+        }
+        g.q.open_batch();
+    }
+
+    /// Closes the batch: the keys it held become ready at once, as their
+    /// dependencies allow (D1).
+    pub(crate) fn close_batch(&self) {
+        let mut g = self.shared.lock_synced();
+        if g.q.close_batch() {
+            self.shared.publish_ready(&g);
+            self.shared.wake_ready(&mut g);
+        }
+    }
+
     /// Turns dependencies on with edges set before start.
     pub(crate) fn install_dependencies(&self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
         let mut g = self.shared.lock();

@@ -178,6 +178,10 @@ pub(crate) struct QueueState<K> {
     held: usize,
     /// The last `seq` given to a key that became ready (with dependencies).
     ready_seq: u64,
+    /// While a batch is open (U3, `Some`): the keys it holds, released when
+    /// it closes unless their dependencies hold them. Opening one turns
+    /// dependencies on, so the plain hot path keeps its one branch.
+    batch: Option<Vec<K>>,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -202,6 +206,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             on_cancel: None,
             held: 0,
             ready_seq: 0,
+            batch: None,
         }
     }
 
@@ -508,7 +513,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
         self.stamp_seq(at);
         let key = self.entries.get(at).key.clone();
-        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
+        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) || self.batch_holds(&key) {
             self.hold_new(at);
             return Added::Unchanged;
         }
@@ -535,6 +540,37 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// Whether an open batch holds `key`, which just became ready (U3): it
+    /// keeps it until it closes.
+    fn batch_holds(&mut self, key: &K) -> bool {
+        let Some(held) = &mut self.batch else { return false };
+        held.push(key.clone());
+        true
+    }
+
+    /// Opens the batch (U3; idempotent): from now on every key that becomes
+    /// ready is held until [`close_batch`](Self::close_batch). Dependencies
+    /// must be on.
+    pub(crate) fn open_batch(&mut self) {
+        debug_assert!(self.deps.is_some(), "a batch holds keys through the dependencies' seam");
+        self.batch.get_or_insert_with(Vec::new);
+    }
+
+    /// Closes the batch: every key it held that no dependency holds joins
+    /// the ready set at its place (D1 then orders them). Returns whether
+    /// any did.
+    pub(crate) fn close_batch(&mut self) -> bool {
+        let Some(held) = self.batch.take() else { return false };
+        self.with_deps(|deps, slots| {
+            for key in &held {
+                if !deps.must_hold(key) {
+                    slots.release(key);
+                }
+            }
+            slots.released
+        })
+    }
+
     /// Marks the `Ready` slot at `at`, not in the ready set, held.
     fn hold_new(&mut self, at: u32) {
         if let Slot::Ready { held, .. } = &mut self.entries.get_mut(at).slot {
@@ -553,7 +589,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             deps.returned(&key, slots);
             deps.must_hold(&key)
         });
-        if hold {
+        if hold || self.batch_holds(&key) {
             self.hold_new(at);
         } else if let Slot::Ready { prio, group, .. } = self.entries.get(at).slot {
             self.ready.push(at, prio, group);
@@ -573,9 +609,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Runs `f` with the dependencies and the queue's side of their seam.
     fn with_deps<R>(&mut self, f: impl FnOnce(&mut Dependencies<K>, &mut Slots<'_, K>) -> R) -> R {
-        let Self { deps, entries, index, ready, held, on_cancel, .. } = self;
+        let Self { deps, entries, index, ready, held, on_cancel, batch, .. } = self;
         let deps = deps.as_deref_mut().expect("dependencies are set");
-        let mut slots = Slots { entries, index, ready, held, cancel: on_cancel.as_ref(), released: false };
+        let batch = batch.as_mut();
+        let mut slots = Slots { entries, index, ready, held, cancel: on_cancel.as_ref(), batch, released: false };
         f(deps, &mut slots)
     }
 
@@ -720,6 +757,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             self.dropped.push(key);
         }
         self.held = 0;
+        if let Some(batch) = &mut self.batch {
+            batch.clear();
+        }
         self.compact_if_sparse();
     }
 
@@ -861,6 +901,9 @@ struct Slots<'a, K> {
     ready: &'a mut ReadySet<u32>,
     held: &'a mut usize,
     cancel: Option<&'a CancelHook<K>>,
+    /// The open batch's held keys: what the dependencies release meanwhile
+    /// stays held, for the batch to release when it closes.
+    batch: Option<&'a mut Vec<K>>,
     /// A held key joined the ready set.
     released: bool,
 }
@@ -902,6 +945,10 @@ impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
     }
 
     fn release(&mut self, key: &K) {
+        if let Some(batch) = &mut self.batch {
+            batch.push(key.clone());
+            return;
+        }
         let Some(at) = self.index.find(key, self.entries) else { return };
         let Slot::Ready { held: held @ true, prio, group, seq, .. } = &mut self.entries.get_mut(at).slot else {
             return;

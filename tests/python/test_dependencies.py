@@ -1,6 +1,6 @@
 """Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
 dependents follow, a change cancels running descendants, no cycles, and bad
-input."""
+input; and §15's U3, batches (scheduled through the same holds)."""
 
 from __future__ import annotations
 
@@ -252,3 +252,70 @@ def test_a_drained_stop_with_held_keys_finishes(make):
     stopping.join(PATIENCE)
     assert not stopping.is_alive()
     assert c.stats()["held"] == 0
+
+
+def test_u3_batch_holds_until_the_last_block_exits_and_runs_parents_first(make):
+    c, script = make(workers=2)
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    opened, close = threading.Event(), threading.Event()
+
+    def overlapping() -> None:
+        with c.batch():
+            opened.set()
+            close.wait(PATIENCE)
+
+    other = threading.Thread(target=overlapping)
+    with c.batch():
+        other.start()
+        assert opened.wait(PATIENCE)
+        with c.batch():
+            c.enqueue("child")  # first: without the batch a worker could take it
+            c.enqueue("parent")
+        assert c.stats()["held"] == 2, "nested: still held"
+    assert c.stats()["held"] == 2, "the other thread's batch is still open"
+    assert script.starts("child") + script.starts("parent") == 0
+    close.set()
+    other.join(PATIENCE)
+    assert c.wait_idle(PATIENCE)
+    assert script.at("end", "parent") < script.at("start", "child")
+    assert script.starts("child") == 1
+
+
+def test_u3_keys_ready_before_the_batch_keep_running(make):
+    c, script = make(workers=1)
+    c.start()
+    script.close("busy")
+    c.enqueue("busy")
+    wait_for(lambda: script.running("busy"))
+    c.enqueue("before")
+    with c.batch():
+        c.enqueue("inside")
+        script.open("busy")
+        wait_for(lambda: script.starts("before") == 1 and not script.running("before"))
+        assert c.stats()["held"] == 1
+        assert script.starts("inside") == 0
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("inside") == 1
+
+
+def test_u3_an_exception_propagates_and_closes_the_batch_opened_before_start(make):
+    c, script = make(workers=1)
+    with pytest.raises(RuntimeError, match="the block failed"):
+        with c.batch():
+            c.enqueue("early")
+            c.start()
+            assert c.stats()["held"] == 1
+            raise RuntimeError("the block failed")
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("early") == 1
+
+
+def test_u3_a_batch_object_cannot_be_entered_twice_at_once(make):
+    c, _ = make()
+    batch = c.batch()
+    with batch:
+        with pytest.raises(RuntimeError, match="already open"):
+            batch.__enter__()
+    with batch:  # reusable once closed
+        pass
