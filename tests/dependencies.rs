@@ -2,7 +2,8 @@
 //! no worker, across priorities and groups), D2 dependents follow the end
 //! of a run, D3 a change cancels running descendants, D4 no cycles, and
 //! `waiting_for`, `held`, `superseded`; and §15's U3, batches (scheduled
-//! through the same holds).
+//! through the same holds), and U1, `supersede` (D3's cancellation of a
+//! key's own reconcile).
 
 mod common;
 
@@ -430,5 +431,86 @@ fn u3_a_batch_opened_before_start_holds_keys_enqueued_before_it() {
     assert!(unwound.is_err());
     idle(&h);
     assert_eq!(script.starts("early"), 1, "the guard closed the batch as the panic unwound");
+    h.stop();
+}
+
+#[test]
+fn u1_supersede_cancels_a_running_reconcile_and_runs_it_again_with_the_higher_priority() {
+    let script = Script::default();
+    let h = script.controller(1).supersede(true).start();
+    script.then("k", Err(ReconcileError::new("ignored: superseded")));
+    script.close("k");
+    h.enqueue_with_priority(s("k"), 5);
+    wait_for("k running", || script.running("k"));
+    h.enqueue_with_priority(s("other"), 3);
+    h.enqueue(s("k"));
+    wait_for("the run cancelled", || script.events().contains(&("end", s("k"))));
+    script.open("k");
+    idle(&h);
+    assert!(
+        script.at("start", "k", 1) < script.at("start", "other", 0),
+        "k came back at 5, not 0: {:?}",
+        script.events()
+    );
+    let stats = h.stats();
+    assert_eq!((stats.superseded, stats.failures, stats.reconciles), (1, 0, 3), "{stats:?}");
+    assert!(stats.last_error.is_none(), "a superseded run leaves last_error alone");
+    assert_eq!(h.inspect(&s("k")).attempts, 0);
+    h.stop();
+}
+
+#[test]
+fn u1_a_delay_coming_due_supersedes_too() {
+    let script = Script::default();
+    // Two workers: the idle one times the delay (a due time is noticed by
+    // a waiting worker or the next queue call).
+    let h = script.controller(2).supersede(true).start();
+    script.close("k");
+    h.enqueue(s("k"));
+    wait_for("k running", || script.running("k"));
+    h.enqueue_after(s("k"), ms(1));
+    wait_for("the run cancelled when the delay came due", || script.events().contains(&("end", s("k"))));
+    script.open("k");
+    idle(&h);
+    assert_eq!((h.stats().superseded, script.starts("k")), (1, 2));
+    h.stop();
+}
+
+#[test]
+fn u1_off_by_default_a_key_enqueued_while_it_runs_is_not_cancelled() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    script.close("k");
+    h.enqueue(s("k"));
+    wait_for("k running", || script.running("k"));
+    h.enqueue(s("k"));
+    script.open("k");
+    idle(&h);
+    let stats = h.stats();
+    assert_eq!((stats.superseded, stats.successes, script.starts("k")), (0, 2, 2), "{stats:?}");
+    h.stop();
+}
+
+#[test]
+fn u1_a_reconcile_that_enqueues_its_own_key_is_not_cancelled() {
+    let handle: Arc<std::sync::OnceLock<ControllerHandle<String>>> = Arc::default();
+    let cancelled_after_own_enqueue: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let c = {
+        let (handle, seen) = (Arc::clone(&handle), Arc::clone(&cancelled_after_own_enqueue));
+        Controller::new("self", move |key: &String, ctx: &Context| {
+            if seen.lock().is_empty() {
+                handle.get().expect("set before the enqueue").enqueue(key.clone());
+            }
+            seen.lock().push(ctx.is_cancelled());
+            Ok::<_, ReconcileError>(Action::Done)
+        })
+        .supersede(true)
+    };
+    let h = c.start();
+    handle.set(h.clone()).unwrap();
+    h.enqueue(s("k"));
+    idle(&h);
+    assert_eq!(*cancelled_after_own_enqueue.lock(), vec![false, false], "ran twice, never cancelled");
+    assert_eq!(h.stats().superseded, 0);
     h.stop();
 }

@@ -436,6 +436,7 @@ class Controller:
         sharding: Optional[Sharding] = None,
         resync: Optional[Callable[[], Iterable[_Key]]] = None,
         sync_timeout: float = 120.0,
+        supersede: bool = False,
     ) -> Self: ...
     @property
     def name(self) -> str: ...

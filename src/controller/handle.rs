@@ -87,8 +87,9 @@ pub struct Stats {
     /// Ready keys held by a pending ancestor, or waiting for cancelled
     /// descendants to return (guarantees §14); counted in `depth` too.
     pub held: usize,
-    /// Reconciles cancelled because an ancestor became pending (D3),
-    /// counted in `reconciles` too.
+    /// Reconciles cancelled because an ancestor became pending (D3) or,
+    /// with `supersede`, their key became ready again (U1); counted in
+    /// `reconciles` too.
     pub superseded: u64,
 }
 

@@ -298,6 +298,19 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Cancels a reconcile whose key becomes ready again while it runs
+    /// (guarantees §15, U1; default off): an enqueue, a delay coming due, a
+    /// watch, a trigger or D2 cancels it (its
+    /// [`Context`](super::Context) says so), and the key runs again once it
+    /// returned, with the higher of the two priorities. A reconcile that
+    /// enqueues its own key is not cancelled. The cancelled run counts as
+    /// `superseded` (as D3's): neither a success nor a failure. Off, a key
+    /// enqueued while it runs runs once more after it (G2, G3).
+    pub fn supersede(self, supersede: bool) -> Self {
+        self.core.config.lock().supersede = supersede;
+        self
+    }
+
     /// How many permanently failed keys the parked set keeps (default
     /// 1024); the oldest are dropped beyond it.
     pub fn parked_capacity(self, capacity: usize) -> Self {
@@ -472,6 +485,9 @@ impl<K: ControllerKey> Controller<K> {
             queue = queue.keep_stop_views();
         }
         let queue = queue.build();
+        if config.supersede {
+            queue.enable_supersede(self.core.cancel_hook());
+        }
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
         let mut resync = self.resync.take();
@@ -622,6 +638,7 @@ struct Config {
     max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
+    supersede: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -716,7 +733,8 @@ pub(crate) struct Counters {
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
     pub(crate) consecutive_failures: AtomicU64,
-    /// Reconciles cancelled because an ancestor became pending (D3).
+    /// Reconciles cancelled because an ancestor became pending (D3) or
+    /// their key became ready again (U1).
     pub(crate) superseded: AtomicU64,
 }
 
@@ -783,6 +801,7 @@ impl<K: ControllerKey> Core<K> {
                 max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
+                supersede: false,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),

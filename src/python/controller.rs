@@ -105,6 +105,10 @@ const MAX_WORKERS: i64 = 1024;
 ///   when partitions are gained.
 /// - `sync_timeout=120.0`: while a cache watched at start has not synced,
 ///   an ERROR every this many seconds names it and its last error.
+/// - `supersede=False`: a key that becomes ready while it is reconciled
+///   cancels that reconcile (counted as `superseded`) and runs again after
+///   it, with the higher of the two priorities; not when the reconcile
+///   enqueued its own key.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -406,6 +410,7 @@ impl PyController {
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
         leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
+        supersede=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -426,6 +431,7 @@ impl PyController {
         sharding: Option<PyRef<'_, PySharding>>,
         resync: Option<&Bound<'_, PyAny>>,
         sync_timeout: f64,
+        supersede: bool,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile", 1)?;
         let sync_timeout = positive_secs(sync_timeout, "sync_timeout")?;
@@ -522,6 +528,7 @@ impl PyController {
             builder = builder.resync(resync_from_py(resync));
         }
         builder = builder.sync_timeout(sync_timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        builder = builder.supersede(supersede);
         let handle = builder.handle();
         Ok(Self {
             name,

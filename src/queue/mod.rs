@@ -54,7 +54,7 @@ use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
 use state::{Added, Finished, Hasher, QueueState};
-pub(crate) use state::{CancelHook, Place};
+pub(crate) use state::{Cancel, CancelHook, Place};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -594,6 +594,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
             self.shared.publish_ready(&g);
             self.shared.wake_ready(&mut g);
         }
+    }
+
+    /// Turns `supersede` on (U1), before any key is added.
+    pub(crate) fn enable_supersede(&self, cancel: CancelHook<K>) {
+        self.shared.lock().q.enable_supersede(cancel);
     }
 
     /// Turns dependencies on with edges set before start.

@@ -44,9 +44,19 @@ use super::slab::{Keyed, Slab};
 use super::stop_views::{StopViews, View};
 use crate::graph::{Dependencies, KeySlots, Pending, Pendings};
 
-/// Cancels the running reconcile of a key (D3), called under the queue's
-/// lock.
-pub(crate) type CancelHook<K> = Arc<dyn Fn(&K) + Send + Sync>;
+/// Cancels the running reconcile of a key (D3, U1), called under the
+/// queue's lock.
+pub(crate) type CancelHook<K> = Arc<dyn Fn(&K, Cancel) + Send + Sync>;
+
+/// Why the queue cancels a running reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cancel {
+    /// An ancestor became pending (D3).
+    ByAncestor,
+    /// Its key became ready again (U1, `supersede`): a reconcile that
+    /// enqueued its own key is spared.
+    Superseded,
+}
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
@@ -174,6 +184,10 @@ pub(crate) struct QueueState<K> {
     deps: Option<Box<Dependencies<K>>>,
     /// What cancels a running descendant (D3).
     on_cancel: Option<CancelHook<K>>,
+    /// `supersede` (U1): a key that becomes ready while it is processed
+    /// cancels that reconcile through `on_cancel`, and comes back with the
+    /// higher of the two priorities.
+    supersede: bool,
     /// Number of `Ready { held: true }` slots.
     held: usize,
     /// The last `seq` given to a key that became ready (with dependencies).
@@ -204,6 +218,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             stop_views: None,
             deps: None,
             on_cancel: None,
+            supersede: false,
             held: 0,
             ready_seq: 0,
             batch: None,
@@ -263,8 +278,12 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 Added::Unchanged
             }
             Slot::Processing { then, run, group, again } => {
+                // `again` is the priority it was handed out with while
+                // `then` is `Finish`: a superseded run keeps the higher one.
                 let again = if let Then::Wait(_) = then {
                     self.timers -= 1;
+                    again.max(place.prio)
+                } else if self.supersede {
                     again.max(place.prio)
                 } else {
                     place.prio
@@ -272,6 +291,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 let added = self.recorder.on_add(now);
                 self.requeue_after_done += 1;
                 *slot = Slot::Processing { then: Then::Requeue { added }, run, group, again };
+                self.supersede_run(at);
                 Added::Unchanged
             }
         }
@@ -394,6 +414,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                     *slot = Slot::Processing { then, run, group, again };
                     self.requeue_after_done += 1;
                     self.timers -= 1;
+                    self.supersede_run(at);
                 }
                 _ => {} // stale entry
             }
@@ -538,6 +559,22 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if let Slot::Ready { seq, .. } = &mut self.entries.get_mut(at).slot {
             *seq = self.ready_seq;
         }
+    }
+
+    /// U1: the processing key at `at` became ready again; with
+    /// `supersede`, its running reconcile is cancelled (`done` then brings
+    /// it back, as for any key added while processing).
+    #[inline]
+    fn supersede_run(&self, at: u32) {
+        if let (true, Some(cancel)) = (self.supersede, &self.on_cancel) {
+            cancel(&self.entries.get(at).key, Cancel::Superseded);
+        }
+    }
+
+    /// Turns `supersede` on (U1), with what cancels a running reconcile.
+    pub(crate) fn enable_supersede(&mut self, cancel: CancelHook<K>) {
+        self.supersede = true;
+        self.on_cancel = Some(cancel);
     }
 
     /// Whether an open batch holds `key`, which just became ready (U3): it
@@ -969,7 +1006,7 @@ impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
 
     fn cancel(&mut self, key: &K) {
         if let Some(cancel) = self.cancel {
-            cancel(key);
+            cancel(key, Cancel::ByAncestor);
         }
     }
 }

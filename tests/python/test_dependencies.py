@@ -1,6 +1,7 @@
 """Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
 dependents follow, a change cancels running descendants, no cycles, and bad
-input; and §15's U3, batches (scheduled through the same holds)."""
+input; and §15's U3, batches (scheduled through the same holds), and U1,
+`supersede` (D3's cancellation of a key's own reconcile)."""
 
 from __future__ import annotations
 
@@ -319,3 +320,56 @@ def test_u3_a_batch_object_cannot_be_entered_twice_at_once(make):
             batch.__enter__()
     with batch:  # reusable once closed
         pass
+
+
+def test_u1_supersede_cancels_the_running_reconcile_and_reruns_it_at_the_higher_priority(make):
+    c, script = make(workers=1, supersede=True)
+    c.start()
+    script.then("k", RuntimeError("ignored: superseded"))
+    script.close("k")
+    c.enqueue("k", priority=5)
+    wait_for(lambda: script.running("k"))
+    c.enqueue("other", priority=3)
+    c.enqueue("k")
+    wait_for(lambda: c.stats()["superseded"] == 1)  # cancelled, and it returned
+    script.open("k")
+    assert c.wait_idle(PATIENCE)
+    assert script.at("start", "k", 1) < script.at("start", "other"), "k came back at 5, not 0"
+    stats = c.stats()
+    assert (stats["superseded"], stats["failures"], stats["reconciles"]) == (1, 0, 3), stats
+    assert stats["last_error"] is None
+    assert c.inspect("k")["attempts"] == 0
+
+
+def test_u1_off_by_default_and_a_reconcile_enqueuing_its_own_key_is_not_cancelled(make):
+    seen: List[bool] = []
+
+    def reconcile(key: Any) -> None:
+        if not seen:
+            c.enqueue(key)
+        seen.append(reconq.context().cancelled)
+
+    c = reconq.Controller(reconcile, supersede=True)
+    try:
+        c.start()
+        c.enqueue("k")
+        assert c.wait_idle(PATIENCE)
+        assert seen == [False, False]
+        assert c.stats()["superseded"] == 0
+    finally:
+        c.stop(drain=False)
+
+    plain, script = make(workers=1)
+    plain.start()
+    script.close("k")
+    plain.enqueue("k")
+    wait_for(lambda: script.running("k"))
+    plain.enqueue("k")
+    script.open("k")
+    assert plain.wait_idle(PATIENCE)
+    assert (plain.stats()["superseded"], plain.stats()["successes"]) == (0, 2)
+
+
+def test_u1_supersede_must_be_a_bool(make):
+    with pytest.raises(TypeError, match="supersede"):
+        reconq.Controller(lambda key: None, supersede=1)  # type: ignore[arg-type]
