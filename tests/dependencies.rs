@@ -2,8 +2,8 @@
 //! no worker, across priorities and groups), D2 dependents follow the end
 //! of a run, D3 a change cancels running descendants, D4 no cycles, and
 //! `waiting_for`, `held`, `superseded`; and §15's U3, batches (scheduled
-//! through the same holds), and U1, `supersede` (D3's cancellation of a
-//! key's own reconcile).
+//! through the same holds), U1, `supersede` (D3's cancellation of a key's
+//! own reconcile), and U2, `debounce`.
 
 mod common;
 
@@ -513,4 +513,87 @@ fn u1_a_reconcile_that_enqueues_its_own_key_is_not_cancelled() {
     assert_eq!(*cancelled_after_own_enqueue.lock(), vec![false, false], "ran twice, never cancelled");
     assert_eq!(h.stats().superseded, 0);
     h.stop();
+}
+
+/// The debounced controller of the U2 tests: one worker, a 1 s window on
+/// a fake clock.
+fn debounced(script: &Script) -> (ControllerHandle<String>, FakeClock) {
+    let clock = FakeClock::new();
+    let h = script.controller(1).clock(clock.clone()).debounce(Duration::from_secs(1)).start();
+    (h, clock)
+}
+
+#[test]
+fn u2_debounce_moves_the_due_time_to_the_latest_enqueue_capped_at_ten_windows() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.enqueue(s("k"));
+    clock.advance(ms(900));
+    h.enqueue(s("k"));
+    clock.advance(ms(900));
+    assert_eq!(h.stats().waiting, 1, "due 1 s after the latest enqueue, not the first");
+    // Enqueues every 0.9 s would keep it waiting for ever: the burst is
+    // due 10 s after its first enqueue.
+    for _ in 0..9 {
+        h.enqueue(s("k"));
+        clock.advance(ms(900));
+    }
+    assert_eq!((h.stats().waiting, script.starts("k")), (1, 0), "at 9.9 s");
+    h.enqueue(s("k")); // would be due at 10.9 s without the cap
+    clock.advance(ms(100));
+    wait_for("the burst ran at 10 s", || script.starts("k") == 1);
+    idle(&h);
+    assert_eq!(script.starts("k"), 1, "one reconcile for the burst");
+    h.stop();
+}
+
+#[test]
+fn u2_an_earlier_delay_wins_and_d2_is_not_debounced() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    h.enqueue_after(s("parent"), ms(500));
+    h.enqueue(s("parent"));
+    clock.advance(ms(500));
+    wait_for("the earlier due time won", || script.starts("parent") == 1);
+    wait_for("D2 enqueued the child with no debounce", || script.starts("child") == 1);
+    assert_eq!(h.stats().waiting, 0);
+    h.stop();
+}
+
+#[test]
+fn u2_a_key_being_reconciled_is_due_a_window_after_the_enqueue() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    script.close("k");
+    h.enqueue(s("k"));
+    clock.advance(Duration::from_secs(1));
+    wait_for("k running", || script.running("k"));
+    h.enqueue(s("k"));
+    script.open("k");
+    wait_for("the first run returned", || !script.running("k"));
+    assert_eq!((h.stats().waiting, script.starts("k")), (1, 1), "{:?}", h.stats());
+    clock.advance(Duration::from_secs(1));
+    wait_for("the debounced run", || script.starts("k") == 2);
+    h.stop();
+}
+
+#[test]
+fn u2_a_watched_event_is_debounced_too() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.watch(vec![s("w")], |key: String| [key]);
+    wait_for("the event's key waits for its window", || h.stats().waiting == 1);
+    assert_eq!(script.starts("w"), 0);
+    clock.advance(Duration::from_secs(1));
+    wait_for("it ran a window later", || script.starts("w") == 1);
+    h.stop();
+}
+
+#[test]
+fn u2_a_zero_window_is_refused() {
+    let script = Script::default();
+    let refused =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| script.controller(1).debounce(Duration::ZERO)));
+    assert!(refused.is_err());
 }

@@ -437,6 +437,7 @@ class Controller:
         resync: Optional[Callable[[], Iterable[_Key]]] = None,
         sync_timeout: float = 120.0,
         supersede: bool = False,
+        debounce: Optional[float] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...

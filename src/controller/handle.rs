@@ -139,7 +139,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Asks for `key` to be reconciled. Ignored once stopped.
     pub fn enqueue(&self, key: K) {
-        self.core.route(key, When::Now, 0);
+        self.core.route(key, When::Event, 0);
     }
 
     /// Asks for `key` to be reconciled `delay` from now (the earliest of
@@ -161,7 +161,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// lower priority is raised to it, a higher one stays (P2); retries keep
     /// the priority a key was handed out with (P3). Plain enqueues are 0.
     pub fn enqueue_with_priority(&self, key: K, priority: i32) {
-        self.core.route(key, When::Now, priority);
+        self.core.route(key, When::Event, priority);
     }
 
     /// [`enqueue_after`](Self::enqueue_after) at `priority`: the key keeps it

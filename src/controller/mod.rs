@@ -34,6 +34,7 @@
 //! ```
 
 mod batch;
+mod debounce;
 mod dependencies;
 mod gate;
 mod groups;
@@ -311,6 +312,23 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Debounces events (guarantees §15, U2): an enqueue, a watch or cache
+    /// event or a trigger makes its key due `window` after the latest such
+    /// event (a trailing edge), but never more than 10 × `window` after the
+    /// first of the burst; a burst ends when the key becomes ready. A key
+    /// already ready stays ready; one waiting on another delay becomes due
+    /// at the earlier of the two. `enqueue_after`, `enqueue_at`, retries,
+    /// resyncs and D2 are not debounced. Measured on the controller's
+    /// clock; a debounced key counts as waiting.
+    ///
+    /// # Panics
+    /// If `window` is zero.
+    pub fn debounce(self, window: Duration) -> Self {
+        assert!(!window.is_zero(), "a debounce window must be positive");
+        self.core.config.lock().debounce = Some(window);
+        self
+    }
+
     /// How many permanently failed keys the parked set keeps (default
     /// 1024); the oldest are dropped beyond it.
     pub fn parked_capacity(self, capacity: usize) -> Self {
@@ -514,6 +532,7 @@ impl<K: ControllerKey> Controller<K> {
             store,
             coordination,
             has_dependencies: std::sync::atomic::AtomicBool::new(false),
+            debounce: config.debounce.map(debounce::Debounce::new),
         };
         let core = &self.core;
         let mut deps_before_start = core.deps_before_start.lock();
@@ -639,6 +658,7 @@ struct Config {
     jitter: Option<Jitter>,
     log_errors: bool,
     supersede: bool,
+    debounce: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -664,8 +684,12 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// When a key enqueued before start should run.
+#[derive(Clone, Copy)]
 pub(crate) enum When {
     Now,
+    /// Now, or after the debounce if there is one (U2): an `enqueue`, a
+    /// watch or cache event, a trigger.
+    Event,
     /// A delay, and the real instant it was asked for.
     After(Duration, Instant),
     At(Instant),
@@ -693,6 +717,8 @@ pub(crate) struct Runtime<K> {
     /// finishing worker, written once: kept away from the queue's written
     /// lines; see `dependencies`).
     pub(crate) has_dependencies: std::sync::atomic::AtomicBool,
+    /// `debounce` (U2): what delays its events.
+    debounce: Option<debounce::Debounce<K>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -802,6 +828,7 @@ impl<K: ControllerKey> Core<K> {
                 jitter: None,
                 log_errors: true,
                 supersede: false,
+                debounce: None,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
@@ -902,6 +929,10 @@ impl<K: ControllerKey> Core<K> {
         let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
+            When::Event => match &rt.debounce {
+                None => rt.queue.add_placed(key, place),
+                Some(debounce) => debounce.enqueue(&rt.queue, key, rt.clock.now(), place),
+            },
             When::After(delay, asked) => {
                 let delay = if rt.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
                 rt.queue.add_after_placed(key, delay, place)

@@ -109,6 +109,9 @@ const MAX_WORKERS: i64 = 1024;
 ///   cancels that reconcile (counted as `superseded`) and runs again after
 ///   it, with the higher of the two priorities; not when the reconcile
 ///   enqueued its own key.
+/// - `debounce=None`: seconds: an enqueue, a watch or cache event or a
+///   trigger makes the key due this long after the latest of them, but at
+///   most 10 times this after the first of the burst.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -410,7 +413,7 @@ impl PyController {
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
         leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
-        supersede=false,
+        supersede=false, debounce=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -432,6 +435,7 @@ impl PyController {
         resync: Option<&Bound<'_, PyAny>>,
         sync_timeout: f64,
         supersede: bool,
+        debounce: Option<f64>,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile", 1)?;
         let sync_timeout = positive_secs(sync_timeout, "sync_timeout")?;
@@ -529,6 +533,9 @@ impl PyController {
         }
         builder = builder.sync_timeout(sync_timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
         builder = builder.supersede(supersede);
+        if let Some(window) = debounce {
+            builder = builder.debounce(positive_secs(window, "debounce")?);
+        }
         let handle = builder.handle();
         Ok(Self {
             name,

@@ -400,6 +400,23 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.wake_ready(&mut g);
     }
 
+    /// Moves `key`'s due time from `from` to `to` if its timer is still the
+    /// one due at `from` (U2's trailing edge; see `QueueState::move_due`);
+    /// `false` if it is not (nothing changed).
+    pub(crate) fn move_due_placed(&self, key: K, from: Instant, to: Instant, place: Place) -> bool {
+        let now = self.shared.clock.now();
+        let mut g = self.shared.lock();
+        let mut stamp = Now::new();
+        self.shared.sync(&mut g, &mut stamp);
+        let Some(added) = g.q.move_due(key, from, to, now, &mut stamp, place) else { return false };
+        if let Added::Scheduled(due) = added {
+            self.shared.on_scheduled(&mut g, due);
+        }
+        self.shared.publish_ready(&g);
+        self.shared.wake_ready(&mut g);
+        true
+    }
+
     /// Re-adds `key` after the wait its rate limiter gives (G6). A key
     /// being processed comes back with the priority it was handed out with
     /// (P3), as the controller's retries do.

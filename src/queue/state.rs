@@ -372,6 +372,44 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         Added::Scheduled(due)
     }
 
+    /// Moves `key`'s due time from `from` to `to`, later or earlier (U2, a
+    /// debounce's trailing edge), if its live timer is still the one due at
+    /// `from`; `None` (nothing changed) otherwise. A `to` not after `now`
+    /// makes it ready.
+    pub(crate) fn move_due(
+        &mut self,
+        key: K,
+        from: Instant,
+        to: Instant,
+        now: Instant,
+        stamp: &mut Now,
+        place: Place,
+    ) -> Option<Added> {
+        let at = self.index.find(&key, &self.entries)?;
+        let slot = &mut self.entries.get_mut(at).slot;
+        match *slot {
+            Slot::Delayed { timer, .. } | Slot::Processing { then: Then::Wait(timer), .. } if timer.due == from => {}
+            _ => return None,
+        }
+        if to <= now {
+            return Some(self.add(key, place, stamp));
+        }
+        let timer = self.delays.schedule(key, to);
+        match slot {
+            Slot::Delayed { timer: live, prio, .. } => {
+                *live = timer;
+                *prio = (*prio).max(place.prio);
+            }
+            Slot::Processing { then: Then::Wait(live), again, .. } => {
+                *live = timer;
+                *again = (*again).max(place.prio);
+            }
+            _ => unreachable!("matched above"),
+        }
+        self.compact_delays();
+        Some(Added::Scheduled(to))
+    }
+
     /// Raises the priority the key at `at` has, or comes back with, to `to`
     /// if that is higher (P2). A key being processed that will not come
     /// back keeps nothing.

@@ -1,7 +1,7 @@
 """Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
 dependents follow, a change cancels running descendants, no cycles, and bad
 input; and §15's U3, batches (scheduled through the same holds), and U1,
-`supersede` (D3's cancellation of a key's own reconcile)."""
+`supersede` (D3's cancellation of a key's own reconcile), and U2, `debounce`."""
 
 from __future__ import annotations
 
@@ -373,3 +373,38 @@ def test_u1_off_by_default_and_a_reconcile_enqueuing_its_own_key_is_not_cancelle
 def test_u1_supersede_must_be_a_bool(make):
     with pytest.raises(TypeError, match="supersede"):
         reconq.Controller(lambda key: None, supersede=1)  # type: ignore[arg-type]
+
+
+def test_u2_debounce_is_a_trailing_edge_capped_at_ten_windows(make):
+    clock = reconq.FakeClock()
+    c, script = make(workers=1, clock=clock, debounce=1.0)
+    c.start()
+    c.enqueue("k")
+    clock.advance(0.9)
+    c.enqueue("k")
+    clock.advance(0.9)
+    assert c.stats()["waiting"] == 1, "due 1 s after the latest enqueue"
+    for _ in range(9):
+        c.enqueue("k")
+        clock.advance(0.9)
+    c.enqueue("k")  # at 9.9 s: due at 10.9 s without the cap
+    assert (c.stats()["waiting"], script.starts("k")) == (1, 0)
+    clock.advance(0.1)
+    wait_for(lambda: script.starts("k") == 1)
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("k") == 1
+    c.enqueue_after("j", 0.5)
+    c.enqueue("j")
+    clock.advance(0.5)
+    wait_for(lambda: script.starts("j") == 1)  # the earlier delay wins
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_u2_debounce_must_be_positive(bad: float):
+    with pytest.raises(ValueError, match="debounce"):
+        reconq.Controller(lambda key: None, debounce=bad)
+
+
+def test_u2_debounce_must_be_a_number():
+    with pytest.raises(TypeError, match="debounce"):
+        reconq.Controller(lambda key: None, debounce="1")  # type: ignore[arg-type]
