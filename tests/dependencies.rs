@@ -66,6 +66,14 @@ impl Script {
         result
     }
 
+    /// Enqueues `key` at `priority` with its gate closed, and waits until
+    /// it runs.
+    fn run_blocked(&self, h: &ControllerHandle<String>, key: &str, priority: i32) {
+        self.close(key);
+        h.enqueue_with_priority(s(key), priority);
+        wait_for(&format!("{key} running"), || self.running(key));
+    }
+
     fn events(&self) -> Vec<(&'static str, String)> {
         self.log.lock().clone()
     }
@@ -397,9 +405,7 @@ fn u3_a_batch_holds_what_becomes_ready_until_the_last_one_closes_parents_first()
 fn u3_keys_ready_before_the_batch_keep_running_and_a_nested_one_holds_until_the_outer_closes() {
     let script = Script::default();
     let h = script.controller(1).start();
-    script.close("busy");
-    h.enqueue(s("busy"));
-    wait_for("busy running", || script.running("busy"));
+    script.run_blocked(&h, "busy", 0);
     h.enqueue(s("before"));
     let outer = h.batch();
     let inner = h.batch();
@@ -439,9 +445,7 @@ fn u1_supersede_cancels_a_running_reconcile_and_runs_it_again_with_the_higher_pr
     let script = Script::default();
     let h = script.controller(1).supersede(true).start();
     script.then("k", Err(ReconcileError::new("ignored: superseded")));
-    script.close("k");
-    h.enqueue_with_priority(s("k"), 5);
-    wait_for("k running", || script.running("k"));
+    script.run_blocked(&h, "k", 5);
     h.enqueue_with_priority(s("other"), 3);
     h.enqueue(s("k"));
     wait_for("the run cancelled", || script.events().contains(&("end", s("k"))));
@@ -465,9 +469,7 @@ fn u1_a_delay_coming_due_supersedes_too() {
     // Two workers: the idle one times the delay (a due time is noticed by
     // a waiting worker or the next queue call).
     let h = script.controller(2).supersede(true).start();
-    script.close("k");
-    h.enqueue(s("k"));
-    wait_for("k running", || script.running("k"));
+    script.run_blocked(&h, "k", 0);
     h.enqueue_after(s("k"), ms(1));
     wait_for("the run cancelled when the delay came due", || script.events().contains(&("end", s("k"))));
     script.open("k");
@@ -480,9 +482,7 @@ fn u1_a_delay_coming_due_supersedes_too() {
 fn u1_off_by_default_a_key_enqueued_while_it_runs_is_not_cancelled() {
     let script = Script::default();
     let h = script.controller(1).start();
-    script.close("k");
-    h.enqueue(s("k"));
-    wait_for("k running", || script.running("k"));
+    script.run_blocked(&h, "k", 0);
     h.enqueue(s("k"));
     script.open("k");
     idle(&h);

@@ -66,6 +66,14 @@ class Script:
         return hits[n]
 
 
+def run_blocked(c: reconq.Controller, script: Script, key: Any, priority: int = 0) -> None:
+    """Enqueues `key` at `priority` with its gate closed, and waits until it
+    runs."""
+    script.close(key)
+    c.enqueue(key, priority=priority)
+    wait_for(lambda: script.running(key))
+
+
 @pytest.fixture
 def make():
     made: List[reconq.Controller] = []
@@ -286,9 +294,7 @@ def test_u3_batch_holds_until_the_last_block_exits_and_runs_parents_first(make):
 def test_u3_keys_ready_before_the_batch_keep_running(make):
     c, script = make(workers=1)
     c.start()
-    script.close("busy")
-    c.enqueue("busy")
-    wait_for(lambda: script.running("busy"))
+    run_blocked(c, script, "busy")
     c.enqueue("before")
     with c.batch():
         c.enqueue("inside")
@@ -326,9 +332,7 @@ def test_u1_supersede_cancels_the_running_reconcile_and_reruns_it_at_the_higher_
     c, script = make(workers=1, supersede=True)
     c.start()
     script.then("k", RuntimeError("ignored: superseded"))
-    script.close("k")
-    c.enqueue("k", priority=5)
-    wait_for(lambda: script.running("k"))
+    run_blocked(c, script, "k", priority=5)
     c.enqueue("other", priority=3)
     c.enqueue("k")
     wait_for(lambda: c.stats()["superseded"] == 1)  # cancelled, and it returned
@@ -361,9 +365,7 @@ def test_u1_off_by_default_and_a_reconcile_enqueuing_its_own_key_is_not_cancelle
 
     plain, script = make(workers=1)
     plain.start()
-    script.close("k")
-    plain.enqueue("k")
-    wait_for(lambda: script.running("k"))
+    run_blocked(plain, script, "k")
     plain.enqueue("k")
     script.open("k")
     assert plain.wait_idle(PATIENCE)
