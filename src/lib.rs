@@ -82,8 +82,8 @@ mod thread;
 pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
-    Action, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY, KeyInfo,
-    KeyStatus, ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping,
+    Action, Batch, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY,
+    KeyInfo, KeyStatus, ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping,
     TriggerOutcome, Watch, WatchError,
 };
 #[cfg(feature = "etcd")]

@@ -1,7 +1,9 @@
 //! Spec §14, dependencies between keys: D1 ancestors first (held keys hold
 //! no worker, across priorities and groups), D2 dependents follow the end
 //! of a run, D3 a change cancels running descendants, D4 no cycles, and
-//! `waiting_for`, `held`, `superseded`.
+//! `waiting_for`, `held`, `superseded`; and §15's U3, batches (scheduled
+//! through the same holds), U1, `supersede` (D3's cancellation of a key's
+//! own reconcile), and U2, `debounce`.
 
 mod common;
 
@@ -62,6 +64,14 @@ impl Script {
         };
         self.log.lock().push(("end", key.clone()));
         result
+    }
+
+    /// Enqueues `key` at `priority` with its gate closed, and waits until
+    /// it runs.
+    fn run_blocked(&self, h: &ControllerHandle<String>, key: &str, priority: i32) {
+        self.close(key);
+        h.enqueue_with_priority(s(key), priority);
+        wait_for(&format!("{key} running"), || self.running(key));
     }
 
     fn events(&self) -> Vec<(&'static str, String)> {
@@ -353,4 +363,237 @@ fn d1_a_released_key_keeps_its_place_by_the_time_it_became_ready() {
     let order: Vec<String> = script.events().into_iter().filter(|(w, _)| *w == "start").map(|(_, k)| k).collect();
     assert_eq!(order, keys(&["parent", "child", "x", "z", "y"]));
     h.stop();
+}
+
+#[test]
+fn u3_a_batch_holds_what_becomes_ready_until_the_last_one_closes_parents_first() {
+    let script = Script::default();
+    let c = script.controller(2);
+    c.handle().set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    let h = c.start();
+    let outer = h.batch();
+    // Overlapping, from another thread: opened inside `outer`, closed after it.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let h = h.clone();
+        std::thread::spawn(move || {
+            let inner = h.batch();
+            opened_tx.send(()).unwrap();
+            close_rx.recv().unwrap();
+            drop(inner);
+        })
+    };
+    opened_rx.recv().unwrap();
+    // The child first: without the batch a worker could take it before
+    // its parent is enqueued.
+    h.enqueue(s("child"));
+    h.enqueue(s("parent"));
+    assert_eq!(h.stats().held, 2, "both held: nothing handed out while a batch is open");
+    drop(outer);
+    assert_eq!(h.stats().held, 2, "another batch is still open");
+    assert_eq!(script.starts("parent") + script.starts("child"), 0);
+    close_tx.send(()).unwrap();
+    other.join().unwrap();
+    idle(&h);
+    assert!(script.at("end", "parent", 0) < script.at("start", "child", 0), "{:?}", script.events());
+    assert_eq!(script.starts("child"), 1, "{:?}", script.events());
+    h.stop();
+}
+
+#[test]
+fn u3_keys_ready_before_the_batch_keep_running_and_a_nested_one_holds_until_the_outer_closes() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    script.run_blocked(&h, "busy", 0);
+    h.enqueue(s("before"));
+    let outer = h.batch();
+    let inner = h.batch();
+    h.enqueue(s("inside"));
+    drop(inner);
+    script.open("busy");
+    wait_for("the key ready before the batch ran", || script.starts("before") == 1);
+    wait_for("busy and before done", || !script.running("before") && !script.running("busy"));
+    let stats = h.stats();
+    assert_eq!((stats.held, script.starts("inside")), (1, 0), "{stats:?}");
+    drop(outer);
+    idle(&h);
+    assert_eq!(script.starts("inside"), 1);
+    h.stop();
+}
+
+#[test]
+fn u3_a_batch_opened_before_start_holds_keys_enqueued_before_it() {
+    let script = Script::default();
+    let c = script.controller(1);
+    let batch = c.handle().batch();
+    c.handle().enqueue(s("early"));
+    let h = c.start();
+    assert_eq!(h.stats().held, 1, "held from the start");
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _batch = batch;
+        panic!("the block failed");
+    }));
+    assert!(unwound.is_err());
+    idle(&h);
+    assert_eq!(script.starts("early"), 1, "the guard closed the batch as the panic unwound");
+    h.stop();
+}
+
+#[test]
+fn u1_supersede_cancels_a_running_reconcile_and_runs_it_again_with_the_higher_priority() {
+    let script = Script::default();
+    let h = script.controller(1).supersede(true).start();
+    script.then("k", Err(ReconcileError::new("ignored: superseded")));
+    script.run_blocked(&h, "k", 5);
+    h.enqueue_with_priority(s("other"), 3);
+    h.enqueue(s("k"));
+    wait_for("the run cancelled", || script.events().contains(&("end", s("k"))));
+    script.open("k");
+    idle(&h);
+    assert!(
+        script.at("start", "k", 1) < script.at("start", "other", 0),
+        "k came back at 5, not 0: {:?}",
+        script.events()
+    );
+    let stats = h.stats();
+    assert_eq!((stats.superseded, stats.failures, stats.reconciles), (1, 0, 3), "{stats:?}");
+    assert!(stats.last_error.is_none(), "a superseded run leaves last_error alone");
+    assert_eq!(h.inspect(&s("k")).attempts, 0);
+    h.stop();
+}
+
+#[test]
+fn u1_a_delay_coming_due_supersedes_too() {
+    let script = Script::default();
+    // Two workers: the idle one times the delay (a due time is noticed by
+    // a waiting worker or the next queue call).
+    let h = script.controller(2).supersede(true).start();
+    script.run_blocked(&h, "k", 0);
+    h.enqueue_after(s("k"), ms(1));
+    wait_for("the run cancelled when the delay came due", || script.events().contains(&("end", s("k"))));
+    script.open("k");
+    idle(&h);
+    assert_eq!((h.stats().superseded, script.starts("k")), (1, 2));
+    h.stop();
+}
+
+#[test]
+fn u1_off_by_default_a_key_enqueued_while_it_runs_is_not_cancelled() {
+    let script = Script::default();
+    let h = script.controller(1).start();
+    script.run_blocked(&h, "k", 0);
+    h.enqueue(s("k"));
+    script.open("k");
+    idle(&h);
+    let stats = h.stats();
+    assert_eq!((stats.superseded, stats.successes, script.starts("k")), (0, 2, 2), "{stats:?}");
+    h.stop();
+}
+
+#[test]
+fn u1_a_reconcile_that_enqueues_its_own_key_is_not_cancelled() {
+    let handle: Arc<std::sync::OnceLock<ControllerHandle<String>>> = Arc::default();
+    let cancelled_after_own_enqueue: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let c = {
+        let (handle, seen) = (Arc::clone(&handle), Arc::clone(&cancelled_after_own_enqueue));
+        Controller::new("self", move |key: &String, ctx: &Context| {
+            if seen.lock().is_empty() {
+                handle.get().expect("set before the enqueue").enqueue(key.clone());
+            }
+            seen.lock().push(ctx.is_cancelled());
+            Ok::<_, ReconcileError>(Action::Done)
+        })
+        .supersede(true)
+    };
+    let h = c.start();
+    handle.set(h.clone()).unwrap();
+    h.enqueue(s("k"));
+    idle(&h);
+    assert_eq!(*cancelled_after_own_enqueue.lock(), vec![false, false], "ran twice, never cancelled");
+    assert_eq!(h.stats().superseded, 0);
+    h.stop();
+}
+
+/// The debounced controller of the U2 tests: one worker, a 1 s window on
+/// a fake clock.
+fn debounced(script: &Script) -> (ControllerHandle<String>, FakeClock) {
+    let clock = FakeClock::new();
+    let h = script.controller(1).clock(clock.clone()).debounce(Duration::from_secs(1)).start();
+    (h, clock)
+}
+
+#[test]
+fn u2_debounce_moves_the_due_time_to_the_latest_enqueue_capped_at_ten_windows() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.enqueue(s("k"));
+    clock.advance(ms(900));
+    h.enqueue(s("k"));
+    clock.advance(ms(900));
+    assert_eq!(h.stats().waiting, 1, "due 1 s after the latest enqueue, not the first");
+    // Enqueues every 0.9 s would keep it waiting for ever: the burst is
+    // due 10 s after its first enqueue.
+    for _ in 0..9 {
+        h.enqueue(s("k"));
+        clock.advance(ms(900));
+    }
+    assert_eq!((h.stats().waiting, script.starts("k")), (1, 0), "at 9.9 s");
+    h.enqueue(s("k")); // would be due at 10.9 s without the cap
+    clock.advance(ms(100));
+    wait_for("the burst ran at 10 s", || script.starts("k") == 1);
+    idle(&h);
+    assert_eq!(script.starts("k"), 1, "one reconcile for the burst");
+    h.stop();
+}
+
+#[test]
+fn u2_an_earlier_delay_wins_and_d2_is_not_debounced() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.set_dependencies(&s("child"), keys(&["parent"])).unwrap();
+    h.enqueue_after(s("parent"), ms(500));
+    h.enqueue(s("parent"));
+    clock.advance(ms(500));
+    wait_for("the earlier due time won", || script.starts("parent") == 1);
+    wait_for("D2 enqueued the child with no debounce", || script.starts("child") == 1);
+    assert_eq!(h.stats().waiting, 0);
+    h.stop();
+}
+
+#[test]
+fn u2_a_key_being_reconciled_is_due_a_window_after_the_enqueue() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    script.close("k");
+    h.enqueue(s("k"));
+    clock.advance(Duration::from_secs(1));
+    wait_for("k running", || script.running("k"));
+    h.enqueue(s("k"));
+    script.open("k");
+    wait_for("the first run returned", || !script.running("k"));
+    assert_eq!((h.stats().waiting, script.starts("k")), (1, 1), "{:?}", h.stats());
+    clock.advance(Duration::from_secs(1));
+    wait_for("the debounced run", || script.starts("k") == 2);
+    h.stop();
+}
+
+#[test]
+fn u2_a_watched_event_is_debounced_too() {
+    let script = Script::default();
+    let (h, clock) = debounced(&script);
+    h.watch(vec![s("w")], |key: String| [key]);
+    wait_for("the event's key waits for its window", || h.stats().waiting == 1);
+    assert_eq!(script.starts("w"), 0);
+    clock.advance(Duration::from_secs(1));
+    wait_for("it ran a window later", || script.starts("w") == 1);
+    h.stop();
+}
+
+#[test]
+fn u2_a_zero_window_is_refused() {
+    let script = Script::default();
+    let refused =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| script.controller(1).debounce(Duration::ZERO)));
+    assert!(refused.is_err());
 }

@@ -10,6 +10,7 @@ a ``str`` subclass as a plain ``str``.
 
 from . import _lifecycle  # noqa: F401  (exit and fork: reconq._lifecycle)
 from ._native import (
+    Batch,
     Cache,
     Context,
     Controller,
@@ -53,6 +54,7 @@ from ._types import Key
 # table for a small demo (reconq/status.py).
 
 __all__ = [
+    "Batch",
     "Bookmark",
     "Cache",
     "Context",

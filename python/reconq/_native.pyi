@@ -11,6 +11,7 @@ from ._results import Requeue
 from ._sources import Bookmark, Delete, Put
 
 __all__ = [
+    "Batch",
     "Cache",
     "Context",
     "Controller",
@@ -404,6 +405,18 @@ class _KeyInfo(TypedDict):
     waiting_for: List[_Key]
 
 @final
+class Batch:
+    """``with c.batch():`` — while any block is open, keys that become ready are held; the last one out schedules them together, parents first."""
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        _exc_type: Optional[Type[BaseException]] = None,
+        _exc: Optional[BaseException] = None,
+        _tb: Optional[TracebackType] = None,
+    ) -> bool: ...
+
+@final
 class Controller:
     def __new__(
         cls,
@@ -423,6 +436,8 @@ class Controller:
         sharding: Optional[Sharding] = None,
         resync: Optional[Callable[[], Iterable[_Key]]] = None,
         sync_timeout: float = 120.0,
+        supersede: bool = False,
+        debounce: Optional[float] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
@@ -457,6 +472,7 @@ class Controller:
     def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None: ...
     def dependencies(self, key: _Key) -> List[_Key]: ...
     def dependents(self, key: _Key) -> List[_Key]: ...
+    def batch(self) -> Batch: ...
     def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
     def remove_trigger(self, key: _Key) -> bool: ...
     def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...

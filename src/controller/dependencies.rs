@@ -1,6 +1,7 @@
 //! The controller's side of dependencies between keys (guarantees §14): the
 //! handle's calls, where edges live before start, D2's enqueue of the
-//! dependents, and D3's cancellation of running descendants. The graph and
+//! dependents, and D3's cancellation of running descendants (which U1's
+//! `supersede` shares: §15). The graph and
 //! its holds are `crate::graph`'s, kept in the queue once started.
 
 use std::fmt;
@@ -9,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::{ControllerKey, Core, Runtime, When};
 use crate::graph::{Dependencies, NothingPending};
-use crate::queue::CancelHook;
+use crate::queue::{Cancel, CancelHook};
 
 /// `set_dependencies` would close a cycle (D4): nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,22 +78,28 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// What the queue calls (under its lock) to cancel a running
-    /// descendant: the worker running it counts that run as superseded.
-    fn cancel_hook(self: &Arc<Self>) -> CancelHook<K> {
+    /// What the queue calls (under its lock) to cancel a running reconcile
+    /// (a descendant's, D3; or its key's own, U1): the worker running it
+    /// counts that run as superseded.
+    pub(super) fn cancel_hook(self: &Arc<Self>) -> CancelHook<K> {
         let core = Arc::downgrade(self);
-        Arc::new(move |key: &K| {
+        Arc::new(move |key: &K, why: Cancel| {
             if let Some(core) = core.upgrade() {
-                core.supersede_running(key);
+                core.supersede_running(key, why);
             }
         })
     }
 
-    fn supersede_running(&self, key: &K) {
+    fn supersede_running(&self, key: &K, why: Cancel) {
         let Some(rt) = self.rt.get() else { return };
         for slot in &rt.slots {
             let mut running = slot.running.lock();
             if let Some(run) = running.as_mut().filter(|run| &run.key == key) {
+                if why == Cancel::Superseded && super::worker::on_slot(slot) {
+                    // A reconcile that enqueued its own key (U1): it runs
+                    // again after it returns, uncancelled.
+                    return;
+                }
                 run.superseded = true;
                 slot.signal.set();
                 return;

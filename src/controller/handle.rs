@@ -87,8 +87,9 @@ pub struct Stats {
     /// Ready keys held by a pending ancestor, or waiting for cancelled
     /// descendants to return (guarantees §14); counted in `depth` too.
     pub held: usize,
-    /// Reconciles cancelled because an ancestor became pending (D3),
-    /// counted in `reconciles` too.
+    /// Reconciles cancelled because an ancestor became pending (D3) or,
+    /// with `supersede`, their key became ready again (U1); counted in
+    /// `reconciles` too.
     pub superseded: u64,
 }
 
@@ -138,7 +139,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Asks for `key` to be reconciled. Ignored once stopped.
     pub fn enqueue(&self, key: K) {
-        self.core.route(key, When::Now, 0);
+        self.core.route(key, When::Event, 0);
     }
 
     /// Asks for `key` to be reconciled `delay` from now (the earliest of
@@ -160,7 +161,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// lower priority is raised to it, a higher one stays (P2); retries keep
     /// the priority a key was handed out with (P3). Plain enqueues are 0.
     pub fn enqueue_with_priority(&self, key: K, priority: i32) {
-        self.core.route(key, When::Now, priority);
+        self.core.route(key, When::Event, priority);
     }
 
     /// [`enqueue_after`](Self::enqueue_after) at `priority`: the key keeps it
@@ -206,6 +207,15 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// [`CycleError`](super::CycleError) and change nothing (D4).
     pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), super::CycleError<K>> {
         self.core.set_dependencies(key, parents)
+    }
+
+    /// Opens a batch (guarantees §15, U3): while any batch is open (from any
+    /// thread, nested or overlapping), no key that becomes ready is handed
+    /// out; keys ready before the first one opened keep running. When the
+    /// last one closes (its guard dropped), they are scheduled together,
+    /// ancestors first (D1). May be opened before start.
+    pub fn batch(&self) -> super::Batch<K> {
+        self.core.open_batch()
     }
 
     /// `key`'s direct parents (empty if none).

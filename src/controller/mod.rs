@@ -33,6 +33,8 @@
 //! assert!(handle.stop_with_drain(Duration::from_secs(10)));
 //! ```
 
+mod batch;
+mod debounce;
 mod dependencies;
 mod gate;
 mod groups;
@@ -73,6 +75,7 @@ use crate::sync::Mutex;
 use crate::thread::{ThreadWrapper, spawn_named};
 
 pub use crate::context::{Context, StopSignal};
+pub use batch::Batch;
 pub use dependencies::CycleError;
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
@@ -296,6 +299,36 @@ impl<K: ControllerKey> Controller<K> {
         self
     }
 
+    /// Cancels a reconcile whose key becomes ready again while it runs
+    /// (guarantees §15, U1; default off): an enqueue, a delay coming due, a
+    /// watch, a trigger or D2 cancels it (its
+    /// [`Context`](super::Context) says so), and the key runs again once it
+    /// returned, with the higher of the two priorities. A reconcile that
+    /// enqueues its own key is not cancelled. The cancelled run counts as
+    /// `superseded` (as D3's): neither a success nor a failure. Off, a key
+    /// enqueued while it runs runs once more after it (G2, G3).
+    pub fn supersede(self, supersede: bool) -> Self {
+        self.core.config.lock().supersede = supersede;
+        self
+    }
+
+    /// Debounces events (guarantees §15, U2): an enqueue, a watch or cache
+    /// event or a trigger makes its key due `window` after the latest such
+    /// event (a trailing edge), but never more than 10 × `window` after the
+    /// first of the burst; a burst ends when the key becomes ready. A key
+    /// already ready stays ready; one waiting on another delay becomes due
+    /// at the earlier of the two. `enqueue_after`, `enqueue_at`, retries,
+    /// resyncs and D2 are not debounced. Measured on the controller's
+    /// clock; a debounced key counts as waiting.
+    ///
+    /// # Panics
+    /// If `window` is zero.
+    pub fn debounce(self, window: Duration) -> Self {
+        assert!(!window.is_zero(), "a debounce window must be positive");
+        self.core.config.lock().debounce = Some(window);
+        self
+    }
+
     /// How many permanently failed keys the parked set keeps (default
     /// 1024); the oldest are dropped beyond it.
     pub fn parked_capacity(self, capacity: usize) -> Self {
@@ -470,6 +503,9 @@ impl<K: ControllerKey> Controller<K> {
             queue = queue.keep_stop_views();
         }
         let queue = queue.build();
+        if config.supersede {
+            queue.enable_supersede(self.core.cancel_hook());
+        }
         let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
             .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
         let mut resync = self.resync.take();
@@ -496,13 +532,17 @@ impl<K: ControllerKey> Controller<K> {
             store,
             coordination,
             has_dependencies: std::sync::atomic::AtomicBool::new(false),
+            debounce: config.debounce.map(debounce::Debounce::new),
         };
         let core = &self.core;
         let mut deps_before_start = core.deps_before_start.lock();
         core.install_dependencies(&mut deps_before_start, &rt);
+        let open_batches = core.batches.lock();
+        core.install_batch(&open_batches, &rt);
         if core.rt.set(rt).is_err() {
             panic!("controller {:?} started twice", core.name);
         }
+        drop(open_batches);
         drop(deps_before_start);
         let rt = core.rt.get().expect("just set");
         core.subscribe_features(rt);
@@ -617,6 +657,8 @@ struct Config {
     max_in_flight_per_group: Option<usize>,
     jitter: Option<Jitter>,
     log_errors: bool,
+    supersede: bool,
+    debounce: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -642,8 +684,12 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// When a key enqueued before start should run.
+#[derive(Clone, Copy)]
 pub(crate) enum When {
     Now,
+    /// Now, or after the debounce if there is one (U2): an `enqueue`, a
+    /// watch or cache event, a trigger.
+    Event,
     /// A delay, and the real instant it was asked for.
     After(Duration, Instant),
     At(Instant),
@@ -671,6 +717,8 @@ pub(crate) struct Runtime<K> {
     /// finishing worker, written once: kept away from the queue's written
     /// lines; see `dependencies`).
     pub(crate) has_dependencies: std::sync::atomic::AtomicBool,
+    /// `debounce` (U2): what delays its events.
+    debounce: Option<debounce::Debounce<K>>,
 }
 
 impl<K: ControllerKey> Runtime<K> {
@@ -711,7 +759,8 @@ pub(crate) struct Counters {
     /// Failures since the last success, of any key (as Cilium counts). A
     /// success writes it only when it is not already 0.
     pub(crate) consecutive_failures: AtomicU64,
-    /// Reconciles cancelled because an ancestor became pending (D3).
+    /// Reconciles cancelled because an ancestor became pending (D3) or
+    /// their key became ready again (U1).
     pub(crate) superseded: AtomicU64,
 }
 
@@ -735,6 +784,8 @@ pub(crate) struct Core<K> {
     pub(crate) watches: watch::Watches<K>,
     /// Dependencies set before start (see `dependencies`).
     pub(crate) deps_before_start: dependencies::BeforeStart<K>,
+    /// Batches open now (see `batch`).
+    pub(crate) batches: batch::OpenBatches,
 }
 
 impl<K: ControllerKey> Observed for Core<K> {
@@ -776,6 +827,8 @@ impl<K: ControllerKey> Core<K> {
                 max_in_flight_per_group: None,
                 jitter: None,
                 log_errors: true,
+                supersede: false,
+                debounce: None,
             }),
             rt: OnceLock::new(),
             pending: Mutex::new(Vec::new()),
@@ -786,6 +839,7 @@ impl<K: ControllerKey> Core<K> {
             triggers: Mutex::new(triggers::Triggers::default()),
             watches: watch::Watches::new(),
             deps_before_start: Mutex::new(None),
+            batches: Mutex::new(0),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
         let _ = core._registration.set(observe::register(observed));
@@ -875,6 +929,10 @@ impl<K: ControllerKey> Core<K> {
         let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
+            When::Event => match &rt.debounce {
+                None => rt.queue.add_placed(key, place),
+                Some(debounce) => debounce.enqueue(&rt.queue, key, rt.clock.now(), place),
+            },
             When::After(delay, asked) => {
                 let delay = if rt.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
                 rt.queue.add_after_placed(key, delay, place)

@@ -99,7 +99,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
             match result {
                 Ok(outcome) => {
                     if outcome.should_enqueue() && !signal.is_set() {
-                        core.route(key, When::Now, 0);
+                        core.route(key, When::Event, 0);
                     }
                 }
                 Err(payload) => {
@@ -184,7 +184,7 @@ where
     match catch_unwind(AssertUnwindSafe(|| transform(event).into_iter().collect::<Vec<K>>())) {
         Ok(keys) => {
             for key in keys {
-                core.route(key, When::Now, 0);
+                core.route(key, When::Event, 0);
             }
         }
         Err(payload) => {

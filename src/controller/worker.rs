@@ -33,8 +33,9 @@ pub(crate) struct Running<K> {
     /// The watchdog cancelled it at its timeout: it counts as a failure
     /// whatever it returns.
     pub(crate) timed_out: bool,
-    /// An ancestor became pending and cancelled it (D3): it counts as
-    /// superseded whatever it returns.
+    /// An ancestor became pending (D3), or with `supersede` its key became
+    /// ready again (U1), and cancelled it: it counts as superseded
+    /// whatever it returns.
     pub(crate) superseded: bool,
 }
 
@@ -77,6 +78,19 @@ crate::sync::thread_local! {
     static WORKER_OF: Cell<usize> = const { Cell::new(0) };
 }
 
+crate::sync::thread_local! {
+    /// The address of the [`WorkerSlot`] this thread works in (0 on other
+    /// threads), set once per worker: U1 spares a reconcile that enqueues
+    /// its own key, and nothing is written per reconcile to know it.
+    static WORKER_SLOT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is the worker of `slot` (so a reconcile
+/// running there is the caller's own).
+pub(crate) fn on_slot<K>(slot: &WorkerSlot<K>) -> bool {
+    WORKER_SLOT.with(|on| on.get() == std::ptr::from_ref(slot).addr())
+}
+
 /// Whether the calling thread is one of `core`'s workers.
 pub(crate) fn on_worker_of<K>(core: &Core<K>) -> bool {
     WORKER_OF.with(|of| of.get() == core_address(core))
@@ -91,6 +105,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
     WORKER_OF.with(|of| of.set(core_address(core)));
     let rt = core.rt.get().expect("the runtime is set before workers start");
     let slot = &rt.slots[index];
+    WORKER_SLOT.with(|on| on.set(std::ptr::from_ref(slot).addr()));
     let mut ctx = Context::with_signal(0, slot.signal.clone());
     let mut next = rt.queue.get_with_priority();
     let mut started = ticks::now();
@@ -142,7 +157,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         if superseded {
             // Neither success nor failure: the error, the limiter and the
             // attempt stay as they were; an ancestor's run brings the key
-            // back (D2).
+            // back (D2), or the enqueue that superseded it (U1).
             core.count_superseded();
         } else {
             settle(core, rt, &key, &ctx, outcome, timed_out);

@@ -41,7 +41,7 @@ use super::watch::watch_from_py;
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::observe::status::RunState;
-use crate::{Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
+use crate::{Batch, Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -105,6 +105,13 @@ const MAX_WORKERS: i64 = 1024;
 ///   when partitions are gained.
 /// - `sync_timeout=120.0`: while a cache watched at start has not synced,
 ///   an ERROR every this many seconds names it and its last error.
+/// - `supersede=False`: a key that becomes ready while it is reconciled
+///   cancels that reconcile (counted as `superseded`) and runs again after
+///   it, with the higher of the two priorities; not when the reconcile
+///   enqueued its own key.
+/// - `debounce=None`: seconds: an enqueue, a watch or cache event or a
+///   trigger makes the key due this long after the latest of them, but at
+///   most 10 times this after the first of the burst.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -119,6 +126,41 @@ pub(crate) struct PyController {
     /// The caches it watches, held until it stops: a cache the user
     /// started and let go of must not stop under it (`PyCache`'s drop).
     watched: Mutex<Vec<Py<PyCache>>>,
+}
+
+/// `with c.batch():` — opens at `__enter__`, closes at `__exit__` (an
+/// exception in the block included, which then propagates).
+#[pyclass(name = "Batch", module = "reconq", frozen)]
+pub(crate) struct PyBatch {
+    handle: ControllerHandle<PyKey>,
+    open: Mutex<Option<Batch<PyKey>>>,
+}
+
+#[pymethods]
+impl PyBatch {
+    fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<Self>> {
+        let this = slf.get();
+        let mut open = this.open.lock();
+        if open.is_some() {
+            return Err(PyRuntimeError::new_err("this batch is already open: use a new c.batch() to nest"));
+        }
+        let handle = &this.handle;
+        *open = Some(slf.py().detach(|| handle.batch()));
+        Ok(slf.clone().unbind())
+    }
+
+    #[pyo3(signature = (_exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Option<&Bound<'_, PyType>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> bool {
+        let closed = self.open.lock().take();
+        py.detach(|| drop(closed));
+        false
+    }
 }
 
 /// Keys as a Python list.
@@ -371,6 +413,7 @@ impl PyController {
         reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
         leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
+        supersede=false, debounce=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -391,6 +434,8 @@ impl PyController {
         sharding: Option<PyRef<'_, PySharding>>,
         resync: Option<&Bound<'_, PyAny>>,
         sync_timeout: f64,
+        supersede: bool,
+        debounce: Option<f64>,
     ) -> PyResult<Self> {
         check_sync_callable(reconcile, "reconcile", 1)?;
         let sync_timeout = positive_secs(sync_timeout, "sync_timeout")?;
@@ -487,6 +532,10 @@ impl PyController {
             builder = builder.resync(resync_from_py(resync));
         }
         builder = builder.sync_timeout(sync_timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        builder = builder.supersede(supersede);
+        if let Some(window) = debounce {
+            builder = builder.debounce(positive_secs(window, "debounce")?);
+        }
         let handle = builder.handle();
         Ok(Self {
             name,
@@ -867,6 +916,14 @@ impl PyController {
                 Err(e) => e,
             }
         })
+    }
+
+    /// A batch, for a `with` block (guarantees §15, U3): while any block is
+    /// open (any thread, nested or overlapping), no key that becomes ready
+    /// is handed out; when the last one exits, they are scheduled together,
+    /// parents first. May be used before start.
+    fn batch(&self) -> PyBatch {
+        PyBatch { handle: self.handle.clone(), open: Mutex::new(None) }
     }
 
     /// `key`'s direct parents (`[]` if none).

@@ -58,6 +58,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limiters::default_rate_limiter, m)?)?;
 
     m.add_class::<controller::PyController>()?;
+    m.add_class::<controller::PyBatch>()?;
     context::register(m)?;
     election::register(m)?;
     sharding::register(m)?;

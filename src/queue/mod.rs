@@ -54,7 +54,7 @@ use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
 use state::{Added, Finished, Hasher, QueueState};
-pub(crate) use state::{CancelHook, Place};
+pub(crate) use state::{Cancel, CancelHook, Place};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -400,6 +400,23 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.wake_ready(&mut g);
     }
 
+    /// Moves `key`'s due time from `from` to `to` if its timer is still the
+    /// one due at `from` (U2's trailing edge; see `QueueState::move_due`);
+    /// `false` if it is not (nothing changed).
+    pub(crate) fn move_due_placed(&self, key: K, from: Instant, to: Instant, place: Place) -> bool {
+        let now = self.shared.clock.now();
+        let mut g = self.shared.lock();
+        let mut stamp = Now::new();
+        self.shared.sync(&mut g, &mut stamp);
+        let Some(added) = g.q.move_due(key, from, to, now, &mut stamp, place) else { return false };
+        if let Added::Scheduled(due) = added {
+            self.shared.on_scheduled(&mut g, due);
+        }
+        self.shared.publish_ready(&g);
+        self.shared.wake_ready(&mut g);
+        true
+    }
+
     /// Re-adds `key` after the wait its rate limiter gives (G6). A key
     /// being processed comes back with the priority it was handed out with
     /// (P3), as the controller's retries do.
@@ -573,6 +590,32 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
             self.shared.wake_ready(&mut g);
         }
         Ok(())
+    }
+
+    /// Opens a batch (U3; idempotent): keys that become ready are held until
+    /// [`close_batch`](Self::close_batch). It rides on the dependencies'
+    /// holds, turning them on (without edges) if they are not yet.
+    pub(crate) fn open_batch(&self, cancel: impl FnOnce() -> CancelHook<K>) {
+        let mut g = self.shared.lock_synced();
+        if !g.q.has_dependencies() {
+            self.enable_dependencies(&mut g, Box::default(), cancel());
+        }
+        g.q.open_batch();
+    }
+
+    /// Closes the batch: the keys it held become ready at once, as their
+    /// dependencies allow (D1).
+    pub(crate) fn close_batch(&self) {
+        let mut g = self.shared.lock_synced();
+        if g.q.close_batch() {
+            self.shared.publish_ready(&g);
+            self.shared.wake_ready(&mut g);
+        }
+    }
+
+    /// Turns `supersede` on (U1), before any key is added.
+    pub(crate) fn enable_supersede(&self, cancel: CancelHook<K>) {
+        self.shared.lock().q.enable_supersede(cancel);
     }
 
     /// Turns dependencies on with edges set before start.

@@ -44,9 +44,19 @@ use super::slab::{Keyed, Slab};
 use super::stop_views::{StopViews, View};
 use crate::graph::{Dependencies, KeySlots, Pending, Pendings};
 
-/// Cancels the running reconcile of a key (D3), called under the queue's
-/// lock.
-pub(crate) type CancelHook<K> = Arc<dyn Fn(&K) + Send + Sync>;
+/// Cancels the running reconcile of a key (D3, U1), called under the
+/// queue's lock.
+pub(crate) type CancelHook<K> = Arc<dyn Fn(&K, Cancel) + Send + Sync>;
+
+/// Why the queue cancels a running reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cancel {
+    /// An ancestor became pending (D3).
+    ByAncestor,
+    /// Its key became ready again (U1, `supersede`): a reconcile that
+    /// enqueued its own key is spared.
+    Superseded,
+}
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
@@ -174,10 +184,18 @@ pub(crate) struct QueueState<K> {
     deps: Option<Box<Dependencies<K>>>,
     /// What cancels a running descendant (D3).
     on_cancel: Option<CancelHook<K>>,
+    /// `supersede` (U1): a key that becomes ready while it is processed
+    /// cancels that reconcile through `on_cancel`, and comes back with the
+    /// higher of the two priorities.
+    supersede: bool,
     /// Number of `Ready { held: true }` slots.
     held: usize,
     /// The last `seq` given to a key that became ready (with dependencies).
     ready_seq: u64,
+    /// While a batch is open (U3, `Some`): the keys it holds, released when
+    /// it closes unless their dependencies hold them. Opening one turns
+    /// dependencies on, so the plain hot path keeps its one branch.
+    batch: Option<Vec<K>>,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -200,8 +218,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             stop_views: None,
             deps: None,
             on_cancel: None,
+            supersede: false,
             held: 0,
             ready_seq: 0,
+            batch: None,
         }
     }
 
@@ -258,8 +278,12 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 Added::Unchanged
             }
             Slot::Processing { then, run, group, again } => {
+                // `again` is the priority it was handed out with while
+                // `then` is `Finish`: a superseded run keeps the higher one.
                 let again = if let Then::Wait(_) = then {
                     self.timers -= 1;
+                    again.max(place.prio)
+                } else if self.supersede {
                     again.max(place.prio)
                 } else {
                     place.prio
@@ -267,6 +291,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 let added = self.recorder.on_add(now);
                 self.requeue_after_done += 1;
                 *slot = Slot::Processing { then: Then::Requeue { added }, run, group, again };
+                self.supersede_run(at);
                 Added::Unchanged
             }
         }
@@ -347,6 +372,44 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         Added::Scheduled(due)
     }
 
+    /// Moves `key`'s due time from `from` to `to`, later or earlier (U2, a
+    /// debounce's trailing edge), if its live timer is still the one due at
+    /// `from`; `None` (nothing changed) otherwise. A `to` not after `now`
+    /// makes it ready.
+    pub(crate) fn move_due(
+        &mut self,
+        key: K,
+        from: Instant,
+        to: Instant,
+        now: Instant,
+        stamp: &mut Now,
+        place: Place,
+    ) -> Option<Added> {
+        let at = self.index.find(&key, &self.entries)?;
+        let slot = &mut self.entries.get_mut(at).slot;
+        match *slot {
+            Slot::Delayed { timer, .. } | Slot::Processing { then: Then::Wait(timer), .. } if timer.due == from => {}
+            _ => return None,
+        }
+        if to <= now {
+            return Some(self.add(key, place, stamp));
+        }
+        let timer = self.delays.schedule(key, to);
+        match slot {
+            Slot::Delayed { timer: live, prio, .. } => {
+                *live = timer;
+                *prio = (*prio).max(place.prio);
+            }
+            Slot::Processing { then: Then::Wait(live), again, .. } => {
+                *live = timer;
+                *again = (*again).max(place.prio);
+            }
+            _ => unreachable!("matched above"),
+        }
+        self.compact_delays();
+        Some(Added::Scheduled(to))
+    }
+
     /// Raises the priority the key at `at` has, or comes back with, to `to`
     /// if that is higher (P2). A key being processed that will not come
     /// back keeps nothing.
@@ -389,6 +452,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                     *slot = Slot::Processing { then, run, group, again };
                     self.requeue_after_done += 1;
                     self.timers -= 1;
+                    self.supersede_run(at);
                 }
                 _ => {} // stale entry
             }
@@ -508,7 +572,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
         self.stamp_seq(at);
         let key = self.entries.get(at).key.clone();
-        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) {
+        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) || self.batch_holds(&key) {
             self.hold_new(at);
             return Added::Unchanged;
         }
@@ -535,6 +599,53 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// U1: the processing key at `at` became ready again; with
+    /// `supersede`, its running reconcile is cancelled (`done` then brings
+    /// it back, as for any key added while processing).
+    #[inline]
+    fn supersede_run(&self, at: u32) {
+        if let (true, Some(cancel)) = (self.supersede, &self.on_cancel) {
+            cancel(&self.entries.get(at).key, Cancel::Superseded);
+        }
+    }
+
+    /// Turns `supersede` on (U1), with what cancels a running reconcile.
+    pub(crate) fn enable_supersede(&mut self, cancel: CancelHook<K>) {
+        self.supersede = true;
+        self.on_cancel = Some(cancel);
+    }
+
+    /// Whether an open batch holds `key`, which just became ready (U3): it
+    /// keeps it until it closes.
+    fn batch_holds(&mut self, key: &K) -> bool {
+        let Some(held) = &mut self.batch else { return false };
+        held.push(key.clone());
+        true
+    }
+
+    /// Opens the batch (U3; idempotent): from now on every key that becomes
+    /// ready is held until [`close_batch`](Self::close_batch). Dependencies
+    /// must be on.
+    pub(crate) fn open_batch(&mut self) {
+        debug_assert!(self.deps.is_some(), "a batch holds keys through the dependencies' seam");
+        self.batch.get_or_insert_with(Vec::new);
+    }
+
+    /// Closes the batch: every key it held that no dependency holds joins
+    /// the ready set at its place (D1 then orders them). Returns whether
+    /// any did.
+    pub(crate) fn close_batch(&mut self) -> bool {
+        let Some(held) = self.batch.take() else { return false };
+        self.with_deps(|deps, slots| {
+            for key in &held {
+                if !deps.must_hold(key) {
+                    slots.release(key);
+                }
+            }
+            slots.released
+        })
+    }
+
     /// Marks the `Ready` slot at `at`, not in the ready set, held.
     fn hold_new(&mut self, at: u32) {
         if let Slot::Ready { held, .. } = &mut self.entries.get_mut(at).slot {
@@ -553,7 +664,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             deps.returned(&key, slots);
             deps.must_hold(&key)
         });
-        if hold {
+        if hold || self.batch_holds(&key) {
             self.hold_new(at);
         } else if let Slot::Ready { prio, group, .. } = self.entries.get(at).slot {
             self.ready.push(at, prio, group);
@@ -573,10 +684,19 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Runs `f` with the dependencies and the queue's side of their seam.
     fn with_deps<R>(&mut self, f: impl FnOnce(&mut Dependencies<K>, &mut Slots<'_, K>) -> R) -> R {
-        let Self { deps, entries, index, ready, held, on_cancel, processing, .. } = self;
+        let Self { deps, entries, index, ready, held, on_cancel, processing, batch, .. } = self;
         let deps = deps.as_deref_mut().expect("dependencies are set");
-        let mut slots =
-            Slots { entries, index, ready, held, processing: *processing, cancel: on_cancel.as_ref(), released: false };
+        let batch = batch.as_mut();
+        let mut slots = Slots {
+            entries,
+            index,
+            ready,
+            held,
+            processing: *processing,
+            cancel: on_cancel.as_ref(),
+            batch,
+            released: false,
+        };
         f(deps, &mut slots)
     }
 
@@ -721,6 +841,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             self.dropped.push(key);
         }
         self.held = 0;
+        if let Some(batch) = &mut self.batch {
+            batch.clear();
+        }
         self.compact_if_sparse();
     }
 
@@ -864,6 +987,9 @@ struct Slots<'a, K> {
     /// Keys being reconciled (the queue's count, unchanged by the graph).
     processing: usize,
     cancel: Option<&'a CancelHook<K>>,
+    /// The open batch's held keys: what the dependencies release meanwhile
+    /// stays held, for the batch to release when it closes.
+    batch: Option<&'a mut Vec<K>>,
     /// A held key joined the ready set.
     released: bool,
 }
@@ -909,6 +1035,10 @@ impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
     }
 
     fn release(&mut self, key: &K) {
+        if let Some(batch) = &mut self.batch {
+            batch.push(key.clone());
+            return;
+        }
         let Some(at) = self.index.find(key, self.entries) else { return };
         let Slot::Ready { held: held @ true, prio, group, seq, .. } = &mut self.entries.get_mut(at).slot else {
             return;
@@ -929,7 +1059,7 @@ impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
 
     fn cancel(&mut self, key: &K) {
         if let Some(cancel) = self.cancel {
-            cancel(key);
+            cancel(key, Cancel::ByAncestor);
         }
     }
 }

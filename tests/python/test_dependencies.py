@@ -1,6 +1,7 @@
 """Dependencies between keys from Python (guarantees §14, D1–D4): ancestors first,
 dependents follow, a change cancels running descendants, no cycles, and bad
-input."""
+input; and §15's U3, batches (scheduled through the same holds), and U1,
+`supersede` (D3's cancellation of a key's own reconcile), and U2, `debounce`."""
 
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ class Script:
             hits = [i for i, (w, k) in enumerate(self.log) if w == what and k == key]
         assert len(hits) > n, f"no {what} #{n} of {key!r} in {self.log}"
         return hits[n]
+
+
+def run_blocked(c: reconq.Controller, script: Script, key: Any, priority: int = 0) -> None:
+    """Enqueues `key` at `priority` with its gate closed, and waits until it
+    runs."""
+    script.close(key)
+    c.enqueue(key, priority=priority)
+    wait_for(lambda: script.running(key))
 
 
 @pytest.fixture
@@ -252,3 +261,152 @@ def test_a_drained_stop_with_held_keys_finishes(make):
     stopping.join(PATIENCE)
     assert not stopping.is_alive()
     assert c.stats()["held"] == 0
+
+
+def test_u3_batch_holds_until_the_last_block_exits_and_runs_parents_first(make):
+    c, script = make(workers=2)
+    c.set_dependencies("child", ["parent"])
+    c.start()
+    opened, close = threading.Event(), threading.Event()
+
+    def overlapping() -> None:
+        with c.batch():
+            opened.set()
+            close.wait(PATIENCE)
+
+    other = threading.Thread(target=overlapping)
+    with c.batch():
+        other.start()
+        assert opened.wait(PATIENCE)
+        with c.batch():
+            c.enqueue("child")  # first: without the batch a worker could take it
+            c.enqueue("parent")
+        assert c.stats()["held"] == 2, "nested: still held"
+    assert c.stats()["held"] == 2, "the other thread's batch is still open"
+    assert script.starts("child") + script.starts("parent") == 0
+    close.set()
+    other.join(PATIENCE)
+    assert c.wait_idle(PATIENCE)
+    assert script.at("end", "parent") < script.at("start", "child")
+    assert script.starts("child") == 1
+
+
+def test_u3_keys_ready_before_the_batch_keep_running(make):
+    c, script = make(workers=1)
+    c.start()
+    run_blocked(c, script, "busy")
+    c.enqueue("before")
+    with c.batch():
+        c.enqueue("inside")
+        script.open("busy")
+        wait_for(lambda: script.starts("before") == 1 and not script.running("before"))
+        assert c.stats()["held"] == 1
+        assert script.starts("inside") == 0
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("inside") == 1
+
+
+def test_u3_an_exception_propagates_and_closes_the_batch_opened_before_start(make):
+    c, script = make(workers=1)
+    with pytest.raises(RuntimeError, match="the block failed"):
+        with c.batch():
+            c.enqueue("early")
+            c.start()
+            assert c.stats()["held"] == 1
+            raise RuntimeError("the block failed")
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("early") == 1
+
+
+def test_u3_a_batch_object_cannot_be_entered_twice_at_once(make):
+    c, _ = make()
+    batch = c.batch()
+    with batch:
+        with pytest.raises(RuntimeError, match="already open"):
+            batch.__enter__()
+    with batch:  # reusable once closed
+        pass
+
+
+def test_u1_supersede_cancels_the_running_reconcile_and_reruns_it_at_the_higher_priority(make):
+    c, script = make(workers=1, supersede=True)
+    c.start()
+    script.then("k", RuntimeError("ignored: superseded"))
+    run_blocked(c, script, "k", priority=5)
+    c.enqueue("other", priority=3)
+    c.enqueue("k")
+    wait_for(lambda: c.stats()["superseded"] == 1)  # cancelled, and it returned
+    script.open("k")
+    assert c.wait_idle(PATIENCE)
+    assert script.at("start", "k", 1) < script.at("start", "other"), "k came back at 5, not 0"
+    stats = c.stats()
+    assert (stats["superseded"], stats["failures"], stats["reconciles"]) == (1, 0, 3), stats
+    assert stats["last_error"] is None
+    assert c.inspect("k")["attempts"] == 0
+
+
+def test_u1_off_by_default_and_a_reconcile_enqueuing_its_own_key_is_not_cancelled(make):
+    seen: List[bool] = []
+
+    def reconcile(key: Any) -> None:
+        if not seen:
+            c.enqueue(key)
+        seen.append(reconq.context().cancelled)
+
+    c = reconq.Controller(reconcile, supersede=True)
+    try:
+        c.start()
+        c.enqueue("k")
+        assert c.wait_idle(PATIENCE)
+        assert seen == [False, False]
+        assert c.stats()["superseded"] == 0
+    finally:
+        c.stop(drain=False)
+
+    plain, script = make(workers=1)
+    plain.start()
+    run_blocked(plain, script, "k")
+    plain.enqueue("k")
+    script.open("k")
+    assert plain.wait_idle(PATIENCE)
+    assert (plain.stats()["superseded"], plain.stats()["successes"]) == (0, 2)
+
+
+def test_u1_supersede_must_be_a_bool(make):
+    with pytest.raises(TypeError, match="supersede"):
+        reconq.Controller(lambda key: None, supersede=1)  # type: ignore[arg-type]
+
+
+def test_u2_debounce_is_a_trailing_edge_capped_at_ten_windows(make):
+    clock = reconq.FakeClock()
+    c, script = make(workers=1, clock=clock, debounce=1.0)
+    c.start()
+    c.enqueue("k")
+    clock.advance(0.9)
+    c.enqueue("k")
+    clock.advance(0.9)
+    assert c.stats()["waiting"] == 1, "due 1 s after the latest enqueue"
+    for _ in range(9):
+        c.enqueue("k")
+        clock.advance(0.9)
+    c.enqueue("k")  # at 9.9 s: due at 10.9 s without the cap
+    assert (c.stats()["waiting"], script.starts("k")) == (1, 0)
+    clock.advance(0.1)
+    wait_for(lambda: script.starts("k") == 1)
+    assert c.wait_idle(PATIENCE)
+    assert script.starts("k") == 1
+    c.enqueue_after("j", 0.5)
+    c.enqueue("j")
+    clock.advance(0.5)
+    wait_for(lambda: script.starts("j") == 1)  # the earlier delay wins
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_u2_debounce_must_be_positive(bad: float):
+    with pytest.raises(ValueError, match="debounce"):
+        reconq.Controller(lambda key: None, debounce=bad)
+
+
+def test_u2_debounce_must_be_a_number():
+    with pytest.raises(TypeError, match="debounce"):
+        reconq.Controller(lambda key: None, debounce="1")  # type: ignore[arg-type]

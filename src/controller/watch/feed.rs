@@ -56,32 +56,33 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             None => new.is_none() || old != new,
             Some(predicate) => match predicate(old, new) {
                 Ok(accepted) => accepted,
-                Err(error) => return self.failed(&core, "predicate", &change.key, &error, priority),
+                Err(error) => return self.failed(&core, "predicate", &change.key, &error, When::Event, priority),
             },
         };
         if accepted {
-            self.enqueue(&core, &change.key, new.or(old), priority);
+            self.enqueue(&core, &change.key, new.or(old), When::Event, priority);
         }
     }
 
     /// Enqueues the keys `map` gives for `key` (holding `obj`).
-    fn enqueue(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, priority: i32) {
+    /// `when`: `Event` for a change (debounced, U2), `Now` for a resync.
+    fn enqueue(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, when: When, priority: i32) {
         match (self.watch.map)(key, obj) {
             Ok(keys) => {
                 for key in keys {
-                    core.route(key, When::Now, priority);
+                    core.route(key, when, priority);
                 }
             }
-            Err(error) => self.failed(core, "map", key, &error, priority),
+            Err(error) => self.failed(core, "map", key, &error, when, priority),
         }
     }
 
     /// A handler failed: logged, counted, and the changed key itself
     /// enqueued (missing a change is worse than one reconcile too many).
-    fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, priority: i32) {
+    fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, when: When, priority: i32) {
         logs::watch_handler_failed(&core.name, &self.cache_name, handler, key, error);
         core.watches.count_handler_error();
-        core.route((self.watch.fallback)(key), When::Now, priority);
+        core.route((self.watch.fallback)(key), when, priority);
     }
 
     /// Starts the resync thread (the cache just synced), unless the watch
@@ -111,7 +112,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             let Some(core) = self.controller.upgrade() else { return };
             for key in cache.keys() {
                 let obj = cache.get(&key);
-                self.enqueue(&core, &key, obj.as_deref(), self.watch.list_priority);
+                self.enqueue(&core, &key, obj.as_deref(), When::Now, self.watch.list_priority);
             }
         }
     }
