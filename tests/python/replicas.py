@@ -85,7 +85,12 @@ class Replicas:
                     return a.pid, a.token
             return None
 
-        found: Tuple[int, int] = wait_for(newer, timeout=PATIENCE + 3 * self.ttl, what=f"a leader after token {token}")
+        # Generous: on a loaded 2-core machine a fail-over (lease expiry,
+        # campaign, the first reconcile of a Python child) once took over
+        # PATIENCE + 3 TTLs; what must never happen is checked elsewhere.
+        found: Tuple[int, int] = wait_for(
+            newer, timeout=2 * PATIENCE + 3 * self.ttl, what=f"a leader after token {token}"
+        )
         return found
 
     def elect(self, n: int) -> Tuple[int, int]:
