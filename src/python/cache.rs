@@ -25,7 +25,7 @@ use super::attach::{attach, python_thread_wrapper};
 use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
 use super::callables::check_sync_callable;
 use super::duration::{timeout_from_py, unix_timestamp};
-use super::errors::describe;
+use super::errors::{describe, type_name};
 use super::key::PyKey;
 use super::queue::wait_synced_interruptibly;
 use super::reconciler::log;
@@ -101,7 +101,7 @@ fn index_fn(
 fn indexes_from_py(indexes: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, Py<PyAny>)>> {
     let Some(indexes) = indexes.filter(|i| !i.is_none()) else { return Ok(Vec::new()) };
     let dict = indexes.cast::<PyDict>().map_err(|_| {
-        let type_name = indexes.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        let type_name = type_name(indexes);
         PyTypeError::new_err(format!("indexes must be a dict {{name: fn(key, obj)}}, not {type_name}"))
     })?;
     dict.iter()

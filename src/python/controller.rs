@@ -31,6 +31,7 @@ use super::duration::{
     delay_from_py, non_negative_from_py, positive_secs, shown, timeout_from_py, to_secs, unix_timestamp,
 };
 use super::election::PyLeaderElection;
+use super::errors::type_name;
 use super::key::PyKey;
 use super::limiters::limiter_from_py;
 use super::priority::priority_from_py;
@@ -185,10 +186,6 @@ fn parents_from_py(parents: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
         .try_iter()
         .map_err(|_| PyTypeError::new_err(format!("parents must be a list of keys, not {}", type_name(parents))))?;
     iter.map(|parent| PyKey::from_py(&parent?)).collect()
-}
-
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 /// After a second signal, how long `run()` waits for the cancelled

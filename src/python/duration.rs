@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::errors::type_name;
+
 /// Reads a number of seconds. `bool` is refused: `timeout=True` is a bug.
 fn seconds(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
     if obj.is_instance_of::<pyo3::types::PyBool>() {
@@ -21,7 +23,7 @@ fn seconds(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
         if e.is_instance_of::<PyOverflowError>(obj.py()) {
             return PyOverflowError::new_err(format!("{what} is out of range"));
         }
-        let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        let type_name = type_name(obj);
         PyTypeError::new_err(format!("{what} must be a number of seconds (float or int), not {type_name}"))
     })?;
     if secs.is_nan() {

@@ -96,7 +96,7 @@ pub(crate) fn classify(py: Python<'_>, result: PyResult<Bound<'_, PyAny>>) -> Ou
             Err(e) => Outcome::Failed(describe(py, &e)),
         },
         Ok(value) => {
-            let type_name = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+            let type_name = type_name(&value);
             let e = PyTypeError::new_err(format!("reconcile must return None or reconq.Requeue, not {type_name}"));
             Outcome::Failed(describe(py, &e))
         }
@@ -116,4 +116,9 @@ pub(crate) fn classify(py: Python<'_>, result: PyResult<Bound<'_, PyAny>>) -> Ou
             }
         }
     }
+}
+
+/// The name of `obj`'s type, for error messages ("?" if even that fails).
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }

@@ -16,6 +16,7 @@ use pyo3::exceptions::{PyOverflowError, PyRecursionError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
 
+use super::errors::type_name;
 use crate::key_encoding::{
     StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
     encode_len_prefixed, encode_tuple_header,
@@ -68,7 +69,7 @@ impl PyKey {
             let items = t.iter().map(|item| Self::from_py_at(&item, depth + 1)).collect::<PyResult<Vec<_>>>()?;
             return Ok(PyKey::Tuple(items.into()));
         }
-        let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        let type_name = type_name(obj);
         Err(PyTypeError::new_err(format!("keys must be str, int, bytes or tuples of these, not {type_name}")))
     }
 

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use super::duration::{non_negative_from_py, to_secs};
+use super::errors::type_name;
 use super::key::PyKey;
 use crate::rate_limit::{self, RateLimiter as _};
 
@@ -66,7 +67,7 @@ pub(crate) fn limiter_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Sh
     match obj.cast::<PyRateLimiter>() {
         Ok(l) => Ok(l.get().shared()),
         Err(_) => {
-            let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+            let type_name = type_name(obj);
             Err(PyTypeError::new_err(format!("{what} must be a reconq rate limiter, not {type_name}")))
         }
     }

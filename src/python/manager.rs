@@ -32,7 +32,7 @@ use super::callables::check_sync_callable;
 use super::context::with_scope;
 use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
 use super::election::PyLeaderElection;
-use super::errors::describe;
+use super::errors::{describe, type_name};
 use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController};
 
 /// The `reconq` logger, looked up once.
@@ -56,10 +56,6 @@ fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
         Ok(s) => Ok(s.to_str()?.to_owned()),
         Err(_) => Err(PyTypeError::new_err(format!("controller name must be a str, not {}", type_name(obj)))),
     }
-}
-
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 /// `do` or `stop`: called with no arguments.

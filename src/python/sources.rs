@@ -25,7 +25,7 @@ use super::cache_values::{PyObj, SourceValue};
 use super::callables::check_sync_callable;
 use super::duration::{non_negative_from_py, shown};
 use super::election::endpoints_from_py;
-use super::errors::describe;
+use super::errors::{describe, type_name};
 use super::key::PyKey;
 use super::reconciler::log;
 use crate::source::{Changes, Event, Item, Listing, ListingOf, Source, SourceError, Stop, StopHook};
@@ -191,7 +191,7 @@ fn items_from_py(cache: &str, what: &str, items: &Bound<'_, PyAny>) -> PyResult<
 }
 
 fn not_items(what: &str, got: &Bound<'_, PyAny>) -> PyErr {
-    let type_name = got.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    let type_name = type_name(got);
     PyTypeError::new_err(format!(
         "{what} must give a dict {{key: obj}} or an iterable of (key, obj) or (key, obj, version) tuples; got {type_name}"
     ))
@@ -268,7 +268,7 @@ impl PythonSource {
         if event.is_instance(types.bookmark.bind(py))? {
             return Ok(at(position()?));
         }
-        let type_name = event.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        let type_name = type_name(event);
         let args = ("cache %r: changes() gave a %s, not a Put, Delete or Bookmark; skipped", &*self.cache, type_name);
         log(py, "error", args, None);
         Ok(None)
@@ -538,7 +538,7 @@ impl<'py> SourceSpec<'py> {
         if let Ok(s) = source.extract::<PyRef<'py, PySource>>() {
             return Ok(SourceSpec::Python(s));
         }
-        let type_name = source.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        let type_name = type_name(source);
         Err(PyTypeError::new_err(format!(
             "source must be a reconq.PollingSource, EtcdSource or Source, not {type_name}"
         )))
