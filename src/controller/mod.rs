@@ -901,6 +901,7 @@ impl<K: ControllerKey> Core<K> {
     }
 
     /// Routes an enqueue to the queue, or keeps it until start.
+    #[inline]
     pub(crate) fn route(&self, key: K, when: When, priority: Priority) {
         if let Some(rt) = self.rt.get() {
             return self.apply(rt, key, when, priority);

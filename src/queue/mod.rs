@@ -823,6 +823,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
+    #[inline]
     fn take(&self, g: &mut Guard<'_, K>, now: &mut Now) -> Option<(K, Priority)> {
         self.sync(g, now);
         let key = g.q.take(now);
