@@ -8,9 +8,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{ControllerKey, Core, Runtime, When};
+use super::{ControllerKey, Core, Runtime};
 use crate::graph::{Dependencies, NothingPending};
-use crate::queue::{Cancel, CancelHook};
+use crate::queue::{Cancel, CancelHook, Place};
 
 /// `set_dependencies` would close a cycle (D4): nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,10 +145,23 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
+    /// Every child is added under one queue lock (a tree's keys each hand
+    /// out their fan-out: W12), after its place was asked with no lock held.
     #[inline(never)]
     fn enqueue_dependents(&self, rt: &Runtime<K>, key: &K) {
-        for child in rt.queue.dependents(key) {
-            self.apply(rt, child, When::Now, 0);
+        let children: Vec<(K, Place)> = rt
+            .queue
+            .dependents(key)
+            .into_iter()
+            .filter_map(|child| self.place(rt, &child, 0).map(|place| (child, place)))
+            .collect();
+        let marked: Option<Vec<K>> =
+            rt.store.as_ref().map(|_| children.iter().map(|(child, _)| child.clone()).collect());
+        rt.queue.add_all_placed(children);
+        if let (Some(store), Some(marked)) = (&rt.store, marked) {
+            for child in &marked {
+                store.mark(child);
+            }
         }
     }
 

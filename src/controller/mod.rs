@@ -919,14 +919,7 @@ impl<K: ControllerKey> Core<K> {
     /// Adds an enqueued key to the queue, in its group (asked here, with no
     /// engine lock held: see `groups`).
     fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
-        if let Some(coordination) = &rt.coordination
-            && !coordination.gate.accepts(&key)
-        {
-            self.counters.not_owned.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, &key));
-        let place = Place { prio: priority, group };
+        let Some(place) = self.place(rt, &key, priority) else { return };
         let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
@@ -943,6 +936,20 @@ impl<K: ControllerKey> Core<K> {
         if let Some((store, key)) = marked {
             store.mark(&key);
         }
+    }
+
+    /// Where an enqueued `key` goes in the queue: its priority and group
+    /// (asked with no engine lock held: see `groups`); `None` (counted) if
+    /// coordination says it runs elsewhere.
+    fn place(&self, rt: &Runtime<K>, key: &K, priority: Priority) -> Option<Place> {
+        if let Some(coordination) = &rt.coordination
+            && !coordination.gate.accepts(key)
+        {
+            self.counters.not_owned.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, key));
+        Some(Place { prio: priority, group })
     }
 
     /// Leader election or sharding, once started with one.

@@ -203,8 +203,10 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
         if !self.children.contains_key(key) {
             return self.must_hold(key);
         }
-        for child in self.children(key) {
-            self.mark_busy(&child, slots);
+        if let Some(children) = self.children.get(key) {
+            for child in children {
+                Self::busy_from(&mut self.blocked, &self.children, child, slots);
+            }
         }
         if !slots.any_running() {
             return self.must_hold(key);
@@ -248,27 +250,40 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// `key` is no longer pending (its slot already says so): if nothing
     /// above it is busy, its children lose a busy parent.
     pub(crate) fn left_pending(&mut self, key: &K, slots: &mut impl KeySlots<K>) {
-        if self.blocked.contains_key(key) || !self.children.contains_key(key) {
+        if self.blocked.contains_key(key) {
             return;
         }
-        for child in self.children(key) {
-            self.mark_free(&child, slots);
+        let Some(children) = self.children.get(key) else { return };
+        for child in children {
+            Self::free_from(&mut self.blocked, &self.children, &self.waits, child, slots);
         }
     }
 
     /// `key` got one more busy parent; a key that became busy and is not
     /// pending passes it on to its children (iterative: chains are deep).
     fn mark_busy(&mut self, key: &K, slots: &mut impl KeySlots<K>) {
+        Self::busy_from(&mut self.blocked, &self.children, key, slots);
+    }
+
+    /// [`mark_busy`](Self::mark_busy) on the fields it touches, so a caller
+    /// can walk a key's children in place (no copy of the list per finished
+    /// run: W12).
+    fn busy_from(
+        blocked: &mut HashMap<K, u32, Hasher>,
+        children: &HashMap<K, Vec<K>, Hasher>,
+        key: &K,
+        slots: &mut impl KeySlots<K>,
+    ) {
         // `next` before `stack`: the common case, a pending key, allocates nothing.
         let (mut next, mut stack) = (Some(key.clone()), Vec::new());
         while let Some(k) = next.take().or_else(|| stack.pop()) {
-            let n = self.blocked.entry(k.clone()).or_insert(0);
+            let n = blocked.entry(k.clone()).or_insert(0);
             *n += 1;
             if *n > 1 {
                 continue;
             }
             match slots.pending(&k) {
-                Pending::No => stack.extend(self.children.get(&k).into_iter().flatten().cloned()),
+                Pending::No => stack.extend(children.get(&k).into_iter().flatten().cloned()),
                 Pending::Ready => slots.hold(&k),
                 Pending::Running => {}
             }
@@ -278,9 +293,21 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
     /// `key` has one busy parent fewer; a key that stopped being busy
     /// passes it on as [`mark_busy`](Self::mark_busy) does.
     fn mark_free(&mut self, key: &K, slots: &mut impl KeySlots<K>) {
+        Self::free_from(&mut self.blocked, &self.children, &self.waits, key, slots);
+    }
+
+    /// [`mark_free`](Self::mark_free) on the fields it touches (see
+    /// [`busy_from`](Self::busy_from)).
+    fn free_from(
+        blocked: &mut HashMap<K, u32, Hasher>,
+        children: &HashMap<K, Vec<K>, Hasher>,
+        waits: &HashMap<K, u32, Hasher>,
+        key: &K,
+        slots: &mut impl KeySlots<K>,
+    ) {
         let (mut next, mut stack) = (Some(key.clone()), Vec::new());
         while let Some(k) = next.take().or_else(|| stack.pop()) {
-            let std::collections::hash_map::Entry::Occupied(mut n) = self.blocked.entry(k.clone()) else {
+            let std::collections::hash_map::Entry::Occupied(mut n) = blocked.entry(k.clone()) else {
                 debug_assert!(false, "a busy parent was counted");
                 continue;
             };
@@ -290,8 +317,8 @@ impl<K: Eq + Hash + Clone> Dependencies<K> {
             }
             n.remove();
             match slots.pending(&k) {
-                Pending::No => stack.extend(self.children.get(&k).into_iter().flatten().cloned()),
-                Pending::Ready if !self.waits.contains_key(&k) => slots.release(&k),
+                Pending::No => stack.extend(children.get(&k).into_iter().flatten().cloned()),
+                Pending::Ready if !waits.contains_key(&k) => slots.release(&k),
                 Pending::Ready | Pending::Running => {}
             }
         }

@@ -369,6 +369,22 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         }
     }
 
+    /// [`add_placed`](Self::add_placed) of each of `keys`, under one lock
+    /// acquisition (D2: the dependents of a key that finished).
+    pub(crate) fn add_all_placed(&self, keys: Vec<(K, Place)>) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut now = Now::new();
+        let mut g = self.shared.lock();
+        self.shared.sync(&mut g, &mut now);
+        for (key, place) in keys {
+            g.q.add(key, place, &mut now);
+        }
+        self.shared.publish_ready(&g);
+        self.shared.wake_ready(&mut g);
+    }
+
     /// Marks `key` as needing processing `delay` from now (G5). A zero delay
     /// is [`add`](Self::add).
     pub fn add_after(&self, key: K, delay: Duration) {
