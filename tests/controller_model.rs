@@ -37,6 +37,19 @@
 //!   makes it ready and cancels the delay, a delayed add of a ready key does
 //!   nothing (G5). Keys due at the same instant come out in the order their
 //!   due times were set (the engine's tie-break; the spec leaves it open).
+//! * Supersede (U1), in half the cases (`supersede=true`): an add of the
+//!   key being reconciled, or its delay coming due (a fake clock's advance
+//!   promotes at once), cancels the run (its call sees `is_cancelled()`),
+//!   which then counts as `superseded` and in `reconciles`, whatever its
+//!   scripted result: attempt, limiter, last error and parked keys stay as
+//!   they were, and the key runs again with the higher of the two
+//!   priorities. The result's own re-add supersedes nothing.
+//! * Batches (U3): `Op::Batch` opens a `batch()`, runs a few operations
+//!   (some from another thread) and closes it. Nothing becomes ready for
+//!   the worker meanwhile, so the keys made ready come out at the close by
+//!   priority, then by the time they became ready; a raise inside the
+//!   batch keeps a key's place (the engine's choice; the spec leaves it
+//!   open).
 //! * Stopping (G7), as the last operation, idle or while a gated reconcile
 //!   runs: `stop()` drops ready and delayed keys and cancels the running
 //!   reconcile; `stop_with_drain` drops delayed keys, reconciles the ready
@@ -54,12 +67,29 @@
 //! that).
 //!
 //! A third, `dependencies_hold_under_random_graphs`, does the same for
-//! dependencies between keys (guarantees §14) under random graphs: no key
-//! starts while an ancestor or a descendant runs (D1, D3), each child runs
-//! again after its parent's last run (D2), every edge's reverse is refused
-//! as a cycle (D4), every reconcile is counted once (superseded included),
-//! nothing is left held. Mutants it catches: holding nothing (D1), no D2,
-//! no wait for cancelled descendants (D3), ready descendants not held.
+//! dependencies between keys (guarantees §14) under random graphs, with
+//! permanent errors, with or without `supersede`, with or without two
+//! groups of one key in flight: no key starts while an ancestor or a
+//! descendant runs (D1, D3), each child runs again after its parent's last
+//! run (D2), every edge's reverse is refused as a cycle (D4), every
+//! reconcile is counted once (superseded included), nothing is left held
+//! (or stranded).
+//!
+//! Single-bug mutants tried (each put in by hand, the test run with its
+//! default cases, the change reverted); all caught:
+//! * `controller_matches_the_model`: supersede not cancelling the run
+//!   (`supersede_run` a no-op); a superseded run bumping the rate limiter
+//!   (`limiter.when` after `count_superseded`: the next back-off is
+//!   longer); one bumping `attempt`; one settled as its result (counted as
+//!   success or failure); a superseded key coming back at the add's
+//!   priority instead of the higher one; a batch holding nothing; a batch
+//!   not holding keys enqueued from another thread (held only for named
+//!   threads).
+//! * `dependencies_hold_under_random_graphs`: D2's dependents not enqueued
+//!   after a permanent error; a held key taking its group's room (counted
+//!   in flight while held: the group's other keys are stranded). Earlier:
+//!   holding nothing (D1), no D2, no wait for cancelled descendants (D3),
+//!   ready descendants not held.
 //!
 //! Left to other tests: several workers and real concurrency
 //! (`controller_concurrency.rs`, `shuttle.rs`), the queue on its own
