@@ -783,7 +783,7 @@ pub(crate) struct Core<K> {
     /// The caches it watches (see `watch`).
     pub(crate) watches: watch::Watches<K>,
     /// Dependencies set before start (see `dependencies`).
-    pub(crate) deps_before_start: dependencies::BeforeStart<K>,
+    pub(crate) deps_before_start: Mutex<dependencies::BeforeStart<K>>,
     /// Batches open now (see `batch`).
     pub(crate) batches: batch::OpenBatches,
 }
@@ -838,7 +838,7 @@ impl<K: ControllerKey> Core<K> {
             life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
             watches: watch::Watches::new(),
-            deps_before_start: Mutex::new(None),
+            deps_before_start: Mutex::new(dependencies::BeforeStart::default()),
             batches: Mutex::new(0),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
