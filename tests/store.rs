@@ -998,3 +998,30 @@ fn a_schema_1_file_gains_the_edges_table_and_keeps_its_keys() {
         .unwrap();
     assert_eq!(version, reconq::SCHEMA_VERSION);
 }
+
+/// Parents set before start win over stored ones that would close a cycle
+/// with them: those are dropped (logged), in memory and in the file.
+#[test]
+fn stored_edges_closing_a_cycle_with_ones_set_before_start_are_dropped() {
+    let dir = TempDir::new();
+    let handle = edges_controller(open(&dir.db())).start();
+    handle.set_dependencies(&"model".to_string(), strings(&["source"])).unwrap();
+    handle.set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+
+    let restarted = edges_controller(open(&dir.db()));
+    restarted.handle().set_dependencies(&"source".to_string(), strings(&["dashboard"])).unwrap();
+    let handle = restarted.start();
+    assert_eq!(handle.dependencies(&"source".to_string()), strings(&["dashboard"]));
+    // Keys are restored in the order of their encoding ("model" is
+    // shorter): model's parents come back, dashboard's close the cycle.
+    assert_eq!(handle.dependencies(&"model".to_string()), strings(&["source"]));
+    assert_eq!(handle.dependencies(&"dashboard".to_string()), Vec::<String>::new());
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(
+        stored_edges(&dir.db()),
+        [("model", "source"), ("source", "dashboard")].map(|(c, p)| (c.to_string(), p.to_string()))
+    );
+}

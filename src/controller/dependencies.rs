@@ -88,26 +88,32 @@ impl<K: ControllerKey> Core<K> {
     }
 
     /// At start, before the runtime is visible: hands the edges set so far,
-    /// and the stored ones of the other keys, to the queue. The caller
+    /// and the `stored` ones of the other keys, to the queue. The caller
     /// keeps `before` locked until the runtime is set, so no edge lands in
-    /// between.
-    pub(crate) fn install_dependencies(self: &Arc<Self>, before: &mut BeforeStart<K>, rt: &Runtime<K>) {
+    /// between. Returns the keys whose stored parents were dropped because
+    /// they would close a cycle with parents set before start (those win),
+    /// for the caller to log once its locks are released.
+    pub(crate) fn install_dependencies(
+        self: &Arc<Self>,
+        before: &mut BeforeStart<K>,
+        stored: Vec<(K, Vec<K>)>,
+        rt: &Runtime<K>,
+    ) -> Vec<K> {
         let mut deps = before.deps.take();
         let set = std::mem::take(&mut before.set);
+        let mut dropped = Vec::new();
+        // Set again before start: those win.
+        for (key, parents) in stored.into_iter().filter(|(key, _)| !set.contains(key)) {
+            let deps = deps.get_or_insert_with(Box::default);
+            if deps.set_parents(&key, parents, &mut NothingPending).is_err() {
+                dropped.push(key);
+            }
+        }
         if let Some(link) = &rt.store {
-            link.restore_edges(&mut |key, parents| {
-                if set.contains(&key) {
-                    return; // set again before start: those win
-                }
-                let deps = deps.get_or_insert_with(Box::default);
-                if let Err(cycle) = deps.set_parents(&key, parents, &mut NothingPending) {
-                    // Only with edges set before start that close a cycle
-                    // with stored ones: those set in this process win.
-                    tracing::warn!(target: "reconq::store", controller = %self.name,
-                        "stored dependencies of {key:?} dropped: they would close a cycle through {cycle:?}");
-                }
-            });
             for key in &set {
+                link.mark_edges(key);
+            }
+            for key in &dropped {
                 link.mark_edges(key);
             }
         }
@@ -115,6 +121,7 @@ impl<K: ControllerKey> Core<K> {
             rt.queue.install_dependencies(deps, self.cancel_hook());
             rt.has_dependencies.store(true, Ordering::Relaxed);
         }
+        dropped
     }
 
     /// What the queue calls (under its lock) to cancel a running reconcile

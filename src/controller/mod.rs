@@ -535,8 +535,9 @@ impl<K: ControllerKey> Controller<K> {
             debounce: config.debounce.map(debounce::Debounce::new),
         };
         let core = &self.core;
+        let stored_edges = rt.store.as_ref().map(|link| link.restore_edges()).unwrap_or_default();
         let mut deps_before_start = core.deps_before_start.lock();
-        core.install_dependencies(&mut deps_before_start, &rt);
+        let dropped_edges = core.install_dependencies(&mut deps_before_start, stored_edges, &rt);
         let open_batches = core.batches.lock();
         core.install_batch(&open_batches, &rt);
         if core.rt.set(rt).is_err() {
@@ -544,6 +545,7 @@ impl<K: ControllerKey> Controller<K> {
         }
         drop(open_batches);
         drop(deps_before_start);
+        crate::logs::stored_edges_dropped(&core.name, &dropped_edges);
         let rt = core.rt.get().expect("just set");
         core.subscribe_features(rt);
         if core.life.workers_starting(config.workers).is_err() {

@@ -39,8 +39,9 @@ pub(crate) trait StoreLink<K>: Flush {
     /// Hands every stored key to `restore`, due times on the queue clock
     /// at `now`.
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
-    /// Hands every stored key's parents to `restore` (once, at start).
-    fn restore_edges(&self, restore: &mut dyn FnMut(K, Vec<K>));
+    /// Every stored key's parents (once, at start; call with no engine
+    /// lock held: rows of another key shape are logged and skipped).
+    fn restore_edges(&self) -> Vec<(K, Vec<K>)>;
     /// The flusher thread's body: returns after the final flush at stop
     /// (after [`workers_done`](Self::workers_done)), releasing the claim.
     /// A failed final flush stays in `stats().error`, its keys in

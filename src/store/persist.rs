@@ -265,16 +265,19 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         self.dirty.wake();
     }
 
-    fn restore_edges(&self, restore: &mut dyn FnMut(K, Vec<K>)) {
-        for (child, parents) in std::mem::take(&mut *self.loaded_edges.lock()) {
+    fn restore_edges(&self) -> Vec<(K, Vec<K>)> {
+        let loaded = std::mem::take(&mut *self.loaded_edges.lock());
+        let mut edges = Vec::with_capacity(loaded.len());
+        for (child, parents) in loaded {
             let decoded: Option<Vec<K>> = parents.iter().map(|parent| decode_key::<K>(parent)).collect();
             match (decode_key::<K>(&child), decoded) {
-                (Some(child), Some(parents)) => restore(child, parents),
+                (Some(child), Some(parents)) => edges.push((child, parents)),
                 // Left in the file untouched, as a key row of another shape.
                 _ => tracing::warn!(target: "reconq::store", controller = %self.name,
                     "stored edges of a key of another shape skipped"),
             }
         }
+        edges
     }
 
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView)) {
