@@ -266,14 +266,16 @@ fn crash_child(dir: &Path) {
     handle.wait_stopped(None);
 }
 
+/// Test `test` of this binary, to run as a child (its environment says
+/// which part it plays), its stdout piped.
+fn test_child(test: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(std::process::Stdio::piped());
+    command
+}
+
 fn spawn_crash_child(dir: &Path, calls: &Path) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "s1_sigkill_at_random_moments_loses_no_key", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, dir)
-        .env(CALLS_ENV, calls)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+    test_child("s1_sigkill_at_random_moments_loses_no_key").env(CHILD_ENV, dir).env(CALLS_ENV, calls).spawn().unwrap()
 }
 
 /// Blocks until the child has restored and started.
@@ -567,12 +569,8 @@ fn s1_a_burst_is_stored_within_the_interval_plus_a_second() {
         return burst_child(Path::new(&dir));
     }
     let dir = TempDir::new();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "s1_a_burst_is_stored_within_the_interval_plus_a_second", "--nocapture", "--test-threads=1"])
-        .env(BURST_ENV, &dir.0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        test_child("s1_a_burst_is_stored_within_the_interval_plus_a_second").env(BURST_ENV, &dir.0).spawn().unwrap();
     wait_ready(&mut child);
     // The bound S1 promises, measured from the burst's end: this sleep is
     // the guarantee under test, not a wait for a condition.
@@ -729,13 +727,8 @@ fn flush_writes_everything_changed_before_it_so_a_sigkill_after_it_loses_nothing
     }
     let dir = TempDir::new();
     for round in 0..10 {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(FLUSH_CHILD_ENV, &dir.0)
-            .env(FLUSH_ROUND_ENV, round.to_string())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child =
+            test_child(test).env(FLUSH_CHILD_ENV, &dir.0).env(FLUSH_ROUND_ENV, round.to_string()).spawn().unwrap();
         wait_line(&mut child, "flushed");
         kill(&mut child);
         let rows = open(&dir.0.join(format!("round-{round}.db"))).load("flush").unwrap();
@@ -877,6 +870,16 @@ fn strings(keys: &[&str]) -> Vec<String> {
     keys.iter().map(|k| k.to_string()).collect()
 }
 
+/// Starts an `edges_controller`, setting dashboard → model before start
+/// and model → source, config after.
+fn start_with_edges(store: SqliteStore) -> ControllerHandle<String> {
+    let controller = edges_controller(store);
+    controller.handle().set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
+    let handle = controller.start();
+    handle.set_dependencies(&"model".to_string(), strings(&["source", "config"])).unwrap();
+    handle
+}
+
 /// The edges the file holds for controller "edges", as (child, parent),
 /// sorted.
 fn stored_edges(db: &Path) -> Vec<(String, String)> {
@@ -896,10 +899,7 @@ fn stored_edges(db: &Path) -> Vec<(String, String)> {
 #[test]
 fn edges_come_back_after_a_stop_and_clearing_them_deletes_their_rows() {
     let dir = TempDir::new();
-    let controller = edges_controller(open(&dir.db()));
-    controller.handle().set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
-    let handle = controller.start();
-    handle.set_dependencies(&"model".to_string(), strings(&["source", "config"])).unwrap();
+    let handle = start_with_edges(open(&dir.db()));
     handle.set_dependencies(&"report".to_string(), strings(&["model"])).unwrap();
     handle.stop();
     assert!(handle.join_timeout(LONG));
@@ -929,11 +929,7 @@ const EDGES_INTERVAL: Duration = Duration::from_secs(1);
 /// to be killed.
 fn edges_child(dir: &Path) {
     use std::io::Write;
-    let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), EDGES_INTERVAL).unwrap();
-    let controller = edges_controller(store);
-    controller.handle().set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
-    let handle = controller.start();
-    handle.set_dependencies(&"model".to_string(), strings(&["source", "config"])).unwrap();
+    let handle = start_with_edges(SqliteStore::open_with_flush_interval(dir.join("state.db"), EDGES_INTERVAL).unwrap());
     std::io::stdout().write_all(b"ready\n").unwrap();
     handle.wait_stopped(None);
 }
@@ -947,12 +943,7 @@ fn edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_back() {
     }
     let dir = TempDir::new();
     let test = "edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_back";
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(EDGES_ENV, &dir.0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = test_child(test).env(EDGES_ENV, &dir.0).spawn().unwrap();
     wait_ready(&mut child);
     // The bound S1 promises: this sleep is the guarantee under test, not a
     // wait for a condition.

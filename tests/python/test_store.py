@@ -463,14 +463,21 @@ def edges_controller(store):
     return reconq.Controller(lambda key: None, name="edges", store=store)
 
 
+# Sets edges on a controller `c` not started yet, starts it, sets more (run
+# here and by EDGES_CHILD).
+SET_EDGES_AROUND_START = """
+c.set_dependencies("dashboard", ["model"])
+c.start()
+c.set_dependencies("model", ["source", ("ns", 1)])
+"""
+
+
 def test_edges_come_back_after_a_stop_and_cleared_ones_leave_the_file(tmp_path):
     """Guarantees §14: edges are kept in the store, set before or after
     start, in the order set; clearing a key's parents deletes its rows."""
     db = tmp_path / "state.db"
     c = edges_controller(str(db))
-    c.set_dependencies("dashboard", ["model"])
-    c.start()
-    c.set_dependencies("model", ["source", ("ns", 1)])
+    exec(SET_EDGES_AROUND_START, {"c": c})
     c.set_dependencies("report", ["model"])
     c.stop()
 
@@ -500,9 +507,7 @@ import sys, time
 import reconq
 c = reconq.Controller(lambda key: None, name="edges",
                       store=reconq.SqliteStore(sys.argv[1], flush_interval=0.5))
-c.set_dependencies("dashboard", ["model"])
-c.start()
-c.set_dependencies("model", ["source", ("ns", 1)])
+""" + SET_EDGES_AROUND_START + """
 print("ready", flush=True)
 time.sleep(3600)
 """
