@@ -251,6 +251,49 @@ MUTANTS = [
         "shuttle_controller",
         "partition_handed_over_while_its_key_runs",
     ),
+    Mutant(
+        "cancelled-run-releases-one-waiter",
+        "dependencies: a cancelled run's return tells only the first key waiting for it (D3)",
+        "src/graph/mod.rs",
+        "        for waiter in waiters {",
+        "        for waiter in waiters.into_iter().take(1) {",
+        "shuttle_controller",
+        "parent_ready_while_descendant_is_cancelled",
+    ),
+    Mutant(
+        "batch-holds-nothing",
+        "batches: a key that becomes ready inside a batch is handed out at once (U3)",
+        "src/queue/state.rs",
+        """        let Some(held) = &mut self.batch else { return false };
+        held.push(key.clone());
+        true""",
+        """        let Some(held) = &mut self.batch else { return false };
+        let _ = (held, key);
+        false""",
+        "shuttle_controller",
+        "batch_closing_while_workers_finish",
+    ),
+    Mutant(
+        "batch-close-wakes-nobody",
+        "batches: the last close releases its keys without waking a waiting worker",
+        "src/queue/mod.rs",
+        """        if g.q.close_batch() {
+            self.shared.publish_ready(&g);
+            self.shared.wake_ready(&mut g);""",
+        """        if g.q.close_batch() {
+            self.shared.publish_ready(&g);""",
+        "shuttle_controller",
+        "batch_closing_while_workers_finish",
+    ),
+    Mutant(
+        "batch-close-loses-a-key",
+        "batches: the last close releases every held key but the first",
+        "src/queue/state.rs",
+        "            for key in &held {",
+        "            for key in held.iter().skip(1) {",
+        "shuttle_controller",
+        "batch_closing_while_workers_finish",
+    ),
 ]
 
 

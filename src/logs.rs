@@ -287,6 +287,20 @@ pub(crate) fn stop_dropped<K: fmt::Debug>(controller: &str, dropped: &[K]) {
     );
 }
 
+/// At start, the stored parents of `keys` closed a cycle with parents set
+/// before start, which won; the store forgets the stored ones (call with
+/// no lock held). Nothing is logged when none were dropped.
+pub(crate) fn stored_edges_dropped<K: fmt::Debug>(controller: &str, keys: &[K]) {
+    if keys.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, keys = ?Few(keys),
+        "stored dependencies dropped: with the dependencies set before start they would close a cycle"
+    );
+}
+
 /// `run_until_signal` got its first signal and drains.
 pub(crate) fn signal_draining(controller: &str) {
     tracing::warn!(

@@ -36,7 +36,7 @@ use reconq::{
     Action, Cache, CacheError, Context, Controller, ControllerHandle, ControllerParams, DoError, ExponentialBackoff,
     FakeClock, LeaderElection, Manager, ReconcileError, Sharding, Source, SourceError, Watch, partition_of,
 };
-use shuttle::sync::Mutex;
+use shuttle::sync::{Condvar, Mutex};
 use shuttle::thread;
 
 /// Long enough never to be reached in a model (see the module docs on time).
@@ -58,7 +58,9 @@ fn explore(model: fn()) {
 /// replays exactly.
 #[test]
 fn models_are_deterministic() {
-    let models: [fn(); 13] = [
+    let models: [fn(); 15] = [
+        batch_closing_while_workers_finish_model,
+        parent_ready_while_descendant_is_cancelled_model,
         parent_ready_racing_descendant_return_model,
         cache_relisting_while_controller_stops_model,
         stop_racing_start_runs_every_stop_hook_model,
@@ -951,6 +953,28 @@ fn parent_ready_racing_descendant_return() {
 }
 
 fn parent_ready_racing_descendant_return_model() {
+    dependency_race_model(&[DEP_C, DEP_G], &[DEP_P]);
+}
+
+/// **(d') a parent becoming ready while its descendant is being
+/// cancelled.** As (d), but only G is enqueued at first, and two threads
+/// enqueue C and P: C's enqueue cancels G's reconcile (D3) and P's lands
+/// before that cancelled run returned, while it returns or after, so G is
+/// cancelled twice, or P waits for a run C already cancelled. The same
+/// invariants as (d): P, then C, then G, each after the one above ended,
+/// and no key waits for a run that already returned.
+#[test]
+fn parent_ready_while_descendant_is_cancelled() {
+    explore(parent_ready_while_descendant_is_cancelled_model);
+}
+
+fn parent_ready_while_descendant_is_cancelled_model() {
+    dependency_race_model(&[DEP_G], &[DEP_C, DEP_P]);
+}
+
+/// Models (d) and (d'): `initial` is enqueued before start, each of
+/// `racers` by its own thread after it.
+fn dependency_race_model(initial: &[u8], racers: &[u8]) {
     let log = Arc::new(Mutex::new(DepLog::default()));
     let ancestors = |key: u8| (0..key).collect::<Vec<u8>>();
     let descendants = |key: u8| (key + 1..=DEP_G).collect::<Vec<u8>>();
@@ -984,14 +1008,20 @@ fn parent_ready_racing_descendant_return_model() {
     let handle = controller.handle();
     handle.set_dependencies(&DEP_C, [DEP_P]).unwrap();
     handle.set_dependencies(&DEP_G, [DEP_C]).unwrap();
-    handle.enqueue(DEP_C);
-    handle.enqueue(DEP_G);
+    for &key in initial {
+        handle.enqueue(key);
+    }
     let handle = controller.start();
-    let parent = {
-        let handle = handle.clone();
-        thread::spawn(move || handle.enqueue(DEP_P))
-    };
-    parent.join().unwrap();
+    let racers: Vec<_> = racers
+        .iter()
+        .map(|&key| {
+            let handle = handle.clone();
+            thread::spawn(move || handle.enqueue(key))
+        })
+        .collect();
+    for racer in racers {
+        racer.join().unwrap();
+    }
     assert!(handle.wait_idle(FOREVER), "wait_idle gave up");
     let log = log.lock().unwrap();
     assert_eq!(log.violations, Vec::<String>::new());
@@ -1003,6 +1033,161 @@ fn parent_ready_racing_descendant_return_model() {
     let starts = log.events.iter().filter(|(what, _)| *what == "start").count() as u64;
     assert_eq!(stats.reconciles, starts, "{stats:?}");
     assert_eq!(stats.successes + stats.superseded, starts, "{stats:?}");
+    assert_eq!((stats.held, stats.depth, stats.processing), (0, 0, 0), "{stats:?}");
+    drop(log);
+    assert!(handle.stop_with_drain(FOREVER));
+}
+
+// ---------------------------------------------------------------------------
+// (e) Batches (guarantees §15, U3): a batch closing while workers finish.
+
+/// Keys of model (e): `BAT_1` and `BAT_2` are ready before any batch;
+/// `BAT_PARENT` → `BAT_CHILD` are enqueued inside one, child first.
+const BAT_1: u8 = 1;
+const BAT_2: u8 = 2;
+const BAT_PARENT: u8 = 3;
+const BAT_CHILD: u8 = 4;
+
+#[derive(Default)]
+struct BatchLog {
+    /// Batches open, as the log knows them: counted up after a batch
+    /// opened, down in the same critical section that closes it, so while
+    /// this is above zero, some batch is open.
+    open: u32,
+    /// Bumped each time `open` leaves zero: a stretch of time in which
+    /// some batch was open throughout.
+    period: u32,
+    /// For each key enqueued inside a batch: the period and the event
+    /// index of that enqueue.
+    enqueued: HashMap<u8, (u32, usize)>,
+    /// ("start" | "end" | "enqueue", key), in order.
+    events: Vec<(&'static str, u8)>,
+    violations: Vec<String>,
+}
+
+impl BatchLog {
+    fn open_batch(&mut self) {
+        if self.open == 0 {
+            self.period += 1;
+        }
+        self.open += 1;
+    }
+
+    /// Logs an enqueue made inside an open batch (before it is made).
+    fn enqueue(&mut self, key: u8) {
+        self.events.push(("enqueue", key));
+        self.enqueued.insert(key, (self.period, self.events.len() - 1));
+    }
+
+    fn starts(&self, key: u8) -> Vec<usize> {
+        self.events.iter().enumerate().filter(|(_, e)| **e == ("start", key)).map(|(at, _)| at).collect()
+    }
+}
+
+/// **(e) a batch closing while workers finish.** Two workers. Keys 1 and
+/// 2 are ready at start. Thread A opens a batch, enqueues the child, opens
+/// a nested batch, enqueues key 1 again (ready, running or done by then),
+/// closes the inner batch, enqueues the parent and closes the outer one;
+/// thread B opens and closes a batch of its own, overlapping A's or not.
+/// Workers finish 1 and 2 meanwhile, so the batch closes while a key
+/// comes back from a worker and while workers wait for work.
+///
+/// Invariants: no run that an enqueue inside a batch caused (the child's,
+/// the parent's, key 1's second) starts while the batches open since that
+/// enqueue are all still open; the parent runs before the child (D1 across
+/// the batch); nothing is lost: once idle, the parent and the child ran
+/// once each, and key 1's last run started after its enqueue inside the
+/// batch (G3); nothing is left held. A worker left waiting for a key that
+/// the close released would leave `wait_idle` waiting for ever, which
+/// shuttle reports as a deadlock.
+#[test]
+fn batch_closing_while_workers_finish() {
+    explore(batch_closing_while_workers_finish_model);
+}
+
+fn batch_closing_while_workers_finish_model() {
+    let log = Arc::new(Mutex::new(BatchLog::default()));
+    let ended = Arc::new(Condvar::new());
+    let reconcile = {
+        let (log, ended) = (Arc::clone(&log), Arc::clone(&ended));
+        move |key: &u8, _: &Context| -> Result<Action, ReconcileError> {
+            {
+                let mut log = log.lock().unwrap();
+                // Key 1's first run may be the one ready before the batch.
+                let caused_by_batch = *key != BAT_1 || !log.starts(BAT_1).is_empty();
+                if let Some(&(period, _)) = log.enqueued.get(key)
+                    && caused_by_batch
+                    && log.open > 0
+                    && log.period == period
+                {
+                    log.violations.push(format!("{key}, enqueued inside a batch, started before it closed"));
+                }
+                log.events.push(("start", *key));
+            }
+            thread::yield_now();
+            log.lock().unwrap().events.push(("end", *key));
+            ended.notify_all();
+            Ok(Action::Done)
+        }
+    };
+    let controller = Controller::new("e", reconcile).workers(2).rate_limiter(zero_backoff());
+    let handle = controller.handle();
+    handle.set_dependencies(&BAT_CHILD, [BAT_PARENT]).unwrap();
+    handle.enqueue(BAT_1);
+    handle.enqueue(BAT_2);
+    let handle = controller.start();
+    // Opens a batch and logs it; the returned closure closes it, logged
+    // in the same critical section.
+    let open = |handle: &ControllerHandle<u8>, log: &Arc<Mutex<BatchLog>>| {
+        let batch = handle.batch();
+        log.lock().unwrap().open_batch();
+        let log = Arc::clone(log);
+        move || {
+            let mut log = log.lock().unwrap();
+            drop(batch);
+            log.open -= 1;
+        }
+    };
+    let a = {
+        let (handle, log) = (handle.clone(), Arc::clone(&log));
+        thread::spawn(move || {
+            let close_outer = open(&handle, &log);
+            for (key, nested) in [(BAT_CHILD, false), (BAT_1, true), (BAT_PARENT, false)] {
+                let close_inner = nested.then(|| open(&handle, &log));
+                log.lock().unwrap().enqueue(key);
+                handle.enqueue(key);
+                if let Some(close) = close_inner {
+                    close();
+                }
+            }
+            close_outer();
+        })
+    };
+    let b = {
+        let (handle, log) = (handle.clone(), Arc::clone(&log));
+        thread::spawn(move || open(&handle, &log)())
+    };
+    a.join().unwrap();
+    b.join().unwrap();
+    // Without a call into the queue (wait_idle would wake the workers
+    // itself): the close alone must hand the keys out.
+    let mut seen = log.lock().unwrap();
+    while !seen.events.contains(&("end", BAT_CHILD)) {
+        seen = ended.wait(seen).unwrap();
+    }
+    drop(seen);
+    assert!(handle.wait_idle(FOREVER), "wait_idle gave up");
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    let (parent, child) = (log.starts(BAT_PARENT), log.starts(BAT_CHILD));
+    assert!(parent.len() == 1 && child.len() == 1, "lost or repeated: {:?}", log.events);
+    let parent_end = log.events.iter().position(|e| *e == ("end", BAT_PARENT));
+    assert!(parent_end < Some(child[0]), "the child ran before its parent ended: {:?}", log.events);
+    let enqueued_1 = log.enqueued[&BAT_1].1;
+    assert!(log.starts(BAT_1).last() > Some(&enqueued_1), "key 1's enqueue was lost: {:?}", log.events);
+    assert_eq!(log.starts(BAT_2).len(), 1, "{:?}", log.events);
+    let stats = handle.stats();
+    assert_eq!(stats.reconciles as usize, log.events.iter().filter(|(what, _)| *what == "start").count());
     assert_eq!((stats.held, stats.depth, stats.processing), (0, 0, 0), "{stats:?}");
     drop(log);
     assert!(handle.stop_with_drain(FOREVER));

@@ -266,14 +266,16 @@ fn crash_child(dir: &Path) {
     handle.wait_stopped(None);
 }
 
+/// Test `test` of this binary, to run as a child (its environment says
+/// which part it plays), its stdout piped.
+fn test_child(test: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", test, "--nocapture", "--test-threads=1"]).stdout(std::process::Stdio::piped());
+    command
+}
+
 fn spawn_crash_child(dir: &Path, calls: &Path) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "s1_sigkill_at_random_moments_loses_no_key", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, dir)
-        .env(CALLS_ENV, calls)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+    test_child("s1_sigkill_at_random_moments_loses_no_key").env(CHILD_ENV, dir).env(CALLS_ENV, calls).spawn().unwrap()
 }
 
 /// Blocks until the child has restored and started.
@@ -567,12 +569,8 @@ fn s1_a_burst_is_stored_within_the_interval_plus_a_second() {
         return burst_child(Path::new(&dir));
     }
     let dir = TempDir::new();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "s1_a_burst_is_stored_within_the_interval_plus_a_second", "--nocapture", "--test-threads=1"])
-        .env(BURST_ENV, &dir.0)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        test_child("s1_a_burst_is_stored_within_the_interval_plus_a_second").env(BURST_ENV, &dir.0).spawn().unwrap();
     wait_ready(&mut child);
     // The bound S1 promises, measured from the burst's end: this sleep is
     // the guarantee under test, not a wait for a condition.
@@ -729,13 +727,8 @@ fn flush_writes_everything_changed_before_it_so_a_sigkill_after_it_loses_nothing
     }
     let dir = TempDir::new();
     for round in 0..10 {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(FLUSH_CHILD_ENV, &dir.0)
-            .env(FLUSH_ROUND_ENV, round.to_string())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child =
+            test_child(test).env(FLUSH_CHILD_ENV, &dir.0).env(FLUSH_ROUND_ENV, round.to_string()).spawn().unwrap();
         wait_line(&mut child, "flushed");
         kill(&mut child);
         let rows = open(&dir.0.join(format!("round-{round}.db"))).load("flush").unwrap();
@@ -862,4 +855,164 @@ fn flush_during_a_stop_writes_what_changed_and_after_it_returns_its_outcome() {
     assert!(stopping.wait(LONG).is_some_and(|report| report.finished));
     assert!(handle.join_timeout(LONG));
     handle.flush().unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Dependencies between keys (guarantees §14): edges are kept in the store.
+
+/// A controller named "edges" on `store` whose reconciles succeed.
+fn edges_controller(store: SqliteStore) -> Controller<String> {
+    Controller::new("edges", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+        .store(store)
+}
+
+fn strings(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
+/// Starts an `edges_controller`, setting dashboard → model before start
+/// and model → source, config after.
+fn start_with_edges(store: SqliteStore) -> ControllerHandle<String> {
+    let controller = edges_controller(store);
+    controller.handle().set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
+    let handle = controller.start();
+    handle.set_dependencies(&"model".to_string(), strings(&["source", "config"])).unwrap();
+    handle
+}
+
+/// The edges the file holds for controller "edges", as (child, parent),
+/// sorted.
+fn stored_edges(db: &Path) -> Vec<(String, String)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut stmt =
+        conn.prepare("SELECT child, parent FROM edges WHERE controller = 'edges' ORDER BY child, position").unwrap();
+    let rows = stmt.query_map([], |row| Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))).unwrap();
+    let decode = |bytes: &[u8]| reconq::decode_key::<String>(bytes).unwrap();
+    let mut edges: Vec<_> = rows.map(|row| row.unwrap()).map(|(c, p)| (decode(&c), decode(&p))).collect();
+    edges.sort();
+    edges
+}
+
+/// Edges set before and after start come back after a stop, in the order
+/// set, and hold keys again (D1); parents set again before a restart win
+/// over the stored ones; clearing them ([]) deletes their rows.
+#[test]
+fn edges_come_back_after_a_stop_and_clearing_them_deletes_their_rows() {
+    let dir = TempDir::new();
+    let handle = start_with_edges(open(&dir.db()));
+    handle.set_dependencies(&"report".to_string(), strings(&["model"])).unwrap();
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+
+    let restarted = edges_controller(open(&dir.db()));
+    // Set again before start: these replace the stored parents of "report".
+    restarted.handle().set_dependencies(&"report".to_string(), strings(&["source"])).unwrap();
+    let handle = restarted.start();
+    assert_eq!(handle.dependencies(&"model".to_string()), strings(&["source", "config"]));
+    assert_eq!(handle.dependencies(&"dashboard".to_string()), strings(&["model"]));
+    assert_eq!(handle.dependencies(&"report".to_string()), strings(&["source"]));
+    // D1 holds with the restored edges: a cycle through them is refused.
+    assert!(handle.set_dependencies(&"source".to_string(), strings(&["dashboard"])).is_err());
+    handle.set_dependencies(&"model".to_string(), []).unwrap();
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(
+        stored_edges(&dir.db()),
+        [("dashboard", "model"), ("report", "source")].map(|(c, p)| (c.to_string(), p.to_string()))
+    );
+}
+
+const EDGES_ENV: &str = "RECONQ_STORE_EDGES_CHILD";
+const EDGES_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The edges child: sets edges before and after start, says so, and waits
+/// to be killed.
+fn edges_child(dir: &Path) {
+    use std::io::Write;
+    let handle = start_with_edges(SqliteStore::open_with_flush_interval(dir.join("state.db"), EDGES_INTERVAL).unwrap());
+    std::io::stdout().write_all(b"ready\n").unwrap();
+    handle.wait_stopped(None);
+}
+
+/// S1 for edges: SIGKILL `flush_interval` + 1 s after the last edge was
+/// set, and a restart has every edge.
+#[test]
+fn edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_back() {
+    if let Ok(dir) = std::env::var(EDGES_ENV) {
+        return edges_child(Path::new(&dir));
+    }
+    let dir = TempDir::new();
+    let test = "edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_back";
+    let mut child = test_child(test).env(EDGES_ENV, &dir.0).spawn().unwrap();
+    wait_ready(&mut child);
+    // The bound S1 promises: this sleep is the guarantee under test, not a
+    // wait for a condition.
+    std::thread::sleep(EDGES_INTERVAL + Duration::from_secs(1));
+    kill(&mut child);
+    let handle = edges_controller(open(&dir.db())).start();
+    assert_eq!(handle.dependencies(&"model".to_string()), strings(&["source", "config"]));
+    assert_eq!(handle.dependencies(&"dashboard".to_string()), strings(&["model"]));
+    assert_eq!(handle.dependents(&"model".to_string()), strings(&["dashboard"]));
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}
+
+/// A file of schema 1 (before edges were kept) is brought up to the
+/// current one at open: its keys stay, and edges are kept from then on.
+#[test]
+fn a_schema_1_file_gains_the_edges_table_and_keeps_its_keys() {
+    let dir = TempDir::new();
+    {
+        let conn = rusqlite::Connection::open(dir.db()).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE keys (controller TEXT NOT NULL, key BLOB NOT NULL, state INTEGER NOT NULL,
+                 due_unix_ms INTEGER, error TEXT, failures INTEGER NOT NULL, priority INTEGER NOT NULL,
+                 PRIMARY KEY (controller, key)) WITHOUT ROWID;
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO keys VALUES ('edges', ?1, 2, NULL, 'bad spec', 0, 0)",
+            [reconq::encode_key(&"parked".to_string())],
+        )
+        .unwrap();
+    }
+    let handle = edges_controller(open(&dir.db())).start();
+    assert_eq!(handle.parked(), strings(&["parked"]));
+    handle.set_dependencies(&"child".to_string(), strings(&["parent"])).unwrap();
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(stored_edges(&dir.db()), [("child".to_string(), "parent".to_string())]);
+    let version: i64 = rusqlite::Connection::open(dir.db())
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, reconq::SCHEMA_VERSION);
+}
+
+/// Parents set before start win over stored ones that would close a cycle
+/// with them: those are dropped (logged), in memory and in the file.
+#[test]
+fn stored_edges_closing_a_cycle_with_ones_set_before_start_are_dropped() {
+    let dir = TempDir::new();
+    let handle = edges_controller(open(&dir.db())).start();
+    handle.set_dependencies(&"model".to_string(), strings(&["source"])).unwrap();
+    handle.set_dependencies(&"dashboard".to_string(), strings(&["model"])).unwrap();
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+
+    let restarted = edges_controller(open(&dir.db()));
+    restarted.handle().set_dependencies(&"source".to_string(), strings(&["dashboard"])).unwrap();
+    let handle = restarted.start();
+    assert_eq!(handle.dependencies(&"source".to_string()), strings(&["dashboard"]));
+    // Keys are restored in the order of their encoding ("model" is
+    // shorter): model's parents come back, dashboard's close the cycle.
+    assert_eq!(handle.dependencies(&"model".to_string()), strings(&["source"]));
+    assert_eq!(handle.dependencies(&"dashboard".to_string()), Vec::<String>::new());
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+    assert_eq!(
+        stored_edges(&dir.db()),
+        [("model", "source"), ("source", "dashboard")].map(|(c, p)| (c.to_string(), p.to_string()))
+    );
 }

@@ -2,8 +2,11 @@
 //! handle's calls, where edges live before start, D2's enqueue of the
 //! dependents, and D3's cancellation of running descendants (which U1's
 //! `supersede` shares: §15). The graph and
-//! its holds are `crate::graph`'s, kept in the queue once started.
+//! its holds are `crate::graph`'s, kept in the queue once started. With a
+//! store, every key whose parents are set is marked for the flusher, and
+//! the stored edges come back at start (§14: edges are kept in the store).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,7 +32,18 @@ impl<K: fmt::Debug> fmt::Display for CycleError<K> {
 impl<K: fmt::Debug> std::error::Error for CycleError<K> {}
 
 /// Edges set before start (the queue takes them at start).
-pub(crate) type BeforeStart<K> = crate::sync::Mutex<Option<Box<Dependencies<K>>>>;
+pub(crate) struct BeforeStart<K> {
+    deps: Option<Box<Dependencies<K>>>,
+    /// The keys whose parents were set: at start, their stored parents
+    /// give way to these, which the store then writes.
+    set: HashSet<K, foldhash::fast::RandomState>,
+}
+
+impl<K> Default for BeforeStart<K> {
+    fn default() -> Self {
+        Self { deps: None, set: HashSet::default() }
+    }
+}
 
 /// `parents` without repeats, in their first order.
 fn dedup<K: PartialEq>(parents: impl IntoIterator<Item = K>) -> Vec<K> {
@@ -58,24 +72,56 @@ impl<K: ControllerKey> Core<K> {
             drop(before);
             return self.set_started(rt, key, parents);
         }
-        let deps = before.get_or_insert_with(Box::default);
-        deps.set_parents(key, parents, &mut NothingPending).map_err(|keys| CycleError { keys })
+        let deps = before.deps.get_or_insert_with(Box::default);
+        deps.set_parents(key, parents, &mut NothingPending).map_err(|keys| CycleError { keys })?;
+        before.set.insert(key.clone());
+        Ok(())
     }
 
     fn set_started(self: &Arc<Self>, rt: &Runtime<K>, key: &K, parents: Vec<K>) -> Result<(), CycleError<K>> {
         rt.queue.set_dependencies(key, parents, || self.cancel_hook()).map_err(|keys| CycleError { keys })?;
         rt.has_dependencies.store(true, Ordering::Relaxed);
+        if let Some(link) = &rt.store {
+            link.mark_edges(key);
+        }
         Ok(())
     }
 
-    /// At start, before the runtime is visible: hands the edges set so far
-    /// to the queue. The caller keeps `before` locked until the runtime is
-    /// set, so no edge lands in between.
-    pub(crate) fn install_dependencies(self: &Arc<Self>, before: &mut Option<Box<Dependencies<K>>>, rt: &Runtime<K>) {
-        if let Some(deps) = before.take() {
+    /// At start, before the runtime is visible: hands the edges set so far,
+    /// and the `stored` ones of the other keys, to the queue. The caller
+    /// keeps `before` locked until the runtime is set, so no edge lands in
+    /// between. Returns the keys whose stored parents were dropped because
+    /// they would close a cycle with parents set before start (those win),
+    /// for the caller to log once its locks are released.
+    pub(crate) fn install_dependencies(
+        self: &Arc<Self>,
+        before: &mut BeforeStart<K>,
+        stored: Vec<(K, Vec<K>)>,
+        rt: &Runtime<K>,
+    ) -> Vec<K> {
+        let mut deps = before.deps.take();
+        let set = std::mem::take(&mut before.set);
+        let mut dropped = Vec::new();
+        // Set again before start: those win.
+        for (key, parents) in stored.into_iter().filter(|(key, _)| !set.contains(key)) {
+            let deps = deps.get_or_insert_with(Box::default);
+            if deps.set_parents(&key, parents, &mut NothingPending).is_err() {
+                dropped.push(key);
+            }
+        }
+        if let Some(link) = &rt.store {
+            for key in &set {
+                link.mark_edges(key);
+            }
+            for key in &dropped {
+                link.mark_edges(key);
+            }
+        }
+        if let Some(deps) = deps {
             rt.queue.install_dependencies(deps, self.cancel_hook());
             rt.has_dependencies.store(true, Ordering::Relaxed);
         }
+        dropped
     }
 
     /// What the queue calls (under its lock) to cancel a running reconcile
@@ -107,7 +153,8 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// `key`'s direct parents.
+    /// `key`'s direct parents (before start: those set in this process; a
+    /// store's come back at start).
     pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
         self.read_graph(key, |q, key| q.dependencies(key), |d, key| d.parents(key))
     }
@@ -126,8 +173,8 @@ impl<K: ControllerKey> Core<K> {
         if let Some(rt) = self.rt.get() {
             return started(&rt.queue, key);
         }
-        let deps = self.deps_before_start.lock();
-        match (self.rt.get(), deps.as_deref()) {
+        let set_before = self.deps_before_start.lock();
+        match (self.rt.get(), set_before.deps.as_deref()) {
             (Some(rt), _) => started(&rt.queue, key),
             (None, Some(deps)) => before(deps, key),
             (None, None) => Vec::new(),

@@ -535,8 +535,9 @@ impl<K: ControllerKey> Controller<K> {
             debounce: config.debounce.map(debounce::Debounce::new),
         };
         let core = &self.core;
+        let stored_edges = rt.store.as_ref().map(|link| link.restore_edges()).unwrap_or_default();
         let mut deps_before_start = core.deps_before_start.lock();
-        core.install_dependencies(&mut deps_before_start, &rt);
+        let dropped_edges = core.install_dependencies(&mut deps_before_start, stored_edges, &rt);
         let open_batches = core.batches.lock();
         core.install_batch(&open_batches, &rt);
         if core.rt.set(rt).is_err() {
@@ -544,6 +545,7 @@ impl<K: ControllerKey> Controller<K> {
         }
         drop(open_batches);
         drop(deps_before_start);
+        crate::logs::stored_edges_dropped(&core.name, &dropped_edges);
         let rt = core.rt.get().expect("just set");
         core.subscribe_features(rt);
         if core.life.workers_starting(config.workers).is_err() {
@@ -783,7 +785,7 @@ pub(crate) struct Core<K> {
     /// The caches it watches (see `watch`).
     pub(crate) watches: watch::Watches<K>,
     /// Dependencies set before start (see `dependencies`).
-    pub(crate) deps_before_start: dependencies::BeforeStart<K>,
+    pub(crate) deps_before_start: Mutex<dependencies::BeforeStart<K>>,
     /// Batches open now (see `batch`).
     pub(crate) batches: batch::OpenBatches,
 }
@@ -838,7 +840,7 @@ impl<K: ControllerKey> Core<K> {
             life: Lifecycle::new(),
             triggers: Mutex::new(triggers::Triggers::default()),
             watches: watch::Watches::new(),
-            deps_before_start: Mutex::new(None),
+            deps_before_start: Mutex::new(dependencies::BeforeStart::default()),
             batches: Mutex::new(0),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;

@@ -29,6 +29,10 @@ impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn now(&self) -> Instant {
         self.rt.get().map_or_else(Instant::now, |rt| rt.clock.now())
     }
+
+    fn parents(&self, key: &K) -> Vec<K> {
+        self.dependencies(key)
+    }
 }
 
 /// Puts the stored keys back before any worker runs: waiting keys ready,

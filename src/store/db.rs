@@ -13,8 +13,9 @@ use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
 
 /// The schema this build writes. A file with a higher `user_version` was
-/// written by a newer reconq and is refused rather than misread.
-pub const SCHEMA_VERSION: i64 = 1;
+/// written by a newer reconq and is refused rather than misread; an older
+/// one is brought up to it at open ([`MIGRATIONS`]).
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS keys (
@@ -28,6 +29,21 @@ CREATE TABLE IF NOT EXISTS keys (
     PRIMARY KEY (controller, key)
 ) WITHOUT ROWID;
 ";
+
+/// `MIGRATIONS[v - 1]` takes a file from schema `v` to `v + 1` (a new file
+/// runs [`SCHEMA`], then every step). Each step is idempotent.
+const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [
+    // 1 -> 2: dependencies between keys (guarantees §14), one row per edge.
+    "
+CREATE TABLE IF NOT EXISTS edges (
+    controller TEXT NOT NULL,
+    child BLOB NOT NULL,        -- the documented key encoding, as keys.key
+    parent BLOB NOT NULL,
+    position INTEGER NOT NULL,  -- the parent's place in the order set
+    PRIMARY KEY (controller, child, parent)
+) WITHOUT ROWID;
+",
+];
 
 /// How long a write waits for another connection's lock (another
 /// process writing other names in the same file).
@@ -52,6 +68,10 @@ pub struct StoredKey {
     pub failures: u32,
     pub priority: i32,
 }
+
+/// A key's parents as stored (guarantees §14), each in the documented key
+/// encoding, in the order set. Empty parents: the key's edges are deleted.
+pub(crate) type StoredParents = (Vec<u8>, Vec<Vec<u8>>);
 
 /// Where a stored key was when it was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,6 +149,23 @@ fn incremental_vacuum(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Replaces the stored parents of each key of `edges`.
+fn write_edges(tx: &rusqlite::Transaction<'_>, name: &str, edges: &[StoredParents]) -> rusqlite::Result<()> {
+    if edges.is_empty() {
+        return Ok(());
+    }
+    let mut clear = tx.prepare_cached("DELETE FROM edges WHERE controller = ?1 AND child = ?2")?;
+    let mut insert =
+        tx.prepare_cached("INSERT INTO edges (controller, child, parent, position) VALUES (?1, ?2, ?3, ?4)")?;
+    for (child, parents) in edges {
+        clear.execute(params![name, child])?;
+        for (position, parent) in parents.iter().enumerate() {
+            insert.execute(params![name, child, parent, position as i64])?;
+        }
+    }
+    Ok(())
+}
+
 /// One row of `keys`, or what is wrong with it.
 fn read_row(row: &rusqlite::Row<'_>) -> Result<StoredKey, String> {
     let column = |err: rusqlite::Error| err.to_string();
@@ -188,6 +225,9 @@ impl SqliteStore {
         // Bounds the WAL file left after a checkpoint.
         conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
         conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
+        for step in &MIGRATIONS[(version.max(1) - 1) as usize..] {
+            conn.execute_batch(step).map_err(|e| sql_err(&path, e))?;
+        }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(|e| sql_err(&path, e))?;
         let open = open_files::register(&path);
         Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval, _open: open }) })
@@ -220,6 +260,28 @@ impl SqliteStore {
             keys.push(read_row(row).map_err(|detail| self.corrupt_row(name, row, &detail))?);
         }
         Ok(keys)
+    }
+
+    /// Every key's parents stored under `name`, in the order set.
+    pub(crate) fn load_edges(&self, name: &str) -> Result<Vec<StoredParents>, StoreError> {
+        let conn = self.inner.conn.lock();
+        let path = &self.inner.path;
+        let mut stmt = conn
+            .prepare_cached("SELECT child, parent FROM edges WHERE controller = ?1 ORDER BY child, position")
+            .map_err(|e| sql_err(path, e))?;
+        let mut rows = stmt.query(params![name]).map_err(|e| sql_err(path, e))?;
+        let mut edges: Vec<StoredParents> = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| sql_err(path, e))? {
+            let read = || -> rusqlite::Result<(Vec<u8>, Vec<u8>)> { Ok((row.get(0)?, row.get(1)?)) };
+            let (child, parent) = read().map_err(|e| {
+                StoreError::Invalid(format!("{}: a corrupt edge of controller {name:?}: {e}", path.display()))
+            })?;
+            match edges.last_mut() {
+                Some((last, parents)) if *last == child => parents.push(parent),
+                _ => edges.push((child, vec![parent])),
+            }
+        }
+        Ok(edges)
     }
 
     /// A row `load` cannot read: which file, controller and key, and why.
@@ -265,6 +327,17 @@ impl SqliteStore {
     /// Writes one batch for `name` in one transaction: each entry is a key
     /// and what to keep of it (`None`: delete it). All or nothing.
     pub fn write(&self, name: &str, batch: &[(Vec<u8>, Option<StoredKey>)]) -> Result<(), StoreError> {
+        self.write_with_edges(name, batch, &[])
+    }
+
+    /// [`write`](Self::write), and in the same transaction each of `edges`:
+    /// a key's parents replacing the stored ones.
+    pub(crate) fn write_with_edges(
+        &self,
+        name: &str,
+        batch: &[(Vec<u8>, Option<StoredKey>)],
+        edges: &[StoredParents],
+    ) -> Result<(), StoreError> {
         let mut conn = self.inner.conn.lock();
         let path = &self.inner.path;
         let tx = conn.transaction().map_err(|e| sql_err(path, e))?;
@@ -292,6 +365,7 @@ impl SqliteStore {
                 };
                 result.map_err(|e| sql_err(path, e))?;
             }
+            write_edges(&tx, name, edges).map_err(|e| sql_err(path, e))?;
         }
         tx.commit().map_err(|e| sql_err(path, e))?;
         let deleted = batch.iter().filter(|(_, record)| record.is_none()).count();

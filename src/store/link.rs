@@ -26,15 +26,22 @@ pub(crate) trait KeySource<K>: Send + Sync {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
     /// Now on the queue's clock (to turn due instants into wall time).
     fn now(&self) -> Instant;
+    /// `key`'s parents now, in the order set (guarantees §14).
+    fn parents(&self, key: &K) -> Vec<K>;
 }
 
 /// What a controller holds of its store, whatever its key type.
 pub(crate) trait StoreLink<K>: Flush {
     /// `key` changed: write it at the next flush.
     fn mark(&self, key: &K);
+    /// `key`'s parents were set: write them at the next flush.
+    fn mark_edges(&self, key: &K);
     /// Hands every stored key to `restore`, due times on the queue clock
     /// at `now`.
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView));
+    /// Every stored key's parents (once, at start; call with no engine
+    /// lock held: rows of another key shape are logged and skipped).
+    fn restore_edges(&self) -> Vec<(K, Vec<K>)>;
     /// The flusher thread's body: returns after the final flush at stop
     /// (after [`workers_done`](Self::workers_done)), releasing the claim.
     /// A failed final flush stays in `stats().error`, its keys in

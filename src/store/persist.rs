@@ -15,6 +15,10 @@
 //! * `written` holds exactly the keys with a row in the file for this
 //!   name, so a key enqueued and finished between two flushes (no row, no
 //!   view) costs no SQL at all; its size is bounded by pending + parked.
+//! * Edges (guarantees §14) follow the keys' rules: a key whose parents
+//!   were set is in `edge_marks` or in the flush writing it; a flush takes
+//!   the marks before it reads the parents, writes them in its first
+//!   transaction, and marks them again if that transaction fails.
 
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -23,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use super::db::StoredParents;
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
 use super::link::{Flush, KeySource, KeyView, StoreLink, StoreStats};
@@ -63,8 +68,13 @@ pub(crate) struct Persister<K> {
     /// Keys taken for the flush under way (counted as pending until
     /// written).
     writing: AtomicUsize,
+    /// Keys whose parents were set since the last flush (rare: a plain
+    /// list, the flusher drops the repeats).
+    edge_marks: Mutex<Vec<K>>,
     /// Read at claim, handed out once by `restore`.
     loaded: Mutex<Vec<StoredKey>>,
+    /// Read at claim, handed out once by `restore_edges`.
+    loaded_edges: Mutex<Vec<StoredParents>>,
     written: Mutex<HashSet<K, foldhash::fast::RandomState>>,
     status: Mutex<(Option<SystemTime>, Option<String>)>,
     stopped: AtomicBool,
@@ -79,6 +89,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     pub(crate) fn claim(store: &SqliteStore, name: &str) -> Result<Self, StoreError> {
         let claim = store.claim(name)?;
         let loaded = store.load(name)?;
+        let loaded_edges = store.load_edges(name)?;
         Ok(Self {
             store: store.clone(),
             name: name.to_string(),
@@ -86,7 +97,9 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             dirty: DirtySet::new(),
             aged: Mutex::new(Vec::new()),
             writing: AtomicUsize::new(0),
+            edge_marks: Mutex::new(Vec::new()),
             loaded: Mutex::new(loaded),
+            loaded_edges: Mutex::new(loaded_edges),
             written: Mutex::new(HashSet::default()),
             status: Mutex::new((None, None)),
             stopped: AtomicBool::new(false),
@@ -99,16 +112,24 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     /// [`WRITE_CHUNK`] keys; on a failure the keys not written yet stay
     /// marked for the next flush.
     fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) -> Result<(), StoreError> {
-        if keys.is_empty() {
+        let (edge_keys, edges) = self.edges_to_write(source);
+        if keys.is_empty() && edges.is_empty() {
             return Ok(());
         }
         let (batch, keys) = self.rows_to_write(source, keys);
         self.writing.store(keys.len(), Ordering::Release);
-        for (at, (batch_chunk, keys_chunk)) in batch.chunks(WRITE_CHUNK).zip(keys.chunks(WRITE_CHUNK)).enumerate() {
-            if let Err(err) = self.store.write(&self.name, batch_chunk) {
+        // At least one transaction: the edges go with the first.
+        for at in 0..batch.len().div_ceil(WRITE_CHUNK).max(1) {
+            let chunk = at * WRITE_CHUNK..((at + 1) * WRITE_CHUNK).min(batch.len());
+            let (batch_chunk, keys_chunk) = (&batch[chunk.clone()], &keys[chunk]);
+            let edges = if at == 0 { &edges[..] } else { &[] };
+            if let Err(err) = self.store.write_with_edges(&self.name, batch_chunk, edges) {
                 let unwritten = &keys[at * WRITE_CHUNK..];
                 for key in unwritten {
                     self.dirty.mark(key);
+                }
+                if at == 0 {
+                    self.edge_marks.lock().extend(edge_keys);
                 }
                 self.writing.store(0, Ordering::Release);
                 self.failed(&err, unwritten.len(), last);
@@ -178,6 +199,24 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         rows.into_iter().unzip()
     }
 
+    /// Takes the keys whose parents were set and reads their parents now
+    /// (after the take: a set after it marks the key again), each key
+    /// once. Returns the keys and their rows.
+    fn edges_to_write(&self, source: &dyn KeySource<K>) -> (Vec<K>, Vec<StoredParents>) {
+        let mut keys = std::mem::take(&mut *self.edge_marks.lock());
+        if keys.is_empty() {
+            return (keys, Vec::new());
+        }
+        let mut rows: Vec<(StoredParents, K)> = keys
+            .drain(..)
+            .map(|key| ((encode_key(&key), source.parents(&key).iter().map(encode_key).collect()), key))
+            .collect();
+        rows.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
+        rows.dedup_by(|a, b| a.0.0 == b.0.0);
+        let (rows, keys) = rows.into_iter().unzip();
+        (keys, rows)
+    }
+
     fn failed(&self, err: &StoreError, unwritten: usize, last: bool) {
         let message = err.to_string();
         if last {
@@ -219,6 +258,26 @@ fn to_stored(key: &[u8], view: &KeyView, now: Instant, wall: i64) -> StoredKey {
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for Persister<K> {
     fn mark(&self, key: &K) {
         self.dirty.mark(key);
+    }
+
+    fn mark_edges(&self, key: &K) {
+        self.edge_marks.lock().push(key.clone());
+        self.dirty.wake();
+    }
+
+    fn restore_edges(&self) -> Vec<(K, Vec<K>)> {
+        let loaded = std::mem::take(&mut *self.loaded_edges.lock());
+        let mut edges = Vec::with_capacity(loaded.len());
+        for (child, parents) in loaded {
+            let decoded: Option<Vec<K>> = parents.iter().map(|parent| decode_key::<K>(parent)).collect();
+            match (decode_key::<K>(&child), decoded) {
+                (Some(child), Some(parents)) => edges.push((child, parents)),
+                // Left in the file untouched, as a key row of another shape.
+                _ => tracing::warn!(target: "reconq::store", controller = %self.name,
+                    "stored edges of a key of another shape skipped"),
+            }
+        }
+        edges
     }
 
     fn restore(&self, now: Instant, restore: &mut dyn FnMut(K, KeyView)) {
@@ -271,7 +330,12 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             // issue 22: a burst left 33 MiB of WAL and free pages behind).
             // A reader in the way gets a few more ticks, then the next
             // write.
-            while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() && !asked() {
+            while self.dirty.len() == 0
+                && self.aged.lock().is_empty()
+                && self.edge_marks.lock().is_empty()
+                && !stopping()
+                && !asked()
+            {
                 next_tick = None;
                 if compact_tries == 0 {
                     std::thread::park();
@@ -339,7 +403,10 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn stats(&self) -> StoreStats {
         let (last_flush_time, error) = self.status.lock().clone();
-        let pending = self.dirty.len() + self.aged.lock().len() + self.writing.load(Ordering::Acquire);
+        let pending = self.dirty.len()
+            + self.aged.lock().len()
+            + self.edge_marks.lock().len()
+            + self.writing.load(Ordering::Acquire);
         StoreStats { pending, last_flush_time, error }
     }
 }

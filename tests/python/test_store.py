@@ -457,3 +457,77 @@ def test_flush_before_start_raises_and_without_a_store_or_after_stop_returns(tmp
     plain.flush()
     plain.stop()
     plain.flush()
+
+
+def edges_controller(store):
+    return reconq.Controller(lambda key: None, name="edges", store=store)
+
+
+# Sets edges on a controller `c` not started yet, starts it, sets more (run
+# here and by EDGES_CHILD).
+SET_EDGES_AROUND_START = """
+c.set_dependencies("dashboard", ["model"])
+c.start()
+c.set_dependencies("model", ["source", ("ns", 1)])
+"""
+
+
+def test_edges_come_back_after_a_stop_and_cleared_ones_leave_the_file(tmp_path):
+    """Guarantees §14: edges are kept in the store, set before or after
+    start, in the order set; clearing a key's parents deletes its rows."""
+    db = tmp_path / "state.db"
+    c = edges_controller(str(db))
+    exec(SET_EDGES_AROUND_START, {"c": c})
+    c.set_dependencies("report", ["model"])
+    c.stop()
+
+    again = edges_controller(str(db))
+    again.start()
+    try:
+        assert again.dependencies("model") == ["source", ("ns", 1)]
+        assert again.dependencies("dashboard") == ["model"]
+        assert sorted(again.dependents("model")) == ["dashboard", "report"]
+        with pytest.raises(reconq.CycleError):
+            again.set_dependencies("source", ["report"])
+        again.set_dependencies("report", [])
+    finally:
+        again.stop()
+    children = [bytes.fromhex(row[0]) for row in query_from_another_process(
+        db, "SELECT hex(child) FROM edges WHERE controller = 'edges'")]
+
+    def encoded(key: str) -> bytes:  # a str key's encoding (test_python_keys_encode_like_rust_keys)
+        return bytes([1]) + len(key).to_bytes(4, "big") + key.encode()
+
+    assert sorted(children) == sorted([encoded("model"), encoded("model"), encoded("dashboard")]), "report's row went"
+    assert again.dependencies("report") == []
+
+
+EDGES_CHILD = """
+import sys, time
+import reconq
+c = reconq.Controller(lambda key: None, name="edges",
+                      store=reconq.SqliteStore(sys.argv[1], flush_interval=0.5))
+""" + SET_EDGES_AROUND_START + """
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_back(tmp_path):
+    db = tmp_path / "state.db"
+    proc = subprocess.Popen([sys.executable, "-c", EDGES_CHILD, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        # S1's bound (flush_interval + 1 s) is the guarantee under test, not
+        # a wait for a condition.
+        time.sleep(0.5 + 1.0)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    c = edges_controller(str(db))
+    c.start()
+    try:
+        assert c.dependencies("model") == ["source", ("ns", 1)]
+        assert c.dependencies("dashboard") == ["model"]
+    finally:
+        c.stop()
