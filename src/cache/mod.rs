@@ -654,6 +654,9 @@ impl<S: Source> Inner<S> {
             life.source = None;
             life.thread.take()
         };
+        if let Some(stored) = &self.stored {
+            stored.release_name();
+        }
         // Never to run: they may hold clones of this cache.
         let never_run = std::mem::take(&mut *self.synced_hooks.lock());
         drop(never_run);

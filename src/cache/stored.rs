@@ -33,8 +33,9 @@ impl<S: Source> Copy for Codec<S> {}
 pub(crate) struct Stored<S: Source> {
     /// The store file (canonical): a watching controller's must be it.
     file: PathBuf,
-    /// Holds the cache's name in that file while the cache lives.
-    _name: CacheName,
+    /// Holds the cache's name in that file until it stops (a stopped
+    /// cache never runs again).
+    name: Mutex<Option<CacheName>>,
     pub(crate) codec: Codec<S>,
     /// The flushers of the controllers it feeds: its `flush()` is theirs.
     flushers: Mutex<Vec<Weak<dyn Flush>>>,
@@ -45,11 +46,16 @@ impl<S: Source> Stored<S> {
     /// this process has it.
     pub(crate) fn new(file: PathBuf, name: &str, codec: Codec<S>) -> Result<Self, String> {
         let held = CacheName::reserve(&file, name).map_err(|e| e.to_string())?;
-        Ok(Self { file, _name: held, codec, flushers: Mutex::new(Vec::new()) })
+        Ok(Self { file, name: Mutex::new(Some(held)), codec, flushers: Mutex::new(Vec::new()) })
     }
 
     pub(crate) fn file(&self) -> &Path {
         &self.file
+    }
+
+    /// The cache stopped: another cache may take its name.
+    pub(crate) fn release_name(&self) {
+        self.name.lock().take();
     }
 
     /// A watching controller's flusher, from now on part of `flush()`.
