@@ -18,7 +18,10 @@ use std::time::Duration;
 use common::{PATIENCE, TempDir};
 use parking_lot::Mutex;
 use reconq::source::Item;
-use reconq::{Action, Cache, Controller, EtcdSource, PollingSource, Source, SqliteStore, StoreError, Watch};
+use reconq::{
+    Action, Cache, Context, Controller, ControllerHandle, EtcdSource, PollingSource, ReconcileError, Source,
+    SqliteStore, StoreError, Watch,
+};
 
 /// What the system holds: key -> (value, version).
 type Items = BTreeMap<String, (u64, u64)>;
@@ -81,6 +84,25 @@ where
     assert!(handle.stop_with_drain(PATIENCE));
     cache.stop();
     std::mem::take(&mut *seen.lock())
+}
+
+/// Starts controller "sync" with `store`, watching `cache`; returns once
+/// the cache synced and what its list enqueued is on disk.
+fn start_watching(
+    store: SqliteStore,
+    cache: &Cache<PollingSource<String, u64, u64>>,
+    reconcile: impl Fn(&String, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static,
+) -> ControllerHandle<String> {
+    let handle = Controller::from_fn("sync", reconcile).store(store).watch_cache(cache, Watch::new()).start();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    cache.flush().unwrap();
+    handle
+}
+
+/// The rows of `table` in the file at `path` (read by another connection).
+fn rows(path: &Path, table: &str) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0)).unwrap()
 }
 
 fn items(n: u64) -> Items {
@@ -181,19 +203,11 @@ fn a_cache_s_flush_writes_its_rows_and_its_controllers_keys() {
     let gate = Arc::new(Mutex::new(()));
     let held = gate.lock();
     let blocked = Arc::clone(&gate);
-    let handle = Controller::from_fn("sync", move |_: &String, _| {
+    let handle = start_watching(store, &cache, move |_, _| {
         drop(blocked.lock());
         Ok(Action::Done)
-    })
-    .store(store)
-    .watch_cache(&cache, Watch::new())
-    .start();
-    assert!(cache.wait_synced(Some(PATIENCE)));
-    cache.flush().unwrap();
-    let rows = |table: &str| -> i64 {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0)).unwrap()
-    };
+    });
+    let rows = |table: &str| rows(&path, table);
     assert_eq!(rows("cache_keys"), 5, "the key set is on disk");
     assert!(rows("keys") >= 4, "with the keys its list enqueued (one may be running, kept as waiting)");
     drop(held);
@@ -237,15 +251,10 @@ fn a_file_of_schema_1_is_migrated_and_keeps_its_keys() {
     let seen = Arc::new(Mutex::new(BTreeSet::new()));
     let reconciled = Arc::clone(&seen);
     let cache = Cache::builder("items", source(&items(3), true)).store(&store).build().unwrap();
-    let handle = Controller::from_fn("sync", move |key: &String, ctx| {
+    let handle = start_watching(store, &cache, move |key, ctx| {
         reconciled.lock().insert((key.clone(), ctx.attempt()));
         Ok(Action::Done)
-    })
-    .store(store)
-    .watch_cache(&cache, Watch::new())
-    .start();
-    assert!(cache.wait_synced(Some(PATIENCE)));
-    cache.flush().unwrap();
+    });
     assert!(handle.wait_idle(PATIENCE));
     let expected: BTreeSet<(String, u32)> =
         [("a", 2), ("b", 2), ("k00", 0), ("k01", 0), ("k02", 0)].map(|(k, a)| (k.to_owned(), a)).into();
@@ -254,8 +263,7 @@ fn a_file_of_schema_1_is_migrated_and_keeps_its_keys() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
     assert_eq!(version, reconq::SCHEMA_VERSION);
-    let kept: i64 = conn.query_row("SELECT count(*) FROM cache_keys", [], |row| row.get(0)).unwrap();
-    assert_eq!(kept, 3);
+    assert_eq!(rows(&path, "cache_keys"), 3);
 }
 
 #[test]
