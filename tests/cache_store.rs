@@ -174,6 +174,12 @@ fn a_controller_without_the_cache_s_store_is_refused_at_start_with_nothing_chang
             .contains(".lock")),
         "no name was claimed"
     );
+    // After start, watch_cache refuses it, and the controller goes on.
+    let running = Controller::from_fn("running", noop).store(other).start();
+    let err = running.watch_cache(&cache, Watch::new()).unwrap_err();
+    assert!(matches!(err, reconq::WatchError::StoreMismatch(_)), "{err}");
+    assert!(!cache.synced() && running.wait_synced(Some(Duration::ZERO)), "nothing was attached");
+    running.stop();
 }
 
 #[test]
