@@ -27,6 +27,20 @@ pub trait StoreKey: Sized {
     fn decode(input: &mut &[u8]) -> Option<Self>;
 }
 
+/// A source's version or position as a cache with a store keeps it
+/// (guarantees E9): its bytes in the key encoding, or `None` when it
+/// cannot be kept (a key whose version is not kept counts as changed at a
+/// restart). Every [`StoreKey`] is kept as its encoding.
+pub trait Keepable {
+    fn kept_bytes(&self) -> Option<Vec<u8>>;
+}
+
+impl<T: StoreKey> Keepable for T {
+    fn kept_bytes(&self) -> Option<Vec<u8>> {
+        Some(encode_key(self))
+    }
+}
+
 pub(crate) const TAG_STR: u8 = 0x01;
 pub(crate) const TAG_INT: u8 = 0x02;
 pub(crate) const TAG_BYTES: u8 = 0x03;

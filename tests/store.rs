@@ -5,40 +5,15 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::wait_for;
+use common::{TempDir, wait_for};
 use reconq::{
     Action, Context, Controller, ControllerHandle, ExponentialBackoff, KeyStatus, ReconcileError, SqliteStore,
     StoreError, StoredState,
 };
-
-static DIRS: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh directory under the system temp dir, removed at drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let n = DIRS.fetch_add(1, Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("reconq-store-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-    fn db(&self) -> PathBuf {
-        self.0.join("state.db")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 const HOUR: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);

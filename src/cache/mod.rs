@@ -38,6 +38,7 @@ mod backoff;
 mod contents;
 mod observe;
 mod run;
+mod stored;
 #[cfg(test)]
 mod tests;
 
@@ -51,6 +52,8 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::{ReentrantMutex, RwLock};
 
 use self::contents::{Contents, IndexFailure, IndexFn};
+pub(crate) use self::stored::Codec;
+use self::stored::Stored;
 use crate::error::InvalidArgument;
 use crate::source::{Source, Stop};
 use crate::sync::{Condvar, Mutex};
@@ -149,6 +152,40 @@ pub struct CacheBuilder<S: Source> {
     indexes: Indexes<S::Key, S::Object>,
     first_backoff: Duration,
     thread_wrapper: Option<ThreadWrapper>,
+    /// `store`: the file (canonical) and how keys, versions and positions
+    /// are kept.
+    store: Option<(std::path::PathBuf, Codec<S>)>,
+}
+
+#[cfg(feature = "store")]
+impl<S: Source> CacheBuilder<S>
+where
+    S::Key: crate::StoreKey,
+    S::Version: crate::Keepable,
+    S::Position: crate::Keepable,
+{
+    /// Keeps the cache's key set, each key's version and its position in
+    /// `store` (guarantees E9), so a restart reconciles only what changed
+    /// while the program was down: each controller that watches the cache
+    /// keeps them with its own pending keys, in the same transaction, and
+    /// must use the same file (else its `try_start` fails with
+    /// [`StoreError::Invalid`](crate::StoreError::Invalid)). After a
+    /// restart, the cache's first list is compared with what each
+    /// controller kept: only keys created, deleted, or changed (their
+    /// version differs, or the source gives none) are delivered to it. A
+    /// delete found this way reaches `map` and `predicate` with `None` (the
+    /// cache keeps versions, not objects). Cache names are unique among a
+    /// file's caches: [`build`](Self::build) refuses a second live one.
+    pub fn store(mut self, store: &crate::SqliteStore) -> Self {
+        let codec = Codec {
+            key: crate::encode_key::<S::Key>,
+            decode: crate::decode_key::<S::Key>,
+            version: <S::Version as crate::Keepable>::kept_bytes,
+            position: <S::Position as crate::Keepable>::kept_bytes,
+        };
+        self.store = Some((store.canonical_path().to_path_buf(), codec));
+        self
+    }
 }
 
 impl<S: Source> CacheBuilder<S> {
@@ -190,6 +227,10 @@ impl<S: Source> CacheBuilder<S> {
                 return Err(InvalidArgument::new(format!("Cache: indexes: {name:?} given twice")));
             }
         }
+        let stored = match self.store {
+            Some((file, codec)) => Some(Stored::new(file, &self.name, codec).map_err(InvalidArgument::new)?),
+            None => None,
+        };
         let inner = Arc::new_cyclic(|weak: &Weak<Inner<S>>| Inner {
             _registration: crate::observe::register(weak.clone()),
             name: self.name,
@@ -208,6 +249,7 @@ impl<S: Source> CacheBuilder<S> {
             counters: Counters::default(),
             first_backoff: self.first_backoff,
             thread_wrapper: self.thread_wrapper,
+            stored,
         });
         Ok(Cache { inner })
     }
@@ -256,8 +298,9 @@ struct Inner<S: Source> {
     _registration: crate::observe::Registration,
     name: String,
     state: RwLock<State<S>>,
-    /// Held while changes are delivered to subscribers, so a subscriber
-    /// added meanwhile gets its replay and the later changes in order.
+    /// Held while a change is applied and delivered to subscribers, so a
+    /// subscriber added meanwhile gets its replay and the later changes in
+    /// order, and `flush()` sees every change applied before it delivered.
     /// Re-entrant: a subscriber may subscribe.
     delivery: ReentrantMutex<()>,
     life: Mutex<Life<S>>,
@@ -270,6 +313,8 @@ struct Inner<S: Source> {
     counters: Counters,
     first_backoff: Duration,
     thread_wrapper: Option<ThreadWrapper>,
+    /// `store=` (E9).
+    stored: Option<Stored<S>>,
 }
 
 impl<S: Source> Cache<S> {
@@ -282,6 +327,7 @@ impl<S: Source> Cache<S> {
             indexes: Vec::new(),
             first_backoff: backoff::FIRST,
             thread_wrapper: None,
+            store: None,
         }
     }
 
@@ -430,6 +476,83 @@ impl<S: Source> Cache<S> {
     pub fn stats(&self) -> CacheStats<S::Position> {
         self.inner.stats()
     }
+
+    /// Blocks until every change the cache applied before the call is on
+    /// disk with the enqueues it caused: each watching controller's
+    /// pending keys and its copy of the cache's key set, versions and
+    /// position (guarantees E9). This is the point to advance a position
+    /// kept outside from: after a crash, every change applied before it
+    /// is either reconciled or kept as handled. Without a
+    /// [`store`](CacheBuilder::store), or with no controller watching, it
+    /// returns `Ok` at once (nothing is kept).
+    ///
+    /// # Errors
+    /// A write failed: the [`StoreError`](crate::StoreError) inside the
+    /// `io::Error`; its rows stay pending and the next flush writes them.
+    pub fn flush(&self) -> io::Result<()> {
+        let pending = self.ask_flush();
+        pending.wait(None).expect("waited without a deadline").map_err(io::Error::from)
+    }
+
+    /// Asks for the writes [`flush`](Self::flush) waits for, once every
+    /// change applied so far has been delivered (the delivery lock).
+    pub(crate) fn ask_flush(&self) -> crate::store::PendingFlush {
+        let flushers = self.inner.stored.as_ref().map(Stored::flushers).unwrap_or_default();
+        let _delivered = self.inner.delivery.lock();
+        crate::store::PendingFlush::ask(flushers)
+    }
+
+    /// The store file (canonical) of a cache with a store.
+    pub(crate) fn stored_file(&self) -> Option<&std::path::Path> {
+        self.inner.stored.as_ref().map(Stored::file)
+    }
+
+    /// How a cache with a store keeps its keys, versions and positions.
+    pub(crate) fn codec(&self) -> Option<Codec<S>> {
+        self.inner.stored.as_ref().map(|stored| stored.codec)
+    }
+
+    /// A watching controller's flusher joins `flush()`.
+    pub(crate) fn add_flusher(&self, flusher: Weak<dyn crate::store::Flush>) {
+        if let Some(stored) = &self.inner.stored {
+            stored.add_flusher(flusher);
+        }
+    }
+
+    /// `key`'s version as a stored cache keeps it (`None`: none, or one
+    /// that cannot be kept); on the cache's thread while it delivers, that
+    /// of the change being delivered.
+    pub(crate) fn kept_version(&self, key: &S::Key) -> Option<Vec<u8>> {
+        let codec = self.codec()?;
+        self.inner.state.read().contents.version(key).and_then(codec.version)
+    }
+
+    /// The cache's position as a stored cache keeps it.
+    pub(crate) fn kept_position(&self) -> Option<Vec<u8>> {
+        let codec = self.codec()?;
+        self.inner.state.read().position.as_ref().and_then(codec.position)
+    }
+
+    /// Runs `f` while no change is being applied or delivered.
+    pub(crate) fn without_delivery<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _delivering = self.inner.delivery.lock();
+        f()
+    }
+
+    /// A handle that does not keep the cache alive (for what the cache
+    /// itself holds, as its subscribers).
+    pub(crate) fn downgrade(&self) -> WeakCache<S> {
+        WeakCache(Arc::downgrade(&self.inner))
+    }
+}
+
+/// See [`Cache::downgrade`].
+pub(crate) struct WeakCache<S: Source>(Weak<Inner<S>>);
+
+impl<S: Source> WeakCache<S> {
+    pub(crate) fn upgrade(&self) -> Option<Cache<S>> {
+        self.0.upgrade().map(|inner| Cache { inner })
+    }
 }
 
 impl<S: Source> fmt::Debug for Cache<S> {
@@ -531,6 +654,9 @@ impl<S: Source> Inner<S> {
             life.source = None;
             life.thread.take()
         };
+        if let Some(stored) = &self.stored {
+            stored.release_name();
+        }
         // Never to run: they may hold clones of this cache.
         let never_run = std::mem::take(&mut *self.synced_hooks.lock());
         drop(never_run);

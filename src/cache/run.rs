@@ -99,6 +99,9 @@ impl<S: Source> Inner<S> {
     /// Replaces the contents with `listing`; the first list syncs the
     /// cache once its changes are delivered.
     fn apply_list(&self, listing: ListingOf<S>, relist: bool) {
+        // Through the synced hooks: a stored cache's watches find the
+        // deletes of a restart there, and `flush()` waits for them.
+        let _delivering = self.delivery.lock();
         let mut failures = Vec::new();
         let (changes, subscribers) = {
             let mut state = self.state.write();
@@ -126,6 +129,7 @@ impl<S: Source> Inner<S> {
     }
 
     fn apply_event(&self, event: EventOf<S>) {
+        let _delivering = self.delivery.lock();
         let mut failures = Vec::new();
         let (change, subscribers) = {
             let mut state = self.state.write();

@@ -118,7 +118,8 @@ pub struct Controller<K: ControllerKey> {
     limiter: Option<Arc<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
     grouping: Option<Arc<dyn Grouping<K>>>,
-    store: Option<Box<ClaimFn<K>>>,
+    /// The store's file (canonical) and its claim.
+    store: Option<(std::path::PathBuf, Box<ClaimFn<K>>)>,
     /// Leader election or sharding, joined at start.
     coordinate: Option<gate::Join<K>>,
     resync: Option<gate::Resync<K>>,
@@ -136,9 +137,13 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// and at stop.
     #[cfg(feature = "store")]
     pub fn store(mut self, store: SqliteStore) -> Self {
-        self.store = Some(Box::new(move |name: &str| {
-            Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
-        }));
+        let file = store.canonical_path().to_path_buf();
+        self.store = Some((
+            file,
+            Box::new(move |name: &str| {
+                Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
+            }),
+        ));
         self
     }
 
@@ -476,9 +481,13 @@ impl<K: ControllerKey> Controller<K> {
     /// `io::Error`: `Locked` for a name held by another live controller)
     /// changes nothing.
     pub fn try_start(mut self) -> io::Result<ControllerHandle<K>> {
-        let watched = self.core.watches.take_at_start().map_err(io::Error::other)?;
+        let store_file = self.store.as_ref().map(|(file, _)| file.as_path());
+        let watched = self.core.watches.take_at_start(&self.core.name, store_file).map_err(|e| match e {
+            WatchError::StoreMismatch(message) => io::Error::from(StoreError::Invalid(message)),
+            other => io::Error::other(other),
+        })?;
         let store = match self.store.take() {
-            Some(claim) => Some(claim(&self.core.name)?),
+            Some((_, claim)) => Some(claim(&self.core.name)?),
             None => None,
         };
         let handle = self.handle();

@@ -3,11 +3,13 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+pub(crate) use crate::store::PendingFlush;
 
 use super::{ControllerHandle, ControllerKey, Core, Runtime};
 use crate::queue::Place;
-use crate::store::{Flush, KeySource, KeyView, StoreError, StoreLink};
+use crate::store::{Flush, KeySource, KeyView, StoreLink};
 
 impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>) {
@@ -91,30 +93,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 self.core.name
             )));
         };
-        let ticket = rt.store.as_ref().map(|link| {
-            let flush: Arc<dyn Flush> = Arc::clone(link) as Arc<dyn Flush>;
-            let ticket = flush.ask_flush();
-            (flush, ticket)
-        });
-        Ok(PendingFlush { ticket })
-    }
-}
-
-/// A flush asked for, to wait for in slices (Python checks for signals
-/// between them). Not tied to a key type: a cache's `flush()` can hand
-/// out the same.
-pub(crate) struct PendingFlush {
-    /// `None`: no store, nothing to wait for.
-    ticket: Option<(Arc<dyn Flush>, u64)>,
-}
-
-impl PendingFlush {
-    /// The write's outcome once it is known, `None` if `timeout` passed
-    /// first (`None` waits without a limit).
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {
-        match &self.ticket {
-            None => Some(Ok(())),
-            Some((link, ticket)) => link.flushed(*ticket, timeout),
-        }
+        let flushers = rt.store.iter().map(|link| Arc::clone(link) as Arc<dyn Flush>);
+        Ok(PendingFlush::ask(flushers))
     }
 }

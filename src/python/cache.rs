@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -27,9 +27,11 @@ use super::callables::check_sync_callable;
 use super::duration::{timeout_from_py, unix_timestamp};
 use super::errors::{describe, type_name};
 use super::key::PyKey;
+use super::queue::wait_interruptibly;
 use super::queue::wait_synced_interruptibly;
 use super::reconciler::log;
 use super::sources::{AnySource, SourceSpec};
+use super::store::{store_error, store_from_py};
 use crate::{Cache, CacheError, encode_key};
 
 /// The Rust cache every Python cache is.
@@ -143,12 +145,7 @@ impl PyCache {
         indexes: Option<&Bound<'_, PyAny>>,
         store: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        if store.is_some_and(|s| !s.is_none()) {
-            return Err(PyNotImplementedError::new_err(
-                "Cache(store=...) is not supported yet (a cache that survives restarts is a later step): pass \
-                 store=None",
-            ));
-        }
+        let store = store.filter(|s| !s.is_none()).map(|s| store_from_py(py, s)).transpose()?;
         let spec = SourceSpec::from_py(source)?;
         let name = name.unwrap_or_else(|| spec.name().to_owned());
         if name.is_empty() || name.contains('\0') {
@@ -159,6 +156,9 @@ impl PyCache {
         let mut builder = Cache::builder(name.as_str(), spec.build(py, &name)?).thread_wrapper(python_thread_wrapper());
         for (index, function) in indexes {
             builder = builder.index(index.clone(), index_fn(Arc::clone(&cache_name), index, function));
+        }
+        if let Some(store) = &store {
+            builder = builder.store(store);
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self { cache, started_by: AtomicU32::new(0) })
@@ -241,6 +241,20 @@ impl PyCache {
         d.set_item("last_error", stats.last_error)?;
         d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
         Ok(d)
+    }
+
+    /// Blocks (without the GIL) until every change the cache applied
+    /// before the call is on disk with what it enqueued: each watching
+    /// controller's pending keys and its copy of the cache's key set,
+    /// versions and position (E9). The point to advance a position kept
+    /// outside from. Raises OSError (or ValueError) naming the store error
+    /// when a write fails (the rows stay pending for the next flush).
+    /// Without a store, or with no controller watching, it returns at once.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let cache = &self.cache;
+        let pending = py.detach(|| cache.ask_flush());
+        let outcome = wait_interruptibly(py, None, |slice| pending.wait(slice))?.expect("waited without a deadline");
+        outcome.map_err(|e| store_error(&e))
     }
 
     /// Starts the cache's thread (a controller that watches it starts it

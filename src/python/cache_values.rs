@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::attach::attach;
 use super::errors::describe;
+use crate::{Keepable, encode_key};
 
 thread_local! {
     /// This thread runs Python code under a cache's write lock.
@@ -85,7 +86,13 @@ impl fmt::Debug for PyObj {
 #[derive(Clone)]
 pub(crate) enum SourceValue {
     Int(i64),
-    Object { obj: PyObj, repr: Arc<str> },
+    /// `kept`: a `str` or `bytes` in the key encoding, as a cache with a
+    /// store keeps it (E9); `None` for any other object (not kept).
+    Object {
+        obj: PyObj,
+        repr: Arc<str>,
+        kept: Option<Arc<[u8]>>,
+    },
 }
 
 impl SourceValue {
@@ -102,7 +109,14 @@ impl SourceValue {
             .and_then(|reprlib| reprlib.call_method1("repr", (obj,)))
             .and_then(|r| r.extract::<String>())
             .unwrap_or_else(|e| format!("<unprintable: {}>", describe(py, &e)));
-        SourceValue::Object { obj: PyObj::new(obj.clone()), repr: repr.into() }
+        let kept = if let Ok(text) = obj.cast_exact::<PyString>() {
+            text.to_str().ok().map(|text| encode_key(&text.to_owned()))
+        } else if let Ok(bytes) = obj.cast_exact::<PyBytes>() {
+            Some(encode_key(&bytes.as_bytes().to_vec()))
+        } else {
+            None
+        };
+        SourceValue::Object { obj: PyObj::new(obj.clone()), repr: repr.into(), kept: kept.map(Arc::from) }
     }
 
     /// `None` (no value) or the value, from Python.
@@ -133,6 +147,17 @@ impl fmt::Debug for SourceValue {
         match self {
             SourceValue::Int(i) => write!(f, "{i}"),
             SourceValue::Object { repr, .. } => f.write_str(repr),
+        }
+    }
+}
+
+/// An `int`, `str` or `bytes` is kept as its key encoding; any other
+/// object is not (E9: that key counts as changed at a restart).
+impl Keepable for SourceValue {
+    fn kept_bytes(&self) -> Option<Vec<u8>> {
+        match self {
+            SourceValue::Int(i) => Some(encode_key(i)),
+            SourceValue::Object { kept, .. } => kept.as_deref().map(<[u8]>::to_vec),
         }
     }
 }

@@ -42,7 +42,7 @@ use super::watch::watch_from_py;
 use crate::clock::deadline_after;
 use crate::controller::GroupFn;
 use crate::observe::status::RunState;
-use crate::{Batch, Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal};
+use crate::{Batch, Controller, ControllerHandle, KeyStatus, StopOptions, StopReport, StopSignal, WatchError};
 
 /// The Python `threading.Event`s of live triggers, so a stop, a removal or a
 /// replacement can set them.
@@ -974,7 +974,10 @@ impl PyController {
         let watch = watch_from_py(map, predicate, resync, priority, list_priority)?;
         let handle = &self.handle;
         let core = &cache.get().cache;
-        py.detach(|| handle.watch_cache(core, watch)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        py.detach(|| handle.watch_cache(core, watch)).map_err(|e| match e {
+            WatchError::StoreMismatch(_) => PyValueError::new_err(e.to_string()),
+            e => PyRuntimeError::new_err(e.to_string()),
+        })?;
         self.watched.lock().push(cache.clone().unbind());
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! The SQLite file: schema, validation at open, batched writes, restore.
 
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,14 +10,24 @@ use parking_lot::Mutex;
 use rusqlite::{Connection, OpenFlags, params};
 
 use super::StoreError;
+use super::cache_rows::CacheBatch;
+use super::link::KeptSet;
 use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
 
 /// The schema this build writes. A file with a higher `user_version` was
-/// written by a newer reconq and is refused rather than misread.
-pub const SCHEMA_VERSION: i64 = 1;
+/// written by a newer reconq and is refused rather than misread; a file
+/// with a lower one is migrated at open (see [`MIGRATIONS`]).
+pub const SCHEMA_VERSION: i64 = 2;
 
-const SCHEMA: &str = "
+/// Step `i` takes a file from schema `i` to `i + 1` (a new file is at 0).
+/// Each step only adds (`IF NOT EXISTS`), so a file written by the
+/// previous release keeps every row. All steps run in one transaction
+/// with the new `user_version`: a crash leaves the file as it was.
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [SCHEMA_V1, V1_TO_V2];
+
+/// Schema 1: controllers' pending and parked keys (guarantees §9).
+const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS keys (
     controller TEXT NOT NULL,
     key BLOB NOT NULL,          -- the documented key encoding (crate::key_encoding)
@@ -26,6 +37,27 @@ CREATE TABLE IF NOT EXISTS keys (
     failures INTEGER NOT NULL,  -- the rate limiter's num_requeues
     priority INTEGER NOT NULL,
     PRIMARY KEY (controller, key)
+) WITHOUT ROWID;
+";
+
+/// Schema 2 adds what a cache with a store keeps (guarantees E9), per
+/// controller that watches it: the keys that controller was told of, each
+/// with its version (NULL: none, or one that cannot be kept), and the
+/// cache's position. Written in the same transaction as that controller's
+/// `keys` rows (`store::cache_rows`).
+const V1_TO_V2: &str = "
+CREATE TABLE IF NOT EXISTS cache_keys (
+    controller TEXT NOT NULL,
+    cache TEXT NOT NULL,
+    key BLOB NOT NULL,          -- the documented key encoding
+    version BLOB,               -- the version in the key encoding; NULL: none kept
+    PRIMARY KEY (controller, cache, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cache_positions (
+    controller TEXT NOT NULL,
+    cache TEXT NOT NULL,
+    position BLOB,              -- in the key encoding; NULL: none kept
+    PRIMARY KEY (controller, cache)
 ) WITHOUT ROWID;
 ";
 
@@ -74,6 +106,8 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
+    /// What "the same file" means (E9: a cache and its controllers).
+    canonical: PathBuf,
     conn: Mutex<Connection>,
     flush_interval: Duration,
     /// Listed as open while the connection is (see `open_files`).
@@ -146,6 +180,16 @@ fn read_row(row: &rusqlite::Row<'_>) -> Result<StoredKey, String> {
     })
 }
 
+/// Brings a file at schema `from` up to [`SCHEMA_VERSION`], in one
+/// transaction (nothing to do for a current file).
+fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
+    if from >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    let steps = MIGRATIONS[from.max(0) as usize..].concat();
+    conn.execute_batch(&format!("BEGIN IMMEDIATE; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"))
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` with the default
     /// flush interval (1 s).
@@ -187,15 +231,25 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| sql_err(&path, e))?;
         // Bounds the WAL file left after a checkpoint.
         conn.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024).map_err(|e| sql_err(&path, e))?;
-        conn.execute_batch(SCHEMA).map_err(|e| sql_err(&path, e))?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(|e| sql_err(&path, e))?;
+        migrate(&conn, version).map_err(|e| sql_err(&path, e))?;
         let open = open_files::register(&path);
-        Ok(Self { inner: Arc::new(Inner { path, conn: Mutex::new(conn), flush_interval, _open: open }) })
+        let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        Ok(Self { inner: Arc::new(Inner { path, canonical, conn: Mutex::new(conn), flush_interval, _open: open }) })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Whether `other` opened the same file (E9: a cache's store must be
+    /// its controllers').
+    pub fn same_file(&self, other: &SqliteStore) -> bool {
+        self.inner.canonical == other.inner.canonical
+    }
+
+    pub(crate) fn canonical_path(&self) -> &Path {
+        &self.inner.canonical
     }
 
     /// How often changed keys are written, at least.
@@ -220,6 +274,30 @@ impl SqliteStore {
             keys.push(read_row(row).map_err(|detail| self.corrupt_row(name, row, &detail))?);
         }
         Ok(keys)
+    }
+
+    /// The key sets kept for the caches `name` watches (E9), by cache.
+    pub(crate) fn load_caches(&self, name: &str) -> Result<HashMap<String, KeptSet>, StoreError> {
+        let conn = self.inner.conn.lock();
+        let path = &self.inner.path;
+        let mut stmt = conn
+            .prepare_cached("SELECT cache, key, version FROM cache_keys WHERE controller = ?1")
+            .map_err(|e| sql_err(path, e))?;
+        let mut rows = stmt.query(params![name]).map_err(|e| sql_err(path, e))?;
+        let mut caches: HashMap<String, KeptSet> = HashMap::new();
+        while let Some(row) = rows.next().map_err(|e| sql_err(path, e))? {
+            let read = || -> rusqlite::Result<(String, Vec<u8>, Option<Vec<u8>>)> {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            };
+            let (cache, key, version) = read().map_err(|e| {
+                StoreError::Invalid(format!(
+                    "{}: a corrupt cache row of controller {name:?}: {e}; delete that row or restore a backup",
+                    path.display()
+                ))
+            })?;
+            caches.entry(cache).or_default().insert(key, version);
+        }
+        Ok(caches)
     }
 
     /// A row `load` cannot read: which file, controller and key, and why.
@@ -265,6 +343,18 @@ impl SqliteStore {
     /// Writes one batch for `name` in one transaction: each entry is a key
     /// and what to keep of it (`None`: delete it). All or nothing.
     pub fn write(&self, name: &str, batch: &[(Vec<u8>, Option<StoredKey>)]) -> Result<(), StoreError> {
+        self.write_with_caches(name, batch, &CacheBatch::default())
+    }
+
+    /// [`write`](Self::write), with the rows of the caches `name` watches
+    /// in the same transaction (E9): a kept version is never on disk
+    /// without the pending keys its change enqueued.
+    pub(crate) fn write_with_caches(
+        &self,
+        name: &str,
+        batch: &[(Vec<u8>, Option<StoredKey>)],
+        caches: &CacheBatch,
+    ) -> Result<(), StoreError> {
         let mut conn = self.inner.conn.lock();
         let path = &self.inner.path;
         let tx = conn.transaction().map_err(|e| sql_err(path, e))?;
@@ -292,6 +382,9 @@ impl SqliteStore {
                 };
                 result.map_err(|e| sql_err(path, e))?;
             }
+        }
+        if !caches.is_empty() {
+            caches.write(&tx, name).map_err(|e| sql_err(path, e))?;
         }
         tx.commit().map_err(|e| sql_err(path, e))?;
         let deleted = batch.iter().filter(|(_, record)| record.is_none()).count();

@@ -4,6 +4,8 @@
 //! so the controller reaches a store only through these traits (without
 //! the feature it never has one).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::StoreError;
@@ -46,6 +48,27 @@ pub(crate) trait StoreLink<K>: Flush {
     /// flusher may do its final flush.
     fn workers_done(&self);
     fn stats(&self) -> StoreStats;
+    /// The key set kept at the last run for `cache` (E9; empty if none),
+    /// handed out once, to the watch of that cache.
+    fn take_kept(&self, cache: &str) -> KeptSet;
+    /// The controller was told of `change` to `key` (encoded) of `cache`,
+    /// then at `position` (encoded): kept at the next flush, with the
+    /// controller's pending keys. Call it after the enqueues the change
+    /// caused (see `cache_rows`).
+    fn mark_cache(&self, cache: &Arc<str>, key: Vec<u8>, change: KeptChange, position: Option<Vec<u8>>);
+}
+
+/// A cache's kept keys (encoded) and their versions (encoded; `None`:
+/// none kept, so the key counts as changed at a restart).
+pub(crate) type KeptSet = HashMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// One change to a kept key set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeptChange {
+    /// The controller was told of this version (`None`: none to keep).
+    Put(Option<Vec<u8>>),
+    /// The controller was told of the key's delete.
+    Delete,
 }
 
 /// `flush()` of whatever a store's flusher writes, whatever its key type:
@@ -60,6 +83,46 @@ pub(crate) trait Flush: Send + Sync {
     /// Blocks until the write that covers `ticket` committed or failed
     /// (`Some`), or `timeout` passed (`None`; `None` waits without a limit).
     fn flushed(&self, ticket: u64, timeout: Option<Duration>) -> Option<Result<(), StoreError>>;
+}
+
+/// A flush asked of one or more flushers (a controller's, or those of the
+/// controllers a cache feeds), to wait for in slices (Python checks for
+/// signals between them).
+pub(crate) struct PendingFlush {
+    /// Empty: no store, nothing to wait for.
+    tickets: Vec<(Arc<dyn Flush>, u64)>,
+}
+
+impl PendingFlush {
+    /// Asks each of `flushers` for a write of every change marked before
+    /// this call.
+    pub(crate) fn ask(flushers: impl IntoIterator<Item = Arc<dyn Flush>>) -> Self {
+        Self {
+            tickets: flushers
+                .into_iter()
+                .map(|flush| {
+                    let ticket = flush.ask_flush();
+                    (flush, ticket)
+                })
+                .collect(),
+        }
+    }
+
+    /// The writes' outcome once every one is known (the first error, if
+    /// any), `None` if `timeout` passed first (`None` waits without a
+    /// limit).
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), StoreError>> {
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let mut outcome = Ok(());
+        for (flush, ticket) in &self.tickets {
+            let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+            let written = flush.flushed(*ticket, left)?;
+            if outcome.is_ok() {
+                outcome = written;
+            }
+        }
+        Some(outcome)
+    }
 }
 
 /// The store's part of a controller's stats.

@@ -9,11 +9,17 @@
 //! * `lock` is the claim a live controller holds on its name (S3).
 //! * `db` is the SQLite file: schema version, validation, batched writes.
 //! * `dirty` is the set of keys changed since the last flush.
+//! * `cache_rows` is what a controller keeps of the caches it watches
+//!   (E9), written with its keys.
+//! * `cache_names` keeps cache names unique among a file's caches.
 //! * `flush_requests` answers `flush()` callers once a write covers them.
 //! * `persist` is its side of the seam: restore, flusher, status.
 //! * `open_files` lists the store files this process has open, so a second
 //!   SQLite library in the process (Python's `sqlite3`) can be refused.
 
+mod cache_names;
+#[cfg(feature = "store")]
+mod cache_rows;
 #[cfg(feature = "store")]
 mod db;
 #[cfg(feature = "store")]
@@ -28,10 +34,11 @@ mod open_files;
 #[cfg(feature = "store")]
 mod persist;
 
+pub(crate) use cache_names::CacheName;
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub use link::StoreStats;
-pub(crate) use link::{Flush, KeySource, KeyView, StoreLink};
+pub(crate) use link::{Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
 #[cfg(feature = "store")]
 pub use lock::StoreClaim;
 #[cfg(feature = "python")]

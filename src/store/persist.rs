@@ -12,25 +12,36 @@
 //! * A `flush()` ticket is answered only by a write that took every
 //!   change (`take_every_change`) after the ticket was asked
 //!   (`flush_requests`).
+//! * The rows of the caches the controller watches (`cache_rows`, E9)
+//!   are taken right *before* the controller's own marks, in every take
+//!   (a tick, every change, a burst), and written in the transaction of
+//!   the last chunk of the keys taken with them: every enqueue a kept
+//!   row's change made is in that write or an earlier one.
 //! * `written` holds exactly the keys with a row in the file for this
 //!   name, so a key enqueued and finished between two flushes (no row, no
 //!   view) costs no SQL at all; its size is bounded by pending + parked.
 
 use std::collections::HashSet;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use super::cache_rows::{CacheBatch, CacheRows};
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
-use super::link::{Flush, KeySource, KeyView, StoreLink, StoreStats};
+use super::link::{Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink, StoreStats};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
 
 /// A key's encoding and what to keep of it (`None`: delete its row).
 type Row = (Vec<u8>, Option<StoredKey>);
+
+/// What one flush writes: the controller's keys, and the rows of its
+/// caches taken right before them.
+type Taken<K> = (Vec<K>, CacheBatch);
 
 /// How many times an idle flusher tries to compact (one tick apart) when a
 /// reader is in the way, before it waits for the next write.
@@ -71,6 +82,8 @@ pub(crate) struct Persister<K> {
     /// Set by [`StoreLink::workers_done`]; the final flush waits for it.
     workers_done: AtomicBool,
     flushes: FlushRequests,
+    /// What it keeps of the caches it watches (E9).
+    caches: CacheRows,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -79,6 +92,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     pub(crate) fn claim(store: &SqliteStore, name: &str) -> Result<Self, StoreError> {
         let claim = store.claim(name)?;
         let loaded = store.load(name)?;
+        let caches = CacheRows::new(store.load_caches(name)?);
         Ok(Self {
             store: store.clone(),
             name: name.to_string(),
@@ -92,23 +106,40 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             stopped: AtomicBool::new(false),
             workers_done: AtomicBool::new(false),
             flushes: FlushRequests::default(),
+            caches,
         })
     }
 
     /// Writes the changed keys, in key order, in transactions of at most
     /// [`WRITE_CHUNK`] keys; on a failure the keys not written yet stay
     /// marked for the next flush.
-    fn flush(&self, source: &dyn KeySource<K>, keys: Vec<K>, last: bool) -> Result<(), StoreError> {
-        if keys.is_empty() {
+    fn flush(&self, source: &dyn KeySource<K>, (keys, caches): Taken<K>, last: bool) -> Result<(), StoreError> {
+        if keys.is_empty() && caches.is_empty() {
             return Ok(());
         }
         let (batch, keys) = self.rows_to_write(source, keys);
         self.writing.store(keys.len(), Ordering::Release);
-        for (at, (batch_chunk, keys_chunk)) in batch.chunks(WRITE_CHUNK).zip(keys.chunks(WRITE_CHUNK)).enumerate() {
-            if let Err(err) = self.store.write(&self.name, batch_chunk) {
+        let chunks = batch.len().div_ceil(WRITE_CHUNK).max(1);
+        let mut caches = Some(caches);
+        for at in 0..chunks {
+            let range = at * WRITE_CHUNK..batch.len().min((at + 1) * WRITE_CHUNK);
+            let (batch_chunk, keys_chunk) = (&batch[range.clone()], &keys[range]);
+            // The cache rows ride with the last chunk (see the invariants).
+            let riding = if at + 1 == chunks { caches.take().filter(|rows| !rows.is_empty()) } else { None };
+            if batch_chunk.is_empty() && riding.is_none() {
+                continue;
+            }
+            let written = match &riding {
+                None => self.store.write(&self.name, batch_chunk),
+                Some(rows) => self.store.write_with_caches(&self.name, batch_chunk, rows),
+            };
+            if let Err(err) = written {
                 let unwritten = &keys[at * WRITE_CHUNK..];
                 for key in unwritten {
                     self.dirty.mark(key);
+                }
+                if let Some(rows) = riding.or(caches) {
+                    self.caches.unwritten(rows);
                 }
                 self.writing.store(0, Ordering::Release);
                 self.failed(&err, unwritten.len(), last);
@@ -134,18 +165,20 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
     fn answer_flushes(&self, source: &dyn KeySource<K>) -> bool {
         let Some(upto) = self.flushes.unanswered() else { return false };
         let keys = self.take_every_change();
-        let wrote = !keys.is_empty();
+        let wrote = !keys.0.is_empty() || !keys.1.is_empty();
         self.flushes.answer(upto, self.flush(source, keys, false), false);
         wrote
     }
 
     /// Every change not written yet: the aged keys and every mark.
-    fn take_every_change(&self) -> Vec<K> {
-        self.take_for_flush(|aged| {
+    fn take_every_change(&self) -> Taken<K> {
+        let caches = self.caches.take_all();
+        let keys = self.take_for_flush(|aged| {
             let mut keys = std::mem::take(aged);
             keys.extend(self.dirty.take());
             keys
-        })
+        });
+        (keys, caches)
     }
 
     /// Samples `keys` and keeps the ones that need SQL (a view to keep, or
@@ -271,7 +304,12 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             // issue 22: a burst left 33 MiB of WAL and free pages behind).
             // A reader in the way gets a few more ticks, then the next
             // write.
-            while self.dirty.len() == 0 && self.aged.lock().is_empty() && !stopping() && !asked() {
+            while self.dirty.len() == 0
+                && self.aged.lock().is_empty()
+                && self.caches.is_idle()
+                && !stopping()
+                && !asked()
+            {
                 next_tick = None;
                 if compact_tries == 0 {
                     std::thread::park();
@@ -299,11 +337,13 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             next_tick = Some((next + tick).max(Instant::now()));
             compact_tries = COMPACT_TRIES;
             // A failed tick is in the status; no caller waits for a tick.
+            let caches = self.caches.take_tick();
             let aged = self.take_for_flush(|aged| std::mem::replace(aged, self.dirty.take()));
-            let _ = self.flush(source, aged, false);
+            let _ = self.flush(source, (aged, caches), false);
             if self.aged.lock().len() >= NO_AGING_ABOVE {
+                let caches = self.caches.take_aged();
                 let burst = self.take_for_flush(std::mem::take);
-                let _ = self.flush(source, burst, false);
+                let _ = self.flush(source, (burst, caches), false);
             }
         }
         // The queue answers for what the stop dropped (its stop views), so
@@ -339,8 +379,19 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn stats(&self) -> StoreStats {
         let (last_flush_time, error) = self.status.lock().clone();
-        let pending = self.dirty.len() + self.aged.lock().len() + self.writing.load(Ordering::Acquire);
+        let pending =
+            self.dirty.len() + self.aged.lock().len() + self.writing.load(Ordering::Acquire) + self.caches.pending();
         StoreStats { pending, last_flush_time, error }
+    }
+
+    fn take_kept(&self, cache: &str) -> KeptSet {
+        self.caches.take_kept(cache)
+    }
+
+    fn mark_cache(&self, cache: &Arc<str>, key: Vec<u8>, change: KeptChange, position: Option<Vec<u8>>) {
+        if self.caches.mark(cache, key, change, position) {
+            self.dirty.wake();
+        }
     }
 }
 

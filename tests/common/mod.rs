@@ -262,3 +262,27 @@ pub fn fake_controller(script: &Script, clock: &FakeClock) -> ControllerHandle<S
         .rate_limiter(ExponentialBackoff::new(secs(1), secs(1000)))
         .start()
 }
+
+static DIRS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A fresh directory under the system temp dir, removed at drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        let n = DIRS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("reconq-store-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+    pub fn db(&self) -> std::path::PathBuf {
+        self.0.join("state.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

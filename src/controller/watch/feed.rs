@@ -1,16 +1,19 @@
 //! A cache's changes turned into a controller's enqueues (E2, E6, E7): the
 //! predicate, the map, the priority of a list or a live change, the
-//! fallback to the changed key when a handler fails, and the resync timer.
+//! fallback to the changed key when a handler fails, the resync timer, and
+//! for a cache with a store (E9) the restart's difference and the rows kept.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Attached, Watch, WatchError};
-use crate::cache::{Applied, Cache};
+use crate::cache::{Applied, Cache, Codec, WeakCache};
 use crate::controller::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
+use crate::store::{Flush, KeptChange, KeptSet, StoreLink};
+use crate::sync::Mutex;
 
 /// One watch's handlers, shared by its subscriber (on the cache's thread)
 /// and its resync thread.
@@ -21,6 +24,20 @@ struct Feed<S: Source, K> {
     /// Only the name: the cache holds this feed (a cycle otherwise).
     cache_name: String,
     watch: Watch<S, K>,
+    /// A cache with a store: what the controller keeps of it.
+    kept: Option<Kept<S, K>>,
+}
+
+/// A stored cache as one watching controller keeps it (E9).
+struct Kept<S: Source, K> {
+    /// Weak, as `controller`: the cache holds this feed.
+    cache: WeakCache<S>,
+    codec: Codec<S>,
+    name: Arc<str>,
+    link: Arc<dyn StoreLink<K>>,
+    /// The key set kept at the last run, until the cache's first list (or
+    /// its replay) has reached this feed: the restart's difference.
+    restart: Mutex<Option<KeptSet>>,
 }
 
 /// Acquires `cache` (starting it if it is not running) and subscribes the
@@ -32,7 +49,16 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
 ) -> Result<Attached, WatchError> {
     let used = cache.acquire()?;
     let resync_stop = Stop::new();
-    let feed = Arc::new(Feed { controller: Arc::downgrade(core), cache_name: cache.name().to_owned(), watch });
+    let kept = match (cache.codec(), core.rt.get().and_then(|rt| rt.store.clone())) {
+        (Some(codec), Some(link)) => {
+            let name: Arc<str> = Arc::from(cache.name());
+            let restart = Mutex::new(Some(link.take_kept(&name)));
+            cache.add_flusher(Arc::downgrade(&(Arc::clone(&link) as Arc<dyn Flush>)));
+            Some(Kept { cache: cache.downgrade(), codec, name, link, restart })
+        }
+        _ => None,
+    };
+    let feed = Arc::new(Feed { controller: Arc::downgrade(core), cache_name: cache.name().to_owned(), watch, kept });
     if let Some(every) = feed.watch.resync {
         // The hook's clone of the cache goes when it runs, or when the
         // cache stops unsynced.
@@ -41,6 +67,11 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
     }
     let subscriber = Arc::clone(&feed);
     let subscription = cache.subscribe(move |change| subscriber.changed(change));
+    if feed.kept.is_some() {
+        // Once the first list (or the replay just made) has reached it.
+        let (feed, cache) = (Arc::clone(&feed), cache.clone());
+        cache.clone().on_synced(move || cache.without_delivery(|| feed.restart_deletes()));
+    }
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
 
@@ -49,6 +80,35 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
     /// predicate accepts it.
     fn changed(&self, change: &Applied<S::Key, S::Object>) {
         let Some(core) = self.controller.upgrade() else { return };
+        let Some(kept) = &self.kept else { return self.deliver(&core, change) };
+        if kept.unchanged_since_last_run(change) {
+            return;
+        }
+        self.deliver(&core, change);
+        kept.told(&core, &change.key, change.new.is_some());
+    }
+
+    /// The keys kept at the last run that the first list did not have:
+    /// deleted while the program was down. Each reaches `predicate` and
+    /// `map` as a delete of a key whose last state is unknown (`None`:
+    /// the store keeps versions, not objects).
+    fn restart_deletes(&self) {
+        let Some(kept) = &self.kept else { return };
+        let Some(gone) = kept.restart.lock().take() else { return };
+        let Some(core) = self.controller.upgrade() else { return };
+        for key in gone.into_keys() {
+            // A key of another shape (another program wrote it) is dropped
+            // with its row.
+            if let Some(decoded) = (kept.codec.decode)(&key) {
+                let change = Applied { key: decoded, old: None, new: None, listed: true };
+                self.deliver(&core, &change);
+            }
+            kept.mark(&core, key, KeptChange::Delete);
+        }
+    }
+
+    /// Enqueues what the change maps to, if the predicate accepts it.
+    fn deliver(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) {
         let priority = if change.listed { self.watch.list_priority } else { self.watch.priority };
         let (old, new) = (change.old.as_deref(), change.new.as_deref());
         let accepted = match &self.watch.predicate {
@@ -56,11 +116,11 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             None => new.is_none() || old != new,
             Some(predicate) => match predicate(old, new) {
                 Ok(accepted) => accepted,
-                Err(error) => return self.failed(&core, "predicate", &change.key, &error, When::Event, priority),
+                Err(error) => return self.failed(core, "predicate", &change.key, &error, When::Event, priority),
             },
         };
         if accepted {
-            self.enqueue(&core, &change.key, new.or(old), When::Event, priority);
+            self.enqueue(core, &change.key, new.or(old), When::Event, priority);
         }
     }
 
@@ -115,5 +175,41 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                 self.enqueue(&core, &key, obj.as_deref(), When::Now, self.watch.list_priority);
             }
         }
+    }
+}
+
+impl<S: Source, K: ControllerKey> Kept<S, K> {
+    /// During the restart's difference: whether `change` (a listed key)
+    /// is one the controller was told of at the last run, with the same
+    /// version (a key without a version kept always counts as changed).
+    fn unchanged_since_last_run(&self, change: &Applied<S::Key, S::Object>) -> bool {
+        let mut restart = self.restart.lock();
+        let Some(kept) = restart.as_mut() else { return false };
+        let Some(before) = kept.remove(&(self.codec.key)(&change.key)) else { return false };
+        drop(restart);
+        let Some(cache) = self.cache.upgrade() else { return false };
+        change.new.is_some() && before.is_some() && cache.kept_version(&change.key) == before
+    }
+
+    /// The controller was told of the change to `key` (`present`: a put):
+    /// kept at its next flush.
+    fn told(&self, core: &Core<K>, key: &S::Key, present: bool) {
+        let change = match (present, self.cache.upgrade()) {
+            (false, _) => KeptChange::Delete,
+            (true, Some(cache)) => KeptChange::Put(cache.kept_version(key)),
+            (true, None) => return,
+        };
+        self.mark(core, (self.codec.key)(key), change);
+    }
+
+    /// Marks a row, after the enqueues of its change, unless the
+    /// controller is stopping: an enqueue then may have been dropped, and
+    /// a kept row must never claim a change no controller recorded.
+    fn mark(&self, core: &Core<K>, key: Vec<u8>, change: KeptChange) {
+        if core.life.is_stopping() {
+            return;
+        }
+        let position = self.cache.upgrade().and_then(|cache| cache.kept_position());
+        self.link.mark_cache(&self.name, key, change, position);
     }
 }

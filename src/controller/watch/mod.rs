@@ -18,6 +18,7 @@ mod synced;
 
 use std::fmt;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -45,6 +46,9 @@ pub enum WatchError {
     ControllerStopped { controller: String },
     /// The OS refused a thread (the cache's, or its resync's).
     Thread(io::Error),
+    /// The cache has a store and the controller has none, or another
+    /// file (E9): the cache's rows are written with the controller's keys.
+    StoreMismatch(String),
 }
 
 impl fmt::Display for WatchError {
@@ -55,6 +59,7 @@ impl fmt::Display for WatchError {
                 write!(f, "controller {controller:?} is stopped: it watches no cache any more")
             }
             WatchError::Thread(e) => write!(f, "cannot spawn a thread for a watched cache: {e}"),
+            WatchError::StoreMismatch(message) => f.write_str(message),
         }
     }
 }
@@ -73,6 +78,8 @@ impl From<CacheError> for WatchError {
 /// A cache as the controller side sees it, whatever its source.
 pub(crate) trait Watched: Send + Sync {
     fn name(&self) -> &str;
+    /// The store file (canonical) of a cache with a store.
+    fn stored_file(&self) -> Option<&Path>;
     fn is_stopped(&self) -> bool;
     fn synced(&self) -> bool;
     fn wait_synced(&self, timeout: Option<Duration>) -> bool;
@@ -84,6 +91,9 @@ pub(crate) trait Watched: Send + Sync {
 impl<S: Source> Watched for Cache<S> {
     fn name(&self) -> &str {
         Cache::name(self)
+    }
+    fn stored_file(&self) -> Option<&Path> {
+        Cache::stored_file(self)
     }
     fn is_stopped(&self) -> bool {
         Cache::is_stopped(self)
@@ -158,6 +168,8 @@ struct State<K> {
     attached: Vec<Attached>,
     /// Every cache watched, for `wait_synced`.
     caches: Vec<Arc<dyn Watched>>,
+    /// The controller's store file (canonical), once started.
+    store_file: Option<PathBuf>,
 }
 
 /// What `start()` takes: the watches made before it and the gate's latch.
@@ -176,6 +188,7 @@ impl<K: ControllerKey> Watches<K> {
                 at_start: Vec::new(),
                 attached: Vec::new(),
                 caches: Vec::new(),
+                store_file: None,
             }),
             handler_errors: AtomicU64::new(0),
         }
@@ -217,6 +230,7 @@ impl<K: ControllerKey> Watches<K> {
                 Self::keep_pending(&mut state, cache, watch);
                 return Ok(());
             }
+            check_store(&core.name, cache, state.store_file.as_deref())?;
         }
         // Outside the lock: the subscription replays the cache's keys.
         let attached = feed::attach(core, cache, watch)?;
@@ -249,17 +263,22 @@ impl<K: ControllerKey> Watches<K> {
 
     /// Takes the watches made before start (no later watch holds the
     /// controller) and their latch; an error if one of their caches was
-    /// stopped (then nothing has changed: no cache was acquired).
-    pub(crate) fn take_at_start(&self) -> Result<AtStart<K>, WatchError> {
+    /// stopped, or has a store other than the controller's `store_file`
+    /// (then nothing has changed: no cache was acquired).
+    pub(crate) fn take_at_start(&self, controller: &str, store_file: Option<&Path>) -> Result<AtStart<K>, WatchError> {
         let mut state = self.state.lock();
         let watches = std::mem::take(&mut state.at_start);
         let caches: Vec<Arc<dyn Watched>> = watches.iter().map(|w| w.cache()).collect();
-        if let Some(stopped) = caches.iter().find(|c| c.is_stopped()) {
-            let cache = stopped.name().to_owned();
+        let refused = match caches.iter().find(|c| c.is_stopped()) {
+            Some(stopped) => Err(WatchError::CacheStopped { cache: stopped.name().to_owned() }),
+            None => caches.iter().try_for_each(|cache| check_store(controller, &**cache, store_file)),
+        };
+        if let Err(e) = refused {
             state.at_start = watches;
-            return Err(WatchError::CacheStopped { cache });
+            return Err(e);
         }
         state.started = true;
+        state.store_file = store_file.map(Path::to_path_buf);
         let latch = (!caches.is_empty()).then(|| SyncLatch::new(caches, state.sync_timeout));
         Ok(AtStart { watches, latch })
     }
@@ -280,6 +299,23 @@ impl<K: ControllerKey> Watches<K> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         caches.iter().all(|cache| cache.wait_synced(deadline.map(|d| d.saturating_duration_since(Instant::now()))))
     }
+}
+
+/// A cache with a store needs its controller's store to be the same file
+/// (E9: its rows are written in the controller's transactions).
+fn check_store(controller: &str, cache: &dyn Watched, store_file: Option<&Path>) -> Result<(), WatchError> {
+    let Some(file) = cache.stored_file() else { return Ok(()) };
+    let problem = match store_file {
+        Some(own) if own == file => return Ok(()),
+        Some(own) => format!("its store is {}", own.display()),
+        None => "it has no store".to_owned(),
+    };
+    Err(WatchError::StoreMismatch(format!(
+        "controller {controller:?} cannot watch cache {:?}, whose store is {}: {problem}; a cache with a store \
+         is kept with the pending keys of its controllers, which must use the same file",
+        cache.name(),
+        file.display()
+    )))
 }
 
 impl<K: ControllerKey> AtStart<K> {

@@ -1,0 +1,225 @@
+"""Caches with a store from Python (guarantees E9): a restart reconciles
+exactly the keys created, changed or deleted while the program was down
+(a Python Source with versions, without, and with versions that cannot be
+kept; an EtcdSource over a real etcd), a delete found then reaches map and
+predicate with None, Cache.flush() (and a SIGKILL right after it), and bad
+input refused with nothing changed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+import reconq
+from etcd_server import Etcd
+from waiting import PATIENCE
+
+HOUR = 3600.0
+
+
+def quiet_changes(position: Any, stop: threading.Event) -> Iterator[Any]:
+    """A stream with no changes: blocks until the cache stops."""
+    stop.wait()
+    return iter(())
+
+
+class System:
+    """Items key -> (value, version) a Source lists; version None: none."""
+
+    def __init__(self, n: int) -> None:
+        self.items: Dict[str, Tuple[int, Any]] = {f"k{i:02}": (i, 1) for i in range(n)}
+
+    def source(self, versions: str = "int") -> reconq.Source:
+        def version(v: Any) -> Any:
+            return {"int": v, "str": f"v{v}", "none": None, "unkept": (v, "tuple")}[versions]
+
+        listed = [(key, value, version(v)) for key, (value, v) in self.items.items()]
+        return reconq.Source(lambda: (listed, 1), quiet_changes)
+
+    def change_while_down(self) -> Set[str]:
+        """Changes 2 keys, deletes 2, creates 2; returns them."""
+        for key in ("k00", "k01"):
+            value, version = self.items[key]
+            self.items[key] = (value + 100, version + 1)
+        del self.items["k02"], self.items["k03"]
+        self.items["new0"] = (7, 1)
+        self.items["new1"] = (8, 1)
+        return {"k00", "k01", "k02", "k03", "new0", "new1"}
+
+
+class Run:
+    """One run of a controller watching a stored cache, to the end of its
+    reconciles: what it reconciled, and what map and predicate were given."""
+
+    def __init__(self, db: Path, source: Any, name: str = "items") -> None:
+        self.lock = threading.Lock()
+        self.reconciled: Set[Any] = set()
+        self.mapped: List[Tuple[Any, Any]] = []
+        self.predicated: List[Tuple[Any, Any]] = []
+        self.cache = reconq.Cache(source, name=name, store=str(db))
+        self.controller = reconq.Controller(self.reconcile, name="sync", store=str(db))
+        self.controller.watch_cache(self.cache, map=self.map, predicate=self.predicate)
+        self.controller.start()
+        assert self.cache.wait_synced(PATIENCE)
+        # The deletes a restart finds are enqueued by the time it returns.
+        self.cache.flush()
+        assert self.controller.wait_idle(PATIENCE)
+
+    def reconcile(self, key: Any) -> None:
+        with self.lock:
+            self.reconciled.add(key)
+
+    def map(self, key: Any, obj: Any) -> List[Any]:
+        with self.lock:
+            self.mapped.append((key, obj))
+        return [key]
+
+    def predicate(self, old: Any, new: Any) -> bool:
+        with self.lock:
+            self.predicated.append((old, new))
+        return True
+
+    def stop(self) -> "Run":
+        self.cache.flush()
+        self.controller.stop(drain=True)
+        self.cache.stop()
+        return self
+
+
+@pytest.mark.parametrize("versions", ["int", "str"])
+def test_a_restart_reconciles_exactly_what_changed_while_down(tmp_path: Path, versions: str) -> None:
+    db = tmp_path / "state.db"
+    system = System(20)
+    assert len(Run(db, system.source(versions)).stop().reconciled) == 20
+    changed = system.change_while_down()
+    second = Run(db, system.source(versions)).stop()
+    assert second.reconciled == changed
+    deletes = sorted(entry for entry in second.mapped if entry[0] in ("k02", "k03"))
+    assert deletes == [("k02", None), ("k03", None)], "a delete found at a restart reaches map with None"
+    assert (None, None) in second.predicated, "and predicate with (None, None)"
+    assert Run(db, system.source(versions)).stop().reconciled == set(), "nothing changed: nothing reconciled"
+
+
+@pytest.mark.parametrize("versions", ["none", "unkept"])
+def test_without_kept_versions_every_listed_key_counts_as_changed(tmp_path: Path, versions: str) -> None:
+    db = tmp_path / "state.db"
+    system = System(10)
+    Run(db, system.source(versions)).stop()
+    system.change_while_down()
+    second = Run(db, system.source(versions)).stop()
+    assert second.reconciled == set(system.items) | {"k02", "k03"}, "10 listed + 2 deletes found"
+
+
+def test_a_watching_controller_needs_the_cache_s_store_file(tmp_path: Path) -> None:
+    cache = reconq.Cache(System(3).source(), name="items", store=str(tmp_path / "a.db"))
+    for store in (None, str(tmp_path / "b.db")):
+        controller = reconq.Controller(lambda key: None, name="sync", store=store)
+        controller.watch_cache(cache)
+        with pytest.raises(ValueError, match='cannot watch cache "items"'):
+            controller.start()
+    assert not cache.synced and cache.stats()["keys"] == 0, "the cache was not started"
+    assert not any(p.name.endswith(".lock") for p in tmp_path.iterdir()), "no name was claimed"
+    # After start, watch_cache itself refuses.
+    running = reconq.Controller(lambda key: None, name="other", store=str(tmp_path / "b.db"))
+    running.start()
+    try:
+        with pytest.raises(ValueError, match='cannot watch cache "items"'):
+            running.watch_cache(cache)
+    finally:
+        running.stop()
+    cache.stop()
+
+
+def test_cache_names_are_unique_among_a_file_s_caches(tmp_path: Path) -> None:
+    db = str(tmp_path / "a.db")
+    first = reconq.Cache(System(1).source(), name="items", store=db)
+    with pytest.raises(ValueError, match="unique"):
+        reconq.Cache(System(1).source(), name="items", store=reconq.SqliteStore(db))
+    reconq.Cache(System(1).source(), name="other", store=db)
+    reconq.Cache(System(1).source(), name="items", store=str(tmp_path / "b.db"))
+    del first
+    reconq.Cache(System(1).source(), name="items", store=db)
+
+
+def test_flush_without_a_store_or_a_watching_controller_returns_at_once(tmp_path: Path) -> None:
+    reconq.Cache(System(1).source(), name="plain").flush()
+    reconq.Cache(System(1).source(), name="alone", store=str(tmp_path / "a.db")).flush()
+
+
+FLUSH_CHILD = r"""
+import sys, threading, reconq
+n = int(sys.argv[2])
+def quiet(position, stop):
+    stop.wait()
+    return iter(())
+items = [(f"k{i}", i, 1) for i in range(n)]
+# Flushes an hour apart: only flush() can have written anything by the kill.
+store = reconq.SqliteStore(sys.argv[1], flush_interval=3600.0)
+cache = reconq.Cache(reconq.Source(lambda: (items, 1), quiet), name="items", store=store)
+# Every reconcile blocks: each key stays pending.
+c = reconq.Controller(lambda key: threading.Event().wait(), name="sync", workers=2, store=store)
+c.watch_cache(cache)
+c.start()
+assert cache.wait_synced(60)
+cache.flush()
+print("flushed", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_sigkill_right_after_cache_flush_keeps_everything_applied_before(tmp_path: Path) -> None:
+    """The key set and the keys its list enqueued are on disk once
+    Cache.flush() returned: the restart delivers nothing again (kept),
+    and every key comes back pending (section 9)."""
+    n = 50
+    for round in range(3):
+        db = tmp_path / f"round-{round}.db"
+        proc = subprocess.Popen([sys.executable, "-c", FLUSH_CHILD, str(db), str(n)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "flushed"
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        listed = [(f"k{i}", i, 1) for i in range(n)]
+        again = Run(db, reconq.Source(lambda: (listed, 1), quiet_changes)).stop()
+        assert again.mapped == [], f"round {round}: the kept key set survived: no key delivered again"
+        assert again.reconciled == {f"k{i}" for i in range(n)}, f"round {round}: every pending key came back"
+
+
+PREFIX = "/w11/"
+
+
+@pytest.fixture
+def etcd() -> Iterator[Etcd]:
+    server = Etcd()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_an_etcd_cache_restart_reconciles_exactly_what_changed(tmp_path: Path, etcd: Etcd) -> None:
+    db = tmp_path / "state.db"
+    for i in range(20):
+        etcd.put(f"{PREFIX}k{i:02}", str(i))
+
+    def source() -> reconq.EtcdSource:
+        return reconq.EtcdSource(etcd.endpoint, PREFIX)
+
+    assert len(Run(db, source()).stop().reconciled) == 20
+    etcd.put(f"{PREFIX}k00", "changed")
+    etcd.put(f"{PREFIX}k01", "1")  # the same value, a new mod_revision: changed
+    etcd.delete(f"{PREFIX}k02")
+    etcd.put(f"{PREFIX}new", "x")
+    second = Run(db, source()).stop()
+    assert second.reconciled == {"k00", "k01", "k02", "new"}
+    assert ("k02", None) in second.mapped
+    assert Run(db, source()).stop().reconciled == set()
+
