@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -66,6 +67,9 @@ def main() -> None:
         time.sleep(args.work)
         line(key, ABSENT if obj is None else obj, started, time.monotonic())
 
+    # SIGTERM is a clean stop from the start, before "synced" is printed.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     controller = reconq.Controller(reconcile, name="sync", workers=2, store=store)
     controller.watch_cache(cache)
     controller.start()
@@ -75,7 +79,8 @@ def main() -> None:
         controller.wait_idle()
         print("idle", flush=True)
         threading.Thread(target=flush_on_stdin, args=(cache, line), daemon=True).start()
-    controller.run()
+    terminated.wait()
+    controller.stop()
 
 
 def flush_on_stdin(cache: reconq.Cache, line: Any) -> None:
@@ -84,7 +89,7 @@ def flush_on_stdin(cache: reconq.Cache, line: Any) -> None:
             time.sleep(0.005)
         now = time.monotonic()
         line(FLUSH_MARK, ABSENT, now, now)
-        cache.flush()  # type: ignore[attr-defined]  # issue 25 (branch e25)
+        cache.flush()
         print("flushed", flush=True)
 
 

@@ -246,9 +246,9 @@ class Runs:
     def stop(self) -> None:
         """A clean stop (SIGTERM): the run drains its queue and flushes."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=PATIENCE * 3) == 0, f"run {self.run} failed at its stop"
-        self.proc = None
+        proc, self.proc = self.proc, None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=PATIENCE * 3) == 0, f"run {self.run} failed at its stop"
 
     def close(self) -> None:
         if self.proc is not None:
