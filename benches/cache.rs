@@ -12,7 +12,14 @@
 //!   first figure): changes the cache applies per second.
 //! * The same latency for 5,000 puts paced at 1,000 a second (one thread).
 //!
-//! `cargo bench --bench cache` (`W10_KEYS=20000` for a shorter run). Rounds
+//!
+//! W11: the same cache of the same keys with a store: a first run to a
+//! clean stop, then 100 keys changed and 100 deleted in etcd, and a
+//! restart: the time from `start()` until synced, and the reconciles the
+//! restart runs (E9: the 200 changes, not every key).
+//!
+//! `cargo bench --bench cache` (`W10_KEYS=20000` for a shorter run; `W11_ONLY=1`
+//! for W11 alone). Rounds
 //! are printed one per line; figures go to docs/benchmarks.md.
 //! `W10_ETCD=http://127.0.0.1:PORT` times only the sync, against an etcd
 //! already running there (the keys are loaded unless the prefix holds as
@@ -27,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use parking_lot::Mutex;
-use reconq::{Action, Cache, Context, Controller, EtcdSource, ReconcileError, Watch};
+use reconq::{Action, Cache, Context, Controller, EtcdSource, ReconcileError, SqliteStore, Watch};
 
 const PREFIX: &str = "/w10/";
 /// Where etcd's range of the keys under `PREFIX` ends (its last byte + 1).
@@ -103,16 +110,21 @@ impl Etcd {
     /// Puts `{PREFIX}{name}{i}` = `value` for every `i` in `0..n`, `BATCH`
     /// per transaction.
     fn load(&self, name: &str, n: usize, value: &str) {
-        let ids: Vec<usize> = (0..n).collect();
+        self.each(name, 0..n, |key| format!(r#"{{"requestPut":{{"key":"{key}","value":"{}"}}}}"#, b64(value)));
+    }
+
+    /// Deletes `{PREFIX}{name}{i}` for every `i` in `ids`.
+    fn delete(&self, name: &str, ids: std::ops::Range<usize>) {
+        self.each(name, ids, |key| format!(r#"{{"requestDeleteRange":{{"key":"{key}"}}}}"#));
+    }
+
+    /// Runs `op(key)` (base64) on `{PREFIX}{name}{i}` for every `i` in
+    /// `ids`, `BATCH` per transaction.
+    fn each(&self, name: &str, ids: std::ops::Range<usize>, op: impl Fn(&str) -> String) {
+        let ids: Vec<usize> = ids.collect();
         for chunk in ids.chunks(BATCH) {
-            let puts: Vec<String> = chunk
-                .iter()
-                .map(|i| {
-                    let key = b64(&format!("{PREFIX}{name}{i}"));
-                    format!(r#"{{"requestPut":{{"key":"{key}","value":"{}"}}}}"#, b64(value))
-                })
-                .collect();
-            self.call("kv/txn", &format!(r#"{{"success":[{}]}}"#, puts.join(",")));
+            let ops: Vec<String> = chunk.iter().map(|i| op(&b64(&format!("{PREFIX}{name}{i}")))).collect();
+            self.call("kv/txn", &format!(r#"{{"success":[{}]}}"#, ops.join(",")));
         }
     }
 }
@@ -197,6 +209,10 @@ fn main() {
         println!("W10: loaded {n} keys into etcd in {:.1} s", loading.elapsed().as_secs_f64());
     }
 
+    if std::env::var_os("W11_ONLY").is_some() {
+        return w11(&etcd, n);
+    }
+
     // The cache alone, for comparison: what the controller side adds.
     let alone = Cache::builder("w10-alone", EtcdSource::new(&etcd.endpoint, PREFIX).unwrap()).build().unwrap();
     let listing = Instant::now();
@@ -274,4 +290,56 @@ fn main() {
         p99.as_secs_f64() * 1e3
     );
     assert!(handle.stop_with_drain(LONG));
+    w11(&etcd, n);
+}
+
+/// One run of W11's controller watching its stored cache until its
+/// reconciles are done; returns the time from `start()` to synced and to the reconciles done,
+/// and how many ran. Stops cleanly (a drain, then the last flush).
+fn w11_run(etcd: &Etcd, path: &std::path::Path) -> (Duration, Duration, u64) {
+    let store = SqliteStore::open(path).unwrap();
+    let source = EtcdSource::new(&etcd.endpoint, PREFIX).unwrap();
+    let cache = Cache::builder("w11", source).store(&store).build().unwrap();
+    let controller =
+        Controller::new("w11", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .workers(2)
+            .store(store)
+            .watch_cache(&cache, Watch::new());
+    let started = Instant::now();
+    let handle = controller.start();
+    assert!(handle.wait_synced(Some(LONG)));
+    let synced = started.elapsed();
+    // Every key the list (and the deletes a restart finds) enqueued is in
+    // the queue once this returns: idle then means reconciled.
+    cache.flush().unwrap();
+    assert!(handle.wait_idle(LONG));
+    let reconciled = started.elapsed();
+    let ran = handle.stats().successes;
+    assert!(handle.stop_with_drain(LONG));
+    handle.flush().unwrap();
+    (synced, reconciled, ran)
+}
+
+/// W11 (docs/benchmarks.md): a restart after 100 changes and 100 deletes.
+fn w11(etcd: &Etcd, n: usize) {
+    let dir = std::env::temp_dir().join(format!("reconq-w11-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w11.db");
+    let (synced, reconciled, listed) = w11_run(etcd, &path);
+    println!(
+        "W11 first run: {listed} keys, start() to synced {:.2} s, to every key reconciled {:.2} s",
+        synced.as_secs_f64(),
+        reconciled.as_secs_f64()
+    );
+    etcd.load("k", 100, "w11-changed");
+    etcd.delete("k", 100..200);
+    let (synced, reconciled, ran) = w11_run(etcd, &path);
+    println!(
+        "W11 restart: {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s, \
+         {ran} reconciles (done at {:.2} s)",
+        synced.as_secs_f64(),
+        reconciled.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,6 +6,9 @@
 //! `cache_store_kill.rs`.
 
 mod common;
+#[path = "common/etcd.rs"]
+#[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
+mod etcd;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,7 +18,10 @@ use std::time::Duration;
 use common::{PATIENCE, TempDir};
 use parking_lot::Mutex;
 use reconq::source::Item;
-use reconq::{Action, Cache, Controller, PollingSource, SqliteStore, StoreError, Watch};
+use reconq::{
+    Action, Cache, Context, Controller, ControllerHandle, EtcdSource, PollingSource, ReconcileError, Source,
+    SqliteStore, StoreError, Watch,
+};
 
 /// What the system holds: key -> (value, version).
 type Items = BTreeMap<String, (u64, u64)>;
@@ -30,23 +36,38 @@ fn source(items: &Items, versions: bool) -> PollingSource<String, u64, u64> {
     PollingSource::with_items(Duration::from_secs(3600), move || Ok::<_, String>(listed.clone())).unwrap()
 }
 
-/// What one run saw: the keys reconciled, and what `map` was given.
+/// What one run saw: the keys reconciled, the keys `map` was given with
+/// whether it had an object, and whether `predicate` had (old, new).
 #[derive(Debug, Default)]
 struct Run {
     reconciled: BTreeSet<String>,
-    mapped: Vec<(String, Option<u64>)>,
+    mapped: BTreeSet<(String, bool)>,
+    predicated: BTreeSet<(bool, bool)>,
 }
 
 /// Runs a controller watching a stored cache of `items` until every
 /// change is reconciled and flushed, then stops it cleanly.
 fn run(path: &Path, items: &Items, versions: bool) -> Run {
+    run_source(path, source(items, versions))
+}
+
+fn run_source<S>(path: &Path, source: S) -> Run
+where
+    S: Source<Key = String>,
+    S::Version: reconq::Keepable,
+    S::Position: reconq::Keepable,
+{
     let store = SqliteStore::open(path).unwrap();
-    let cache = Cache::builder("items", source(items, versions)).store(&store).build().unwrap();
+    let cache = Cache::builder("items", source).store(&store).build().unwrap();
     let seen = Arc::new(Mutex::new(Run::default()));
-    let (reconciled, mapped) = (Arc::clone(&seen), Arc::clone(&seen));
-    let watch = Watch::with_map(move |key: &String, obj: Option<&u64>| {
-        mapped.lock().mapped.push((key.clone(), obj.copied()));
+    let (reconciled, mapped, predicated) = (Arc::clone(&seen), Arc::clone(&seen), Arc::clone(&seen));
+    let watch = Watch::with_map(move |key: &String, obj: Option<&S::Object>| {
+        mapped.lock().mapped.insert((key.clone(), obj.is_some()));
         [key.clone()]
+    })
+    .predicate(move |old: Option<&S::Object>, new: Option<&S::Object>| {
+        predicated.lock().predicated.insert((old.is_some(), new.is_some()));
+        true
     });
     let handle = Controller::from_fn("sync", move |key: &String, _| {
         reconciled.lock().reconciled.insert(key.clone());
@@ -63,6 +84,25 @@ fn run(path: &Path, items: &Items, versions: bool) -> Run {
     assert!(handle.stop_with_drain(PATIENCE));
     cache.stop();
     std::mem::take(&mut *seen.lock())
+}
+
+/// Starts controller "sync" with `store`, watching `cache`; returns once
+/// the cache synced and what its list enqueued is on disk.
+fn start_watching(
+    store: SqliteStore,
+    cache: &Cache<PollingSource<String, u64, u64>>,
+    reconcile: impl Fn(&String, &Context) -> Result<Action, ReconcileError> + Send + Sync + 'static,
+) -> ControllerHandle<String> {
+    let handle = Controller::from_fn("sync", reconcile).store(store).watch_cache(cache, Watch::new()).start();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    cache.flush().unwrap();
+    handle
+}
+
+/// The rows of `table` in the file at `path` (read by another connection).
+fn rows(path: &Path, table: &str) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0)).unwrap()
 }
 
 fn items(n: u64) -> Items {
@@ -91,10 +131,12 @@ fn a_restart_reconciles_exactly_what_changed_while_down() {
     let changed = change_while_down(&mut system);
     let second = run(&path, &system, true);
     assert_eq!(second.reconciled, changed);
-    // Deletes found at the restart reach map with None (no state is kept).
-    let deletes: BTreeSet<(String, Option<u64>)> =
+    // Deletes found at the restart reach map and predicate with None (no
+    // state is kept); changed keys reach them as creates.
+    let deletes: BTreeSet<(String, bool)> =
         second.mapped.iter().filter(|(key, _)| key == "k02" || key == "k03").cloned().collect();
-    assert_eq!(deletes, BTreeSet::from([("k02".into(), None), ("k03".into(), None)]));
+    assert_eq!(deletes, BTreeSet::from([("k02".into(), false), ("k03".into(), false)]));
+    assert_eq!(second.predicated, BTreeSet::from([(false, false), (false, true)]));
     assert_eq!(run(&path, &system, true).reconciled, BTreeSet::new(), "nothing changed: nothing reconciled");
 }
 
@@ -161,19 +203,11 @@ fn a_cache_s_flush_writes_its_rows_and_its_controllers_keys() {
     let gate = Arc::new(Mutex::new(()));
     let held = gate.lock();
     let blocked = Arc::clone(&gate);
-    let handle = Controller::from_fn("sync", move |_: &String, _| {
+    let handle = start_watching(store, &cache, move |_, _| {
         drop(blocked.lock());
         Ok(Action::Done)
-    })
-    .store(store)
-    .watch_cache(&cache, Watch::new())
-    .start();
-    assert!(cache.wait_synced(Some(PATIENCE)));
-    cache.flush().unwrap();
-    let rows = |table: &str| -> i64 {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0)).unwrap()
-    };
+    });
+    let rows = |table: &str| rows(&path, table);
     assert_eq!(rows("cache_keys"), 5, "the key set is on disk");
     assert!(rows("keys") >= 4, "with the keys its list enqueued (one may be running, kept as waiting)");
     drop(held);
@@ -182,4 +216,72 @@ fn a_cache_s_flush_writes_its_rows_and_its_controllers_keys() {
     assert_eq!(rows("keys"), 0);
     assert_eq!(rows("cache_keys"), 5);
     handle.stop();
+}
+
+/// Schema 1 exactly as the previous release wrote it.
+const SCHEMA_V1: &str = "
+CREATE TABLE keys (
+    controller TEXT NOT NULL,
+    key BLOB NOT NULL,
+    state INTEGER NOT NULL,
+    due_unix_ms INTEGER,
+    error TEXT,
+    failures INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    PRIMARY KEY (controller, key)
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
+";
+
+#[test]
+fn a_file_of_schema_1_is_migrated_and_keeps_its_keys() {
+    let dir = TempDir::new();
+    let path = dir.db();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(SCHEMA_V1).unwrap();
+        let insert = "INSERT INTO keys VALUES ('sync', ?1, 0, NULL, NULL, 2, 5)";
+        for key in ["a", "b"] {
+            conn.execute(insert, [reconq::encode_key(&key.to_string())]).unwrap();
+        }
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.load("sync").unwrap().len(), 2, "the keys of schema 1 are read");
+    // A controller restores them, and a stored cache keeps its key set.
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let reconciled = Arc::clone(&seen);
+    let cache = Cache::builder("items", source(&items(3), true)).store(&store).build().unwrap();
+    let handle = start_watching(store, &cache, move |key, ctx| {
+        reconciled.lock().insert((key.clone(), ctx.attempt()));
+        Ok(Action::Done)
+    });
+    assert!(handle.wait_idle(PATIENCE));
+    let expected: BTreeSet<(String, u32)> =
+        [("a", 2), ("b", 2), ("k00", 0), ("k01", 0), ("k02", 0)].map(|(k, a)| (k.to_owned(), a)).into();
+    assert_eq!(*seen.lock(), expected, "failure counts continue from schema 1's rows");
+    handle.stop();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, reconq::SCHEMA_VERSION);
+    assert_eq!(rows(&path, "cache_keys"), 3);
+}
+
+#[test]
+fn an_etcd_cache_restart_reconciles_exactly_what_changed() {
+    let etcd = etcd::Etcd::start();
+    for i in 0..20 {
+        etcd.put(&format!("/kept/k{i:02}"), &i.to_string());
+    }
+    let dir = TempDir::new();
+    let source = || EtcdSource::new(&etcd.endpoint, "/kept/").unwrap();
+    assert_eq!(run_source(&dir.db(), source()).reconciled.len(), 20);
+    etcd.put("/kept/k00", "changed");
+    etcd.put("/kept/k01", "1"); // the same value, a new mod_revision: changed
+    etcd.delete("/kept/k02");
+    etcd.put("/kept/new", "x");
+    let second = run_source(&dir.db(), source());
+    let expected: BTreeSet<String> = ["k00", "k01", "k02", "new"].map(String::from).into();
+    assert_eq!(second.reconciled, expected);
+    assert!(second.mapped.contains(&("k02".to_owned(), false)));
+    assert_eq!(run_source(&dir.db(), source()).reconciled, BTreeSet::new());
 }

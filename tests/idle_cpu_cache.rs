@@ -1,6 +1,7 @@
 //! G8 for caches: an idle cache of an etcd prefix blocks on its watch
 //! stream (no reads, no reopened watches, next to no CPU), and an idle
-//! polling cache sleeps until its next poll. A binary of its own: it
+//! polling cache sleeps until its next poll; the etcd cache has a store
+//! (E9) and a watching controller, whose flusher sleeps too. A binary of its own: it
 //! measures the CPU time of the whole process.
 
 mod common;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{PATIENCE, process_cpu_time, wait_for};
 use etcd::Etcd;
-use reconq::{Cache, EtcdSource, PollingSource};
+use reconq::{Action, Cache, Context, Controller, EtcdSource, PollingSource, SqliteStore, Watch};
 
 const WINDOW: Duration = Duration::from_secs(3);
 const BUDGET: Duration = Duration::from_millis(50);
@@ -25,8 +26,14 @@ fn g8_idle_caches_block_on_their_stream_and_ask_etcd_for_nothing() {
     for i in 0..100 {
         etcd.put(&format!("/idle/{i}"), "x");
     }
-    let cache = Cache::builder("idle-etcd", EtcdSource::new(&etcd.endpoint, "/idle/").unwrap()).build().unwrap();
-    cache.start().unwrap();
+    let dir = common::TempDir::new();
+    let store = SqliteStore::open(dir.db()).unwrap();
+    let source = EtcdSource::new(&etcd.endpoint, "/idle/").unwrap();
+    let cache = Cache::builder("idle-etcd", source).store(&store).build().unwrap();
+    let controller = Controller::from_fn("idle", |_: &String, _: &Context| Ok(Action::Done))
+        .store(store)
+        .watch_cache(&cache, Watch::new())
+        .start();
     assert!(cache.wait_synced(Some(PATIENCE)));
     let polls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&polls);
@@ -40,6 +47,9 @@ fn g8_idle_caches_block_on_their_stream_and_ask_etcd_for_nothing() {
     // The etcd cache's watch is open once it applied a change.
     etcd.put("/idle/last", "y");
     wait_for("the watch to deliver", || cache.len() == 101);
+    cache.flush().unwrap();
+    assert!(controller.wait_idle(PATIENCE));
+    controller.flush().unwrap();
 
     let (asked_before, cpu_before, t0) = (etcd.requests(), process_cpu_time(), Instant::now());
     while t0.elapsed() < WINDOW {
@@ -53,6 +63,7 @@ fn g8_idle_caches_block_on_their_stream_and_ask_etcd_for_nothing() {
     }
     assert_eq!(polls.load(Ordering::SeqCst), 1, "only the first poll");
     assert!(cpu < BUDGET, "{cpu:?} of CPU in {WINDOW:?} idle");
+    controller.stop();
     cache.stop();
     polled.stop();
 }

@@ -49,7 +49,7 @@ impl CacheBatch {
     }
 
     /// Adds `later` after these rows (a later change of a key wins).
-    fn append(&mut self, later: CacheBatch) {
+    pub(crate) fn append(&mut self, later: CacheBatch) {
         self.rows.extend(later.rows);
         self.positions.extend(later.positions);
     }

@@ -120,27 +120,23 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         let (batch, keys) = self.rows_to_write(source, keys);
         self.writing.store(keys.len(), Ordering::Release);
         let chunks = batch.len().div_ceil(WRITE_CHUNK).max(1);
-        let mut caches = Some(caches);
+        let mut caches = caches;
         for at in 0..chunks {
             let range = at * WRITE_CHUNK..batch.len().min((at + 1) * WRITE_CHUNK);
             let (batch_chunk, keys_chunk) = (&batch[range.clone()], &keys[range]);
             // The cache rows ride with the last chunk (see the invariants).
-            let riding = if at + 1 == chunks { caches.take().filter(|rows| !rows.is_empty()) } else { None };
-            if batch_chunk.is_empty() && riding.is_none() {
+            let mut riding = if at + 1 == chunks { std::mem::take(&mut caches) } else { CacheBatch::default() };
+            if batch_chunk.is_empty() && riding.is_empty() {
                 continue;
             }
-            let written = match &riding {
-                None => self.store.write(&self.name, batch_chunk),
-                Some(rows) => self.store.write_with_caches(&self.name, batch_chunk, rows),
-            };
-            if let Err(err) = written {
+            if let Err(err) = self.store.write_with_caches(&self.name, batch_chunk, &riding) {
                 let unwritten = &keys[at * WRITE_CHUNK..];
                 for key in unwritten {
                     self.dirty.mark(key);
                 }
-                if let Some(rows) = riding.or(caches) {
-                    self.caches.unwritten(rows);
-                }
+                // This write's rows, or (an earlier chunk failed) all of them.
+                riding.append(caches);
+                self.caches.unwritten(riding);
                 self.writing.store(0, Ordering::Release);
                 self.failed(&err, unwritten.len(), last);
                 return Err(err);
