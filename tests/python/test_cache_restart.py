@@ -34,7 +34,7 @@ import pytest
 
 from cache_child import ABSENT
 from etcd_server import Etcd
-from restarts import EtcdItems, Runs, System, Writer
+from restarts import EtcdItems, Items, Runs, System, Writer
 from table_source import Table
 
 SEED = int(os.environ.get("RECONQ_CHAOS_SEED", "25"))
@@ -58,16 +58,17 @@ def system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[System]:
         yield System("table", path, Table(path))
 
 
-def seeded(offset: int = 0) -> random.Random:
+def seeded(items: Items) -> "tuple[random.Random, Writer]":
+    """The test's random moments and sizes, and a writer with its own
+    random changes (it runs on a thread of its own)."""
     print(f"RECONQ_CHAOS_SEED={SEED}")
-    return random.Random(SEED + offset)
+    return random.Random(SEED), Writer(items, random.Random(SEED + 1))
 
 
 def test_sigkill_at_random_moments_loses_no_change_and_repeats_no_settled_reconcile(
     system: System, tmp_path: Path
 ) -> None:
-    rng = seeded()
-    writer = Writer(system.items, seeded(1))
+    rng, writer = seeded(system.items)
     for _ in range(KEYS):
         writer.create()
     runs = Runs(system, tmp_path / "runs")
@@ -108,8 +109,7 @@ def test_sigkill_at_random_moments_loses_no_change_and_repeats_no_settled_reconc
 
 
 def test_clean_stops_reconcile_exactly_the_keys_changed_while_down(system: System, tmp_path: Path) -> None:
-    rng = seeded()
-    writer = Writer(system.items, seeded(1))
+    rng, writer = seeded(system.items)
     for _ in range(KEYS):
         writer.create()
     runs = Runs(system, tmp_path / "runs")
@@ -162,8 +162,7 @@ def test_cache_flush_then_sigkill_loses_nothing_applied_before_it(system: System
     still queued: each reconcile works 20 ms), ``cache.flush()``, then
     SIGKILL. The restart reconciles every key changed whose reconcile had
     not ended, and none that was unchanged since before the flush."""
-    rng = seeded()
-    writer = Writer(system.items, seeded(1))
+    rng, writer = seeded(system.items)
     for round in range(5):
         while len(writer.live) < KEYS:
             writer.create()
