@@ -174,6 +174,12 @@ fn a_controller_without_the_cache_s_store_is_refused_at_start_with_nothing_chang
             .contains(".lock")),
         "no name was claimed"
     );
+    // After start, watch_cache refuses it, and the controller goes on.
+    let running = Controller::from_fn("running", noop).store(other).start();
+    let err = running.watch_cache(&cache, Watch::new()).unwrap_err();
+    assert!(matches!(err, reconq::WatchError::StoreMismatch(_)), "{err}");
+    assert!(!cache.synced() && running.wait_synced(Some(Duration::ZERO)), "nothing was attached");
+    running.stop();
 }
 
 #[test]
@@ -284,4 +290,93 @@ fn an_etcd_cache_restart_reconciles_exactly_what_changed() {
     assert_eq!(second.reconciled, expected);
     assert!(second.mapped.contains(&("k02".to_owned(), false)));
     assert_eq!(run_source(&dir.db(), source()).reconciled, BTreeSet::new());
+}
+
+/// Two controllers watch one stored cache; at the restart the second
+/// starts only after the cache synced (it gets the replay). Each keeps
+/// its own copy of the key set, so each reconciles exactly the changes.
+#[test]
+fn each_watching_controller_gets_exactly_the_changes_even_when_it_attaches_after_the_sync() {
+    let dir = TempDir::new();
+    let mut system = items(10);
+    let run_both = |system: &Items| -> [BTreeSet<String>; 2] {
+        let store = SqliteStore::open(dir.db()).unwrap();
+        let cache = Cache::builder("items", source(system, true)).store(&store).build().unwrap();
+        cache.start().unwrap();
+        assert!(cache.wait_synced(Some(PATIENCE)));
+        let seen: [Arc<Mutex<BTreeSet<String>>>; 2] = Default::default();
+        let handles: Vec<_> = ["first", "second"]
+            .iter()
+            .zip(&seen)
+            .map(|(name, seen)| {
+                let seen = Arc::clone(seen);
+                let reconcile = move |key: &String, _: &Context| {
+                    seen.lock().insert(key.clone());
+                    Ok(Action::Done)
+                };
+                let handle = Controller::from_fn(*name, reconcile)
+                    .store(store.clone())
+                    .watch_cache(&cache, Watch::new())
+                    .start();
+                cache.flush().unwrap();
+                assert!(handle.wait_idle(PATIENCE));
+                handle
+            })
+            .collect();
+        cache.flush().unwrap();
+        for handle in handles {
+            assert!(handle.stop_with_drain(PATIENCE));
+        }
+        cache.stop();
+        seen.map(|seen| std::mem::take(&mut *seen.lock()))
+    };
+    let all: BTreeSet<String> = system.keys().cloned().collect();
+    assert_eq!(run_both(&system), [all.clone(), all]);
+    let changed = change_while_down(&mut system);
+    assert_eq!(run_both(&system), [changed.clone(), changed]);
+}
+
+/// Set in the child of the SIGKILL test: its store file.
+const FLUSH_CHILD_ENV: &str = "RECONQ_CACHE_FLUSH_CHILD";
+
+/// The child: a stored cache of 50 keys and a controller whose reconciles
+/// never return (every key stays pending); flushes an hour apart, so only
+/// `cache.flush()` can have written anything when it says "flushed".
+fn flush_child(path: &Path) {
+    use std::io::Write;
+    let store = SqliteStore::open_with_flush_interval(path, Duration::from_secs(3600)).unwrap();
+    let cache = Cache::builder("items", source(&items(50), true)).store(&store).build().unwrap();
+    let _handle = start_watching(store, &cache, |_, _| {
+        std::thread::park();
+        Ok(Action::Done)
+    });
+    std::io::stdout().write_all(b"flushed\n").unwrap();
+    std::thread::park();
+}
+
+#[test]
+fn sigkill_right_after_cache_flush_keeps_everything_applied_before() {
+    use std::io::BufRead;
+    if let Ok(path) = std::env::var(FLUSH_CHILD_ENV) {
+        return flush_child(Path::new(&path));
+    }
+    let dir = TempDir::new();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sigkill_right_after_cache_flush_keeps_everything_applied_before", "--nocapture"])
+        .env(FLUSH_CHILD_ENV, dir.db())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("flushed") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited early");
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let again = run(&dir.db(), &items(50), true);
+    assert!(again.mapped.is_empty(), "the kept key set survived: nothing delivered again: {:?}", again.mapped);
+    assert_eq!(again.reconciled.len(), 50, "every pending key came back");
 }

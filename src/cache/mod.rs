@@ -497,9 +497,8 @@ impl<S: Source> Cache<S> {
     /// Asks for the writes [`flush`](Self::flush) waits for, once every
     /// change applied so far has been delivered (the delivery lock).
     pub(crate) fn ask_flush(&self) -> crate::store::PendingFlush {
-        let flushers = self.inner.stored.as_ref().map(Stored::flushers).unwrap_or_default();
         let _delivered = self.inner.delivery.lock();
-        crate::store::PendingFlush::ask(flushers)
+        crate::store::PendingFlush::ask(self.inner.stored.as_ref().map(Stored::flushers).unwrap_or_default())
     }
 
     /// The store file (canonical) of a cache with a store.

@@ -357,8 +357,8 @@ def test_bad_input_raises_naming_the_argument() -> None:
         reconq.Cache(system.source(), indexes={"size": lambda key: key})
     with pytest.raises(ValueError, match="name"):
         reconq.Cache(system.source(), name="")
-    with pytest.raises(NotImplementedError, match="store"):
-        reconq.Cache(system.source(), store="state.db")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="store must be a SqliteStore or a path"):
+        reconq.Cache(system.source(), store=3)  # type: ignore[arg-type]
     cache = reconq.Cache(system.source(), name="bad-input")
     for bad in (1.5, [1], None):
         with pytest.raises(TypeError):

@@ -107,7 +107,9 @@ PROGRAMS = {
         synced: bool = c.wait_synced(timeout=5)
         errors: int = c.stats()['handler_errors']
         cache.stop()
-        reconq.Cache(polled, store='state.db')  # E: store= is not supported yet
+        cache.flush()
+        reconq.Cache(polled, name='kept', store='state.db').flush()
+        reconq.Cache(polled, store=3)  # E: store= takes a path or a SqliteStore
     """,
     "context_and_scheduling_usage": """
         import reconq
