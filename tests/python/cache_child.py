@@ -1,0 +1,97 @@
+"""One run of a controller watching a cache with ``store=`` (guarantees §13
+E9), for the restart tests: the cache follows the keys under ``/items/`` of
+a real etcd, or a ``table_source.Table``; the controller (2 workers) and
+the cache share one ``SqliteStore``. Each reconcile reads the key's state
+from the cache, works ``--work`` seconds, then appends one line to the
+record, in one unbuffered ``write`` (a SIGKILL loses no line written):
+
+    RUN KEY SEEN STARTED ENDED
+
+SEEN is the value the cache held (``-`` for absent); STARTED and ENDED are
+``time.monotonic()`` (one clock for every process on the machine). Prints
+``synced`` once the first list is applied, then runs until SIGTERM (a
+clean stop: the queue drains, the store is flushed).
+
+With ``--flush-on-stdin``, prints ``idle`` once the first list's keys are
+reconciled, then each line read from stdin is a position: once the cache
+has applied it, the line ``RUN !flush - T T`` goes to the record,
+then ``cache.flush()`` runs, then ``flushed`` is printed.
+
+usage: cache_child.py STORE RECORD RUN (etcd ENDPOINT | table PATH)
+           [--flush-interval SECONDS] [--work SECONDS] [--flush-on-stdin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import reconq
+from table_source import Table
+
+PREFIX = "/items/"
+ABSENT = "-"
+FLUSH_MARK = "!flush"
+
+
+def source(kind: str, where: str) -> Any:
+    if kind == "etcd":
+        return reconq.EtcdSource(where, PREFIX, decode=bytes.decode, name="items")
+    assert kind == "table", kind
+    return Table(where).source("items")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("store", "record", "run", "kind", "where"):
+        parser.add_argument(name)
+    parser.add_argument("--flush-interval", type=float, default=0.1)
+    parser.add_argument("--work", type=float, default=0.005)
+    parser.add_argument("--flush-on-stdin", action="store_true")
+    args = parser.parse_args()
+    store = reconq.SqliteStore(args.store, flush_interval=args.flush_interval)
+    cache = reconq.Cache(source(args.kind, args.where), name="items", store=store)
+    record = os.open(args.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def line(key: str, seen: str, started: float, ended: float) -> None:
+        os.write(record, f"{args.run} {key} {seen} {started} {ended}\n".encode())
+
+    def reconcile(key: str) -> None:
+        started = time.monotonic()
+        obj = cache.get(key)
+        time.sleep(args.work)
+        line(key, ABSENT if obj is None else obj, started, time.monotonic())
+
+    # SIGTERM is a clean stop from the start, before "synced" is printed.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
+    controller = reconq.Controller(reconcile, name="sync", workers=2, store=store)
+    controller.watch_cache(cache)
+    controller.start()
+    controller.wait_synced()
+    print("synced", flush=True)
+    if args.flush_on_stdin:
+        controller.wait_idle()
+        print("idle", flush=True)
+        threading.Thread(target=flush_on_stdin, args=(cache, line), daemon=True).start()
+    terminated.wait()
+    controller.stop()
+
+
+def flush_on_stdin(cache: reconq.Cache, line: Any) -> None:
+    for position in sys.stdin:
+        while cache.stats()["position"] < int(position):
+            time.sleep(0.005)
+        now = time.monotonic()
+        line(FLUSH_MARK, ABSENT, now, now)
+        cache.flush()
+        print("flushed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
