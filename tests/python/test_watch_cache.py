@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -54,14 +54,33 @@ def stopped() -> Iterator[List[Any]]:
         thing.stop()
 
 
-def test_every_change_is_reconciled_with_the_cache_holding_it_or_newer(stopped: List[Any]) -> None:
+Watching = Callable[..., Tuple[reconq.Cache, Seen, reconq.Controller]]
+
+
+@pytest.fixture
+def watching(stopped: List[Any]) -> Watching:
+    """Starts a controller that records what it saw (`Seen`), watching a
+    new cache of `source` under `name` with the `watch_cache` options
+    given; `controller` holds the controller's own options. The controller
+    (and with it the cache) is stopped at the test's end."""
+
+    def start(
+        source: Any, name: str, controller: Optional[Dict[str, Any]] = None, **watch: Any
+    ) -> Tuple[reconq.Cache, Seen, reconq.Controller]:
+        cache = reconq.Cache(source, name=name)
+        seen = Seen(cache)
+        c = reconq.Controller(seen, name=name, **(controller or {}))
+        stopped.append(c)
+        c.watch_cache(cache, **watch)
+        c.start()
+        return cache, seen, c
+
+    return start
+
+
+def test_every_change_is_reconciled_with_the_cache_holding_it_or_newer(watching: Watching) -> None:
     system = System({"a": 1, "b": 2})
-    cache = reconq.Cache(system.source(), name="e2")
-    seen = Seen(cache)
-    c = reconq.Controller(seen, name="e2", workers=2)
-    stopped.append(c)
-    c.watch_cache(cache)
-    c.start()
+    cache, seen, c = watching(system.source(), "e2", controller={"workers": 2})
     assert c.wait_synced(PATIENCE) and cache.synced, "the controller's start started the cache"
     wait_for(lambda: seen.last() == {"a": 1, "b": 2})
     for value in range(3, 30):
@@ -145,11 +164,9 @@ def test_a_cache_that_cannot_sync_is_named_with_its_last_error_every_sync_timeou
 
 
 def test_map_and_predicate_choose_the_keys_and_a_failing_one_enqueues_the_changed_key(
-    stopped: List[Any], logs: pytest.LogCaptureFixture
+    watching: Watching, logs: pytest.LogCaptureFixture
 ) -> None:
     system = System({"a": {"owner": "ann"}})
-    cache = reconq.Cache(system.source(), name="mapped")
-    seen = Seen(cache)
     predicates: List[Tuple[Any, Any]] = []
 
     def owners(key: Any, obj: Any) -> Any:
@@ -169,10 +186,7 @@ def test_map_and_predicate_choose_the_keys_and_a_failing_one_enqueues_the_change
             raise RuntimeError("predicate broke")
         return new is None or new.get("skip") is not True
 
-    c = reconq.Controller(seen, name="mapped")
-    stopped.append(c)
-    c.watch_cache(cache, map=owners, predicate=predicate)
-    c.start()
+    cache, seen, c = watching(system.source(), "mapped", map=owners, predicate=predicate)
     wait_for(lambda: "owner:ann" in seen.keys())
     system.put("pair", {"owner": "bob"})
     system.put("one", {"owner": "cy"})
@@ -194,14 +208,9 @@ def test_map_and_predicate_choose_the_keys_and_a_failing_one_enqueues_the_change
     assert any("badkey" in line and "TypeError" in line for line in errors), errors
 
 
-def test_the_default_predicate_enqueues_nothing_for_a_relist_that_finds_keys_unchanged(stopped: List[Any]) -> None:
+def test_the_default_predicate_enqueues_nothing_for_a_relist_that_finds_keys_unchanged(watching: Watching) -> None:
     system = System({"a": {"v": 1}, "b": {"v": 2}})
-    cache = reconq.Cache(system.source(), name="unchanged")
-    seen = Seen(cache)
-    c = reconq.Controller(seen, name="unchanged")
-    stopped.append(c)
-    c.watch_cache(cache)
-    c.start()
+    cache, seen, c = watching(system.source(), "unchanged")
     wait_for(lambda: sorted(seen.keys()) == ["a", "b"])
     assert c.wait_idle(PATIENCE)
     system.fault("expire")  # relist: the same objects (equal, not the same Python objects)
@@ -212,14 +221,9 @@ def test_the_default_predicate_enqueues_nothing_for_a_relist_that_finds_keys_unc
     assert sorted(seen.keys()) == ["a", "b", "c"], "E6: unchanged keys of a relist enqueue nothing"
 
 
-def test_lists_use_list_priority_live_changes_priority_and_resync_enqueues_every_key(stopped: List[Any]) -> None:
+def test_lists_use_list_priority_live_changes_priority_and_resync_enqueues_every_key(watching: Watching) -> None:
     system = System({"a": 1, "b": 2})
-    cache = reconq.Cache(system.source(), name="priorities")
-    seen = Seen(cache)
-    c = reconq.Controller(seen, name="priorities")
-    stopped.append(c)
-    c.watch_cache(cache, priority=7, list_priority=-5)
-    c.start()
+    _, seen, _ = watching(system.source(), "priorities", priority=7, list_priority=-5)
     wait_for(lambda: len(seen.calls) == 2)
     system.put("c", 3)
     wait_for(lambda: "c" in seen.keys())
@@ -227,22 +231,13 @@ def test_lists_use_list_priority_live_changes_priority_and_resync_enqueues_every
     assert priorities == {"a": -5, "b": -5, "c": 7}, priorities
     # A PollingSource's first poll is its list; later polls are live changes.
     polled_items = {"p": 1}
-    polled = reconq.Cache(reconq.PollingSource(lambda: dict(polled_items), 0.05), name="polled-priorities")
-    seen_polled = Seen(polled)
-    p = reconq.Controller(seen_polled, name="polled-priorities")
-    stopped.append(p)
-    p.watch_cache(polled, priority=7, list_priority=-5)
-    p.start()
+    polled = reconq.PollingSource(lambda: dict(polled_items), 0.05)
+    _, seen_polled, _ = watching(polled, "polled-priorities", priority=7, list_priority=-5)
     wait_for(lambda: seen_polled.keys() == ["p"])
     polled_items["q"] = 2
     wait_for(lambda: "q" in seen_polled.keys())
     assert {key: priority for key, _, priority in seen_polled.calls} == {"p": -5, "q": 7}
-    resynced = reconq.Cache(system.source(), name="resynced")
-    seen_again = Seen(resynced)
-    r = reconq.Controller(seen_again, name="resynced")
-    stopped.append(r)
-    r.watch_cache(resynced, resync=0.2, list_priority=-3)
-    r.start()
+    _, seen_again, _ = watching(system.source(), "resynced", resync=0.2, list_priority=-3)
     wait_for(lambda: all(seen_again.keys().count(k) >= 3 for k in "abc"), what="every key resynced, twice")
     assert {priority for _, _, priority in seen_again.calls} == {-3}
 
