@@ -1,10 +1,11 @@
 """Fixtures shared by the Python tests."""
 
-from typing import Any, Callable, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
 import reconq
+from etcd_server import Etcd
 
 
 @pytest.fixture
@@ -36,3 +37,14 @@ def caches():
     yield made
     for cache in made:
         cache.stop()
+
+
+@pytest.fixture
+def etcd() -> Iterator[Etcd]:
+    """A fresh etcd on a loopback port for one test, stopped and removed
+    even if the test fails."""
+    server = Etcd()
+    try:
+        yield server
+    finally:
+        server.close()

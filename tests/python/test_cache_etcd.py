@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -21,13 +21,6 @@ from proxy import Proxy
 from waiting import PATIENCE, wait_for
 
 PREFIX = "/items/"
-
-
-@pytest.fixture
-def etcd() -> Iterator[Etcd]:
-    server = Etcd()
-    yield server
-    server.close()
 
 
 def text_cache(caches: List[reconq.Cache], endpoint: str, name: str) -> reconq.Cache:

@@ -196,15 +196,6 @@ def test_sigkill_right_after_cache_flush_keeps_everything_applied_before(tmp_pat
 PREFIX = "/w11/"
 
 
-@pytest.fixture
-def etcd() -> Iterator[Etcd]:
-    server = Etcd()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_an_etcd_cache_restart_reconciles_exactly_what_changed(tmp_path: Path, etcd: Etcd) -> None:
     db = tmp_path / "state.db"
     for i in range(20):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from typing import Iterator
 
 import pytest
 
@@ -61,13 +60,6 @@ PARENT = textwrap.dedent(
     print("forked", FORKS, flush=True)
     """
 )
-
-
-@pytest.fixture
-def etcd() -> Iterator[Etcd]:
-    server = Etcd()
-    yield server
-    server.close()
 
 
 @pytest.mark.timeout(FORKS * 60 + 120)

@@ -8,20 +8,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
 import reconq
 from etcd_server import Etcd
 from waiting import PATIENCE, wait_for
-
-
-@pytest.fixture
-def etcd() -> Iterator[Etcd]:
-    server = Etcd()
-    yield server
-    server.close()
 
 
 def test_only_the_leader_reconciles_with_its_token_and_a_standby_takes_over(etcd: Etcd, make: Any) -> None:

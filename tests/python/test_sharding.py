@@ -7,7 +7,7 @@ joining, leaving, crashing and pausing are in test_sharding_chaos.py."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Iterator, List, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
@@ -17,13 +17,6 @@ from waiting import PATIENCE, wait_for
 
 PARTITIONS = 8
 KEYS = 64
-
-
-@pytest.fixture
-def etcd() -> Iterator[Etcd]:
-    server = Etcd()
-    yield server
-    server.close()
 
 
 def test_partition_of_is_pinned_and_the_same_as_rust() -> None:
