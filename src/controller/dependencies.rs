@@ -183,13 +183,25 @@ impl<K: ControllerKey> Core<K> {
 
     /// D2: the run of `key` ended (success, resync or permanent error):
     /// its direct dependents are enqueued while it is still being
-    /// reconciled, so none can start before it is done. Without dependencies, one load and a branch inlined into the worker
-    /// loop (W1).
+    /// reconciled, so none can start before it is done. Returns whether
+    /// that is left to the worker's `done` (see
+    /// [`WorkQueue::done_with_dependents_and_get_stamped`]), which does it
+    /// under its own lock when the children need no place asked and no
+    /// store told. Without dependencies, one load and a branch inlined into
+    /// the worker loop (W1).
+    ///
+    /// [`WorkQueue::done_with_dependents_and_get_stamped`]: crate::queue::WorkQueue::done_with_dependents_and_get_stamped
     #[inline]
-    pub(crate) fn dependents_follow(&self, rt: &Runtime<K>, key: &K) {
-        if rt.has_dependencies.load(Ordering::Relaxed) {
-            self.enqueue_dependents(rt, key);
+    #[must_use]
+    pub(crate) fn dependents_follow(&self, rt: &Runtime<K>, key: &K) -> bool {
+        if !rt.has_dependencies.load(Ordering::Relaxed) {
+            return false;
         }
+        if rt.grouping.is_none() && rt.coordination.is_none() && rt.store.is_none() {
+            return true;
+        }
+        self.enqueue_dependents(rt, key);
+        false
     }
 
     /// Every child is added under one queue lock (a tree's keys each hand

@@ -126,7 +126,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
                 Admission::Drop => {
                     slot.running.lock().take();
                     core.counters.not_owned.fetch_add(1, Ordering::Relaxed);
-                    (next, started) = done_and_get(rt, &key, ticks::now());
+                    (next, started) = done_and_get(rt, &key, ticks::now(), false);
                     continue;
                 }
             }
@@ -154,14 +154,15 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
             _ => Outcome::classify(result),
         };
         let counted = Counted::of(&outcome);
-        if superseded {
+        let dependents_follow = if superseded {
             // Neither success nor failure: the error, the limiter and the
             // attempt stay as they were; an ancestor's run brings the key
             // back (D2), or the enqueue that superseded it (U1).
             core.count_superseded();
+            false
         } else {
-            settle(core, rt, &key, &ctx, outcome, timed_out);
-        }
+            settle(core, rt, &key, &ctx, outcome, timed_out)
+        };
         if let (Some(coordination), Some(token)) = (&rt.coordination, ctx.fencing_token) {
             coordination.gate.finished(&key, token);
         }
@@ -174,7 +175,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         }
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
-        (next, started) = done_and_get(rt, &key, finished);
+        (next, started) = done_and_get(rt, &key, finished, dependents_follow);
     }
 }
 
@@ -182,8 +183,16 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
 /// takes the next key; the store learns that `key` changed (whether it was
 /// reconciled or dropped as not ours) before the worker waits for a next
 /// key, so the last key of a batch does not stay stored until one comes.
-fn done_and_get<K: ControllerKey>(rt: &Runtime<K>, key: &K, now: u64) -> (Option<(K, Priority)>, u64) {
+/// With `dependents_follow`, `key`'s dependents are enqueued first (D2;
+/// see `Core::dependents_follow`).
+fn done_and_get<K: ControllerKey>(
+    rt: &Runtime<K>,
+    key: &K,
+    now: u64,
+    dependents_follow: bool,
+) -> (Option<(K, Priority)>, u64) {
     match &rt.store {
+        None if dependents_follow => rt.queue.done_with_dependents_and_get_stamped(key, now),
         None => rt.queue.done_and_get_stamped(key, now),
         Some(store) => rt.queue.done_then_get_stamped(key, now, || store.mark(key)),
     }
@@ -226,7 +235,8 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
 }
 
 /// Acts on a finished reconcile (guarantees §4's table). Retries keep the priority
-/// the key was handed out with (P3).
+/// the key was handed out with (P3). Returns whether `done` must enqueue
+/// the key's dependents (D2: `Core::dependents_follow`).
 fn settle<K: ControllerKey>(
     core: &Core<K>,
     rt: &Runtime<K>,
@@ -234,7 +244,7 @@ fn settle<K: ControllerKey>(
     ctx: &Context,
     outcome: Outcome,
     timed_out: bool,
-) {
+) -> bool {
     let counters = &core.counters;
     let (attempt, priority) = (ctx.attempt, ctx.priority);
     match outcome {
@@ -246,12 +256,14 @@ fn settle<K: ControllerKey>(
                 core.memory.clear(key);
                 rt.queue.forget(key);
             }
-            core.dependents_follow(rt, key);
+            let follow = core.dependents_follow(rt, key);
             counters.record_success();
+            follow
         }
         Outcome::Requeue => {
             core.memory.bump(key, None);
             rt.retry_rate_limited(key, attempt, priority);
+            false
         }
         Outcome::RequeueAfter(delay) => {
             // The reconcile did its work and asks for a periodic resync: a
@@ -260,8 +272,9 @@ fn settle<K: ControllerKey>(
             core.memory.clear(key);
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
-            core.dependents_follow(rt, key);
+            let follow = core.dependents_follow(rt, key);
             counters.record_success();
+            follow
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {
@@ -271,24 +284,27 @@ fn settle<K: ControllerKey>(
                 let previous = ctx.previous_error.as_deref();
                 logs::reconcile_failed(&core.name, key, attempt, retry.into(), &message, panicked, previous);
             }
-            match retry {
+            let follow = match retry {
                 RetryPolicy::RateLimited => {
                     core.memory.bump(key, Some(message.clone()));
                     rt.retry_rate_limited(key, attempt, priority);
+                    false
                 }
                 RetryPolicy::After(delay) => {
                     core.memory.bump(key, Some(message.clone()));
                     rt.retry_after(key, rt.jittered(key, attempt, delay), priority);
+                    false
                 }
                 RetryPolicy::Never => {
                     core.memory.clear(key);
                     rt.queue.forget(key);
                     core.parked.park(key.clone(), message.clone());
-                    core.dependents_follow(rt, key);
+                    core.dependents_follow(rt, key)
                 }
-            }
+            };
             *counters.last_error.lock() = Some((message, SystemTime::now()));
             counters.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+            follow
         }
     }
 }

@@ -508,8 +508,31 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// that times its reconciles reads the clock once per key in all. The
     /// next key comes with its priority.
     pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
+        self.done_and_get_after(key, stamp, |_, _| {})
+    }
+
+    /// [`done_and_get_stamped`](Self::done_and_get_stamped) for a key whose
+    /// run of attempts ended (D2): its direct dependents are added first,
+    /// at priority 0 in group 0, under the same lock. A controller whose
+    /// keys need no place asked (no groups, no coordination) and no store
+    /// to tell takes this path: a tree's keys then cost one lock round
+    /// trip each, as without dependencies (W12).
+    pub(crate) fn done_with_dependents_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
+        self.done_and_get_after(key, stamp, |q, now| q.add_dependents(key, now))
+    }
+
+    /// Runs `before_done` on the state, then ends `key`'s processing and
+    /// takes the next key, all under one lock.
+    #[inline(always)]
+    fn done_and_get_after(
+        &self,
+        key: &K,
+        stamp: u64,
+        before_done: impl FnOnce(&mut QueueState<K>, &mut Now),
+    ) -> (Option<(K, Priority)>, u64) {
         let mut now = Now::at(stamp);
         let mut g = self.shared.lock();
+        before_done(&mut g.q, &mut now);
         self.shared.finish(&mut g, key, &mut now);
         let next = self.shared.next(&mut g, None, &mut now).ok();
         drop(g);

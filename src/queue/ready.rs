@@ -117,6 +117,11 @@ impl<K> Fifo<K> {
     /// (scanning from the back: a key released soon after it became
     /// ready meets few entries).
     fn insert_by(&mut self, key: K, earlier: impl Fn(&K) -> bool) {
+        // Most often the last entry goes first (D2's children are released
+        // right after they became ready): a push.
+        if self.keys.back().is_none_or(&earlier) {
+            return self.push(key);
+        }
         let at = self.keys.iter().rposition(earlier).map_or(0, |i| i + 1);
         self.keys.insert(at, key);
         self.live += 1;

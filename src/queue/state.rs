@@ -42,7 +42,7 @@ use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
 use super::slab::{Keyed, Slab};
 use super::stop_views::{StopViews, View};
-use crate::graph::{Dependencies, KeySlots, Pending, Pendings};
+use crate::graph::{Child, Dependencies, KeySlots, Pending, Pendings};
 
 /// Cancels the running reconcile of a key (D3, U1), called under the
 /// queue's lock.
@@ -89,6 +89,13 @@ enum Slot {
     /// back with if `then` brings it back (while `then` is `Finish`, the
     /// priority it was handed out with, for a retry: see `retry_priority`).
     Processing { then: Then, run: u32, group: GroupId, again: Priority },
+}
+
+impl Slot {
+    /// A key just added, ready at `place` (`added`: its add stamp).
+    fn new_ready(added: u64, place: Place) -> Self {
+        Slot::Ready { owed: false, held: false, added, seq: 0, prio: place.prio, group: place.group }
+    }
 }
 
 /// Where an added key goes: its priority and group.
@@ -247,9 +254,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         let at = match self.index.entry(&key, &self.entries) {
             Ok(at) => at,
             Err(vacant) => {
-                let added = self.recorder.on_add(now);
-                let slot =
-                    Slot::Ready { owed: false, held: false, added, seq: 0, prio: place.prio, group: place.group };
+                let slot = Slot::new_ready(self.recorder.on_add(now), place);
                 let at = self.entries.insert(Entry { key, slot });
                 vacant.insert(at);
                 return self.push_pending(at, place.prio, place.group);
@@ -257,12 +262,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         };
         let slot = &mut self.entries.get_mut(at).slot;
         match *slot {
-            Slot::Delayed { prio, group, .. } => {
-                let added = self.recorder.on_add(now);
-                let prio = prio.max(place.prio);
-                *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
-                self.timers -= 1;
-                self.delayed -= 1;
+            Slot::Delayed { .. } => {
+                let (prio, group) = self.ready_from_delayed(at, place, now);
                 self.push_pending(at, prio, group)
             }
             Slot::Ready { owed, held, added, seq, prio, group } if place.prio > prio => {
@@ -295,6 +296,20 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 Added::Unchanged
             }
         }
+    }
+
+    /// The `Delayed` slot at `at` becomes `Ready` (not in the ready set
+    /// yet) with the higher of its priority and `place`'s; its due time is
+    /// dropped. Returns its priority and group.
+    fn ready_from_delayed(&mut self, at: u32, place: Place, now: &mut Now) -> (Priority, GroupId) {
+        let added = self.recorder.on_add(now);
+        let slot = &mut self.entries.get_mut(at).slot;
+        let Slot::Delayed { prio, group, .. } = *slot else { unreachable!("a key waiting for a due time") };
+        let prio = prio.max(place.prio);
+        *slot = Slot::Ready { owed: false, held: false, added, seq: 0, prio, group };
+        self.timers -= 1;
+        self.delayed -= 1;
+        (prio, group)
     }
 
     /// Prefetches the index bucket an [`add`](Self::add) of a key will
@@ -528,7 +543,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 self.delayed += 1;
                 if self.deps.is_some() {
                     let key = self.entries.get(at).key.clone();
-                    self.deps_left(&key);
+                    self.deps_left(&key, at);
                 }
                 Finished::Waiting(timer.due)
             }
@@ -570,9 +585,17 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     #[inline(never)]
     fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
-        self.stamp_seq(at);
         let key = self.entries.get(at).key.clone();
-        if self.with_deps(|deps, slots| deps.became_pending(&key, slots)) || self.batch_holds(&key) {
+        let hold = self.with_deps(|deps, slots| deps.became_pending(&key, at, slots));
+        self.ready_unless_held(at, prio, group, hold)
+    }
+
+    /// The `Ready` slot at `at` joins the ready set at the next place in
+    /// ready order, unless `hold` (its dependencies hold it) or an open
+    /// batch holds it.
+    fn ready_unless_held(&mut self, at: u32, prio: Priority, group: GroupId, hold: bool) -> Added {
+        self.stamp_seq(at);
+        if hold || self.batch_holds(at) {
             self.hold_new(at);
             return Added::Unchanged;
         }
@@ -585,7 +608,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     #[inline(never)]
     fn finish_with_deps(&mut self, at: u32) -> Finished {
         let key = self.forget(at);
-        let released = self.deps_left(&key);
+        let released = self.deps_left(&key, at);
         self.compact_if_sparse();
         if released { Finished::Released } else { Finished::Removed }
     }
@@ -617,9 +640,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Whether an open batch holds `key`, which just became ready (U3): it
     /// keeps it until it closes.
-    fn batch_holds(&mut self, key: &K) -> bool {
+    fn batch_holds(&mut self, at: u32) -> bool {
         let Some(held) = &mut self.batch else { return false };
-        held.push(key.clone());
+        held.push(self.entries.get(at).key.clone());
         true
     }
 
@@ -661,10 +684,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.stamp_seq(at);
         let key = self.entries.get(at).key.clone();
         let hold = self.with_deps(|deps, slots| {
-            deps.returned(&key, slots);
+            deps.returned(&key, at, slots);
             deps.must_hold(&key)
         });
-        if hold || self.batch_holds(&key) {
+        if hold || self.batch_holds(at) {
             self.hold_new(at);
         } else if let Slot::Ready { prio, group, .. } = self.entries.get(at).slot {
             self.ready.push(at, prio, group);
@@ -674,10 +697,10 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// `done` of a key that is no longer pending (its slot says so).
     /// Returns whether keys it held became ready.
-    fn deps_left(&mut self, key: &K) -> bool {
+    fn deps_left(&mut self, key: &K, at: u32) -> bool {
         self.with_deps(|deps, slots| {
-            deps.returned(key, slots);
-            deps.left_pending(key, slots);
+            deps.returned(key, at, slots);
+            deps.left_pending(key, at, slots);
             slots.released
         })
     }
@@ -728,6 +751,65 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// `key`'s direct children.
     pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
         self.deps.as_ref().map(|d| d.children(key)).unwrap_or_default()
+    }
+
+    /// D2 for a processing `key`: adds each of its direct children at the
+    /// default place (they stay held until `key` is done: it is pending).
+    pub(crate) fn add_dependents(&mut self, key: &K, now: &mut Now) {
+        if self.shutting_down {
+            return;
+        }
+        if let Some(children) = self.hand_over(key) {
+            for child in children {
+                match child {
+                    Child::Handed { key, hold, node } => {
+                        let at = self.add_handed(key, hold, now);
+                        if let Some(deps) = &mut self.deps {
+                            deps.placed(node, at);
+                        }
+                    }
+                    Child::Pending(key) => {
+                        self.add(key, Place::default(), now);
+                    }
+                }
+            }
+            return;
+        }
+        for child in self.dependents(key) {
+            self.add(child, Place::default(), now);
+        }
+    }
+
+    /// `Dependencies::hand_over` of `key`, if its `done` will finish it
+    /// (it leaves pending then).
+    fn hand_over(&mut self, key: &K) -> Option<Vec<Child<K>>> {
+        self.deps.as_ref()?;
+        let at = self.index.find(key, &self.entries)?;
+        if !matches!(self.entries.get(at).slot, Slot::Processing { then: Then::Finish, .. }) {
+            return None;
+        }
+        Some(self.with_deps(|deps, slots| deps.hand_over(key, at, slots)))
+    }
+
+    /// Makes `key` ready, which the graph already counts as pending (`hold`:
+    /// whether it must be held): it was not pending, so the queue does not
+    /// know it or it waits for a due time. Returns its slot.
+    fn add_handed(&mut self, key: K, hold: bool, now: &mut Now) -> u32 {
+        let place = Place::default();
+        let (at, prio, group) = match self.index.entry(&key, &self.entries) {
+            Err(vacant) => {
+                let slot = Slot::new_ready(self.recorder.on_add(now), place);
+                let at = self.entries.insert(Entry { key, slot });
+                vacant.insert(at);
+                (at, place.prio, place.group)
+            }
+            Ok(at) => {
+                let (prio, group) = self.ready_from_delayed(at, place, now);
+                (at, prio, group)
+            }
+        };
+        self.ready_unless_held(at, prio, group, hold);
+        at
     }
 
     /// The pending ancestors holding `key` (D1).
