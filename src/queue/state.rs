@@ -753,8 +753,11 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.deps.as_ref().map(|d| d.children(key)).unwrap_or_default()
     }
 
-    /// D2 for a processing `key`: adds each of its direct children at the
-    /// default place (they stay held until `key` is done: it is pending).
+    /// D2 for a processing `key`, just before its `done`: adds each of its
+    /// direct children at the default place. When that `done` finishes
+    /// `key`, its hold passes to the children at once (`hand_over`);
+    /// otherwise they are added as any enqueue, and held while `key` is
+    /// pending.
     pub(crate) fn add_dependents(&mut self, key: &K, now: &mut Now) {
         if self.shutting_down {
             return;
