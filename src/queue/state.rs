@@ -563,7 +563,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 self.owed += usize::from(owed);
                 *slot = Slot::Ready { owed, held: false, added, seq: 0, prio: again, group };
                 if self.deps.is_some() {
-                    return self.deps_done(at);
+                    return self.deps_done(at, again, group);
                 }
                 self.ready.push(at, again, group);
                 Finished::Requeued
@@ -680,18 +680,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// `done` of a key that comes back ready (its slot already `Ready`,
     /// not held): the keys waiting for its cancelled run are told, then it
     /// joins the ready set unless held.
-    fn deps_done(&mut self, at: u32) -> Finished {
-        self.stamp_seq(at);
+    fn deps_done(&mut self, at: u32, prio: Priority, group: GroupId) -> Finished {
         let key = self.entries.get(at).key.clone();
         let hold = self.with_deps(|deps, slots| {
             deps.returned(&key, at, slots);
             deps.must_hold(&key)
         });
-        if hold || self.batch_holds(at) {
-            self.hold_new(at);
-        } else if let Slot::Ready { prio, group, .. } = self.entries.get(at).slot {
-            self.ready.push(at, prio, group);
-        }
+        self.ready_unless_held(at, prio, group, hold);
         Finished::Requeued
     }
 
