@@ -515,6 +515,30 @@ fn a_corrupt_row_names_the_file_the_controller_and_the_key() {
     }
 }
 
+/// The edges and the caches' key sets are read at start as the keys are: a
+/// row that cannot be read stops the start, naming the file, the
+/// controller and the row's kind.
+#[test]
+fn a_corrupt_edge_or_cache_row_names_the_file_and_the_controller() {
+    for (insert, kind) in [
+        ("INSERT INTO edges (controller, child, parent, position) VALUES ('s2', 'text', x'01', 0)", "edge"),
+        ("INSERT INTO cache_keys (controller, cache, key, version) VALUES ('s2', x'00', x'01', NULL)", "cache row"),
+    ] {
+        let dir = TempDir::new();
+        drop(open(&dir.db()));
+        let conn = rusqlite::Connection::open(dir.db()).unwrap();
+        conn.execute(insert, []).unwrap();
+        drop(conn);
+        let calls = Calls::default();
+        let err = controller(open(&dir.db()), &calls).try_start().unwrap_err();
+        let inner = err.get_ref().and_then(|e| e.downcast_ref::<StoreError>());
+        let Some(StoreError::Invalid(message)) = inner else { panic!("{kind}: not Invalid: {err:?}") };
+        for part in [dir.db().display().to_string(), "\"s2\"".to_string(), format!("a corrupt {kind}")] {
+            assert!(message.contains(&part), "{message:?} lacks {part:?}");
+        }
+    }
+}
+
 const BURST_ENV: &str = "RECONQ_STORE_BURST_CHILD";
 const BURST_KEYS: u64 = 300_000;
 const BURST_INTERVAL: Duration = Duration::from_secs(1);

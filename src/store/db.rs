@@ -307,48 +307,59 @@ impl SqliteStore {
 
     /// Every key's parents stored under `name`, in the order set.
     pub(crate) fn load_edges(&self, name: &str) -> Result<Vec<StoredParents>, StoreError> {
-        let conn = self.inner.conn.lock();
-        let path = &self.inner.path;
-        let mut stmt = conn
-            .prepare_cached("SELECT child, parent FROM edges WHERE controller = ?1 ORDER BY child, position")
-            .map_err(|e| sql_err(path, e))?;
-        let mut rows = stmt.query(params![name]).map_err(|e| sql_err(path, e))?;
         let mut edges: Vec<StoredParents> = Vec::new();
-        while let Some(row) = rows.next().map_err(|e| sql_err(path, e))? {
-            let read = || -> rusqlite::Result<(Vec<u8>, Vec<u8>)> { Ok((row.get(0)?, row.get(1)?)) };
-            let (child, parent) = read().map_err(|e| {
-                StoreError::Invalid(format!("{}: a corrupt edge of controller {name:?}: {e}", path.display()))
-            })?;
-            match edges.last_mut() {
+        self.for_each_row(
+            name,
+            "SELECT child, parent FROM edges WHERE controller = ?1 ORDER BY child, position",
+            "edge",
+            |row| Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?)),
+            |(child, parent)| match edges.last_mut() {
                 Some((last, parents)) if *last == child => parents.push(parent),
                 _ => edges.push((child, vec![parent])),
-            }
-        }
+            },
+        )?;
         Ok(edges)
     }
 
     /// The key sets kept for the caches `name` watches (E9), by cache.
     pub(crate) fn load_caches(&self, name: &str) -> Result<HashMap<String, KeptSet>, StoreError> {
+        let mut caches: HashMap<String, KeptSet> = HashMap::new();
+        self.for_each_row(
+            name,
+            "SELECT cache, key, version FROM cache_keys WHERE controller = ?1",
+            "cache row",
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, Vec<u8>>(1)?, row.get::<_, Option<Vec<u8>>>(2)?)),
+            |(cache, key, version)| {
+                caches.entry(cache).or_default().insert(key, version);
+            },
+        )?;
+        Ok(caches)
+    }
+
+    /// Runs `sql` (its one parameter: the controller `name`) and hands each
+    /// row, as `read` reads it, to `each`. A row `read` fails on is an
+    /// error naming the file, the controller and `what` the row is.
+    fn for_each_row<T>(
+        &self,
+        name: &str,
+        sql: &str,
+        what: &str,
+        read: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+        mut each: impl FnMut(T),
+    ) -> Result<(), StoreError> {
         let conn = self.inner.conn.lock();
         let path = &self.inner.path;
-        let mut stmt = conn
-            .prepare_cached("SELECT cache, key, version FROM cache_keys WHERE controller = ?1")
-            .map_err(|e| sql_err(path, e))?;
+        let mut stmt = conn.prepare_cached(sql).map_err(|e| sql_err(path, e))?;
         let mut rows = stmt.query(params![name]).map_err(|e| sql_err(path, e))?;
-        let mut caches: HashMap<String, KeptSet> = HashMap::new();
         while let Some(row) = rows.next().map_err(|e| sql_err(path, e))? {
-            let read = || -> rusqlite::Result<(String, Vec<u8>, Option<Vec<u8>>)> {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            };
-            let (cache, key, version) = read().map_err(|e| {
+            each(read(row).map_err(|e| {
                 StoreError::Invalid(format!(
-                    "{}: a corrupt cache row of controller {name:?}: {e}; delete that row or restore a backup",
+                    "{}: a corrupt {what} of controller {name:?}: {e}; delete that row or restore a backup",
                     path.display()
                 ))
-            })?;
-            caches.entry(cache).or_default().insert(key, version);
+            })?);
         }
-        Ok(caches)
+        Ok(())
     }
 
     /// A row `load` cannot read: which file, controller and key, and why.
