@@ -110,10 +110,7 @@ impl<K: ControllerKey> Core<K> {
             }
         }
         if let Some(link) = &rt.store {
-            for key in &set {
-                link.mark_edges(key);
-            }
-            for key in &dropped {
+            for key in set.iter().chain(&dropped) {
                 link.mark_edges(key);
             }
         }
