@@ -472,6 +472,12 @@ c.set_dependencies("model", ["source", ("ns", 1)])
 """
 
 
+def assert_edges_set_around_start(c):
+    """What SET_EDGES_AROUND_START set, read back from `c`."""
+    assert c.dependencies("model") == ["source", ("ns", 1)]
+    assert c.dependencies("dashboard") == ["model"]
+
+
 def test_edges_come_back_after_a_stop_and_cleared_ones_leave_the_file(tmp_path):
     """Guarantees §14: edges are kept in the store, set before or after
     start, in the order set; clearing a key's parents deletes its rows."""
@@ -484,8 +490,7 @@ def test_edges_come_back_after_a_stop_and_cleared_ones_leave_the_file(tmp_path):
     again = edges_controller(str(db))
     again.start()
     try:
-        assert again.dependencies("model") == ["source", ("ns", 1)]
-        assert again.dependencies("dashboard") == ["model"]
+        assert_edges_set_around_start(again)
         assert sorted(again.dependents("model")) == ["dashboard", "report"]
         with pytest.raises(reconq.CycleError):
             again.set_dependencies("source", ["report"])
@@ -527,7 +532,6 @@ def test_edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_ba
     c = edges_controller(str(db))
     c.start()
     try:
-        assert c.dependencies("model") == ["source", ("ns", 1)]
-        assert c.dependencies("dashboard") == ["model"]
+        assert_edges_set_around_start(c)
     finally:
         c.stop()
