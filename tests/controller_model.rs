@@ -957,7 +957,7 @@ proptest! {
             }
             match ctx.attempt() {
                 a if a < failures[*key as usize] => Err(ReconcileError::new("not yet")),
-                a if a == failures[*key as usize] && key % 2 == 0 => Ok(Action::Requeue),
+                a if a == failures[*key as usize] && key.is_multiple_of(2) => Ok(Action::Requeue),
                 _ => Ok(Action::Done),
             }
         })

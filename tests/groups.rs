@@ -11,6 +11,8 @@ use common::*;
 use parking_lot::Mutex;
 use reconq::*;
 
+// `&String`, not `&str`: `.group` takes it as a function of `&K`.
+#[allow(clippy::ptr_arg)]
 fn group_of(key: &String) -> String {
     key.split('/').next().unwrap_or_default().to_string()
 }

@@ -134,13 +134,16 @@ fn a_raise_does_not_let_a_key_jump_its_old_queue_later() {
     assert_eq!(drain(&q), ["b", "a"]);
 }
 
+/// The (key, priority) of each reconcile, in order.
+type Seen = Arc<Mutex<Vec<(String, i32)>>>;
+
 /// A controller on a fake clock whose reconcile records (key, priority),
 /// fails keys listed in `fail_once` once with `retry_after(1 s)`, and
 /// blocks on key "gate" until the returned sender fires.
 fn recording_controller(
     fail_once: &'static [&'static str],
     clock: &FakeClock,
-) -> (Controller<String>, Arc<Mutex<Vec<(String, i32)>>>, mpsc::Sender<()>) {
+) -> (Controller<String>, Seen, mpsc::Sender<()>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (release, gate) = mpsc::channel::<()>();
     let gate = Mutex::new(gate);

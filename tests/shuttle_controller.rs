@@ -887,7 +887,9 @@ fn cache_relisting_while_controller_stops() {
 /// the stop returned and the threads were joined.
 fn cache_relisting_while_controller_stops_model() {
     let cache = Cache::builder("relisting", RelistingSource::default()).build().unwrap();
-    let seen: Arc<Mutex<Vec<(u8, Option<u8>, bool)>>> = Arc::default();
+    // Per reconcile: its key, the cache's value for it, whether it synced.
+    type Read = (u8, Option<u8>, bool);
+    let seen: Arc<Mutex<Vec<Read>>> = Arc::default();
     let (log, reader) = (Arc::clone(&seen), cache.clone());
     let reconcile = move |key: &u8, _ctx: &Context| -> Result<Action, ReconcileError> {
         log.lock().unwrap().push((*key, reader.get(key).as_deref().copied(), reader.synced()));

@@ -33,7 +33,7 @@ fn a_start_the_os_refuses_is_an_error_with_nothing_left_running() {
     let started = controller.try_start();
     common::set_soft_limit(libc::RLIMIT_AS, libc::RLIM_INFINITY);
 
-    let error = started.err().expect("5,000 stacks do not fit in 128 MiB");
+    let error = started.expect_err("5,000 stacks do not fit in 128 MiB");
     let message = error.to_string();
     assert!(message.starts_with("cannot spawn worker thread "), "{message}");
     assert!(message.contains(" of 5000: "), "{message}");
