@@ -508,8 +508,9 @@ impl<K: ControllerKey> Controller<K> {
             queue = queue.groups(config.max_in_flight_per_group);
         }
         if store.is_some() {
-            // The store's last flush writes what the stop dropped (S2).
-            queue = queue.keep_stop_views();
+            // The store's last flush writes what the stop dropped (S2), and
+            // no flush writes a finished key before its dependents (D2).
+            queue = queue.for_store();
         }
         let queue = queue.build();
         if config.supersede {

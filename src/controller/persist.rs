@@ -8,23 +8,38 @@ use std::time::Instant;
 pub(crate) use crate::store::PendingFlush;
 
 use super::{ControllerHandle, ControllerKey, Core, Runtime};
-use crate::queue::Place;
+use crate::queue::{Place, Priority};
 use crate::store::{Flush, KeySource, KeyView, StoreLink};
+
+impl<K: ControllerKey> Core<K> {
+    /// What the store keeps of `key`, given what the queue holds of it.
+    fn view(&self, rt: &Runtime<K>, key: &K, queued: Option<(Option<Instant>, Priority)>) -> Option<KeyView> {
+        // Asked only of keys that are kept: most keys at a flush are gone.
+        let failures = || rt.limiter.num_requeues(key);
+        if let Some((error, _)) = self.parked.error_of(key) {
+            return Some(KeyView { due: None, parked: Some(error), failures: failures(), priority: 0 });
+        }
+        // After a stop, the queue still answers for the keys it dropped or
+        // whose retry it refused (its stop views).
+        queued.map(|(due, priority)| KeyView { due, parked: None, failures: failures(), priority })
+    }
+}
 
 impl<K: ControllerKey> KeySource<K> for Core<K> {
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>) {
         let Some(rt) = self.rt.get() else { return out.extend(keys.iter().map(|_| None)) };
         let mut queued = Vec::with_capacity(keys.len());
         rt.queue.pending_views(keys, &mut queued);
-        out.extend(keys.iter().zip(queued).map(|(key, queued)| {
-            // Asked only of keys that are kept: most keys at a flush are gone.
-            let failures = || rt.limiter.num_requeues(key);
-            if let Some((error, _)) = self.parked.error_of(key) {
-                return Some(KeyView { due: None, parked: Some(error), failures: failures(), priority: 0 });
-            }
-            // After a stop, the queue still answers for the keys it
-            // dropped or whose retry it refused (its stop views).
-            queued.map(|(due, priority)| KeyView { due, parked: None, failures: failures(), priority })
+        out.extend(keys.iter().zip(queued).map(|(key, queued)| self.view(rt, key, queued)));
+    }
+
+    fn dependents_views(&self, out: &mut Vec<(K, Option<KeyView>)>) {
+        let Some(rt) = self.rt.get() else { return };
+        let mut queued = Vec::new();
+        rt.queue.take_dependents_views(&mut queued);
+        out.extend(queued.into_iter().map(|(key, queued)| {
+            let view = self.view(rt, &key, queued);
+            (key, view)
         }));
     }
 

@@ -191,8 +191,8 @@ pub struct WorkQueueBuilder<K> {
     name: Option<String>,
     /// `Some(limit)`: serve groups round-robin (see `ready.rs`).
     groups: Option<Option<usize>>,
-    /// Keep what shutdowns drop or refuse (`stop_views.rs`).
-    stop_views: bool,
+    /// Keep what a store must see ([`for_store`](Self::for_store)).
+    for_store: bool,
 }
 
 impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
@@ -226,10 +226,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
         self
     }
 
-    /// Keeps what a shutdown drops or refuses, for a controller's store
-    /// (see `stop_views.rs`).
-    pub(crate) fn keep_stop_views(mut self) -> Self {
-        self.stop_views = true;
+    /// Keeps what a controller's store must see: what a shutdown drops or
+    /// refuses (see `stop_views.rs`) and the dependents D2 adds (see
+    /// [`WorkQueue::take_dependents_views`]).
+    pub(crate) fn for_store(mut self) -> Self {
+        self.for_store = true;
         self
     }
 
@@ -258,8 +259,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
                 wake
             });
             let mut q = QueueState::new(recorder, ready);
-            if self.stop_views {
-                q.keep_stop_views();
+            if self.for_store {
+                q.for_store();
             }
             Shared {
                 prefetcher: q.prefetcher(),
@@ -301,7 +302,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     pub fn builder() -> WorkQueueBuilder<K> {
-        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None, stop_views: false }
+        WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None, for_store: false }
     }
 
     /// Marks `key` as needing processing now. Ignored once shut down.
@@ -370,8 +371,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     /// [`add_placed`](Self::add_placed) of each of `keys`, under one lock
-    /// acquisition (D2: the dependents of a key that finished).
-    pub(crate) fn add_all_placed(&self, keys: Vec<(K, Place)>) {
+    /// acquisition (D2: the dependents of a key that finished), remembered
+    /// for the store if there is one ([`take_dependents_views`]).
+    ///
+    /// [`take_dependents_views`]: Self::take_dependents_views
+    pub(crate) fn add_dependents(&self, keys: Vec<(K, Place)>) {
         if keys.is_empty() {
             return;
         }
@@ -379,7 +383,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let mut g = self.shared.lock();
         self.shared.sync(&mut g, &mut now);
         for (key, place) in keys {
-            g.q.add(key, place, &mut now);
+            g.q.add_dependent(key, place, &mut now);
         }
         self.shared.publish_ready(&g);
         self.shared.wake_ready(&mut g);
@@ -694,6 +698,23 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     pub(crate) fn pending_views(&self, keys: &[K], out: &mut Vec<Option<(Option<Instant>, Priority)>>) {
         let g = self.shared.lock_synced();
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));
+    }
+
+    /// Takes the dependents [`add_dependents`](Self::add_dependents) added
+    /// since the last call, each with its `pending_view`, under one lock
+    /// acquisition.
+    ///
+    /// Why one: a store must not write a finished key before the dependents
+    /// it added (a crash in between would lose them for good: the parent
+    /// never runs again to add them). A flusher that sampled a key as
+    /// finished calls this afterwards: the key added its dependents before
+    /// it finished, so they are here (or were taken by an earlier call),
+    /// and each is sampled after it was added. A dependent sampled as
+    /// finished added its own dependents before that, so they were taken in
+    /// the same acquisition or an earlier one.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
+    pub(crate) fn take_dependents_views(&self, out: &mut Vec<(K, Option<stop_views::View>)>) {
+        self.shared.lock_synced().q.take_dependents_views(out);
     }
 
     /// Blocks until nothing is ready, processing or delayed, for at most

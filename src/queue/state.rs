@@ -186,6 +186,11 @@ pub(crate) struct QueueState<K> {
     dropped: Vec<K>,
     /// With a store: what shutdowns dropped or refused, per key.
     stop_views: Option<StopViews<K>>,
+    /// With a store: the dependents D2 added that its flusher has not
+    /// sampled yet (see [`WorkQueue::take_dependents_views`]).
+    ///
+    /// [`WorkQueue::take_dependents_views`]: super::WorkQueue::take_dependents_views
+    unsampled_dependents: Option<Vec<K>>,
     /// Dependencies between keys, once a controller set one (`None`: one
     /// branch per add and `done`, nothing else).
     deps: Option<Box<Dependencies<K>>>,
@@ -223,6 +228,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             draining: false,
             dropped: Vec::new(),
             stop_views: None,
+            unsampled_dependents: None,
             deps: None,
             on_cancel: None,
             supersede: false,
@@ -233,9 +239,31 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     /// Keeps what shutdowns drop or refuse, so `pending_view` still answers
-    /// for those keys (a controller's store writes them at its last flush).
-    pub(crate) fn keep_stop_views(&mut self) {
+    /// for those keys (a controller's store writes them at its last flush),
+    /// and the dependents D2 adds until the store samples them.
+    pub(crate) fn for_store(&mut self) {
         self.stop_views = Some(StopViews::new());
+        self.unsampled_dependents = Some(Vec::new());
+    }
+
+    /// Adds `key` as a dependent of a finished key (D2), remembering it for
+    /// the store if there is one.
+    pub(crate) fn add_dependent(&mut self, key: K, place: Place, now: &mut Now) {
+        if let Some(unsampled) = &mut self.unsampled_dependents {
+            unsampled.push(key.clone());
+        }
+        self.add(key, place, now);
+    }
+
+    /// The dependents D2 added since the last call, each with its
+    /// [`pending_view`](Self::pending_view) now.
+    pub(crate) fn take_dependents_views(&mut self, out: &mut Vec<(K, Option<View>)>) {
+        let Some(unsampled) = &mut self.unsampled_dependents else { return };
+        let keys = std::mem::take(unsampled);
+        out.extend(keys.into_iter().map(|key| {
+            let view = self.pending_view(&key);
+            (key, view)
+        }));
     }
 
     fn keep_stop_view(stop_views: &mut Option<StopViews<K>>, key: &K, view: View) {

@@ -26,6 +26,11 @@ pub(crate) struct KeyView {
 pub(crate) trait KeySource<K>: Send + Sync {
     /// The view of each key, `None` for a key with nothing to keep.
     fn views(&self, keys: &[K], out: &mut Vec<Option<KeyView>>);
+    /// The dependents D2 enqueued since the last call, each with its view,
+    /// taken and sampled at one instant: asked after [`views`](Self::views),
+    /// so that no flush writes a finished key without the dependents it
+    /// enqueued (see `WorkQueue::take_dependents_views`).
+    fn dependents_views(&self, out: &mut Vec<(K, Option<KeyView>)>);
     /// Now on the queue's clock (to turn due instants into wall time).
     fn now(&self) -> Instant;
     /// `key`'s parents now, in the order set (guarantees §14).

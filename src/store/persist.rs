@@ -196,33 +196,51 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         (keys, caches)
     }
 
-    /// Samples `keys` and keeps the ones that need SQL (a view to keep, or
-    /// a row to delete: most keys of a busy queue have neither), each once,
-    /// in key order: rows then go into the table's b-tree page after page;
-    /// in the dirty set's (hash) order every row touched a random page, far
-    /// more than SQLite's cache holds (a 1,000,000-key burst took 11 s to
-    /// write instead of about one). Returns the rows and their keys.
+    /// Samples `keys`, then the dependents D2 enqueued since the last
+    /// flush, and keeps the ones that need SQL (a view to keep, or a row to
+    /// delete: most keys of a busy queue have neither), each once, by its
+    /// last sample. Returns the rows and their keys.
+    ///
+    /// Order: the dependents first, so that they are written in the first
+    /// transaction, no later than a finished parent's row (see
+    /// `KeySource::dependents_views`); then the rest in key order: rows
+    /// then go into the table's b-tree page after page; in the dirty set's
+    /// (hash) order every row touched a random page, far more than SQLite's
+    /// cache holds (a 1,000,000-key burst took 11 s to write instead of
+    /// about one).
     fn rows_to_write(&self, source: &dyn KeySource<K>, keys: Vec<K>) -> (Vec<Row>, Vec<K>) {
         let mut views = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(SAMPLE_CHUNK) {
             source.views(chunk, &mut views);
         }
+        let mut dependents = Vec::new();
+        source.dependents_views(&mut dependents);
         let (now, wall) = (source.now(), wall_ms(SystemTime::now()));
         let written = self.written.lock();
-        let mut rows: Vec<(Row, K)> = keys
-            .into_iter()
-            .zip(views)
-            .filter(|(key, view)| view.is_some() || written.contains(key))
-            .map(|(key, view)| {
-                let encoded = encode_key(&key);
-                let stored = view.map(|view| to_stored(&encoded, &view, now, wall));
-                ((encoded, stored), key)
-            })
-            .collect();
+        let to_rows = |sampled: Vec<(K, Option<KeyView>)>| -> Vec<(Row, K)> {
+            let mut rows: Vec<(Row, K)> = sampled
+                .into_iter()
+                .filter(|(key, view)| view.is_some() || written.contains(key))
+                .map(|(key, view)| {
+                    let encoded = encode_key(&key);
+                    let stored = view.map(|view| to_stored(&encoded, &view, now, wall));
+                    ((encoded, stored), key)
+                })
+                .collect();
+            rows.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
+            // A key marked several times is written once.
+            rows.dedup_by(|a, b| a.0.0 == b.0.0);
+            rows
+        };
+        let mut sampled: Vec<(K, Option<KeyView>)> = keys.into_iter().zip(views).collect();
+        if !dependents.is_empty() {
+            // Sampled again since: the later sample stands.
+            let resampled: HashSet<&K> = dependents.iter().map(|(key, _)| key).collect();
+            sampled.retain(|(key, _)| !resampled.contains(key));
+        }
+        let mut rows = to_rows(dependents);
+        rows.extend(to_rows(sampled));
         drop(written);
-        rows.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
-        // A key marked several times is written once.
-        rows.dedup_by(|a, b| a.0.0 == b.0.0);
         rows.into_iter().unzip()
     }
 

@@ -535,3 +535,67 @@ def test_edges_set_more_than_the_interval_plus_a_second_before_a_sigkill_come_ba
         assert_edges_set_around_start(c)
     finally:
         c.stop()
+
+
+# D2 across a crash: a finished parent is never written without the
+# dependents it enqueued.
+
+DEPENDENTS_CHILD = r"""
+import os, sys, time, reconq
+db, record, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+def reconcile(key):
+    time.sleep(0.01)
+    os.write(fd, f"{key}\n".encode())  # one write: whole or absent at a kill
+
+c = reconq.Controller(reconcile, name="chains", workers=4,
+                      store=reconq.SqliteStore(db, flush_interval=0.1))
+for chain in range(CHAINS):
+    for link in range(1, LINKS):
+        c.set_dependencies((chain, link), [(chain, link - 1)])
+c.start()
+if mode == "settle":
+    assert c.wait_idle(120)
+    print("idle", flush=True)
+    c.stop()
+    sys.exit(0)
+for chain in range(CHAINS):
+    c.enqueue((chain, 0))
+print("ready", flush=True)
+time.sleep(3600)
+"""
+#: Each chain takes about LINKS * 10 ms, longer than a run lives.
+CHAINS, LINKS = 4, 200
+
+
+def test_a_finished_parent_is_never_written_without_its_dependents_after_a_sigkill(tmp_path):
+    """D2 with a store, killed at random moments while chains of keys run
+    link after link: after the last restart settles, every link last ran
+    after its parent's last run. The chains' heads are enqueued more than
+    S1's bound (flush_interval + 1 s) before each kill, so every later
+    link descends from a kept enqueue; a link that ran without its
+    dependents following was lost by a flush that wrote its parent as
+    finished before writing the link as pending."""
+    db, record = tmp_path / "state.db", tmp_path / "record"
+    script = DEPENDENTS_CHILD.replace("CHAINS", str(CHAINS)).replace("LINKS", str(LINKS))
+    rng = random.Random(26)
+    for _ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(db), str(record), "run"],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.1 + rng.uniform(0.05, 0.5))  # S1's bound, then a random moment: not a wait
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    settle = subprocess.run([sys.executable, "-c", script, str(db), str(record), "settle"],
+                            capture_output=True, text=True, timeout=300)
+    assert settle.stdout.strip() == "idle", settle.stderr
+    last_run = {key: at for at, key in enumerate(record.read_text().splitlines())}
+    stale = [key for key, at in last_run.items() if at < last_run.get(parent_of(key), -1)]
+    assert not stale, f"links whose parent ran after their last run: {sorted(stale)[:10]}"
+
+
+def parent_of(link: str) -> str:
+    """`(chain, n)`'s parent `(chain, n - 1)`, as the record spells them."""
+    chain, n = map(int, link.strip("()").split(","))
+    return f"({chain}, {n - 1})"
