@@ -213,7 +213,7 @@ impl<K: ControllerKey> Core<K> {
             .collect();
         let marked: Option<Vec<K>> =
             rt.store.as_ref().map(|_| children.iter().map(|(child, _)| child.clone()).collect());
-        rt.queue.add_dependents(children);
+        rt.queue.add_placed_dependents(children);
         if let (Some(store), Some(marked)) = (&rt.store, marked) {
             for child in &marked {
                 store.mark(child);

@@ -375,7 +375,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// for the store if there is one ([`take_dependents_views`]).
     ///
     /// [`take_dependents_views`]: Self::take_dependents_views
-    pub(crate) fn add_dependents(&self, keys: Vec<(K, Place)>) {
+    pub(crate) fn add_placed_dependents(&self, keys: Vec<(K, Place)>) {
         if keys.is_empty() {
             return;
         }
@@ -383,7 +383,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         let mut g = self.shared.lock();
         self.shared.sync(&mut g, &mut now);
         for (key, place) in keys {
-            g.q.add_dependent(key, place, &mut now);
+            g.q.add_placed_dependent(key, place, &mut now);
         }
         self.shared.publish_ready(&g);
         self.shared.wake_ready(&mut g);
@@ -700,7 +700,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));
     }
 
-    /// Takes the dependents [`add_dependents`](Self::add_dependents) added
+    /// Takes the dependents [`add_placed_dependents`](Self::add_placed_dependents) added
     /// since the last call, each with its `pending_view`, under one lock
     /// acquisition.
     ///

@@ -248,7 +248,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Adds `key` as a dependent of a finished key (D2), remembering it for
     /// the store if there is one.
-    pub(crate) fn add_dependent(&mut self, key: K, place: Place, now: &mut Now) {
+    pub(crate) fn add_placed_dependent(&mut self, key: K, place: Place, now: &mut Now) {
         if let Some(unsampled) = &mut self.unsampled_dependents {
             unsampled.push(key.clone());
         }

@@ -217,9 +217,8 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         source.dependents_views(&mut dependents);
         let (now, wall) = (source.now(), wall_ms(SystemTime::now()));
         let written = self.written.lock();
-        let to_rows = |sampled: Vec<(K, Option<KeyView>)>| -> Vec<(Row, K)> {
+        let to_rows = |sampled: &mut dyn Iterator<Item = (K, Option<KeyView>)>| -> Vec<(Row, K)> {
             let mut rows: Vec<(Row, K)> = sampled
-                .into_iter()
                 .filter(|(key, view)| view.is_some() || written.contains(key))
                 .map(|(key, view)| {
                     let encoded = encode_key(&key);
@@ -232,15 +231,13 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             rows.dedup_by(|a, b| a.0.0 == b.0.0);
             rows
         };
-        let mut sampled: Vec<(K, Option<KeyView>)> = keys.into_iter().zip(views).collect();
-        if !dependents.is_empty() {
-            // Sampled again since: the later sample stands.
-            let resampled: HashSet<&K> = dependents.iter().map(|(key, _)| key).collect();
-            sampled.retain(|(key, _)| !resampled.contains(key));
-        }
-        let mut rows = to_rows(dependents);
-        rows.extend(to_rows(sampled));
+        // A dependent was sampled again since: that later sample stands.
+        let resampled: HashSet<&K> = dependents.iter().map(|(key, _)| key).collect();
+        let rest = to_rows(&mut keys.into_iter().zip(views).filter(|(key, _)| !resampled.contains(key)));
+        drop(resampled);
+        let mut rows = to_rows(&mut dependents.into_iter());
         drop(written);
+        rows.extend(rest);
         rows.into_iter().unzip()
     }
 
