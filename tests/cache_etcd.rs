@@ -53,9 +53,11 @@ fn cut_off(etcd: &Etcd, keys: &[&str], name: &str) -> (Proxy, Cache<EtcdSource<S
 fn started(cache: Cache<EtcdSource<String>>) -> (Cache<EtcdSource<String>>, Heard, Subscription) {
     let heard: Heard = Arc::default();
     let log = Arc::clone(&heard);
-    let subscription = cache.subscribe(move |a: &Applied<String, String>| {
-        log.lock().push((a.key.clone(), a.new.as_deref().cloned(), a.listed));
-    });
+    let subscription = cache
+        .subscribe(move |a: &Applied<String, String>| {
+            log.lock().push((a.key.clone(), a.new.as_deref().cloned(), a.listed));
+        })
+        .unwrap();
     cache.start().unwrap();
     (cache, heard, subscription)
 }

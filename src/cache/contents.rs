@@ -87,10 +87,12 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         self.insert(key, obj, version, old, failures)
     }
 
-    /// `key` is gone: a change if it was there.
-    pub(super) fn delete(&mut self, key: K) -> Option<Applied<K, O>> {
-        let old = self.remove(&key)?;
-        Some(Applied { key, old: Some(old), new: None, listed: false })
+    /// `key` is gone: always a change, `old` `None` if it was not held (a
+    /// delete of a key the cache never held still reaches the watchers,
+    /// as client-go's `OnDelete`: guarantees E6).
+    pub(super) fn delete(&mut self, key: K) -> Applied<K, O> {
+        let old = self.remove(&key);
+        Applied { key, old, new: None, listed: false }
     }
 
     /// The contents become `items` (a list): keys missing from it are
@@ -244,7 +246,9 @@ mod tests {
         assert_eq!(c.by_index("first", "c").unwrap(), Vec::<u32>::new());
         assert_eq!(c.by_index("first", "b").unwrap(), [13]);
         assert_eq!(c.len(), 2);
-        assert_eq!(c.delete(7).map(|a| a.key), None, "deleting an absent key is no change");
+        let absent = c.delete(7);
+        assert_eq!((absent.key, absent.old, absent.new), (7, None, None), "deleting an absent key: old None");
+        assert_eq!(c.len(), 2);
     }
 
     /// A relist reads its items from the last: a key listed twice must

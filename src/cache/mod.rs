@@ -39,12 +39,12 @@ mod contents;
 mod observe;
 mod run;
 mod stored;
+mod subscribers;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
 use std::io;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -54,17 +54,19 @@ use parking_lot::{ReentrantMutex, RwLock};
 use self::contents::{Contents, IndexFailure, IndexFn};
 pub(crate) use self::stored::Codec;
 use self::stored::Stored;
+use self::subscribers::{CatchUps, Subscriber};
 use crate::error::InvalidArgument;
+use crate::logs;
 use crate::source::{Source, Stop};
 use crate::sync::{Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
-use crate::{logs, panics};
 
 /// A change a cache applied, as its subscribers get it.
 #[derive(Debug)]
 pub struct Applied<K, O> {
     pub key: K,
-    /// What the cache held before (`None`: the key is new).
+    /// What the cache held before (`None`: the key is new, or deleted
+    /// without the cache ever holding it).
     pub old: Option<Arc<O>>,
     /// What it holds now (`None`: deleted).
     pub new: Option<Arc<O>>,
@@ -73,10 +75,16 @@ pub struct Applied<K, O> {
     pub listed: bool,
 }
 
-type Subscriber<K, O> = Arc<dyn Fn(&Applied<K, O>) + Send + Sync>;
-type SyncedHook = Box<dyn FnOnce() + Send>;
-/// Subscribers with their ids, as the cache's thread takes them.
-type Subscribers<K, O> = [(u64, Subscriber<K, O>)];
+/// A subscriber that is still catching up keeps its own copy of a change.
+impl<K: Clone, O> Clone for Applied<K, O> {
+    fn clone(&self) -> Self {
+        Self { key: self.key.clone(), old: self.old.clone(), new: self.new.clone(), listed: self.listed }
+    }
+}
+
+pub(crate) type SyncedHook = Box<dyn FnOnce() + Send>;
+/// The subscribers, as the cache's thread takes them.
+type Subscribers<K, O> = [Arc<Subscriber<K, O>>];
 /// Index functions by name, in the order given.
 type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
 
@@ -246,6 +254,7 @@ impl<S: Source> CacheBuilder<S> {
             synced_cv: Condvar::new(),
             synced_hooks: Mutex::new(Vec::new()),
             stop: Stop::new(),
+            catch_ups: CatchUps::default(),
             counters: Counters::default(),
             first_backoff: self.first_backoff,
             thread_wrapper: self.thread_wrapper,
@@ -299,9 +308,10 @@ struct Inner<S: Source> {
     name: String,
     state: RwLock<State<S>>,
     /// Held while a change is applied and delivered to subscribers, so a
-    /// subscriber added meanwhile gets its replay and the later changes in
-    /// order, and `flush()` sees every change applied before it delivered.
-    /// Re-entrant: a subscriber may subscribe.
+    /// subscriber added meanwhile catches up on exactly what was held
+    /// before the changes it hears, and `flush()` sees every change applied
+    /// before it delivered (or waiting for a catch-up). Re-entrant: a
+    /// subscriber may subscribe.
     delivery: ReentrantMutex<()>,
     life: Mutex<Life<S>>,
     synced: Mutex<bool>,
@@ -310,6 +320,8 @@ struct Inner<S: Source> {
     /// under `synced`'s lock, then this one's).
     synced_hooks: Mutex<Vec<SyncedHook>>,
     stop: Stop,
+    /// The threads delivering new subscribers' catch-ups.
+    catch_ups: CatchUps,
     counters: Counters,
     first_backoff: Duration,
     thread_wrapper: Option<ThreadWrapper>,
@@ -418,31 +430,37 @@ impl<S: Source> Cache<S> {
 
     /// Calls `subscriber` with every change applied from now on, on the
     /// cache's thread (keep it short: the cache applies nothing while it
-    /// runs), after first replaying every key held now (`listed`, `old`
-    /// `None`), with nothing missed or reordered in between. Dropping the
-    /// returned guard unsubscribes. A panic is logged and ignored.
-    pub fn subscribe(&self, subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static) -> Subscription {
-        let subscriber: Subscriber<S::Key, S::Object> = Arc::new(subscriber);
-        let _delivering = self.inner.delivery.lock();
-        let (id, replay) = {
-            let mut state = self.inner.state.write();
-            let id = state.next_subscriber;
-            state.next_subscriber += 1;
-            let mut subscribers = state.subscribers.to_vec();
-            subscribers.push((id, Arc::clone(&subscriber)));
-            state.subscribers = subscribers.into();
-            let replay: Vec<Applied<S::Key, S::Object>> = state
-                .contents
-                .objects()
-                .map(|(key, obj)| Applied { key: key.clone(), old: None, new: Some(Arc::clone(obj)), listed: true })
-                .collect();
-            (id, replay)
-        };
-        for change in &replay {
-            self.inner.call(&subscriber, change);
-        }
+    /// runs). A cache that has synced first catches it up: every key held
+    /// now (`listed`, `old` `None`), on a catch-up thread of the cache, then
+    /// the changes applied meanwhile, in order, nothing missed (this call
+    /// returns at once, and the cache goes on with its other subscribers).
+    /// Dropping the returned guard unsubscribes. A panic is logged and
+    /// ignored.
+    ///
+    /// # Errors
+    /// The OS refused the catch-up thread ([`CacheError::Thread`]); then
+    /// nothing is subscribed.
+    pub fn subscribe(
+        &self,
+        subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
+    ) -> Result<Subscription, CacheError> {
+        self.subscribe_then(subscriber, None)
+    }
+
+    /// [`subscribe`](Self::subscribe), then `caught_up` once the subscriber
+    /// has heard the cache's first list, or its catch-up and the changes
+    /// applied meanwhile: on the cache's thread as it syncs, or on the
+    /// catch-up thread before the subscriber hears anything more. Never if
+    /// the cache stops first or the subscription ends. How a watch knows
+    /// its controller has every key the cache holds (E5, E9).
+    pub(crate) fn subscribe_then(
+        &self,
+        subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
+        caught_up: Option<SyncedHook>,
+    ) -> Result<Subscription, CacheError> {
+        let id = self.inner.subscribe(Box::new(subscriber), caught_up)?;
         let cache: Weak<dyn Unsubscribe> = Arc::downgrade(&self.inner) as Weak<dyn Unsubscribe>;
-        Subscription { cache, id }
+        Ok(Subscription { cache, id })
     }
 
     /// Starts the cache's thread (if not running) and keeps it running
@@ -465,8 +483,9 @@ impl<S: Source> Cache<S> {
         Ok(CacheUse { cache: Arc::clone(&self.inner) as Arc<dyn Release> })
     }
 
-    /// Stops the cache for good: its stream is interrupted and its thread
-    /// joined (unless called from that thread, by a subscriber). No
+    /// Stops the cache for good: its stream is interrupted and its threads
+    /// (its own and its catch-ups) joined, but the caller's own (a
+    /// subscriber may stop it). No
     /// subscriber is called after it returns (from another thread).
     /// Idempotent.
     pub fn stop(&self) {
@@ -495,8 +514,11 @@ impl<S: Source> Cache<S> {
     }
 
     /// Asks for the writes [`flush`](Self::flush) waits for, once every
-    /// change applied so far has been delivered (the delivery lock).
+    /// change applied so far has been delivered: by the catch-ups (a change
+    /// waiting in a backlog has not reached its subscriber) and by the
+    /// cache's thread (the delivery lock).
     pub(crate) fn ask_flush(&self) -> crate::store::PendingFlush {
+        self.inner.catch_ups.wait_delivered();
         let _delivered = self.inner.delivery.lock();
         crate::store::PendingFlush::ask(self.inner.stored.as_ref().map(Stored::flushers).unwrap_or_default())
     }
@@ -530,12 +552,6 @@ impl<S: Source> Cache<S> {
     pub(crate) fn kept_position(&self) -> Option<Vec<u8>> {
         let codec = self.codec()?;
         self.inner.state.read().position.as_ref().and_then(codec.position)
-    }
-
-    /// Runs `f` while no change is being applied or delivered.
-    pub(crate) fn without_delivery<R>(&self, f: impl FnOnce() -> R) -> R {
-        let _delivering = self.inner.delivery.lock();
-        f()
     }
 
     /// A handle that does not keep the cache alive (for what the cache
@@ -587,8 +603,7 @@ trait Unsubscribe: Send + Sync {
 
 impl<S: Source> Unsubscribe for Inner<S> {
     fn unsubscribe(&self, id: u64) {
-        let mut state = self.state.write();
-        state.subscribers = state.subscribers.iter().filter(|(s, _)| *s != id).cloned().collect();
+        Inner::unsubscribe(self, id);
     }
 }
 
@@ -669,37 +684,13 @@ impl<S: Source> Inner<S> {
         {
             let _ = thread.join();
         }
+        self.catch_ups.close_and_join();
     }
 
-    /// Calls one subscriber, catching (and logging) a panic.
-    fn call(&self, subscriber: &Subscriber<S::Key, S::Object>, change: &Applied<S::Key, S::Object>) {
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| subscriber(change))) {
-            logs::cache_subscriber_panicked(&self.name, &change.key, &panics::message(&*panic));
-        }
-    }
-
-    /// Passes `changes` to `subscribers` (taken with them, under the lock
-    /// that applied them), unless the cache stopped meanwhile.
-    fn deliver(
-        &self,
-        subscribers: &Subscribers<S::Key, S::Object>,
-        changes: &[Applied<S::Key, S::Object>],
-        failures: Vec<IndexFailure<S::Key>>,
-    ) {
+    /// Logs what index functions failed at (after the cache's lock).
+    fn index_failed(&self, failures: Vec<IndexFailure<S::Key>>) {
         for failure in failures {
             logs::cache_index_failed(&self.name, &failure.index, &failure.key, &failure.error);
-        }
-        if changes.is_empty() || subscribers.is_empty() {
-            return;
-        }
-        let _delivering = self.delivery.lock();
-        for change in changes {
-            if self.stop.is_set() {
-                return;
-            }
-            for (_, subscriber) in subscribers {
-                self.call(subscriber, change);
-            }
         }
     }
 }

@@ -113,7 +113,8 @@ impl<S: Source> Inner<S> {
             self.counters.relists.fetch_add(1, Relaxed);
         }
         self.succeeded();
-        self.deliver(&subscribers, &changes, failures);
+        self.index_failed(failures);
+        self.deliver(&subscribers, &changes);
         let hooks = {
             let mut synced = self.synced.lock();
             if *synced {
@@ -140,7 +141,7 @@ impl<S: Source> Inner<S> {
                 }
                 Event::Delete { key, position } => {
                     self.counters.deletes.fetch_add(1, Relaxed);
-                    (state.contents.delete(key), position)
+                    (Some(state.contents.delete(key)), position)
                 }
                 Event::Bookmark { position } => {
                     self.counters.bookmarks.fetch_add(1, Relaxed);
@@ -154,6 +155,7 @@ impl<S: Source> Inner<S> {
         };
         self.succeeded();
         let changes: Vec<Applied<S::Key, S::Object>> = change.into_iter().collect();
-        self.deliver(&subscribers, &changes, failures);
+        self.index_failed(failures);
+        self.deliver(&subscribers, &changes);
     }
 }

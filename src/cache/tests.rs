@@ -187,9 +187,11 @@ fn cache(memory: &Memory) -> (Cache<MemorySource>, Heard, super::Subscription) {
         .unwrap();
     let heard = Arc::new(Mutex::new(BTreeMap::new()));
     let log = Arc::clone(&heard);
-    let subscription = cache.subscribe(move |a: &Applied<u32, u32>| {
-        log.lock().insert(a.key, a.new.as_deref().copied());
-    });
+    let subscription = cache
+        .subscribe(move |a: &Applied<u32, u32>| {
+            log.lock().insert(a.key, a.new.as_deref().copied());
+        })
+        .unwrap();
     (cache, heard, subscription)
 }
 
@@ -366,7 +368,7 @@ fn a_late_subscriber_hears_every_key_held_then_every_change() {
     assert!(cache.wait_synced(Some(PATIENCE)));
     let heard = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&heard);
-    let subscription = cache.subscribe(move |a: &Applied<u32, u32>| log.lock().push((a.key, a.listed)));
+    let subscription = cache.subscribe(move |a: &Applied<u32, u32>| log.lock().push((a.key, a.listed))).unwrap();
     memory.put(2, 2);
     wait_for("the live put heard", || heard.lock().len() == 2);
     assert_eq!(*heard.lock(), [(1, true), (2, false)]);

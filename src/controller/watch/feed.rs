@@ -3,12 +3,13 @@
 //! fallback to the changed key when a handler fails, the resync timer, and
 //! for a cache with a store (E9) the restart's difference and the rows kept.
 
+use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Attached, Watch, WatchError};
-use crate::cache::{Applied, Cache, Codec, WeakCache};
+use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
 use crate::controller::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
@@ -41,11 +42,15 @@ struct Kept<S: Source, K> {
 }
 
 /// Acquires `cache` (starting it if it is not running) and subscribes the
-/// controller to it; the returned guard undoes both.
+/// controller to it; the returned guard undoes both. Returns at once: the
+/// keys a synced cache holds reach the controller on the cache's catch-up
+/// thread, and then `caught_up` runs (a watch made at start opens the
+/// synced gate with it, E5).
 pub(super) fn attach<S: Source, K: ControllerKey>(
     core: &Arc<Core<K>>,
     cache: &Cache<S>,
     watch: Watch<S, K>,
+    caught_up: Option<SyncedHook>,
 ) -> Result<Attached, WatchError> {
     let used = cache.acquire()?;
     let resync_stop = Stop::new();
@@ -66,12 +71,15 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
         cache.clone().on_synced(move || feed.start_resync(cache, every, stop));
     }
     let subscriber = Arc::clone(&feed);
-    let subscription = cache.subscribe(move |change| subscriber.changed(change));
-    if feed.kept.is_some() {
-        // Once the first list (or the replay just made) has reached it.
-        let (feed, cache) = (Arc::clone(&feed), cache.clone());
-        cache.clone().on_synced(move || cache.without_delivery(|| feed.restart_deletes()));
-    }
+    // Once every key the cache holds has reached the feed, before any later
+    // change does: the restart's deletes, then the caller's hook.
+    let ready: SyncedHook = Box::new(move || {
+        feed.restart_deletes();
+        if let Some(hook) = caught_up {
+            hook();
+        }
+    });
+    let subscription = cache.subscribe_then(move |change| subscriber.changed(change), Some(ready))?;
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
 
@@ -107,7 +115,10 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         }
     }
 
-    /// Enqueues what the change maps to, if the predicate accepts it.
+    /// Enqueues what the change maps to, if the predicate accepts it: for
+    /// a put that replaced an object, what the old one maps to and what
+    /// the new one does (controller-runtime's mapped handlers: a child
+    /// that changed owners reaches both).
     fn deliver(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) {
         let priority = if change.listed { self.watch.list_priority } else { self.watch.priority };
         let (old, new) = (change.old.as_deref(), change.new.as_deref());
@@ -119,22 +130,43 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                 Err(error) => return self.failed(core, "predicate", &change.key, &error, When::Event, priority),
             },
         };
-        if accepted {
-            self.enqueue(core, &change.key, new.or(old), When::Event, priority);
+        if !accepted {
+            return;
+        }
+        match (old, new) {
+            (Some(old), Some(new)) => self.enqueue_both(core, &change.key, [old, new], priority),
+            (old, new) => self.enqueue(core, &change.key, new.or(old), When::Event, priority),
         }
     }
 
     /// Enqueues the keys `map` gives for `key` (holding `obj`).
     /// `when`: `Event` for a change (debounced, U2), `Now` for a resync.
     fn enqueue(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, when: When, priority: i32) {
-        match (self.watch.map)(key, obj) {
-            Ok(keys) => {
-                for key in keys {
-                    core.route(key, when, priority);
-                }
-            }
-            Err(error) => self.failed(core, "map", key, &error, when, priority),
+        for key in self.mapped(core, key, obj, when, priority) {
+            core.route(key, when, priority);
         }
+    }
+
+    /// Enqueues, once each, the keys `map` gives for `key`'s old object
+    /// and for its new one, mapped in turn.
+    fn enqueue_both(&self, core: &Core<K>, key: &S::Key, [old, new]: [&S::Object; 2], priority: i32) {
+        let mut keys = self.mapped(core, key, Some(old), When::Event, priority);
+        let from_old: HashSet<&K> = keys.iter().collect();
+        let from_new = self.mapped(core, key, Some(new), When::Event, priority);
+        let only_new: Vec<K> = from_new.into_iter().filter(|k| !from_old.contains(k)).collect();
+        keys.extend(only_new);
+        for key in keys {
+            core.route(key, When::Event, priority);
+        }
+    }
+
+    /// The keys `map` gives for `key` holding `obj`; none when it failed
+    /// (then the changed key itself was enqueued).
+    fn mapped(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, when: When, priority: i32) -> Vec<K> {
+        (self.watch.map)(key, obj).unwrap_or_else(|error| {
+            self.failed(core, "map", key, &error, when, priority);
+            Vec::new()
+        })
     }
 
     /// A handler failed: logged, counted, and the changed key itself

@@ -25,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use super::gate::{Coordinated, Gate};
 use super::{ControllerKey, Core};
-use crate::cache::{Cache, CacheError, CacheUse, Subscription};
+use crate::cache::{Cache, CacheError, CacheUse, Subscription, SyncedHook};
 use crate::error::InvalidArgument;
 use crate::source::{Source, Stop};
 use crate::sync::Mutex;
 
 pub use options::{DEFAULT_LIST_PRIORITY, Watch};
+use synced::Heard;
 pub(crate) use synced::SyncLatch;
 
 /// How long a controller waits for a cache it watched at start before
@@ -84,8 +85,6 @@ pub(crate) trait Watched: Send + Sync {
     fn synced(&self) -> bool;
     fn wait_synced(&self, timeout: Option<Duration>) -> bool;
     fn last_error(&self) -> Option<String>;
-    /// See [`Cache::on_synced`].
-    fn on_synced(&self, hook: Box<dyn FnOnce() + Send>);
 }
 
 impl<S: Source> Watched for Cache<S> {
@@ -107,20 +106,20 @@ impl<S: Source> Watched for Cache<S> {
     fn last_error(&self) -> Option<String> {
         self.stats().last_error
     }
-    fn on_synced(&self, hook: Box<dyn FnOnce() + Send>) {
-        Cache::on_synced(self, hook);
-    }
 }
 
 /// A watch not attached yet (made before start), its source type erased.
 trait Unattached<K>: Send {
     fn cache(&self) -> Arc<dyn Watched>;
-    fn attach(self: Box<Self>, core: &Arc<Core<K>>) -> Result<Attached, WatchError>;
+    /// `caught_up`: run once every key the cache holds reached the
+    /// controller, as `feed::attach`'s.
+    fn attach(self: Box<Self>, core: &Arc<Core<K>>, caught_up: Option<SyncedHook>) -> Result<Attached, WatchError>;
 }
 
 struct Pending<S: Source, K> {
     cache: Cache<S>,
     watch: Watch<S, K>,
+    heard: Arc<Heard>,
 }
 
 impl<S: Source, K: ControllerKey> Unattached<K> for Pending<S, K> {
@@ -128,8 +127,8 @@ impl<S: Source, K: ControllerKey> Unattached<K> for Pending<S, K> {
         Arc::new(self.cache.clone())
     }
 
-    fn attach(self: Box<Self>, core: &Arc<Core<K>>) -> Result<Attached, WatchError> {
-        feed::attach(core, &self.cache, self.watch)
+    fn attach(self: Box<Self>, core: &Arc<Core<K>>, caught_up: Option<SyncedHook>) -> Result<Attached, WatchError> {
+        feed::attach(core, &self.cache, self.watch, Some(self.heard.hook(caught_up)))
     }
 }
 
@@ -166,8 +165,8 @@ struct State<K> {
     released: bool,
     at_start: Vec<Box<dyn Unattached<K>>>,
     attached: Vec<Attached>,
-    /// Every cache watched, for `wait_synced`.
-    caches: Vec<Arc<dyn Watched>>,
+    /// Every watch, for `wait_synced`.
+    heard: Vec<Arc<Heard>>,
     /// The controller's store file (canonical), once started.
     store_file: Option<PathBuf>,
 }
@@ -187,7 +186,7 @@ impl<K: ControllerKey> Watches<K> {
                 released: false,
                 at_start: Vec::new(),
                 attached: Vec::new(),
-                caches: Vec::new(),
+                heard: Vec::new(),
                 store_file: None,
             }),
             handler_errors: AtomicU64::new(0),
@@ -232,9 +231,11 @@ impl<K: ControllerKey> Watches<K> {
             }
             check_store(&core.name, cache, state.store_file.as_deref())?;
         }
-        // Outside the lock: the subscription replays the cache's keys.
-        let attached = feed::attach(core, cache, watch)?;
-        self.state.lock().caches.push(Arc::new(cache.clone()));
+        // Outside the lock: attaching may start the cache. It holds nothing
+        // back (a later watch does not hold the controller, E5).
+        let heard = Heard::new(Arc::new(cache.clone()));
+        let attached = feed::attach(core, cache, watch, Some(heard.hook(None)))?;
+        self.state.lock().heard.push(heard);
         self.keep(attached);
         Ok(())
     }
@@ -246,8 +247,9 @@ impl<K: ControllerKey> Watches<K> {
     }
 
     fn keep_pending<S: Source>(state: &mut State<K>, cache: &Cache<S>, watch: Watch<S, K>) {
-        state.caches.push(Arc::new(cache.clone()));
-        state.at_start.push(Box::new(Pending { cache: cache.clone(), watch }));
+        let heard = Heard::new(Arc::new(cache.clone()));
+        state.heard.push(Arc::clone(&heard));
+        state.at_start.push(Box::new(Pending { cache: cache.clone(), watch, heard }));
     }
 
     /// Keeps `attached` until stop (dropped at once if it came meanwhile).
@@ -293,11 +295,12 @@ impl<K: ControllerKey> Watches<K> {
         drop(attached);
     }
 
-    /// Waits until every cache watched is synced; `true` at once if none.
+    /// Waits until every cache watched is synced and every key it held
+    /// then has reached the controller; `true` at once if none.
     pub(crate) fn wait_synced(&self, timeout: Option<Duration>) -> bool {
-        let caches = self.state.lock().caches.clone();
+        let heard = self.state.lock().heard.clone();
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        caches.iter().all(|cache| cache.wait_synced(deadline.map(|d| d.saturating_duration_since(Instant::now()))))
+        heard.iter().all(|watch| watch.wait(deadline))
     }
 }
 
@@ -341,13 +344,14 @@ impl<K: ControllerKey> AtStart<K> {
                 .map_err(WatchError::Thread)?;
         }
         for watch in self.watches {
-            let cache = watch.cache();
-            let attached = watch.attach(core)?;
-            core.watches.keep(attached);
-            if let Some(latch) = &self.latch {
+            // The gate opens once the cache synced and every key it holds
+            // has reached the controller.
+            let caught_up = self.latch.as_ref().map(|latch| {
                 let latch = Arc::clone(latch);
-                cache.on_synced(Box::new(move || latch.one_synced()));
-            }
+                Box::new(move || latch.one_synced()) as SyncedHook
+            });
+            let attached = watch.attach(core, caught_up)?;
+            core.watches.keep(attached);
         }
         Ok(())
     }

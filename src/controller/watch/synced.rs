@@ -5,12 +5,16 @@
 //! wakes it to exit (so a stop before sync reconciles nothing the gate
 //! holds). Once open, the gate costs one atomic load per hand-out and
 //! passes on to coordination's gate, if any.
+//!
+//! [`Heard`] is the same readiness for one watch, made or not at start:
+//! what `wait_synced` waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Watched;
+use crate::cache::SyncedHook;
 use crate::controller::gate::{Admission, Gate};
 use crate::controller::{ControllerKey, Core};
 use crate::logs;
@@ -19,7 +23,8 @@ use crate::{LeaderStatus, ShardStatus};
 
 /// Counts the caches watched at start that have not synced.
 pub(crate) struct SyncLatch {
-    /// Caches not synced yet (each cache's `on_synced` hook counts down).
+    /// Caches not synced yet, or whose keys have not all reached the
+    /// controller (each watch's caught-up hook counts down).
     unsynced: Mutex<usize>,
     changed: Condvar,
     /// `unsynced` reached 0: read without the lock at each hand-out.
@@ -43,7 +48,8 @@ impl SyncLatch {
         self.open.load(Ordering::Acquire)
     }
 
-    /// One cache synced (its first list reached the controller).
+    /// One cache synced and every key it holds reached the controller
+    /// (its first list, or its catch-up if it had synced before).
     pub(super) fn one_synced(&self) {
         let mut unsynced = self.unsynced.lock();
         *unsynced -= 1;
@@ -138,5 +144,78 @@ impl<K> Gate<K> for SyncedGate<K> {
 
     fn shard_status(&self) -> Option<ShardStatus> {
         self.inner.as_ref().and_then(|gate| gate.shard_status())
+    }
+}
+
+/// One watch as `wait_synced` sees it: its cache synced, and every key
+/// the cache held then reached the controller (its first list, or its
+/// catch-up).
+pub(super) struct Heard {
+    cache: Arc<dyn Watched>,
+    state: Mutex<Hearing>,
+    changed: Condvar,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Hearing {
+    Waiting,
+    Heard,
+    /// The hook was dropped unrun: the cache stopped first, or the watch
+    /// ended.
+    Never,
+}
+
+impl Heard {
+    pub(super) fn new(cache: Arc<dyn Watched>) -> Arc<Self> {
+        Arc::new(Self { cache, state: Mutex::new(Hearing::Waiting), changed: Condvar::new() })
+    }
+
+    /// The hook the watch gives its cache (`Cache::subscribe_then`): marks
+    /// this heard, then runs `then`; dropped unrun, marks it never heard.
+    pub(super) fn hook(self: &Arc<Self>, then: Option<SyncedHook>) -> SyncedHook {
+        let mut until_run = Marks { heard: Arc::clone(self), unrun: Hearing::Never };
+        Box::new(move || {
+            until_run.unrun = Hearing::Heard;
+            drop(until_run);
+            if let Some(then) = then {
+                then();
+            }
+        })
+    }
+
+    fn mark(&self, hearing: Hearing) {
+        *self.state.lock() = hearing;
+        self.changed.notify_all();
+    }
+
+    /// Waits until heard (`true`), never to be, or `deadline`.
+    pub(super) fn wait(&self, deadline: Option<Instant>) -> bool {
+        if !self.cache.wait_synced(deadline.map(|d| d.saturating_duration_since(Instant::now()))) {
+            return false;
+        }
+        let mut state = self.state.lock();
+        while *state == Hearing::Waiting {
+            match deadline {
+                Some(deadline) => {
+                    if self.changed.wait_until(&mut state, deadline).timed_out() {
+                        break;
+                    }
+                }
+                None => self.changed.wait(&mut state),
+            }
+        }
+        *state == Hearing::Heard
+    }
+}
+
+/// Marks a [`Heard`] as its hook ends: run, or dropped unrun.
+struct Marks {
+    heard: Arc<Heard>,
+    unrun: Hearing,
+}
+
+impl Drop for Marks {
+    fn drop(&mut self) {
+        self.heard.mark(self.unrun);
     }
 }

@@ -1,0 +1,304 @@
+//! Who hears of a cache's changes: its subscribers, each called with every
+//! change the cache applies, in order, on the cache's thread.
+//!
+//! A subscriber that comes to a synced cache first gets its *catch-up*:
+//! every key the cache holds then (`listed`, `old` `None`). That may take
+//! long (a controller's `map` for each key), so it runs on a catch-up
+//! thread of the cache, never on the caller's (a controller's `start()` or
+//! `watch_cache()` returns at once, as client-go's `AddEventHandler`) nor
+//! on the cache's own (its other subscribers would wait). The changes the
+//! cache applies meanwhile wait for that subscriber in its backlog, in the
+//! order applied, and follow the catch-up on the same thread: none is
+//! missed, and no earlier state reaches it after a later one. Once the
+//! backlog is empty the subscriber is live: the cache's thread calls it.
+
+use std::io;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{Applied, CacheError, Inner, SyncedHook};
+use crate::source::Source;
+use crate::sync::{AtomicBool, Condvar, Mutex};
+use crate::thread::{self, JoinHandle, ThreadWrapper};
+use crate::{logs, panics};
+
+pub(super) type Call<K, O> = Box<dyn Fn(&Applied<K, O>) + Send + Sync>;
+
+/// One subscriber, as the cache keeps it.
+pub(super) struct Subscriber<K, O> {
+    pub(super) id: u64,
+    call: Call<K, O>,
+    /// `Some` until its catch-up is delivered: the changes applied since
+    /// it subscribed, in order. Once `None` (live), never `Some` again, and
+    /// only the cache's thread calls it.
+    backlog: Mutex<Option<Vec<Applied<K, O>>>>,
+    /// Unsubscribed: its catch-up ends.
+    ended: AtomicBool,
+}
+
+impl<K: Clone, O> Subscriber<K, O> {
+    /// Takes what waited in the backlog; when it is empty, `None`, and the
+    /// subscriber goes live if `go_live`.
+    fn take_backlog(&self, go_live: bool) -> Option<Vec<Applied<K, O>>> {
+        let mut backlog = self.backlog.lock();
+        let waiting = backlog.as_mut()?;
+        if !waiting.is_empty() {
+            return Some(std::mem::take(waiting));
+        }
+        if go_live {
+            *backlog = None;
+        }
+        None
+    }
+
+    /// On the cache's thread: keeps `change` for after the catch-up, if
+    /// one is on its way; `false` when live (call it now).
+    fn waits(&self, change: &Applied<K, O>) -> bool {
+        match &mut *self.backlog.lock() {
+            Some(backlog) => {
+                backlog.push(change.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The catch-up threads of a cache: its `stop()` joins them (no subscriber
+/// is called after it returns), its `flush()` waits for them (a change
+/// waiting in a backlog has not reached that subscriber yet).
+#[derive(Default)]
+pub(super) struct CatchUps {
+    threads: Mutex<Threads>,
+    delivered: Condvar,
+}
+
+#[derive(Default)]
+struct Threads {
+    running: Vec<CatchUp>,
+    /// The cache stopped: no catch-up starts any more.
+    closed: bool,
+}
+
+struct CatchUp {
+    thread: JoinHandle<()>,
+    /// Its catch-up and backlog are delivered (or given up): it only has
+    /// to exit.
+    delivered: bool,
+}
+
+impl CatchUps {
+    /// Runs `body` on a new catch-up thread (nothing once the cache
+    /// stopped: it calls no subscriber any more).
+    fn spawn(
+        &self,
+        name: String,
+        wrapper: Option<&ThreadWrapper>,
+        body: impl FnOnce() + Send + 'static,
+    ) -> io::Result<()> {
+        // Held until the handle is kept: the thread marks itself delivered
+        // under this lock, so it finds its entry.
+        let mut threads = self.threads.lock();
+        if threads.closed {
+            return Ok(());
+        }
+        threads.running.retain(|c| !c.thread.is_finished());
+        let thread = thread::spawn_named(name, wrapper, body)?;
+        threads.running.push(CatchUp { thread, delivered: false });
+        Ok(())
+    }
+
+    /// The calling catch-up thread delivered all it had to.
+    fn mark_delivered(&self) {
+        let me = thread::current().id();
+        let mut threads = self.threads.lock();
+        for catch_up in threads.running.iter_mut().filter(|c| c.thread.thread().id() == me) {
+            catch_up.delivered = true;
+        }
+        self.delivered.notify_all();
+    }
+
+    /// Waits until every catch-up but the caller's own (a subscriber may
+    /// flush) has delivered all it had to.
+    pub(super) fn wait_delivered(&self) {
+        let me = thread::current().id();
+        let mut threads = self.threads.lock();
+        while threads.running.iter().any(|c| !c.delivered && c.thread.thread().id() != me) {
+            self.delivered.wait(&mut threads);
+        }
+    }
+
+    /// At the cache's stop (its stop flag set): no catch-up starts any
+    /// more, and those running are joined, but the caller's own.
+    pub(super) fn close_and_join(&self) {
+        let running = {
+            let mut threads = self.threads.lock();
+            threads.closed = true;
+            std::mem::take(&mut threads.running)
+        };
+        let me = thread::current().id();
+        for catch_up in running {
+            if catch_up.thread.thread().id() != me {
+                let _ = catch_up.thread.join();
+            }
+        }
+    }
+}
+
+/// Marks a catch-up thread delivered however its body ends.
+struct Delivered<'a>(&'a CatchUps);
+
+impl Drop for Delivered<'_> {
+    fn drop(&mut self) {
+        self.0.mark_delivered();
+    }
+}
+
+impl<S: Source> Inner<S> {
+    /// Adds a subscriber (see [`Cache::subscribe`](super::Cache::subscribe)):
+    /// live at once if the cache has not synced (it holds nothing yet, and
+    /// `caught_up` runs when it syncs), else live after its catch-up, on a
+    /// catch-up thread that runs `caught_up` between the two (the changes
+    /// applied meanwhile still wait). Its id, to unsubscribe.
+    pub(super) fn subscribe(
+        self: &Arc<Self>,
+        call: Call<S::Key, S::Object>,
+        caught_up: Option<SyncedHook>,
+    ) -> Result<u64, CacheError> {
+        // No change is applied or delivered meanwhile, so the catch-up and
+        // the backlog meet exactly, and `synced` holds still.
+        let _delivering = self.delivery.lock();
+        // Only a list syncs a cache, and events come after the first one:
+        // an unsynced cache holds nothing to catch up on.
+        let synced = *self.synced.lock();
+        let (subscriber, replay, catching_up) = {
+            let mut state = self.state.write();
+            let replay: Vec<Applied<S::Key, S::Object>> = if synced {
+                let held = state.contents.objects();
+                held.map(|(key, obj)| Applied { key: key.clone(), old: None, new: Some(Arc::clone(obj)), listed: true })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let catching_up = !replay.is_empty() || (synced && caught_up.is_some());
+            let id = state.next_subscriber;
+            state.next_subscriber += 1;
+            let subscriber = Arc::new(Subscriber {
+                id,
+                call,
+                backlog: Mutex::new(catching_up.then(Vec::new)),
+                ended: AtomicBool::new(false),
+            });
+            let mut subscribers = state.subscribers.to_vec();
+            subscribers.push(Arc::clone(&subscriber));
+            state.subscribers = subscribers.into();
+            (subscriber, replay, catching_up)
+        };
+        let id = subscriber.id;
+        if !synced {
+            if let Some(hook) = caught_up {
+                self.synced_hooks.lock().push(hook);
+            }
+            return Ok(id);
+        }
+        if !catching_up {
+            return Ok(id);
+        }
+        let inner = Arc::clone(self);
+        let name = format!("reconq-cache-{}-catch-up", self.name);
+        let spawned = self.catch_ups.spawn(name, self.thread_wrapper.as_ref(), move || {
+            let _delivered = Delivered(&inner.catch_ups);
+            inner.catch_up(&subscriber, replay, caught_up);
+        });
+        spawned.map(|()| id).map_err(|e| {
+            self.unsubscribe(id);
+            CacheError::Thread(e)
+        })
+    }
+
+    /// The catch-up thread's body: `replay`, then the backlog until it is
+    /// empty, `caught_up`, and the backlog again until the subscriber goes
+    /// live. Given up when the cache stops or the subscriber goes.
+    fn catch_up(
+        &self,
+        subscriber: &Subscriber<S::Key, S::Object>,
+        replay: Vec<Applied<S::Key, S::Object>>,
+        caught_up: Option<SyncedHook>,
+    ) {
+        if !(self.deliver_to(subscriber, &replay) && self.drain(subscriber, false)) {
+            return;
+        }
+        drop(replay);
+        if let Some(hook) = caught_up {
+            hook();
+        }
+        self.drain(subscriber, true);
+    }
+
+    /// Delivers the backlog until it is empty (then live if `go_live`);
+    /// `false` if given up.
+    fn drain(&self, subscriber: &Subscriber<S::Key, S::Object>, go_live: bool) -> bool {
+        while let Some(changes) = subscriber.take_backlog(go_live) {
+            if !self.deliver_to(subscriber, &changes) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Calls one subscriber with `changes` on a catch-up thread; `false`
+    /// (given up) once the cache stops or the subscriber goes.
+    fn deliver_to(&self, subscriber: &Subscriber<S::Key, S::Object>, changes: &[Applied<S::Key, S::Object>]) -> bool {
+        for change in changes {
+            if self.stop.is_set() || subscriber.ended.load(Ordering::Relaxed) {
+                return false;
+            }
+            self.call(subscriber, change);
+        }
+        true
+    }
+
+    /// Calls one subscriber, catching (and logging) a panic.
+    fn call(&self, subscriber: &Subscriber<S::Key, S::Object>, change: &Applied<S::Key, S::Object>) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (subscriber.call)(change))) {
+            logs::cache_subscriber_panicked(&self.name, &change.key, &panics::message(&*panic));
+        }
+    }
+
+    /// On the cache's thread: passes `changes` to `subscribers` (taken
+    /// with them, under the lock that applied them), unless the cache
+    /// stopped meanwhile; to one still catching up, through its backlog.
+    pub(super) fn deliver(
+        &self,
+        subscribers: &super::Subscribers<S::Key, S::Object>,
+        changes: &[Applied<S::Key, S::Object>],
+    ) {
+        if changes.is_empty() || subscribers.is_empty() {
+            return;
+        }
+        let _delivering = self.delivery.lock();
+        for change in changes {
+            if self.stop.is_set() {
+                return;
+            }
+            for subscriber in subscribers {
+                if !subscriber.waits(change) {
+                    self.call(subscriber, change);
+                }
+            }
+        }
+    }
+
+    pub(super) fn unsubscribe(&self, id: u64) {
+        let mut state = self.state.write();
+        for subscriber in state.subscribers.iter().filter(|s| s.id == id) {
+            subscriber.end();
+        }
+        state.subscribers = state.subscribers.iter().filter(|s| s.id != id).cloned().collect();
+    }
+}
