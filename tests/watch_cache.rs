@@ -7,10 +7,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
 use std::time::Duration;
 
-use common::{PATIENCE, ms, wait_for};
+use common::{Gate, PATIENCE, ms, wait_for};
 use parking_lot::{Condvar, Mutex};
 use reconq::source::{Changes, Event, Item, Listing, Stop};
 use reconq::{
@@ -588,5 +590,161 @@ fn a_polling_sources_first_poll_uses_the_list_priority_and_later_polls_the_live_
     wait_for("the later row", || seen.lock().iter().any(|(k, _)| k == "later"));
     let seen = seen.lock().clone();
     assert_eq!(seen, [("first".to_string(), reconq::DEFAULT_LIST_PRIORITY), ("later".to_string(), 3)]);
+    handle.stop();
+}
+
+/// A map that records (key, object, thread) of each call and, on its
+/// first call off `caller`'s thread, waits at `gate` (on `caller`'s it
+/// never waits: the test would hang instead of failing).
+struct SlowMap {
+    calls: Arc<Mutex<Vec<(String, Option<u64>, ThreadId)>>>,
+    /// Calls that returned.
+    finished: Arc<AtomicUsize>,
+    gate: Gate,
+}
+
+impl SlowMap {
+    fn new() -> Self {
+        Self { calls: Arc::default(), finished: Arc::default(), gate: Gate::new() }
+    }
+
+    fn watch(&self) -> Watch<MemorySource, String> {
+        let caller = std::thread::current().id();
+        let (calls, finished, gate) = (Arc::clone(&self.calls), Arc::clone(&self.finished), self.gate.clone());
+        Watch::with_map(move |key: &String, obj: Option<&u64>| {
+            let first = {
+                let mut calls = calls.lock();
+                calls.push((key.clone(), obj.copied(), std::thread::current().id()));
+                calls.len() == 1
+            };
+            if first && std::thread::current().id() != caller {
+                gate.pass();
+            }
+            finished.fetch_add(1, Ordering::SeqCst);
+            vec![key.clone()]
+        })
+    }
+
+    /// Waits for the first call, and says whether it ran on `caller`.
+    fn first_on(&self, caller: ThreadId) -> bool {
+        self.gate.wait_arrivals(1);
+        self.calls.lock()[0].2 == caller
+    }
+}
+
+/// E5, lifecycle: a controller started on a cache that has synced returns
+/// from `start()` at once; the catch-up (every key held, through `map`)
+/// runs on the cache's catch-up thread, and the gate holds every key until
+/// it is delivered. Checked by reverting to the replay on the caller's
+/// thread: the map runs on the test's thread, inside `start()`.
+#[test]
+fn start_on_a_synced_cache_returns_at_once_and_the_gate_waits_for_the_catch_up() {
+    let memory = Memory::default();
+    for key in ["a", "b", "c"] {
+        memory.put(key, 1);
+    }
+    let cache = cache_of(&memory, "catch-up-start");
+    cache.start().unwrap();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    let (seen, reconcile) = recording(&cache);
+    let map = SlowMap::new();
+    let handle = Controller::from_fn("catch-up-start", reconcile).watch_cache(&cache, map.watch()).start();
+    let (gate, finished) = (map.gate.clone(), Arc::clone(&map.finished));
+    handle.enqueue("early".to_string());
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "start() waited for a map");
+    assert!(!map.first_on(std::thread::current().id()), "the map ran on the thread that called start()");
+    wait_for("the early key handed out", || queue_adds("catch-up-start") >= 2 || !seen.lock().is_empty());
+    assert!(seen.lock().is_empty(), "a key handed out before the catch-up was delivered");
+    assert!(!handle.wait_synced(Some(ms(0))), "synced before the catch-up was delivered");
+    gate.release();
+    assert!(handle.wait_synced(Some(PATIENCE)));
+    wait_for("every key", || ["a", "b", "c", "early"].iter().all(|key| reconciles_of(&seen, key) == 1));
+    handle.stop();
+    cache.stop();
+}
+
+/// E2, E6: `watch_cache()` on a running controller returns at once; while
+/// the new watch's catch-up is slow, the cache's changes keep reaching its
+/// other watcher, and they reach the new one after its catch-up, in order
+/// (the last map of a key sees its last state). Checked by reverting to
+/// the replay on the caller's thread (under the delivery lock).
+#[test]
+fn watch_cache_returns_at_once_and_a_slow_catch_up_holds_up_no_other_watcher() {
+    let memory = Memory::default();
+    memory.put("held", 1);
+    let (cache, seen, controller) = recorded(&memory, "catch-up-first");
+    let first = controller.watch_cache(&cache, Watch::new()).start();
+    assert!(first.wait_synced(Some(PATIENCE)));
+    let (seen_late, reconcile) = recording(&cache);
+    let late = Controller::from_fn("catch-up-late", reconcile).start();
+    let map = SlowMap::new();
+    late.watch_cache(&cache, map.watch()).unwrap();
+    assert_eq!(map.finished.load(Ordering::SeqCst), 0, "watch_cache() waited for a map");
+    assert!(!map.first_on(std::thread::current().id()), "the map ran on the thread that called watch_cache()");
+    memory.put("live", 1);
+    memory.put("held", 2);
+    wait_for("the live changes reconciled by the other watcher", || {
+        saw(&seen, "live", Some(1)) && saw(&seen, "held", Some(2))
+    });
+    assert_eq!(map.finished.load(Ordering::SeqCst), 0, "the slow catch-up is still on its first key");
+    map.gate.release();
+    wait_for("the late watcher's keys", || saw(&seen_late, "live", Some(1)) && saw(&seen_late, "held", Some(2)));
+    let calls = map.calls.lock().clone();
+    let held: Vec<Option<u64>> = calls.iter().filter(|(key, ..)| key == "held").map(|(_, obj, _)| *obj).collect();
+    assert_eq!(held, [Some(1), Some(1), Some(2)], "the catch-up, then the change (its old object, then its new)");
+    late.stop();
+    first.stop();
+}
+
+/// E6: an update maps its old object and its new one, and enqueues both
+/// results (controller-runtime's mapped handlers): a child that changed
+/// owners reaches its old owner too. Checked by mapping only the new
+/// object: the old owner is never reconciled again.
+#[test]
+fn a_re_parented_object_reaches_its_old_owner_and_its_new_one() {
+    let memory = Memory::default();
+    memory.put("child", 1);
+    let cache = cache_of(&memory, "re-parent");
+    let owners: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = Arc::clone(&owners);
+    let watch = Watch::with_map(|_: &String, owner: Option<&u64>| owner.map(|o| format!("owner-{o}")));
+    let handle = Controller::from_fn("re-parent", move |key: &String, _: &Context| {
+        log.lock().push(key.clone());
+        Ok(Action::Done)
+    })
+    .watch_cache(&cache, watch.list_priority(0))
+    .start();
+    wait_for("the first owner", || owners.lock().contains(&"owner-1".to_string()));
+    memory.put("child", 2);
+    wait_for("the new owner", || owners.lock().contains(&"owner-2".to_string()));
+    assert!(handle.wait_idle(PATIENCE));
+    let count = |owner: &str| owners.lock().iter().filter(|k| *k == owner).count();
+    assert_eq!((count("owner-1"), count("owner-2")), (2, 1), "{:?}", owners.lock());
+    handle.stop();
+}
+
+/// E6: a delete of a key the cache never held reaches the map (with
+/// `None`) and, by the default predicate, the controller (client-go's
+/// informer calls `OnDelete` too). Checked by dropping such a delete in
+/// the cache: the key is never reconciled.
+#[test]
+fn a_delete_of_a_key_never_held_reaches_map_and_the_controller() {
+    let memory = Memory::default();
+    let (cache, seen, controller) = recorded(&memory, "never-held");
+    let mapped: Arc<Mutex<Vec<(String, Option<u64>)>>> = Arc::default();
+    let log = Arc::clone(&mapped);
+    let watch = Watch::with_map(move |key: &String, obj: Option<&u64>| {
+        log.lock().push((key.clone(), obj.copied()));
+        vec![key.clone()]
+    });
+    let handle = controller.watch_cache(&cache, watch).start();
+    assert!(handle.wait_synced(Some(PATIENCE)));
+    memory.change(|s| {
+        s.revision += 1;
+        s.history.push((s.revision, "ghost".to_owned(), None));
+    });
+    wait_for("the delete reconciled", || saw(&seen, "ghost", None));
+    assert_eq!(*mapped.lock(), [("ghost".to_string(), None)]);
+    assert!(!cache.contains(&"ghost".to_string()));
     handle.stop();
 }

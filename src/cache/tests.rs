@@ -379,6 +379,95 @@ fn a_late_subscriber_hears_every_key_held_then_every_change() {
     cache.stop();
 }
 
+/// Opened once by the test; waited for by a subscriber.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+    }
+}
+
+/// What a late subscriber heard: (key, old, new, listed).
+type HeardInOrder = Vec<(u32, Option<u32>, Option<u32>, bool)>;
+
+/// A late subscriber's catch-up (every key held) runs on a thread of the
+/// cache: `subscribe` returns before it is heard, the cache's thread goes
+/// on feeding the other subscribers while it is slow, and the changes
+/// applied meanwhile follow it, in order, none missed. Checked by
+/// reverting to the replay on the caller's thread (under the delivery
+/// lock): the subscriber runs on the test's thread, and fails.
+#[test]
+fn a_late_subscribers_catch_up_holds_up_neither_the_caller_nor_the_cache_and_misses_nothing() {
+    let memory = Memory::default();
+    for key in 1..=3 {
+        memory.put(key, key);
+    }
+    let (cache, heard, _s) = cache(&memory);
+    cache.start().unwrap();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    let caller = std::thread::current().id();
+    let gate = Arc::new(Gate::default());
+    let late: Arc<Mutex<HeardInOrder>> = Arc::default();
+    let on_caller: Arc<Mutex<bool>> = Arc::default();
+    let (log, held, wrong_thread) = (Arc::clone(&late), Arc::clone(&gate), Arc::clone(&on_caller));
+    let subscription = cache
+        .subscribe(move |a: &Applied<u32, u32>| {
+            let first = {
+                let mut log = log.lock();
+                log.push((a.key, a.old.as_deref().copied(), a.new.as_deref().copied(), a.listed));
+                log.len() == 1
+            };
+            if std::thread::current().id() == caller {
+                *wrong_thread.lock() = true; // never wait here: the test would hang
+            } else if first {
+                held.wait();
+            }
+        })
+        .unwrap();
+    wait_for("the catch-up begun", || !late.lock().is_empty());
+    assert!(!*on_caller.lock(), "the catch-up ran on the subscribing thread");
+    // Held up on its first key: the cache still feeds its other subscriber.
+    memory.put(2, 20);
+    memory.delete(3);
+    memory.put(4, 4);
+    wait_for("the live changes heard by the other subscriber", || {
+        let heard = heard.lock();
+        heard.get(&2) == Some(&Some(20)) && heard.get(&3) == Some(&None) && heard.get(&4) == Some(&Some(4))
+    });
+    assert_eq!(late.lock().len(), 1, "the slow subscriber is still on its first key");
+    gate.open();
+    wait_for("the catch-up and what followed it", || late.lock().len() == 6);
+    let heard_late = late.lock().clone();
+    let mut replay: Vec<u32> = heard_late[..3].iter().map(|&(key, ..)| key).collect();
+    replay.sort_unstable();
+    assert_eq!(replay, [1, 2, 3]);
+    for &(key, old, new, listed) in &heard_late[..3] {
+        assert_eq!((old, new, listed), (None, Some(key), true), "the catch-up: the values held when it subscribed");
+    }
+    assert_eq!(
+        heard_late[3..],
+        [(2, Some(2), Some(20), false), (3, Some(3), None, false), (4, None, Some(4), false)],
+        "the changes applied meanwhile, in order"
+    );
+    memory.put(5, 5);
+    wait_for("the next change, live", || late.lock().last() == Some(&(5, None, Some(5), false)));
+    drop(subscription);
+    cache.stop();
+}
+
 #[test]
 fn bad_input_is_refused_naming_the_argument() {
     let memory = Memory::default();
