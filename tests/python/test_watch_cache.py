@@ -298,3 +298,117 @@ def test_bad_input_to_watch_cache_and_sync_timeout_raises_and_changes_nothing() 
     with pytest.raises(RuntimeError, match="stopped"):
         c.watch_cache(cache)
     cache.stop()
+
+
+class SlowMap:
+    """A `map` that records (key, obj, thread) of each call and, on its
+    first call off the thread that made it, waits until `release` is set
+    (on that thread it never waits: the test fails instead of hanging)."""
+
+    def __init__(self) -> None:
+        self.caller = threading.get_ident()
+        self.release = threading.Event()
+        self.calls: List[Tuple[Any, Any, int]] = []
+        self.finished: List[Any] = []
+
+    def __call__(self, key: Any, obj: Any) -> List[Any]:
+        self.calls.append((key, obj, threading.get_ident()))
+        if len(self.calls) == 1 and threading.get_ident() != self.caller:
+            self.release.wait(PATIENCE)
+        self.finished.append(key)
+        return [key]
+
+    def first_ran_on_the_caller(self) -> bool:
+        wait_for(lambda: self.calls, what="the catch-up's first map")
+        return self.calls[0][2] == self.caller
+
+
+def test_start_on_a_synced_cache_returns_at_once_and_the_gate_waits_for_the_catch_up(stopped: List[Any]) -> None:
+    """The catch-up of a cache that synced before start() (every key held,
+    through `map`) runs on a thread of the cache, not start()'s, and the
+    synced gate holds every key until it is delivered (E5)."""
+    system = System({"a": 1, "b": 2, "c": 3})
+    cache = reconq.Cache(system.source(), name="catch-up-start")
+    stopped.append(cache)
+    cache.start()
+    assert cache.wait_synced(PATIENCE)
+    slow_map = SlowMap()
+    seen = Seen(cache)
+    c = reconq.Controller(seen, name="catch-up-start")
+    stopped.append(c)
+    c.watch_cache(cache, map=slow_map)
+    c.enqueue("early")
+    c.start()
+    assert slow_map.finished == [], "start() waited for map"
+    assert not slow_map.first_ran_on_the_caller(), "map ran on the thread that called start()"
+    assert not c.wait_synced(0), "synced before the catch-up was delivered"
+    assert seen.keys() == [], "a key handed out before the catch-up was delivered"
+    slow_map.release.set()
+    assert c.wait_synced(PATIENCE)
+    wait_for(lambda: sorted(seen.keys()) == ["a", "b", "c", "early"], what="every key once")
+
+
+def test_watch_cache_returns_at_once_and_a_slow_catch_up_holds_up_no_other_watcher(
+    watching: Watching, stopped: List[Any]
+) -> None:
+    """`watch_cache()` on a running controller returns before its catch-up;
+    while that is slow the cache's changes keep reaching its other watcher,
+    then reach the new one in order (its last map of a key sees the last
+    state)."""
+    system = System({"held": 1})
+    cache, seen, first = watching(system.source(), "catch-up-first")
+    assert first.wait_synced(PATIENCE)
+    seen_late = Seen(cache)
+    late = reconq.Controller(seen_late, name="catch-up-late")
+    stopped.append(late)
+    late.start()
+    slow_map = SlowMap()
+    late.watch_cache(cache, map=slow_map)
+    assert slow_map.finished == [], "watch_cache() waited for map"
+    assert not slow_map.first_ran_on_the_caller(), "map ran on the thread that called watch_cache()"
+    system.put("live", 1)
+    system.put("held", 2)
+    wait_for(lambda: seen.last().get("live") == 1 and seen.last().get("held") == 2, what="the other watcher fed")
+    assert slow_map.finished == [], "the slow catch-up is still on its first key"
+    slow_map.release.set()
+    wait_for(lambda: seen_late.last().get("live") == 1 and seen_late.last().get("held") == 2, what="the late one")
+    held = [obj for key, obj, _ in slow_map.calls if key == "held"]
+    assert held == [1, 1, 2], "the catch-up, then the change: its old object, then its new one"
+
+
+def test_a_re_parented_child_reaches_its_old_owner_and_its_new_one(watching: Watching) -> None:
+    """E6: an update maps the old object and the new one, and enqueues
+    both results (controller-runtime's mapped handlers)."""
+    system = System({"child": {"owner": "ann"}})
+    _, seen, c = watching(system.source(), "re-parent", map=lambda key, obj: "owner:" + obj["owner"])
+    wait_for(lambda: "owner:ann" in seen.keys())
+    system.put("child", {"owner": "bob"})
+    wait_for(lambda: "owner:bob" in seen.keys())
+    assert c.wait_idle(PATIENCE)
+    assert seen.keys().count("owner:ann") == 2, seen.keys()
+
+
+def test_a_delete_of_a_key_never_held_reaches_map_with_none_and_is_reconciled(watching: Watching) -> None:
+    """E6: the default predicate takes every delete, also of a key the
+    cache never held (client-go's informer calls OnDelete too)."""
+
+    watched = threading.Event()
+
+    def changes(position: Any, stop: threading.Event) -> Iterator[Any]:
+        while not (watched.is_set() or stop.is_set()):
+            watched.wait(0.05)
+        yield reconq.Delete("ghost", position=position + 1)
+        stop.wait()
+
+    mapped: List[Tuple[Any, Any]] = []
+
+    def recorded_map(key: Any, obj: Any) -> List[Any]:
+        mapped.append((key, obj))
+        return [key]
+
+    source = reconq.Source(lambda: ({}, 0), changes, name="never-held")
+    cache, seen, c = watching(source, "never-held", map=recorded_map)
+    assert c.wait_synced(PATIENCE)
+    watched.set()
+    wait_for(lambda: "ghost" in seen.keys(), what="the delete reconciled")
+    assert mapped == [("ghost", None)] and "ghost" not in cache
