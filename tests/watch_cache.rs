@@ -593,11 +593,15 @@ fn a_polling_sources_first_poll_uses_the_list_priority_and_later_polls_the_live_
     handle.stop();
 }
 
+/// What a map was called with: (key, object) and, for a [`SlowMap`], the
+/// thread.
+type MapCalls<T = ()> = Arc<Mutex<Vec<(String, Option<u64>, T)>>>;
+
 /// A map that records (key, object, thread) of each call and, on its
 /// first call off `caller`'s thread, waits at `gate` (on `caller`'s it
 /// never waits: the test would hang instead of failing).
 struct SlowMap {
-    calls: Arc<Mutex<Vec<(String, Option<u64>, ThreadId)>>>,
+    calls: MapCalls<ThreadId>,
     /// Calls that returned.
     finished: Arc<AtomicUsize>,
     gate: Gate,
@@ -731,10 +735,10 @@ fn a_re_parented_object_reaches_its_old_owner_and_its_new_one() {
 fn a_delete_of_a_key_never_held_reaches_map_and_the_controller() {
     let memory = Memory::default();
     let (cache, seen, controller) = recorded(&memory, "never-held");
-    let mapped: Arc<Mutex<Vec<(String, Option<u64>)>>> = Arc::default();
+    let mapped: MapCalls = Arc::default();
     let log = Arc::clone(&mapped);
     let watch = Watch::with_map(move |key: &String, obj: Option<&u64>| {
-        log.lock().push((key.clone(), obj.copied()));
+        log.lock().push((key.clone(), obj.copied(), ()));
         vec![key.clone()]
     });
     let handle = controller.watch_cache(&cache, watch).start();
@@ -744,7 +748,7 @@ fn a_delete_of_a_key_never_held_reaches_map_and_the_controller() {
         s.history.push((s.revision, "ghost".to_owned(), None));
     });
     wait_for("the delete reconciled", || saw(&seen, "ghost", None));
-    assert_eq!(*mapped.lock(), [("ghost".to_string(), None)]);
+    assert_eq!(*mapped.lock(), [("ghost".to_string(), None, ())]);
     assert!(!cache.contains(&"ghost".to_string()));
     handle.stop();
 }

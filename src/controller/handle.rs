@@ -179,9 +179,11 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// a handle. Before start it is the same (the cache holds the
     /// controller until it syncs, E5); after start the cache is acquired
     /// (started if not running) and subscribed at once, and does not hold
-    /// the controller: its list's keys are handed out as they come. An
-    /// error if the cache or the controller was stopped (nothing changed),
-    /// or the OS refused the cache's thread.
+    /// the controller: its list's keys are handed out as they come. Returns
+    /// at once: the keys a synced cache already holds go through `map` on a
+    /// catch-up thread of the cache. An error if the cache or the
+    /// controller was stopped (nothing changed), or the OS refused the
+    /// cache's thread or its catch-up thread.
     pub fn watch_cache<S: crate::source::Source>(
         &self,
         cache: &crate::Cache<S>,
@@ -190,8 +192,10 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.watches.watch(&self.core, cache, watch)
     }
 
-    /// Blocks until every cache this controller watches has synced (`None`:
-    /// no time limit); returns whether they have (`true` at once if it
+    /// Blocks until every cache this controller watches has synced and
+    /// every key it held then has reached the controller (its first list,
+    /// or its catch-up; `None`: no time limit); returns whether they have
+    /// (`true` at once if it
     /// watches none; `false` at once for a cache stopped unsynced).
     pub fn wait_synced(&self, timeout: Option<Duration>) -> bool {
         self.core.watches.wait_synced(timeout)

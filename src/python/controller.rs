@@ -943,16 +943,19 @@ impl PyController {
 
     /// Reconciles what changes in `cache` (guarantees §13): each change
     /// enqueues the keys `map(key, obj)` gives (default: the key; for a
-    /// delete `obj` is the last state held, or None), if
+    /// delete `obj` is the last state held, or None; an update maps the old
+    /// object, then the new one, and enqueues both results), if
     /// `predicate(old, new)` accepts it (default: every delete, every put
     /// whose object differs); at `priority` for live changes and
     /// `list_priority` for lists, relists and the `resync` every `resync`
     /// seconds. A `map` or `predicate` that raises is logged and counted
     /// (`stats()["handler_errors"]`), and the changed key is enqueued.
     /// Watched before `start()`, the cache holds the controller until it
-    /// has synced (and `start()` starts it); after, it is started at once
-    /// and holds nothing. RuntimeError if the cache or the controller was
-    /// stopped.
+    /// has synced and its keys reached the controller (and `start()`
+    /// starts it); after, it is started at once and holds nothing. Returns
+    /// at once: the keys a synced cache already holds go through `map` on
+    /// a catch-up thread of the cache. RuntimeError if the cache or the
+    /// controller was stopped.
     #[pyo3(
         signature = (cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100),
         text_signature = "($self, cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100)"
@@ -983,7 +986,8 @@ impl PyController {
     }
 
     /// Blocks (GIL released) until every cache this controller watches
-    /// has synced; returns whether they have: True at once if it watches
+    /// has synced and every key it held then has reached the controller;
+    /// returns whether they have: True at once if it watches
     /// none, False at once if one was stopped unsynced, or after `timeout`
     /// seconds (None: no limit).
     #[pyo3(signature = (timeout=None))]

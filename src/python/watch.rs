@@ -2,8 +2,9 @@
 //! priority=0, list_priority=-100)` (guarantees §13, E2, E5–E7): the Rust
 //! [`Watch`] options from Python.
 //!
-//! `map` and `predicate` run on the cache's thread (and `map` on the resync
-//! thread), attached only while in Python. An exception, or a `map` result
+//! `map` and `predicate` run on the cache's thread (or its catch-up thread,
+//! for the keys a synced cache held when the watch began; `map` also on
+//! the resync thread), attached only while in Python. An exception, or a `map` result
 //! that is not keys, is the handler's failure: the controller logs it as
 //! an ERROR, counts it in `stats()["handler_errors"]` and enqueues the
 //! changed key itself (E6).

@@ -16,8 +16,8 @@ use crate::source::{Source, Stop};
 use crate::store::{Flush, KeptChange, KeptSet, StoreLink};
 use crate::sync::Mutex;
 
-/// One watch's handlers, shared by its subscriber (on the cache's thread)
-/// and its resync thread.
+/// One watch's handlers, shared by its subscriber (on the cache's thread,
+/// or its catch-up thread) and its resync thread.
 struct Feed<S: Source, K> {
     /// Weak: the cache holds the subscriber, and must not keep the
     /// controller alive.

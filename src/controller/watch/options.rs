@@ -79,8 +79,12 @@ where
 {
     /// Each change enqueues the keys `map(key, obj)` gives: `obj` is the
     /// object the cache now holds, or for a delete the last one it held
-    /// (`None` when it never held one). Called on the cache's thread (keep
-    /// it quick). A panic is logged as an ERROR, counted in
+    /// (`None` when it never held one). A put that replaced an object maps
+    /// the old one, then the new one, and enqueues both results, once each
+    /// (controller-runtime's mapped handlers: a child that changed owners
+    /// reaches its old owner and its new one). Called on the cache's
+    /// thread (keep it quick), or for the keys a synced cache held when the
+    /// watch began, on its catch-up thread. A panic is logged as an ERROR, counted in
     /// [`Stats::handler_errors`](crate::Stats::handler_errors), and the
     /// change enqueues its own key (`key.into()`): missing a change is
     /// worse than one reconcile too many, which is why `S::Key: Into<K>`.
@@ -113,9 +117,10 @@ where
 impl<S: Source, K> Watch<S, K> {
     /// Whether a change enqueues at all: `predicate(old, new)`, `old` `None`
     /// for a new key, `new` `None` for a delete. The default enqueues every
-    /// delete and every put whose object differs from the one held before
+    /// delete (also of a key the cache never held: `old` and `new` `None`)
+    /// and every put whose object differs from the one held before
     /// (`S::Object: PartialEq`), so a relist or a poll that finds a key
-    /// unchanged enqueues nothing. Called on the cache's thread. A panic
+    /// unchanged enqueues nothing. Called where `map` is. A panic
     /// counts as `true` and is logged and counted as `map`'s.
     pub fn predicate(
         self,
