@@ -295,10 +295,16 @@ impl<S: Source> Inner<S> {
     }
 
     pub(super) fn unsubscribe(&self, id: u64) {
-        let mut state = self.state.write();
-        for subscriber in state.subscribers.iter().filter(|s| s.id == id) {
+        let gone = {
+            let mut state = self.state.write();
+            let (gone, kept): (Vec<_>, Vec<_>) = state.subscribers.iter().cloned().partition(|s| s.id == id);
+            state.subscribers = kept.into();
+            gone
+        };
+        // After the lock: ending is a synchronisation point of its own
+        // (under shuttle, a switch to another thread).
+        for subscriber in gone {
             subscriber.end();
         }
-        state.subscribers = state.subscribers.iter().filter(|s| s.id != id).cloned().collect();
     }
 }
