@@ -64,7 +64,7 @@ impl<K: Clone, O> Subscriber<K, O> {
         }
     }
 
-    pub(super) fn end(&self) {
+    fn end(&self) {
         self.ended.store(true, Ordering::Relaxed);
     }
 }
