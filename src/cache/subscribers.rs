@@ -23,6 +23,7 @@ use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
 use crate::{logs, panics};
 
+/// What a subscriber is: called with each change.
 pub(super) type Call<K, O> = Box<dyn Fn(&Applied<K, O>) + Send + Sync>;
 
 /// One subscriber, as the cache keeps it.
@@ -233,7 +234,7 @@ impl<S: Source> Inner<S> {
         if !(self.deliver_to(subscriber, &replay) && self.drain(subscriber, false)) {
             return;
         }
-        drop(replay);
+        drop(replay); // the objects held then: not kept while the backlog drains
         if let Some(hook) = caught_up {
             hook();
         }
@@ -294,6 +295,7 @@ impl<S: Source> Inner<S> {
         }
     }
 
+    /// Takes subscriber `id` out; a catch-up of it ends.
     pub(super) fn unsubscribe(&self, id: u64) {
         let gone = {
             let mut state = self.state.write();
