@@ -352,9 +352,9 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     /// never written (most keys of a busy queue). The ticks keep their
     /// schedule while a long flush runs: the next one starts as soon as
     /// it is due, so a burst is written while it is still being marked;
-    /// and a burst's keys are not aged (`NO_AGING_ABOVE`). A `flush()`
-    /// does not wait for a tick: it wakes the flusher, which writes every
-    /// change at once.
+    /// and a burst's keys are neither aged nor kept for the tick
+    /// (`NO_AGING_ABOVE`). A `flush()` does not wait for a tick: it wakes
+    /// the flusher, which writes every change at once.
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
         let tick = self.store.flush_interval() / 2;
@@ -390,9 +390,18 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
                 }
             }
             let next = *next_tick.get_or_insert_with(|| Instant::now() + tick);
+            // A burst does not wait for the tick: its write starts while it
+            // is still being marked (the dirty set wakes the flusher every
+            // few thousand marks), which S1 needs for bursts of a million.
+            let burst = || self.dirty.len() >= NO_AGING_ABOVE;
+            let mut early = false;
             while !stopping() && !asked() {
                 let now = Instant::now();
                 if now >= next {
+                    break;
+                }
+                if burst() {
+                    early = true;
                     break;
                 }
                 std::thread::park_timeout(next - now);
@@ -403,7 +412,11 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             if asked() {
                 continue;
             }
-            next_tick = Some((next + tick).max(Instant::now()));
+            // A burst written early keeps the schedule: a key marked after
+            // it is still written within `flush_interval`.
+            if !early {
+                next_tick = Some((next + tick).max(Instant::now()));
+            }
             compact_tries = COMPACT_TRIES;
             // A failed tick is in the status; no caller waits for a tick.
             let caches = self.caches.take_tick();
