@@ -154,8 +154,10 @@ impl<S: Source> Inner<S> {
                     (None, Some(position))
                 }
             };
-            // Positions are compared only when nothing else changed.
-            progressed = change.is_some() || position.as_ref().is_some_and(|p| state.position.as_ref() != Some(p));
+            // A delete of a key not held changes nothing. Positions are
+            // compared only when nothing else changed.
+            let changed = change.as_ref().is_some_and(|c| c.old.is_some() || c.new.is_some());
+            progressed = changed || position.as_ref().is_some_and(|p| state.position.as_ref() != Some(p));
             if position.is_some() {
                 state.position = position;
             }
