@@ -93,6 +93,14 @@ class Etcd:
             reply: Dict[str, object] = json.loads(response.read())
             return reply
 
+    def put_all(self, items: Dict[str, str], per_txn: int = 100) -> None:
+        """Puts every item, `per_txn` to a transaction (one revision each;
+        etcd refuses more than 128 operations in one)."""
+        pairs = list(items.items())
+        for start in range(0, len(pairs), per_txn):
+            puts = [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in pairs[start : start + per_txn]]
+            self._call("kv/txn", {"success": puts})
+
     def put_bytes(self, key: bytes, value: bytes) -> None:
         """A put of raw bytes (keys that are not UTF-8)."""
         self._call("kv/put", {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()})

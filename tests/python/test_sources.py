@@ -122,6 +122,30 @@ def test_a_stream_that_ends_is_resumed_at_once_and_only_ends_in_a_row_without_ev
     assert cache.stats()["relists"] == 0
 
 
+def test_a_stream_that_only_gives_a_bookmark_where_it_started_is_no_busy_loop(caches: List[reconq.Cache]) -> None:
+    """A "nothing yet" long-poll: each `changes()` gives a bookmark at the
+    position it was asked from, and ends. That changes neither the
+    contents nor the position, so from the second such end in a row the
+    cache backs off (E4: 0.8 s doubling), instead of calling again at once
+    forever (G8)."""
+    calls: List[float] = []
+
+    def changes(position: Any, stop: threading.Event) -> Iterator[Any]:
+        calls.append(time.monotonic())
+        return iter([reconq.Bookmark(position)])
+
+    cache = started(caches, reconq.Source(lambda: ({"a": 1}, 5), changes), name="nothing-yet")
+    assert cache.wait_synced(PATIENCE)
+    wait_for(lambda: cache.stats()["errors"] >= 2, what="two back-offs")
+    stats = cache.stats()
+    # One call at once after the list, one more at once (the first end
+    # with nothing new), then one after each back-off.
+    assert len(calls) <= stats["errors"] + 2, f"{len(calls)} calls for {stats['errors']} back-offs"
+    assert calls[-1] - calls[1] >= 0.8, "the first back-off waits 0.8 s at least"
+    assert "no change and no new position" in (stats["last_error"] or "")
+    assert (stats["position"], stats["relists"], contents(cache)) == (5, 0, {"a": 1})
+
+
 def test_position_expired_relists_and_keys_gone_meanwhile_are_deletes(caches: List[reconq.Cache]) -> None:
     system = System({"a": 1, "b": 2, "c": 3})
     cache = started(caches, system.source(), name="expired")
