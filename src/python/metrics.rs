@@ -59,8 +59,8 @@ impl PyMetricsServer {
         self.server.lock().is_none()
     }
 
-    /// Stops the server (waits for its thread, a few seconds at most if a
-    /// slow client is being answered). Closing twice is fine.
+    /// Stops the server (waits for its accepting thread; connections being
+    /// answered end on their own, each within 5 s). Closing twice is fine.
     fn close(&self, py: Python<'_>) {
         let server = self.server.lock().take();
         if let Some(mut server) = server {
