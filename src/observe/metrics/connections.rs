@@ -20,13 +20,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// Connections answered at once; more are closed unanswered.
-pub(super) const MAX_CONNECTIONS: usize = 32;
+const MAX_CONNECTIONS: usize = 32;
 /// How long a connection may take to send its request and read the answer,
 /// in all.
 pub(super) const DEADLINE: Duration = Duration::from_secs(5);
 /// The name of the threads that answer connections (the accepting one is
 /// `reconq-metrics`).
-pub(super) const CONNECTION_THREAD: &str = "reconq-http";
+const CONNECTION_THREAD: &str = "reconq-http";
 
 /// Accepts connections until `stop` is set (and a connection wakes the
 /// loop), answering each with `answer` on a thread of its own.
