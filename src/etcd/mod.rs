@@ -205,10 +205,20 @@ pub(crate) fn check_endpoint(endpoint: &str) -> Result<String, String> {
     })?;
     let rest = rest.trim_end_matches('/');
     let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("etcd endpoint {endpoint:?} has no port"))?;
-    if host.is_empty() || host.contains('/') || port.parse::<u16>().is_err() {
+    if !is_host(host) || port.parse::<u16>().is_err() {
         return Err(format!("etcd endpoint {endpoint:?} is not http://host:port"));
     }
     Ok(format!("http://{rest}"))
+}
+
+/// A name or IPv4 address, or an IPv6 address in brackets: what an
+/// endpoint's host may be (`[::1` is none, nor anything with a space or a
+/// path in it).
+fn is_host(host: &str) -> bool {
+    match host.strip_prefix('[') {
+        Some(ipv6) => ipv6.strip_suffix(']').is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    }
 }
 
 impl EtcdClient {
@@ -578,7 +588,11 @@ mod tests {
     #[test]
     fn endpoints_are_checked() {
         assert_eq!(check_endpoint("http://127.0.0.1:2379/").unwrap(), "http://127.0.0.1:2379");
-        for bad in ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"] {
+        assert_eq!(check_endpoint("http://[::1]:2379").unwrap(), "http://[::1]:2379");
+        let bad = ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"];
+        let bad_hosts =
+            ["http://[::1:2379", "http://[::1", "http://::1:2379", "http://[x]:1", "http://a b:1", "http://u@a:1"];
+        for bad in bad.into_iter().chain(bad_hosts) {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }
     }

@@ -7,26 +7,37 @@ use pyo3::types::PyTuple;
 
 static IS_COROUTINE_FUNCTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+static IS_ASYNC_GENERATOR_FUNCTION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 static SIGNATURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// `obj` must be callable and not an `async def` function: engine threads
-/// call it directly, with no event loop, so a coroutine function would
-/// return a coroutine that never runs (`what` names the argument). It must
-/// also accept `args` positional arguments where Python can tell (see
-/// [`check_arguments`]).
+/// `inspect.<name>`, looked up once into `cell`.
+fn inspect<'py>(py: Python<'py>, cell: &'static PyOnceLock<Py<PyAny>>, name: &str) -> PyResult<&'py Bound<'py, PyAny>> {
+    Ok(cell.get_or_try_init(py, || Ok::<_, PyErr>(py.import("inspect")?.getattr(name)?.unbind()))?.bind(py))
+}
+
+/// `obj` must be callable and neither an `async def` function nor an
+/// async generator function: engine threads call it directly, with no
+/// event loop, so a coroutine function would return a coroutine that never
+/// runs, and an async generator one an iterator that is not one (`what`
+/// names the argument). It must also accept `args` positional arguments
+/// where Python can tell (see [`check_arguments`]).
 pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
     let py = obj.py();
     if !obj.is_callable() {
         let kind = obj.get_type().name()?;
         return Err(PyTypeError::new_err(format!("{what} must be callable, not {kind}")));
     }
-    let check = IS_COROUTINE_FUNCTION
-        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("inspect")?.getattr("iscoroutinefunction")?.unbind()))?;
-    if check.bind(py).call1((obj,))?.is_truthy()? {
-        return Err(PyTypeError::new_err(format!(
-            "{what} must be a plain function, not a coroutine function (async def): reconq calls it on its own \
-             threads, with no event loop"
-        )));
+    let kinds = [
+        (&IS_COROUTINE_FUNCTION, "iscoroutinefunction", "a coroutine function (async def)"),
+        (&IS_ASYNC_GENERATOR_FUNCTION, "isasyncgenfunction", "an async generator function (async def with yield)"),
+    ];
+    for (cell, check, kind) in kinds {
+        if inspect(py, cell, check)?.call1((obj,))?.is_truthy()? {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be a plain function, not {kind}: reconq calls it on its own threads, with no event loop"
+            )));
+        }
     }
     check_arguments(obj, what, args)
 }
@@ -37,9 +48,7 @@ pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str, args: usiz
 /// callable without a signature (some builtins) is accepted.
 fn check_arguments(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
     let py = obj.py();
-    let signature =
-        SIGNATURE.get_or_try_init(py, || Ok::<_, PyErr>(py.import("inspect")?.getattr("signature")?.unbind()))?;
-    let signature = match signature.bind(py).call1((obj,)) {
+    let signature = match inspect(py, &SIGNATURE, "signature")?.call1((obj,)) {
         Ok(signature) => signature,
         Err(e) if e.is_instance_of::<PyValueError>(py) || e.is_instance_of::<PyTypeError>(py) => return Ok(()),
         Err(e) => return Err(e),

@@ -185,7 +185,7 @@ fn parents_from_py(parents: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
     let iter = parents
         .try_iter()
         .map_err(|_| PyTypeError::new_err(format!("parents must be a list of keys, not {}", type_name(parents))))?;
-    iter.map(|parent| PyKey::from_py(&parent?)).collect()
+    iter.enumerate().map(|(nth, parent)| PyKey::from_py_in(&parent?, format_args!("parents[{nth}]"))).collect()
 }
 
 /// After a second signal, how long `run()` waits for the cancelled

@@ -10,6 +10,7 @@ import gc
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -367,6 +368,21 @@ def test_bad_input_raises_naming_the_argument() -> None:
         reconq.Source(ok_list, lambda: None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="endpoint|http"):
         reconq.EtcdSource("127.0.0.1:2379", "/p/")
+    for bad_host in ("http://[::1", "http://[::1:2379", "http://a b:2379"):
+        with pytest.raises(ValueError, match=re.escape(f"etcd endpoint {bad_host!r}".replace("'", '"'))):
+            reconq.EtcdSource(bad_host, "/p/")
+    assert reconq.EtcdSource("http://[::1]:2379", "/p/").prefix == "/p/"
+
+    async def async_changes(position, stop):  # type: ignore[no-untyped-def]
+        yield reconq.Bookmark(position)
+
+    async def async_list():  # type: ignore[no-untyped-def]
+        return {}, None
+
+    with pytest.raises(TypeError, match="changes must be a plain function, not an async generator function"):
+        reconq.Source(ok_list, async_changes)
+    with pytest.raises(TypeError, match="list must be a plain function, not a coroutine function"):
+        reconq.Source(async_list, system.changes)
     with pytest.raises(ValueError, match="prefix"):
         reconq.EtcdSource("http://127.0.0.1:2379", "")
     with pytest.raises(TypeError, match="decode"):
