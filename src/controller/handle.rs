@@ -104,6 +104,12 @@ pub struct StopReport<K> {
     /// Trigger and watch threads still running at the deadline, detached
     /// (typically a watch blocked on an iterator that never yields).
     pub detached_threads: usize,
+    /// Caches this stop stopped (no other controller used them, and they
+    /// were not [`start`](crate::Cache::start)ed) whose thread was still
+    /// in its source at the deadline: a source that does not heed its
+    /// [`Stop`](crate::source::Stop). Left behind, it applies and delivers
+    /// nothing more and exits when the source returns. By name.
+    pub unfinished_caches: Vec<String>,
     /// Keys the stop dropped without reconciling them: keys waiting on a
     /// delay or a retry back-off, and ready keys left at the deadline.
     /// Enqueue them again after a restart if they matter.
@@ -119,7 +125,14 @@ pub struct StopReport<K> {
 impl<K> StopReport<K> {
     /// Every worker finished, nothing was dropped or detached.
     pub(crate) fn finished_with_nothing_left() -> Self {
-        Self { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new(), store_error: None }
+        Self {
+            finished: true,
+            unfinished: Vec::new(),
+            detached_threads: 0,
+            unfinished_caches: Vec::new(),
+            dropped: Vec::new(),
+            store_error: None,
+        }
     }
 }
 
