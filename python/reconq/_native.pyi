@@ -250,11 +250,15 @@ class EtcdSource:
         prefix: str,
         decode: Optional[Callable[[bytes], object]] = None,
         name: Optional[str] = None,
+        progress_timeout: Optional[_Seconds] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
     @property
     def prefix(self) -> str: ...
+    @property
+    def progress_timeout(self) -> Optional[float]:
+        """Seconds a watch may stay silent (no event, no progress notification) before it is resumed; None: 11 minutes."""
 
 @final
 class Source:

@@ -443,26 +443,34 @@ impl PyPollingSource {
 /// (`str`, or `bytes` when not UTF-8), objects the values (`bytes`, or
 /// `decode(bytes)`; a `decode` that raises is logged and that change
 /// skipped), a key's version its `mod_revision`, the position etcd's
-/// revision.
+/// revision. `progress_timeout` (seconds, positive; None: 11 minutes) is
+/// how long the watch may go without an event or a progress notification
+/// before it is taken as stalled and resumed: above etcd's
+/// `--experimental-watch-progress-notify-interval` (10 min unless set).
 #[pyclass(name = "EtcdSource", module = "reconq", frozen)]
 pub(crate) struct PyEtcdSource {
     endpoints: Vec<String>,
     prefix: String,
     decode: Option<Arc<Py<PyAny>>>,
     name: String,
+    /// `None`: the Rust source's default.
+    progress_timeout: Option<Duration>,
 }
 
 #[pymethods]
 impl PyEtcdSource {
     #[new]
-    #[pyo3(signature = (endpoints, prefix, decode=None, name=None))]
+    #[pyo3(signature = (endpoints, prefix, decode=None, name=None, progress_timeout=None))]
     fn new(
         endpoints: &Bound<'_, PyAny>,
         prefix: &str,
         decode: Option<&Bound<'_, PyAny>>,
         name: Option<String>,
+        progress_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let endpoints = endpoints_from_py(endpoints)?;
+        let progress_timeout =
+            progress_timeout.filter(|t| !t.is_none()).map(|t| positive_from_py(t, "progress_timeout")).transpose()?;
         // Checked now (a malformed endpoint, an empty prefix); built again
         // by each cache made of it.
         EtcdSource::new(endpoints.clone(), prefix).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -474,7 +482,7 @@ impl PyEtcdSource {
             _ => None,
         };
         let name = source_name(name, || prefix.to_owned())?;
-        Ok(Self { endpoints, prefix: prefix.to_owned(), decode, name })
+        Ok(Self { endpoints, prefix: prefix.to_owned(), decode, name, progress_timeout })
     }
 
     #[getter]
@@ -485,6 +493,13 @@ impl PyEtcdSource {
     #[getter]
     fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// Seconds a watch may stay silent before it is resumed (None: the
+    /// default, 11 minutes).
+    #[getter]
+    fn progress_timeout(&self) -> Option<f64> {
+        self.progress_timeout.map(|t| t.as_secs_f64())
     }
 
     fn __repr__(&self) -> String {
@@ -580,7 +595,10 @@ impl<'py> SourceSpec<'py> {
                 Box::new(IntPositions(polling.map_err(invalid)?))
             }
             SourceSpec::Etcd(s) => {
-                let etcd = EtcdSource::new(s.endpoints.clone(), s.prefix.clone()).map_err(invalid)?;
+                let mut etcd = EtcdSource::new(s.endpoints.clone(), s.prefix.clone()).map_err(invalid)?;
+                if let Some(timeout) = s.progress_timeout {
+                    etcd = etcd.progress_timeout(timeout).map_err(invalid)?;
+                }
                 Box::new(IntPositions(etcd.keys(etcd_key).decode(etcd_value(s.decode.clone()))))
             }
             SourceSpec::Python(s) => Box::new(PythonSource {
