@@ -264,8 +264,9 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
-/// A stop's deadline passed with these caches (stopped by it) still in
-/// their source, which ignores its stop: left behind (call with no lock
+/// A stop's wait for threads ended (its deadline, or its grace after the
+/// workers) with these caches (stopped by it) still in their source,
+/// which ignores its stop: left behind (call with no lock
 /// held). Nothing is logged when there are none.
 pub(crate) fn stop_left_caches(controller: &str, caches: &[String]) {
     if caches.is_empty() {
@@ -274,7 +275,7 @@ pub(crate) fn stop_left_caches(controller: &str, caches: &[String]) {
     tracing::warn!(
         target: CONTROLLER,
         controller = %controller, caches = ?caches,
-        "stop deadline passed with caches still blocked in their source (it ignores its stop); left behind"
+        "stop gave up waiting for caches still blocked in their source (it ignores its stop); left behind"
     );
 }
 
