@@ -7,6 +7,7 @@ that takes a parameter is given the stop event."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -68,7 +69,10 @@ def blocked() -> Iterator[List[Blocked]]:
 
 
 @pytest.mark.parametrize("where", ["list", "changes"])
-def test_stop_returns_by_its_deadline_and_names_the_cache_left_behind(where: str, blocked: List[Blocked]) -> None:
+def test_stop_returns_by_its_deadline_and_names_the_cache_left_behind(
+    where: str, blocked: List[Blocked], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="reconq")
     source = Blocked(where)
     blocked.append(source)
     name = f"blocked-{where}"
@@ -87,6 +91,8 @@ def test_stop_returns_by_its_deadline_and_names_the_cache_left_behind(where: str
     assert reports[0]["finished"] is True
     assert reports[0]["unfinished_caches"] == [name]
     assert c.stats()["state"] == "stopped"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("gave up waiting for caches" in line and name in line for line in warnings), warnings
 
     # Once the source returns, the thread left behind exits, applying nothing.
     source.release()
