@@ -29,7 +29,8 @@ def free_port() -> int:
 
 
 class Etcd:
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """`options`: more command-line options for etcd."""
         binary = shutil.which("etcd")
         assert binary, "etcd is not installed (Debian's etcd-server; .ci/run installs it)"
         client, peer = free_port(), free_port()
@@ -40,7 +41,7 @@ class Etcd:
             binary, "--name", "test", "--data-dir", self.dir,
             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"test={peer_url}",
+            "--initial-cluster", f"test={peer_url}", *options,
         ]
         self._run()
 

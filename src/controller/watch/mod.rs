@@ -86,6 +86,8 @@ pub(crate) trait Watched: Send + Sync {
     fn last_error(&self) -> Option<String>;
     /// See [`Cache::on_synced`].
     fn on_synced(&self, hook: Box<dyn FnOnce() + Send>);
+    /// See [`Cache::wait_exited`].
+    fn wait_exited(&self, deadline: Instant) -> bool;
 }
 
 impl<S: Source> Watched for Cache<S> {
@@ -109,6 +111,9 @@ impl<S: Source> Watched for Cache<S> {
     }
     fn on_synced(&self, hook: Box<dyn FnOnce() + Send>) {
         Cache::on_synced(self, hook);
+    }
+    fn wait_exited(&self, deadline: Instant) -> bool {
+        Cache::wait_exited(self, Some(deadline))
     }
 }
 
@@ -284,6 +289,11 @@ impl<K: ControllerKey> Watches<K> {
     }
 
     /// Gives up the watches at the controller's stop (its `Stop` hook).
+    /// A cache no one else runs is told to stop, not waited for: the stop
+    /// waits for its thread within its deadline
+    /// ([`caches_still_running`](Self::caches_still_running)), after the
+    /// workers, so a source that ignores its stop holds neither the stop
+    /// nor the leadership given up when the workers exit.
     fn release(&self) {
         let attached = {
             let mut state = self.state.lock();
@@ -291,6 +301,15 @@ impl<K: ControllerKey> Watches<K> {
             std::mem::take(&mut state.attached)
         };
         drop(attached);
+    }
+
+    /// Waits until `deadline` for the threads of the watched caches that
+    /// were stopped (at this controller's stop, those no one else ran);
+    /// the names of those still running then. Caches still running for
+    /// others are not waited for.
+    pub(crate) fn caches_still_running(&self, deadline: Instant) -> Vec<String> {
+        let caches = self.state.lock().caches.clone();
+        caches.iter().filter(|c| c.is_stopped() && !c.wait_exited(deadline)).map(|c| c.name().to_owned()).collect()
     }
 
     /// Waits until every cache watched is synced; `true` at once if none.
