@@ -131,7 +131,8 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
 
     /// What runs once the write a held change waits for is done: its
     /// enqueues, then its row (after them, as always), then the key is
-    /// one change less held.
+    /// one change less held (last: a change delivered directly after
+    /// that marks its row after this one, and the later row wins).
     fn release(self: &Arc<Self>, routes: Vec<Route<K>>, key: Vec<u8>, told: KeptChange) -> AfterWrite {
         let feed = Arc::downgrade(self);
         Box::new(move || {
@@ -140,6 +141,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             for (key, when, priority) in routes {
                 core.route(key, when, priority);
             }
+            kept.mark(&core, key.clone(), told);
             let mut held = kept.held.lock();
             if let Some(count) = held.get_mut(&key) {
                 *count -= 1;
@@ -147,8 +149,6 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                     held.remove(&key);
                 }
             }
-            drop(held);
-            kept.mark(&core, key, told);
         })
     }
 
