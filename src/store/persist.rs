@@ -507,8 +507,15 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         if let Some((cache, key)) = created {
             self.caches.mark_created(cache, key);
         }
-        self.after_write.lock().push(then);
-        self.dirty.wake();
+        let mut waiting = self.after_write.lock();
+        let was_empty = waiting.is_empty();
+        waiting.push(then);
+        drop(waiting);
+        // One wake per batch, not a syscall per create of a list: the
+        // flusher takes them all at once.
+        if was_empty {
+            self.dirty.wake();
+        }
     }
 }
 
