@@ -466,7 +466,8 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         let outcome = self.flush(source, keys, true);
         self.flushes.answer(upto, outcome, true);
         // The controller stopped: an enqueue now would be dropped anyway,
-        // and a restart finds those creates (not kept) again.
+        // and a restart delivers those creates again (their traces, just
+        // written, count as changed; a trace not written: not kept).
         self.after_write.lock().clear();
         // Best effort: the next start compacts too, once it has written.
         self.store.compact();
