@@ -12,6 +12,12 @@
 //!   at a time, so this is the latency of one completion handing out the
 //!   next).
 //!
+//! * D5, `set_dependencies` of many parents on one key, only with
+//!   `W12_PARENTS=10000,100000,1000000` (then nothing else runs): the time
+//!   to set that many parents before start, and to replace them after
+//!   start by as many others, half of them the same, while the queue lock
+//!   is held (the figures of issue 32, item 7).
+//!
 //! `cargo bench --bench dependencies` (`W12_ROUNDS=3` for fewer rounds).
 //! Rounds are printed one per line, then the medians; figures go to
 //! docs/benchmarks.md.
@@ -77,8 +83,35 @@ fn rate(keys: u64, took: Duration) -> f64 {
     keys as f64 / took.as_secs_f64()
 }
 
+/// The `W12_PARENTS` counts, if set.
+fn parent_counts() -> Option<Vec<u64>> {
+    let counts = std::env::var("W12_PARENTS").ok()?;
+    Some(counts.split(',').map(|n| n.trim().parse().expect("W12_PARENTS: counts separated by commas")).collect())
+}
+
+/// D5: sets `parents` parents on key 0 before start, then replaces them
+/// after start by as many, half of them the same.
+fn many_parents(parents: u64) {
+    let c =
+        Controller::new("w12_parents", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) });
+    let set = Instant::now();
+    c.handle().set_dependencies(&0, 1..=parents).expect("no cycle");
+    let set = set.elapsed();
+    let handle = c.start();
+    let replace = Instant::now();
+    handle.set_dependencies(&0, parents / 2 + 1..=parents / 2 + parents).expect("no cycle");
+    let replace = replace.elapsed();
+    assert_eq!(handle.dependencies(&0).len() as u64, parents);
+    handle.stop();
+    println!("{parents} parents: set before start {set:.2?}, replaced after start {replace:.2?}");
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
+    if let Some(counts) = parent_counts() {
+        counts.into_iter().for_each(many_parents);
+        return;
+    }
     let rounds = rounds();
     let set_up = Instant::now();
     let (tree, tree_calls) = with_graph("w12_tree", TREE_KEYS, |k| (k - 1) / FAN_OUT);

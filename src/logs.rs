@@ -264,6 +264,21 @@ pub(crate) fn drain_deadline_passed<K: fmt::Debug>(controller: &str, unfinished:
     );
 }
 
+/// A stop's wait for threads ended (its deadline, or its grace after the
+/// workers) with these caches (stopped by it) still in their source,
+/// which ignores its stop: left behind (call with no lock
+/// held). Nothing is logged when there are none.
+pub(crate) fn stop_left_caches(controller: &str, caches: &[String]) {
+    if caches.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, caches = ?caches,
+        "stop gave up waiting for caches still blocked in their source (it ignores its stop); left behind"
+    );
+}
+
 /// A stop is still waiting for these reconciles to return (call with no
 /// lock held).
 pub(crate) fn stop_waiting<K: fmt::Debug>(controller: &str, running: &[K]) {

@@ -70,7 +70,10 @@ pub fn publish() {
 }
 
 /// Serves `GET /metrics` ([`render`]'s text) on `addr`, from one thread
-/// blocked in `accept` (no CPU while idle, no async runtime), and beside it:
+/// blocked in `accept` (no CPU while idle, no async runtime) that answers
+/// each connection on a thread of its own (up to 32 at once, more are
+/// closed; 5 s in all per connection, so a slow client delays no other),
+/// and beside it:
 ///
 /// - `/status`: [`status::format_table`](crate::status::format_table) of
 ///   the whole process, or [`status::to_json`](crate::status::to_json)

@@ -1,5 +1,6 @@
 //! Caches of an etcd prefix on a real etcd (docs/sources.md): convergence
-//! (E1) across etcd restarted with its data and wiped, a compaction past
+//! (E1) across etcd restarted with its data and wiped (also when the new
+//! history is past the cache's revision before the cache looks), a compaction past
 //! the cache's revision, deletes made while the stream was down (E2, E3),
 //! a cache started before etcd, and a stream gone silent. Every check
 //! compares the cache with etcd's own listing, after waiting for it.
@@ -156,6 +157,62 @@ fn etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted() {
     assert!((0..5).all(|i| heard_deleted(&heard, &format!("old{i}"), true)), "deleted by the relist");
     assert!(cache.stats().relists >= 1);
     assert!(cache.position().unwrap() < 50, "the position is the new history's");
+    cache.stop();
+}
+
+/// Puts 1,000 keys under `PREFIX` in transactions of 100: etcd is at
+/// revision 11 after them.
+fn put_a_thousand(etcd: &Etcd) {
+    let kvs: Vec<(String, String)> = (0..1000).map(|i| (format!("{PREFIX}old{i:04}"), format!("v{i}"))).collect();
+    etcd.put_all(&kvs, 100);
+    assert_eq!(etcd.revision(), 11);
+}
+
+/// Refills a wiped etcd with 100 keys (in one transaction) and makes 61
+/// writes elsewhere: the new history is past `revision`, where the cache
+/// stood in the old one.
+fn refill_past(etcd: &Etcd, revision: i64) {
+    let kvs: Vec<(String, String)> = (0..100).map(|i| (format!("{PREFIX}new{i:03}"), format!("n{i}"))).collect();
+    etcd.put_all(&kvs, 100);
+    etcd.bump("/elsewhere", 61);
+    assert!(etcd.revision() > revision, "the new history is past the cache's revision");
+}
+
+/// E1: the new history gives itself away in no reply's header (a wiped
+/// single member keeps its ids and starts again at raft term 2, and its
+/// revision is past the cache's when the cache looks again); the prefix
+/// at the cache's revision does.
+#[test]
+fn etcd_wiped_and_written_past_the_cache_revision_while_cut_off_is_relisted() {
+    let mut etcd = Etcd::start();
+    put_a_thousand(&etcd);
+    let (proxy, cache, heard, _s) = cut_off(&etcd, &[], "wiped-past");
+    assert_eq!(cache.position(), Some(11));
+    etcd.wipe();
+    refill_past(&etcd, 11);
+    proxy.heal();
+    wait_converged(&cache, &etcd);
+    assert_eq!(cache.len(), 100);
+    assert!(heard_deleted(&heard, "old0999", true), "deleted by the relist");
+    assert!(cache.stats().relists >= 1);
+    cache.stop();
+}
+
+/// As above with no proxy: the cache's retries are spaced out (its third
+/// failure waits at least 3.2 s), and etcd is wiped and written past its
+/// revision meanwhile.
+#[test]
+fn etcd_wiped_and_written_past_the_cache_revision_while_the_cache_backs_off_is_relisted() {
+    let mut etcd = Etcd::start();
+    put_a_thousand(&etcd);
+    let (cache, _heard, _s) = cache_of(&etcd.endpoint, "wiped-past-direct");
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    etcd.kill();
+    wait_for("three failures", || cache.stats().errors >= 3);
+    etcd.wipe();
+    refill_past(&etcd, 11);
+    wait_converged(&cache, &etcd);
+    assert!(cache.stats().relists >= 1);
     cache.stop();
 }
 

@@ -380,3 +380,63 @@ fn sigkill_right_after_cache_flush_keeps_everything_applied_before() {
     assert!(again.mapped.is_empty(), "the kept key set survived: nothing delivered again: {:?}", again.mapped);
     assert_eq!(again.reconciled.len(), 50, "every pending key came back");
 }
+
+/// The encoding of a `String` key in the file (docs/store.md, "Key
+/// encoding"): tag 1, u32 BE length, UTF-8.
+fn encoded(key: &str) -> Vec<u8> {
+    let mut out = vec![1];
+    out.extend((key.len() as u32).to_be_bytes());
+    out.extend(key.as_bytes());
+    out
+}
+
+/// Issue 32 (E9, deletes after a crash): no reconcile of a create starts
+/// before the controller's copy of the key set holds that key on disk, so
+/// a crash right after it cannot lose the key's delete. The store's flush
+/// interval is an hour, so only the create's own write can have put the
+/// row there; each reconcile reads the file (another connection) as it
+/// starts. Creates of the first list and live ones (later polls) alike.
+#[test]
+fn a_create_is_reconciled_only_once_its_key_is_in_the_file() {
+    let dir = TempDir::new();
+    let path = dir.0.join("state.db");
+    let live: Arc<Mutex<Vec<(String, u64)>>> =
+        Arc::new(Mutex::new((0..10).map(|i| (format!("first{i}"), i)).collect()));
+    let listed = Arc::clone(&live);
+    let source = PollingSource::with_items(Duration::from_millis(20), move || {
+        let items =
+            listed.lock().iter().map(|(key, obj)| Item { key: key.clone(), obj: *obj, version: Some(1u64) }).collect();
+        Ok::<Vec<_>, String>(items)
+    })
+    .unwrap();
+    let store = SqliteStore::open_with_flush_interval(&path, Duration::from_secs(3600)).unwrap();
+    let cache = Cache::builder("items", source).store(&store).build().unwrap();
+    // key -> whether its row was in the file when its reconcile started.
+    let seen: Arc<Mutex<BTreeMap<String, bool>>> = Arc::default();
+    let (record, file) = (Arc::clone(&seen), path.clone());
+    let handle = Controller::from_fn("sync", move |key: &String, _| {
+        let conn = rusqlite::Connection::open(&file).unwrap();
+        let rows: i64 =
+            conn.query_row("SELECT count(*) FROM cache_keys WHERE key = ?1", [encoded(key)], |row| row.get(0)).unwrap();
+        record.lock().insert(key.clone(), rows == 1);
+        Ok(Action::Done)
+    })
+    .store(store)
+    .watch_cache(&cache, Watch::new())
+    .start();
+    assert!(cache.wait_synced(Some(PATIENCE)));
+    for i in 0..10 {
+        live.lock().push((format!("live{i}"), i));
+        std::thread::sleep(Duration::from_millis(5)); // spread over polls, not a wait
+    }
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while seen.lock().len() < 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let seen = std::mem::take(&mut *seen.lock());
+    assert!(handle.stop_with_drain(PATIENCE));
+    cache.stop();
+    assert_eq!(seen.len(), 20, "every create reconciled: {seen:?}");
+    let early: Vec<_> = seen.iter().filter(|(_, in_file)| !**in_file).map(|(key, _)| key).collect();
+    assert!(early.is_empty(), "reconciled before its key was in the file: {early:?}");
+}

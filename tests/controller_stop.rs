@@ -77,7 +77,14 @@ fn drain_reconciles_ready_and_dirty_keys_without_cancelling() {
     let dropped = vec!["delayed".to_string()];
     assert_eq!(
         report,
-        StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped, store_error: None }
+        StopReport {
+            finished: true,
+            unfinished: vec![],
+            detached_threads: 0,
+            unfinished_caches: vec![],
+            dropped,
+            store_error: None
+        }
     );
     let seen = seen.lock().clone();
     assert_eq!(

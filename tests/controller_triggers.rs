@@ -106,7 +106,14 @@ fn stop_signals_every_trigger_and_waits_for_them() {
     let report = h.stop_with_drain_report(PATIENCE);
     assert_eq!(
         report,
-        StopReport { finished: true, unfinished: vec![], detached_threads: 0, dropped: vec![], store_error: None }
+        StopReport {
+            finished: true,
+            unfinished: vec![],
+            detached_threads: 0,
+            unfinished_caches: vec![],
+            dropped: vec![],
+            store_error: None
+        }
     );
     assert_eq!(*stopped.lock(), [true, true, true]);
     assert!(seen.lock().is_empty());

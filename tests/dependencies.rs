@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use common::*;
@@ -596,4 +596,47 @@ fn u2_a_zero_window_is_refused() {
     let refused =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| script.controller(1).debounce(Duration::ZERO)));
     assert!(refused.is_err());
+}
+
+/// D5: `set_dependencies` costs O(parents). Half a million parents (each
+/// given twice: repeats collapse) set before start, then replaced after
+/// start by as many of which half are the same, while one of the dropped
+/// parents is being reconciled. Linear, this takes about 3 s of CPU in a
+/// debug build; comparing each parent against a list of the others (as it
+/// once did) takes hours. The bound is on this process's CPU time, not the
+/// clock, so a loaded machine (which stretches the clock time tenfold)
+/// cannot fail it: this is no timing test.
+#[test]
+fn d5_half_a_million_parents_are_set_and_replaced_in_linear_time() {
+    const PARENTS: u64 = 500_000;
+    const CPU_BOUND: Duration = Duration::from_secs(60);
+    let gate = Gate::default();
+    let c = Controller::new("deps_d5", gate.reconcile::<u64>());
+    let cpu_before = process_cpu_time();
+    let done = spawn_with_result(move || {
+        let h = c.handle();
+        let twice = |from: u64| (from..from + PARENTS).flat_map(|p| [p, p]);
+        h.set_dependencies(&0, twice(1)).unwrap();
+        let h = c.start();
+        h.enqueue(1);
+        gate.wait_arrivals(1);
+        h.set_dependencies(&0, twice(PARENTS / 2 + 1)).unwrap();
+        let parents = h.dependencies(&0);
+        let (first, last) = (parents[0], parents[parents.len() - 1]);
+        let outcome = (parents.len() as u64, first, last, h.dependents(&1), h.dependents(&(PARENTS + 1)));
+        gate.release();
+        h.stop();
+        outcome
+    });
+    let outcome = loop {
+        match done.recv_timeout(ms(100)) {
+            Ok(outcome) => break outcome,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let cpu = process_cpu_time() - cpu_before;
+                assert!(cpu < CPU_BOUND, "{PARENTS} parents not set within {CPU_BOUND:?} of CPU");
+            }
+            Err(e) => panic!("the thread setting {PARENTS} parents failed: {e}"),
+        }
+    };
+    assert_eq!(outcome, (PARENTS, PARENTS / 2 + 1, PARENTS / 2 + PARENTS, vec![], vec![0]));
 }

@@ -585,6 +585,31 @@ fn s1_a_burst_is_stored_within_the_interval_plus_a_second() {
     assert_eq!(waiting, BURST_KEYS as usize, "keys enqueued more than flush_interval + 1 s before the kill were lost");
 }
 
+/// A burst is written while it is being marked, not at the next tick: with
+/// a tick ten minutes away, a burst larger than the flusher's no-aging
+/// bound (128k keys) is written at once, so a million-key burst does not
+/// add a tick's wait to its write (S1).
+#[test]
+fn a_burst_is_written_without_waiting_for_the_tick() {
+    const KEYS: u64 = 150_000;
+    let dir = TempDir::new();
+    let store = SqliteStore::open_with_flush_interval(dir.db(), Duration::from_secs(1200)).unwrap();
+    let handle =
+        Controller::new("burst", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+            .store(store)
+            .start();
+    for key in 0..KEYS {
+        handle.enqueue_after(key, HOUR);
+    }
+    // The flush that the burst set off takes at least the 128k marks that
+    // set it off; the rest waits for the tick, ten minutes away.
+    let pending = || handle.stats().store.unwrap().pending as u64;
+    wait_for("the burst's first 128k keys written before the tick", || pending() <= KEYS - 128 * 1024);
+    assert!(open(&dir.db()).load("burst").unwrap().len() as u64 >= 128 * 1024);
+    handle.stop();
+    assert!(handle.join_timeout(LONG));
+}
+
 fn file_len(db: &Path, suffix: &str) -> u64 {
     let mut path = db.as_os_str().to_owned();
     path.push(suffix);

@@ -29,6 +29,11 @@ struct System {
     history: Vec<(u64, String, Option<u64>)>,
     /// Lists wait while set.
     list_held: bool,
+    /// Held lists wait even once their stop is set (a source that does
+    /// not heed it).
+    list_deaf: bool,
+    /// Lists begun.
+    lists: u64,
     /// Lists fail with this while set.
     list_error: Option<String>,
     /// Streams fail (a break) while set; the cache resumes afterwards.
@@ -95,7 +100,8 @@ impl Source for MemorySource {
     fn list(&mut self, stop: &Stop) -> Result<Listing<String, u64, u64, u64>, SourceError> {
         let (system, cv) = &*(self.0).0;
         let mut s = system.lock();
-        while s.list_held && !stop.is_set() {
+        s.lists += 1;
+        while s.list_held && (s.list_deaf || !stop.is_set()) {
             cv.wait_for(&mut s, Duration::from_millis(20));
         }
         if let Some(error) = &s.list_error {
@@ -289,6 +295,34 @@ fn a_stop_before_sync_reconciles_nothing() {
         assert!(at_stop.is_empty(), "reconciled at stop: {at_stop:?}");
         assert_eq!(handle.stats().reconciles, 0);
     }
+}
+
+/// A source that does not heed its stop holds neither a controller's stop
+/// with a deadline nor `Cache::stop_timeout`: both return by their
+/// deadline, the stop naming the cache it left behind, whose thread exits
+/// once the source returns, having applied nothing.
+#[test]
+fn a_stop_returns_by_its_deadline_past_a_source_that_ignores_its_stop() {
+    let memory = Memory::default();
+    memory.put("a", 1);
+    memory.change(|s| {
+        s.list_held = true;
+        s.list_deaf = true;
+    });
+    let (cache, seen, controller) = recorded(&memory, "deaf");
+    let handle = controller.watch_cache(&cache, Watch::new()).start();
+    wait_for("the list to begin", || memory.change(|s| s.lists) >= 1);
+
+    let started = std::time::Instant::now();
+    let report = handle.stop_with_drain_report(ms(300));
+    assert!(started.elapsed() < PATIENCE, "the stop took {:?}", started.elapsed());
+    assert!(report.finished);
+    assert_eq!(report.unfinished_caches, ["deaf".to_string()]);
+    assert!(!cache.stop_timeout(ms(50)), "still in the source");
+
+    memory.hold_lists(false);
+    assert!(cache.stop_timeout(PATIENCE), "the thread exits once the source returns");
+    assert!(!cache.synced() && cache.is_empty() && seen.lock().is_empty(), "a stopped cache applies nothing");
 }
 
 /// E5: with a store, the keys a stop before sync held stay stored, and a

@@ -21,6 +21,15 @@ wake-up: the query by version finds the changes, so the notifications a
 reconnect missed lose nothing, and a broken connection raises, after which
 the cache calls `changes` again from the last version it applied.
 
+A connection can also stall: stay open and carry nothing (a stuck proxy or
+middlebox, a frozen server), which neither keepalives nor a server-side
+timeout see, since something still answers at the TCP level. So `changes`
+reads again from its position every `reread` seconds even without a
+notification, and every query has `timeout` seconds to answer: the server
+cancels a statement running longer (`statement_timeout`), and a reply that
+never comes breaks the connection from this side, which raises as any
+broken connection does.
+
 Use it as::
 
     table = PostgresTable("host=127.0.0.1 dbname=app", "desired")
@@ -30,8 +39,12 @@ Use it as::
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import threading
+import time
+from contextlib import contextmanager
 from typing import Dict, Iterator, List, Tuple, Union
 
 import psycopg
@@ -106,9 +119,14 @@ class PostgresTable:
 
     `wait` is how long `changes` blocks for a notification before it looks
     at its `stop` event again (how late a stopping cache may be); `page` how
-    many changes one query reads."""
+    many changes one query reads; `reread` how often `changes` reads from its
+    position without a notification (how late a stalled connection is
+    noticed, with `timeout`); `timeout` how long a query may take."""
 
-    def __init__(self, conninfo: str, table: str = "desired", wait: float = 1.0, page: int = 1000) -> None:
+    def __init__(
+        self, conninfo: str, table: str = "desired", wait: float = 1.0, page: int = 1000,
+        reread: float = 30.0, timeout: float = 10.0,
+    ) -> None:
         # Lower case, so that the name is the same quoted or not (the
         # channel and the sequence are also named by strings).
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", table):
@@ -117,6 +135,8 @@ class PostgresTable:
         self.table = table
         self.wait = wait
         self.page = page
+        self.reread = reread
+        self.timeout = timeout
         names = {
             "table": table, "versions": f"{table}_versions", "tombstones": f"{table}_tombstones",
             "table_by_version": f"{table}_by_version", "tombstones_by_version": f"{table}_tombstones_by_version",
@@ -131,11 +151,36 @@ class PostgresTable:
     def connect(self) -> psycopg.Connection:
         # Keepalives: a peer that vanished without closing the connection
         # (a partition, a powered-off host) is noticed within a minute, and
-        # the wait below raises.
+        # the wait below raises. A statement the server runs longer than
+        # `timeout` is cancelled.
         return psycopg.connect(
             self.conninfo, autocommit=True, connect_timeout=10,
             keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
+            options=f"-c statement_timeout={round(self.timeout * 1000)}",
         )
+
+    @contextmanager
+    def answered(self, conn: psycopg.Connection) -> Iterator[None]:
+        """Breaks `conn` (shuts its socket down, so the query raises) if the
+        block takes longer than `timeout`: a reply that never comes, from a
+        stalled connection or a frozen server, would otherwise be waited
+        for forever."""
+
+        def cut() -> None:
+            try:
+                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        timer = threading.Timer(self.timeout, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()  # a cut under way ends before `conn` can be closed
 
     def create(self) -> None:
         """Creates the table, its sequence, tombstones and triggers (if
@@ -152,7 +197,7 @@ class PostgresTable:
         REPEATABLE READ transaction, so both are of the same moment."""
         with self.connect() as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            with conn.transaction():
+            with self.answered(conn), conn.transaction():
                 rows = conn.execute(self._sql("SELECT key, value, version FROM {table}")).fetchall()
                 (position,) = conn.execute(self._sql(
                     "SELECT coalesce(greatest((SELECT max(version) FROM {table}),"
@@ -163,14 +208,20 @@ class PostgresTable:
     def changes(self, position: int, stop: threading.Event) -> Iterator[Event]:
         """The puts and deletes after `position`, in version order, then
         those that follow as they commit, until `stop` is set. Raises (a
-        psycopg error) when the connection breaks."""
+        psycopg error) when the connection breaks, or stalls."""
         with self.connect() as conn:
             # Listen first: a change committed after this is either in the
             # next query or notified after it.
-            conn.execute(self._sql("LISTEN {table}"))
+            with self.answered(conn):
+                conn.execute(self._sql("LISTEN {table}"))
             behind = True  # changes made while nobody listened
+            read_at = time.monotonic()
             while not stop.is_set():
-                if behind:
+                if behind or time.monotonic() - read_at >= self.reread:
+                    # Also without a notification, every `reread` seconds:
+                    # a stalled connection hears of nothing, and only a
+                    # query that goes unanswered finds it out.
+                    read_at = time.monotonic()
                     for event in self.since(conn, position):
                         position = event.position
                         yield event
@@ -182,7 +233,8 @@ class PostgresTable:
         """Everything that changed after `position`, oldest first, a page
         of rows per query."""
         while True:
-            rows = conn.execute(self._sql(SINCE), {"after": position, "page": self.page}).fetchall()
+            with self.answered(conn):
+                rows = conn.execute(self._sql(SINCE), {"after": position, "page": self.page}).fetchall()
             for key, value, version in rows:
                 if value is None:
                     yield reconq.Delete(key, position=version)

@@ -7,7 +7,9 @@ Rust ``reconq::metrics::serve``), e.g. ``http://127.0.0.1:9100`` or
 ``127.0.0.1:9100``; the command prints its ``/status`` table (``--json``:
 the entries as JSON, as ``reconq.status()`` gives them in the process).
 It exits 1 with a message on stderr when the server cannot be reached or
-answers with an error. ``python -m reconq.demo`` runs the demo controller.
+answers with an error, and 2 with one when ``URL`` is not an http(s) URL
+of a host (and a port, if any, a number). ``python -m reconq.demo`` runs
+the demo controller.
 """
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ TIMEOUT = 10.0
 
 
 def status_url(url: str) -> str:
-    """`url` with a scheme (http) and the path ``/status`` unless it names one."""
+    """`url` with a scheme (http) and the path ``/status`` unless it names
+    one; raises ``ValueError`` naming `url` when it is not an http(s) URL
+    of a host."""
+    given = url
     if "://" not in url:
         url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError as e:
+        raise ValueError(f"URL {given!r} is not a URL: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise ValueError(f"URL {given!r} is not a URL like http://127.0.0.1:9100")
     if parts.path in ("", "/"):
         parts = parts._replace(path="/status")
     return urllib.parse.urlunsplit(parts)
@@ -53,7 +64,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     status.add_argument("--json", action="store_true", help="print the entries as JSON")
     args = parser.parse_args(argv)
 
-    url = status_url(args.url)
+    try:
+        url = status_url(args.url)
+    except ValueError as e:
+        print(f"reconq status: {e}", file=sys.stderr)
+        return 2
     try:
         body = fetch(url, args.json)
     except urllib.error.HTTPError as e:

@@ -250,19 +250,25 @@ class EtcdSource:
         prefix: str,
         decode: Optional[Callable[[bytes], object]] = None,
         name: Optional[str] = None,
+        progress_timeout: Optional[_Seconds] = None,
     ) -> Self: ...
     @property
     def name(self) -> str: ...
     @property
     def prefix(self) -> str: ...
+    @property
+    def progress_timeout(self) -> Optional[float]:
+        """Seconds a watch may stay silent (no event, no progress notification) before it is resumed; None: 11 minutes."""
 
 @final
 class Source:
-    """Any other system: ``list() -> (items, position)``, ``changes(position, stop)`` -> iterator of events."""
+    """Any other system: ``list() -> (items, position)``, ``changes(position, stop)`` -> iterator of events.
+
+    A ``list`` that needs one positional argument (``def list(stop)``) is given the stop event too."""
 
     def __new__(
         cls,
-        list: Callable[[], Tuple[_Items, Any]],
+        list: Union[Callable[[], Tuple[_Items, Any]], Callable[[Event], Tuple[_Items, Any]]],
         changes: Callable[[Any, Event], Iterable[Union[Put, Delete, Bookmark]]],
         name: Optional[str] = None,
     ) -> Self: ...
@@ -308,7 +314,8 @@ class Cache:
     def flush(self) -> None:
         """Blocks until every change applied before the call is on disk with what it enqueued (E9)."""
     def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def stop(self, timeout: Optional[_Seconds] = None) -> bool:
+        """Whether the cache's thread exited within ``timeout`` (a source that ignores its stop event is left behind)."""
     def _stop_at_exit(self, timeout: float) -> None: ...
 
 # --- The reconcile context (guarantees §7) ---
@@ -395,6 +402,8 @@ class _StopReport(TypedDict):
     finished: bool
     unfinished: List[_Key]
     dropped: List[_Key]
+    unfinished_caches: List[str]
+    """Caches the stop stopped whose source was still blocked (ignoring its stop event) at the deadline: left behind."""
     store_error: NotRequired[Optional[str]]
     """With ``store``: why the stop's last flush failed (the file keeps the last successful flush), else None."""
 

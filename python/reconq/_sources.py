@@ -7,7 +7,10 @@ Python").
 once applied (a later resume starts from it), one without leaves it as it
 was. Raising ``PositionExpired`` (from ``changes`` or its iterator) makes the
 cache relist; raising anything else, or ending, is a break: the stream is
-resumed from the last position applied.
+resumed from the last position applied (after a back-off when it is the
+second end in a row with no change and no new position applied, such as a
+lone ``Bookmark`` at the position asked for: a "nothing yet" is not called
+again in a loop).
 
 Plain Python classes, like ``Requeue`` and ``RetryAfter``: the cache reads
 their fields, so subclasses work too.

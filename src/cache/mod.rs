@@ -55,6 +55,7 @@ use self::contents::{Contents, IndexFailure, IndexFn};
 pub(crate) use self::stored::Codec;
 use self::stored::Stored;
 use self::subscribers::{CatchUps, Subscriber};
+use crate::StopSignal;
 use crate::error::InvalidArgument;
 use crate::logs;
 use crate::source::{Source, Stop};
@@ -255,6 +256,7 @@ impl<S: Source> CacheBuilder<S> {
             synced_hooks: Mutex::new(Vec::new()),
             stop: Stop::new(),
             catch_ups: CatchUps::default(),
+            exited: StopSignal::new(),
             counters: Counters::default(),
             first_backoff: self.first_backoff,
             thread_wrapper: self.thread_wrapper,
@@ -322,6 +324,10 @@ struct Inner<S: Source> {
     stop: Stop,
     /// The threads delivering new subscribers' catch-ups.
     catch_ups: CatchUps,
+    /// Set when the cache's thread is done with the source (also when it
+    /// unwinds): what a stop with a deadline waits for, since a source
+    /// blocked where it cannot see `stop` cannot be joined in time.
+    exited: StopSignal,
     counters: Counters,
     first_backoff: Duration,
     thread_wrapper: Option<ThreadWrapper>,
@@ -474,8 +480,9 @@ impl<S: Source> Cache<S> {
 
     /// Starts the cache if it is not running, and keeps it running while
     /// the returned guard (or another) lives: when the last guard goes,
-    /// a cache never [`start`](Self::start)ed stops. How controllers
-    /// share a cache.
+    /// a cache never [`start`](Self::start)ed is stopped without waiting
+    /// for its thread ([`wait_exited`](Self::wait_exited) does). How
+    /// controllers share a cache.
     pub fn acquire(&self) -> Result<CacheUse, CacheError> {
         let mut life = self.inner.life.lock();
         self.inner.run(&mut life)?;
@@ -487,9 +494,26 @@ impl<S: Source> Cache<S> {
     /// (its own and its catch-ups) joined, but the caller's own (a
     /// subscriber may stop it). No
     /// subscriber is called after it returns (from another thread).
-    /// Idempotent.
+    /// Idempotent. It waits as long as the source takes to heed its
+    /// [`Stop`]; [`stop_timeout`](Self::stop_timeout) does not.
     pub fn stop(&self) {
-        self.inner.stop();
+        self.inner.request_stop();
+        self.inner.wait_exited(None);
+    }
+
+    /// [`stop`](Self::stop), waiting at most `timeout` (real time) for the
+    /// thread; returns whether it exited. If not (a source blocked where
+    /// it does not look at its [`Stop`]), the thread is left to exit when
+    /// the source returns: it applies and delivers nothing more.
+    pub fn stop_timeout(&self, timeout: Duration) -> bool {
+        self.inner.request_stop();
+        self.inner.wait_exited(Some(crate::clock::deadline_after(Instant::now(), timeout)))
+    }
+
+    /// Waits until `deadline` (`None`: no limit) for a stopped cache's
+    /// thread to exit; returns whether it has (true if it never ran).
+    pub(crate) fn wait_exited(&self, deadline: Option<Instant>) -> bool {
+        self.inner.wait_exited(deadline)
     }
 
     pub fn stats(&self) -> CacheStats<S::Position> {
@@ -637,8 +661,21 @@ impl<S: Source> Release for Inner<S> {
             life.users == 0 && !life.kept
         };
         if last {
-            self.stop();
+            // Not joined: the controller whose watch this was waits for the
+            // thread within its stop's deadline, so a source that does not
+            // heed its stop cannot hold that stop (or leadership) forever.
+            self.request_stop();
         }
+    }
+}
+
+/// Sets its signal when dropped: when the cache's thread is done with its
+/// source, also if it unwinds.
+struct SetOnDrop(StopSignal);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.set();
     }
 }
 
@@ -650,8 +687,10 @@ impl<S: Source> Inner<S> {
         }
         let Some(source) = life.source.take() else { return Ok(()) };
         let inner = Arc::clone(self);
+        let exited = SetOnDrop(self.exited.clone());
         match thread::spawn_named(format!("reconq-cache-{}", self.name), self.thread_wrapper.as_ref(), move || {
-            inner.keep(source)
+            let _exited = exited;
+            inner.keep(source);
         }) {
             Ok(handle) => {
                 life.thread = Some(handle);
@@ -661,13 +700,21 @@ impl<S: Source> Inner<S> {
         }
     }
 
-    fn stop(&self) {
-        let thread = {
+    /// Stops the cache for good without waiting for its thread: marks it
+    /// stopped, sets the source's [`Stop`] and wakes `wait_synced`. Only
+    /// the first call does anything.
+    fn request_stop(&self) {
+        {
             let mut life = self.life.lock();
+            if life.stopped {
+                return;
+            }
             life.stopped = true;
-            life.source = None;
-            life.thread.take()
-        };
+            if life.source.take().is_some() {
+                // Never started: no thread will set it.
+                self.exited.set();
+            }
+        }
         if let Some(stored) = &self.stored {
             stored.release_name();
         }
@@ -679,12 +726,32 @@ impl<S: Source> Inner<S> {
             let _synced = self.synced.lock();
             self.synced_cv.notify_all();
         }
-        if let Some(thread) = thread
-            && thread.thread().id() != thread::current().id()
-        {
+    }
+
+    /// Waits until `deadline` (`None`: no limit) for the thread to exit,
+    /// and joins it; returns whether it has exited (true if it never
+    /// ran). False at once on the cache's own thread (a subscriber that
+    /// stops the cache): it cannot wait for itself.
+    fn wait_exited(&self, deadline: Option<Instant>) -> bool {
+        let on_own_thread = {
+            let life = self.life.lock();
+            life.thread.as_ref().is_some_and(|t| t.thread().id() == thread::current().id())
+        };
+        if on_own_thread {
+            return false;
+        }
+        let exited = match deadline {
+            None => {
+                self.exited.wait();
+                true
+            }
+            Some(deadline) => self.exited.wait_timeout(deadline.saturating_duration_since(Instant::now())),
+        };
+        if exited && let Some(thread) = self.life.lock().thread.take() {
             let _ = thread.join();
         }
         self.catch_ups.close_and_join();
+        exited
     }
 
     /// Logs what index functions failed at (after the cache's lock).

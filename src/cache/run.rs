@@ -11,11 +11,14 @@ use crate::logs;
 use crate::source::{Event, EventOf, ListingOf, Source, SourceError};
 
 /// How the last stream ended, for the back-off rule: a plain expiry or
-/// end of stream waits only when it repeats with no event applied since.
+/// end of stream waits only when it repeats with nothing new applied
+/// since (no change and no new position: a stream that gives a bookmark
+/// at the position it started from and ends, a natural "nothing yet",
+/// would otherwise be called again at once, forever).
 #[derive(PartialEq)]
 enum LastEnd {
     Other,
-    PlainWithoutEvents,
+    PlainWithNothingNew,
 }
 
 impl<S: Source> Inner<S> {
@@ -43,17 +46,15 @@ impl<S: Source> Inner<S> {
             }
             let position = self.state.read().position.clone();
             let started = Instant::now();
-            let mut applied = false;
+            // Whether an event changed the contents or the position.
+            let mut progressed = false;
             let end = match source.changes(position.as_ref(), &self.stop) {
                 Err(e) => Some(e),
                 Ok(mut stream) => loop {
                     match stream.next() {
                         None => break None,
                         Some(Ok(_)) if self.stop.is_set() => break None,
-                        Some(Ok(event)) => {
-                            self.apply_event(event);
-                            applied = true;
-                        }
+                        Some(Ok(event)) => progressed |= self.apply_event(event),
                         Some(Err(e)) => break Some(e),
                     }
                 },
@@ -67,13 +68,16 @@ impl<S: Source> Inner<S> {
             // A source without positions relists after every break.
             need_list = position.is_none() || end.as_ref().is_some_and(SourceError::is_expired);
             let plain = end.as_ref().is_none_or(SourceError::is_expired);
-            let repeated = !applied && last_end == LastEnd::PlainWithoutEvents;
-            last_end = if plain && !applied { LastEnd::PlainWithoutEvents } else { LastEnd::Other };
+            let repeated = !progressed && last_end == LastEnd::PlainWithNothingNew;
+            last_end = if plain && !progressed { LastEnd::PlainWithNothingNew } else { LastEnd::Other };
             match end {
                 Some(e) if plain && !repeated => logs::cache_expired(&self.name, e.message()),
                 None if !repeated => {}
                 Some(e) => self.failed(&e, &mut backoff),
-                None => self.failed(&SourceError::new("the change stream ended at once, again"), &mut backoff),
+                None => self.failed(
+                    &SourceError::new("the change stream ended again with no change and no new position"),
+                    &mut backoff,
+                ),
             }
         }
     }
@@ -129,9 +133,12 @@ impl<S: Source> Inner<S> {
         }
     }
 
-    fn apply_event(&self, event: EventOf<S>) {
+    /// Applies `event`; returns whether it changed the contents (a put,
+    /// or a delete of a key held) or the position.
+    fn apply_event(&self, event: EventOf<S>) -> bool {
         let _delivering = self.delivery.lock();
         let mut failures = Vec::new();
+        let progressed;
         let (change, subscribers) = {
             let mut state = self.state.write();
             let (change, position) = match event {
@@ -148,6 +155,10 @@ impl<S: Source> Inner<S> {
                     (None, Some(position))
                 }
             };
+            // A delete of a key not held changes nothing. Positions are
+            // compared only when nothing else changed.
+            let changed = change.as_ref().is_some_and(|c| c.old.is_some() || c.new.is_some());
+            progressed = changed || position.as_ref().is_some_and(|p| state.position.as_ref() != Some(p));
             if position.is_some() {
                 state.position = position;
             }
@@ -157,5 +168,6 @@ impl<S: Source> Inner<S> {
         let changes: Vec<Applied<S::Key, S::Object>> = change.into_iter().collect();
         self.index_failed(failures);
         self.deliver(&subscribers, &changes);
+        progressed
     }
 }

@@ -274,36 +274,52 @@ fn an_expired_position_relists_and_keys_gone_meanwhile_are_deletes() {
     cache.stop();
 }
 
-#[test]
-fn a_stream_that_ends_again_and_again_with_nothing_applied_backs_off() {
-    let memory = Memory::default();
-    memory.cut(Cut::End);
-    /// Streams that end at once, every time.
-    struct Ending(Memory, Arc<AtomicUsize>);
-    impl Source for Ending {
-        type Key = u32;
-        type Object = u32;
-        type Position = u64;
-        type Version = u64;
-        fn list(&mut self, stop: &Stop) -> Result<Listing<u32, u32, u64, u64>, SourceError> {
-            self.0.source().list(stop)
-        }
-        fn changes(&mut self, _: Option<&u64>, _: &Stop) -> Result<Changes<'_, Self>, SourceError> {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            Ok(Box::new(std::iter::empty()))
-        }
+/// Streams that end at once, every time, after a bookmark at the
+/// position they started from if `bookmark` (a "nothing yet").
+struct Ending {
+    memory: Memory,
+    bookmark: bool,
+    streams: Arc<AtomicUsize>,
+}
+
+impl Source for Ending {
+    type Key = u32;
+    type Object = u32;
+    type Position = u64;
+    type Version = u64;
+    fn list(&mut self, stop: &Stop) -> Result<Listing<u32, u32, u64, u64>, SourceError> {
+        self.memory.source().list(stop)
     }
+    fn changes(&mut self, from: Option<&u64>, _: &Stop) -> Result<Changes<'_, Self>, SourceError> {
+        self.streams.fetch_add(1, Ordering::SeqCst);
+        let bookmark = self.bookmark.then(|| Ok(Event::Bookmark { position: *from.unwrap() }));
+        Ok(Box::new(bookmark.into_iter()))
+    }
+}
+
+/// E4: a plain end of the stream waits only when it repeats with no change
+/// and no new position applied in between.
+fn ending_streams_back_off(bookmark: bool) {
     let streams = Arc::new(AtomicUsize::new(0));
-    let cache = Cache::builder("ending", Ending(memory, Arc::clone(&streams)))
-        .first_backoff(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let source = Ending { memory: Memory::default(), bookmark, streams: Arc::clone(&streams) };
+    let cache = Cache::builder("ending", source).first_backoff(Duration::from_millis(20)).build().unwrap();
     cache.start().unwrap();
     wait_for("three failures", || cache.stats().errors >= 3);
     cache.stop();
     let (errors, streams) = (cache.stats().errors, streams.load(Ordering::SeqCst) as u64);
     assert!(streams <= errors + 2, "{streams} streams for {errors} back-offs: no spinning");
-    assert_eq!(cache.stats().last_error.as_deref(), Some("the change stream ended at once, again"));
+    let last_error = cache.stats().last_error;
+    assert_eq!(last_error.as_deref(), Some("the change stream ended again with no change and no new position"));
+}
+
+#[test]
+fn a_stream_that_ends_again_and_again_with_nothing_applied_backs_off() {
+    ending_streams_back_off(false);
+}
+
+#[test]
+fn a_stream_that_ends_again_and_again_after_a_bookmark_where_it_started_backs_off() {
+    ending_streams_back_off(true);
 }
 
 #[test]

@@ -45,17 +45,6 @@ impl<K> Default for BeforeStart<K> {
     }
 }
 
-/// `parents` without repeats, in their first order.
-fn dedup<K: PartialEq>(parents: impl IntoIterator<Item = K>) -> Vec<K> {
-    let mut out: Vec<K> = Vec::new();
-    for parent in parents {
-        if !out.contains(&parent) {
-            out.push(parent);
-        }
-    }
-    out
-}
-
 impl<K: ControllerKey> Core<K> {
     /// Replaces `key`'s parents (D4: a cycle changes nothing).
     pub(crate) fn set_dependencies(
@@ -63,7 +52,8 @@ impl<K: ControllerKey> Core<K> {
         key: &K,
         parents: impl IntoIterator<Item = K>,
     ) -> Result<(), CycleError<K>> {
-        let parents = dedup(parents);
+        // Repeats collapse in the graph, by node id (D5: O(parents)).
+        let parents: Vec<K> = parents.into_iter().collect();
         if let Some(rt) = self.rt.get() {
             return self.set_started(rt, key, parents);
         }

@@ -104,6 +104,12 @@ pub struct StopReport<K> {
     /// Trigger and watch threads still running at the deadline, detached
     /// (typically a watch blocked on an iterator that never yields).
     pub detached_threads: usize,
+    /// Caches this stop stopped (no other controller used them, and they
+    /// were not [`start`](crate::Cache::start)ed) whose thread was still
+    /// in its source at the deadline: a source that does not heed its
+    /// [`Stop`](crate::source::Stop). Left behind, it applies and delivers
+    /// nothing more and exits when the source returns. By name.
+    pub unfinished_caches: Vec<String>,
     /// Keys the stop dropped without reconciling them: keys waiting on a
     /// delay or a retry back-off, and ready keys left at the deadline.
     /// Enqueue them again after a restart if they matter.
@@ -119,7 +125,14 @@ pub struct StopReport<K> {
 impl<K> StopReport<K> {
     /// Every worker finished, nothing was dropped or detached.
     pub(crate) fn finished_with_nothing_left() -> Self {
-        Self { finished: true, unfinished: Vec::new(), detached_threads: 0, dropped: Vec::new(), store_error: None }
+        Self {
+            finished: true,
+            unfinished: Vec::new(),
+            detached_threads: 0,
+            unfinished_caches: Vec::new(),
+            dropped: Vec::new(),
+            store_error: None,
+        }
     }
 }
 
@@ -402,8 +415,11 @@ impl<K: ControllerKey> ControllerHandle<K> {
 
     /// Stops at once: no new keys are taken, ready and delayed keys are
     /// dropped, in-flight reconciles are cancelled and their workers exit
-    /// when they return, triggers are signalled. Returns without waiting
-    /// (see [`join_timeout`](Self::join_timeout)). Stopping twice is fine.
+    /// when they return, triggers are signalled, and the caches it watched
+    /// that nothing else keeps running are told to stop. Returns without
+    /// waiting (see [`join_timeout`](Self::join_timeout), and
+    /// [`Cache::stop`](crate::Cache::stop) to wait for a cache's thread).
+    /// Stopping twice is fine.
     pub fn stop(&self) {
         self.core.request_stop();
         self.core.cancel_everything();
@@ -432,7 +448,10 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// same deadline; a watch blocked in an iterator that never yields cannot
     /// be interrupted and is detached (use
     /// [`watch_channel`](Self::watch_channel) for channels: it is
-    /// interruptible).
+    /// interruptible). So are the threads of the caches this stop stopped
+    /// (watched by no other running controller, not started by hand): one
+    /// still in a source that ignores its [`Stop`](crate::source::Stop) is
+    /// left behind and named in [`StopReport::unfinished_caches`].
     pub fn stop_with_drain_report(&self, timeout: Duration) -> StopReport<K> {
         let options = StopOptions { drain: true, timeout: Some(timeout), aux_grace: None };
         let mut stopping = self.stop_with(options);

@@ -177,25 +177,31 @@ impl<K: ControllerKey> Stopping<K> {
         Moved::On(Step::Aux { until: self.deadline.min(grace_end) })
     }
 
-    /// Waits for the trigger, watch and watchdog threads until `aux_until`;
-    /// those still running then are detached.
+    /// Waits for the trigger, watch and watchdog threads, and for the
+    /// threads of the caches the stop let go of, until `aux_until`; those
+    /// still running then are detached (and reported).
     fn aux(&mut self, aux_until: Instant, until: Instant) -> Moved {
-        let life = &self.handle.core.life;
+        let core = &self.handle.core;
+        let life = &core.life;
         // A stop at once joins the workers here, with the rest.
         let workers_too = !self.drain;
-        let done = life.wait_until(Some(until.min(aux_until)), |life| {
-            life.live_aux == 0 && (!workers_too || life.live_workers == 0)
-        });
-        if done {
+        let wait_until = until.min(aux_until);
+        let threads_done =
+            life.wait_until(Some(wait_until), |life| life.live_aux == 0 && (!workers_too || life.live_workers == 0));
+        let caches_left = core.watches.caches_still_running(wait_until);
+        if !(threads_done && caches_left.is_empty()) && Instant::now() < aux_until {
+            return Moved::SliceOver;
+        }
+        if threads_done {
             if workers_too {
                 life.join_workers();
             }
             life.join_aux();
-        } else if Instant::now() >= aux_until {
-            self.report.detached_threads = life.read(|life| life.live_aux);
         } else {
-            return Moved::SliceOver;
+            self.report.detached_threads = life.read(|life| life.live_aux);
         }
+        logs::stop_left_caches(&core.name, &caches_left);
+        self.report.unfinished_caches = caches_left;
         Moved::On(Step::Done)
     }
 }

@@ -18,7 +18,11 @@
 //!
 //! A wipe with the same configuration keeps the member and cluster ids
 //! (etcd derives them from the peer URLs and the cluster token), so the
-//! revision is what usually gives a reset away.
+//! revision is what usually gives a reset away. When the new history has
+//! already passed every revision seen (and a wiped single member starts
+//! again at raft term 2), no header does: `fingerprint.rs` then compares
+//! what a prefix held at a revision, and reports a difference here
+//! ([`History::found`]).
 
 use std::collections::HashMap;
 
@@ -112,14 +116,21 @@ impl History {
         let went_back =
             before.members.get(&h.member).is_some_and(|&(revision, term)| h.revision < revision || h.term < term);
         if other_cluster || went_back {
-            let reset = Reset { highest_revision: self.highest, revision: h.revision };
-            let generation = self.seen.generation + 1;
-            *self = Self { pending: Some(reset), seen: Seen { generation, ..Seen::default() }, highest: 0 };
+            let reset = self.found(h.revision);
             self.take(h);
             return Err(reset);
         }
         self.take(h);
         Ok(())
+    }
+
+    /// A reset, given away by a reply at `revision`: pending from now on,
+    /// and the new history is the one seen.
+    pub(super) fn found(&mut self, revision: i64) -> Reset {
+        let reset = Reset { highest_revision: self.highest, revision };
+        let generation = self.seen.generation + 1;
+        *self = Self { pending: Some(reset), seen: Seen { generation, ..Seen::default() }, highest: 0 };
+        reset
     }
 
     /// The pending reset, if any.

@@ -13,6 +13,7 @@
 //! from a reset history fails the call with [`EtcdError::reset`] set, once,
 //! so whoever acts on what etcd said can stop first (see `history.rs`).
 
+mod fingerprint;
 mod history;
 mod paged;
 mod stream;
@@ -26,6 +27,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
+pub(crate) use self::fingerprint::Fingerprint;
 pub(crate) use self::history::Reset;
 use self::history::{History, Seen};
 pub(crate) use self::paged::key_after;
@@ -80,6 +82,13 @@ impl EtcdError {
     /// itself may have been carried out in the new history.
     pub(crate) fn reset(&self) -> Option<Reset> {
         self.reset
+    }
+
+    /// A reset found by comparing what etcd holds with what was seen
+    /// before (`why`), not by a reply's header.
+    fn history_differs(reset: Reset, why: &str) -> Self {
+        let message = format!("etcd's history was reset (its data wiped, or restored from an older snapshot): {why}");
+        Self { message, reset: Some(reset), compacted: None }
     }
 }
 
@@ -164,6 +173,15 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0] // every key
 }
 
+/// Which connection a call goes on.
+#[derive(Debug, Clone, Copy)]
+enum Connection {
+    /// One kept from an earlier call, if any.
+    Pooled,
+    /// A new one.
+    Fresh,
+}
+
 /// The endpoints of one etcd cluster. Calls go to the first member that
 /// answers.
 #[derive(Clone)]
@@ -187,10 +205,20 @@ pub(crate) fn check_endpoint(endpoint: &str) -> Result<String, String> {
     })?;
     let rest = rest.trim_end_matches('/');
     let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("etcd endpoint {endpoint:?} has no port"))?;
-    if host.is_empty() || host.contains('/') || port.parse::<u16>().is_err() {
+    if !is_host(host) || port.parse::<u16>().is_err() {
         return Err(format!("etcd endpoint {endpoint:?} is not http://host:port"));
     }
     Ok(format!("http://{rest}"))
+}
+
+/// A name or IPv4 address, or an IPv6 address in brackets: what an
+/// endpoint's host may be (`[::1` is none, nor anything with a space or a
+/// path in it).
+fn is_host(host: &str) -> bool {
+    match host.strip_prefix('[') {
+        Some(ipv6) => ipv6.strip_suffix(']').is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+    }
 }
 
 impl EtcdClient {
@@ -214,6 +242,18 @@ impl EtcdClient {
     /// [`call`](Self::call), giving up after `timeout` in all (over every
     /// member tried).
     fn call_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Value, EtcdError> {
+        self.call_on(path, body, timeout, Connection::Pooled)
+    }
+
+    /// [`call`](Self::call) on a new connection: after a break, a
+    /// connection kept since before it may have broken the same way (a
+    /// link that forwards nothing more would make the call wait out its
+    /// timeout).
+    fn call_fresh(&self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        self.call_on(path, body, CALL_TIMEOUT, Connection::Fresh)
+    }
+
+    fn call_on(&self, path: &str, body: &Value, timeout: Duration, connection: Connection) -> Result<Value, EtcdError> {
         let before = self.before_request()?;
         let deadline = Instant::now() + timeout;
         let mut last = EtcdError::new("etcd: no endpoint");
@@ -223,14 +263,18 @@ impl EtcdClient {
                 return Err(EtcdError::new(format!("etcd: no answer within {timeout:?}")));
             }
             let url = format!("{endpoint}/v3/{path}");
-            let request = self
+            let config = self
                 .agent
                 .post(&url)
                 .header("Content-Type", "application/json")
                 .config()
                 .timeout_global(Some(left))
-                .http_status_as_error(false)
-                .build();
+                .http_status_as_error(false);
+            let request = match connection {
+                Connection::Pooled => config.build(),
+                // Every pooled connection has been idle longer than this.
+                Connection::Fresh => config.max_idle_age(Duration::ZERO).build(),
+            };
             match request.send(body.to_string()) {
                 Ok(mut response) => {
                     let status = response.status();
@@ -513,6 +557,8 @@ fn bytes_field(kv: &Value, name: &str) -> Result<Vec<u8>, EtcdError> {
 pub(crate) struct RawKeyValue {
     pub(crate) key: Vec<u8>,
     pub(crate) value: Vec<u8>,
+    /// 0 in a delete's.
+    pub(crate) create_revision: i64,
     pub(crate) mod_revision: i64,
 }
 
@@ -520,6 +566,7 @@ fn raw_key_value(kv: &Value) -> Result<RawKeyValue, EtcdError> {
     Ok(RawKeyValue {
         key: bytes_field(kv, "key")?,
         value: bytes_field(kv, "value")?,
+        create_revision: int_field(kv, "create_revision")?,
         mod_revision: int_field(kv, "mod_revision")?,
     })
 }
@@ -541,7 +588,11 @@ mod tests {
     #[test]
     fn endpoints_are_checked() {
         assert_eq!(check_endpoint("http://127.0.0.1:2379/").unwrap(), "http://127.0.0.1:2379");
-        for bad in ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"] {
+        assert_eq!(check_endpoint("http://[::1]:2379").unwrap(), "http://[::1]:2379");
+        let bad = ["127.0.0.1:2379", "https://a:1", "http://a", "http://a:x", "http://:1", "http://a/b:1"];
+        let bad_hosts =
+            ["http://[::1:2379", "http://[::1", "http://::1:2379", "http://[x]:1", "http://a b:1", "http://u@a:1"];
+        for bad in bad.into_iter().chain(bad_hosts) {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }
     }

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -32,6 +32,7 @@ use super::queue::wait_synced_interruptibly;
 use super::reconciler::log;
 use super::sources::{AnySource, SourceSpec};
 use super::store::{store_error, store_from_py};
+use crate::clock::deadline_after;
 use crate::{Cache, CacheError, encode_key};
 
 /// The Rust cache every Python cache is.
@@ -267,27 +268,26 @@ impl PyCache {
     }
 
     /// Stops the cache for good: sets its source's stop event and waits
-    /// for its thread (a `Source` iterator must return soon after its stop
-    /// event is set). Idempotent.
-    fn stop(&self, py: Python<'_>) {
+    /// for its thread, at most `timeout` seconds (None: no limit); returns
+    /// whether it exited. A `list` or iterator that ignores its stop event
+    /// is left behind at the timeout: it applies nothing more, and its
+    /// thread exits when it returns. Idempotent.
+    #[pyo3(signature = (timeout=None))]
+    fn stop(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let deadline = timeout_from_py(timeout)?.map(|t| deadline_after(Instant::now(), t));
         let cache = &self.cache;
-        py.detach(|| cache.stop());
+        let exited =
+            wait_interruptibly(py, deadline, |slice| cache.stop_timeout(slice.unwrap_or(Duration::MAX)).then_some(()))?;
+        Ok(exited.is_some())
     }
 
     /// The exit hook's stop (`reconq._lifecycle`): waits at most `timeout`
-    /// seconds for the cache's thread, then leaves it (an iterator that
+    /// seconds for the cache's thread, then leaves it (a source that
     /// ignores its stop event must not hold the exit).
     fn _stop_at_exit(&self, py: Python<'_>, timeout: f64) {
-        let cache = self.cache.clone();
-        let (done, finished) = crate::crossbeam_channel::bounded::<()>(1);
-        let stopper = std::thread::Builder::new().name("reconq-cache-stop".into()).spawn(move || {
-            cache.stop();
-            let _ = done.send(());
-        });
-        if stopper.is_ok() {
-            let wait = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
-            py.detach(|| finished.recv_timeout(wait).ok());
-        }
+        let wait = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
+        let cache = &self.cache;
+        py.detach(|| cache.stop_timeout(wait));
     }
 
     fn __repr__(&self) -> String {

@@ -185,7 +185,7 @@ fn parents_from_py(parents: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
     let iter = parents
         .try_iter()
         .map_err(|_| PyTypeError::new_err(format!("parents must be a list of keys, not {}", type_name(parents))))?;
-    iter.map(|parent| PyKey::from_py(&parent?)).collect()
+    iter.enumerate().map(|(nth, parent)| PyKey::from_py_in(&parent?, format_args!("parents[{nth}]"))).collect()
 }
 
 /// After a second signal, how long `run()` waits for the cancelled
@@ -366,7 +366,7 @@ impl PyController {
         let own_worker = handle.on_own_worker();
         let timeout = if own_worker { None } else { timeout };
         // Detached: a stop lets go of the caches it watched, and stopping
-        // one joins its thread, which may be waiting for the GIL.
+        // one sets its source's stop event, which takes the GIL.
         let mut stopping = py.detach(|| handle.stop_with(StopOptions { drain, timeout, aux_grace: Some(AUX_GRACE) }));
         // Never started: the stop above was all it needed.
         let unstarted = this.builder.lock().take();
@@ -741,7 +741,10 @@ impl PyController {
     /// dropped without a reconcile: waiting on a delay or a retry, or ready
     /// at the deadline) and, with a store, `store_error` (why the stop's
     /// last flush failed, else None; the file then keeps the last
-    /// successful flush).
+    /// successful flush), and `unfinished_caches`: the names of the caches
+    /// this stop stopped whose thread was still in its source at the
+    /// deadline (a `list` or iterator that ignores its stop event), left
+    /// behind.
     #[pyo3(signature = (timeout=None))]
     fn stop_with_report<'py>(
         slf: &Bound<'py, Self>,
@@ -757,6 +760,7 @@ impl PyController {
         d.set_item("finished", report.finished)?;
         d.set_item("unfinished", keys(&report.unfinished)?)?;
         d.set_item("dropped", keys(&report.dropped)?)?;
+        d.set_item("unfinished_caches", &report.unfinished_caches)?;
         if slf.get().handle.core.rt.get().is_some_and(|rt| rt.store.is_some()) {
             // With a store only, as in `stats()`.
             d.set_item("store_error", report.store_error.as_deref())?;

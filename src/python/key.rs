@@ -43,6 +43,16 @@ impl PyKey {
         Self::from_py_at(obj, 0)
     }
 
+    /// [`from_py`](Self::from_py) for one of the keys an argument holds:
+    /// the error, of the same type, begins with `what` (such as
+    /// `parents[2]`), so it names the argument.
+    pub(crate) fn from_py_in(obj: &Bound<'_, PyAny>, what: impl fmt::Display) -> PyResult<Self> {
+        Self::from_py(obj).map_err(|e| {
+            let py = obj.py();
+            PyErr::from_type(e.get_type(py), format!("{what}: {}", e.value(py)))
+        })
+    }
+
     fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Self> {
         if let Ok(s) = obj.cast::<PyString>() {
             return Ok(match s.to_str() {

@@ -4,6 +4,7 @@
 //! Python threads keep running while a scrape walks the queues).
 
 use parking_lot::Mutex;
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
 use crate::metrics::{self, MetricsServer};
@@ -27,7 +28,12 @@ fn metrics_text(py: Python<'_>) -> String {
 #[pyo3(signature = (port=0, addr="127.0.0.1"))]
 fn start_http_server(py: Python<'_>, port: u16, addr: &str) -> PyResult<PyMetricsServer> {
     let addr = addr.to_owned();
-    let server = py.detach(move || metrics::serve((addr.as_str(), port)))?;
+    let server = py.detach(|| metrics::serve((addr.as_str(), port))).map_err(|e| {
+        // An OSError of the same kind (errno), naming the address: "Address
+        // already in use" alone does not say which.
+        let errno = e.raw_os_error().unwrap_or(0);
+        PyOSError::new_err((errno, format!("start_http_server: cannot listen on {addr} port {port}: {e}")))
+    })?;
     Ok(PyMetricsServer { addr: server.local_addr(), server: Mutex::new(Some(server)) })
 }
 
@@ -59,8 +65,8 @@ impl PyMetricsServer {
         self.server.lock().is_none()
     }
 
-    /// Stops the server (waits for its thread, a few seconds at most if a
-    /// slow client is being answered). Closing twice is fine.
+    /// Stops the server (waits for its accepting thread; connections being
+    /// answered end on their own, each within 5 s). Closing twice is fine.
     fn close(&self, py: Python<'_>) {
         let server = self.server.lock().take();
         if let Some(mut server) = server {

@@ -22,7 +22,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 use super::attach::attach;
 use super::cache_values::{PyObj, SourceValue};
-use super::callables::check_sync_callable;
+use super::callables::{check_sync_callable, check_sync_callable_of};
 use super::duration::{non_negative_from_py, shown};
 use super::election::endpoints_from_py;
 use super::errors::{describe, type_name};
@@ -209,13 +209,16 @@ fn interpreter_gone() -> SourceError {
     SourceError::new("the Python interpreter is shutting down")
 }
 
-/// `reconq.Source(list, changes)`: any system, from Python. `list()` and
-/// `changes(position, stop)` run on the cache's thread, attached only while
-/// in Python; `stop` is a `threading.Event` set when the cache stops, which
-/// a blocking iterator must heed (the cache's stop waits for it).
+/// `reconq.Source(list, changes)`: any system, from Python. `list()` (or
+/// `list(stop)`) and `changes(position, stop)` run on the cache's thread,
+/// attached only while in Python; `stop` is a `threading.Event` set when
+/// the cache stops, which a blocking call should heed (a stop with a
+/// deadline leaves one that does not behind).
 struct PythonSource {
     cache: Arc<str>,
     list: Py<PyAny>,
+    /// `list` takes the stop event ([`PySource::list_takes_stop`]).
+    list_takes_stop: bool,
     changes: Py<PyAny>,
     /// The `threading.Event` given to `changes`, made at the first call,
     /// and the hook that sets it when the cache stops.
@@ -240,6 +243,12 @@ impl PythonSource {
         });
         self.stop_event = Some((event.clone().unbind(), hook));
         Ok(event)
+    }
+
+    /// `list()`, or `list(stop)` if it takes the stop event.
+    fn call_list<'py>(&self, stop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let list = self.list.bind(stop.py());
+        if self.list_takes_stop { list.call1((stop,)) } else { list.call0() }
     }
 
     /// A Python event as the cache's; `None` (logged) for what cannot be
@@ -283,7 +292,7 @@ impl Source for PythonSource {
 
     fn list(&mut self, stop: &Stop) -> Result<ListingOf<Self>, SourceError> {
         attach(|py| {
-            let listed = self.stop_event(py, stop).and_then(|_| self.list.bind(py).call0()).and_then(|listed| {
+            let listed = self.stop_event(py, stop).and_then(|event| self.call_list(&event)).and_then(|listed| {
                 let (items, position): (Bound<'_, PyAny>, Bound<'_, PyAny>) = listed
                     .extract()
                     .map_err(|_| PyTypeError::new_err("Source list() must return (items, position): a 2-tuple"))?;
@@ -434,26 +443,34 @@ impl PyPollingSource {
 /// (`str`, or `bytes` when not UTF-8), objects the values (`bytes`, or
 /// `decode(bytes)`; a `decode` that raises is logged and that change
 /// skipped), a key's version its `mod_revision`, the position etcd's
-/// revision.
+/// revision. `progress_timeout` (seconds, positive; None: 11 minutes) is
+/// how long the watch may go without an event or a progress notification
+/// before it is taken as stalled and resumed: above etcd's
+/// `--experimental-watch-progress-notify-interval` (10 min unless set).
 #[pyclass(name = "EtcdSource", module = "reconq", frozen)]
 pub(crate) struct PyEtcdSource {
     endpoints: Vec<String>,
     prefix: String,
     decode: Option<Arc<Py<PyAny>>>,
     name: String,
+    /// `None`: the Rust source's default.
+    progress_timeout: Option<Duration>,
 }
 
 #[pymethods]
 impl PyEtcdSource {
     #[new]
-    #[pyo3(signature = (endpoints, prefix, decode=None, name=None))]
+    #[pyo3(signature = (endpoints, prefix, decode=None, name=None, progress_timeout=None))]
     fn new(
         endpoints: &Bound<'_, PyAny>,
         prefix: &str,
         decode: Option<&Bound<'_, PyAny>>,
         name: Option<String>,
+        progress_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let endpoints = endpoints_from_py(endpoints)?;
+        let progress_timeout =
+            progress_timeout.filter(|t| !t.is_none()).map(|t| positive_from_py(t, "progress_timeout")).transpose()?;
         // Checked now (a malformed endpoint, an empty prefix); built again
         // by each cache made of it.
         EtcdSource::new(endpoints.clone(), prefix).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -465,7 +482,7 @@ impl PyEtcdSource {
             _ => None,
         };
         let name = source_name(name, || prefix.to_owned())?;
-        Ok(Self { endpoints, prefix: prefix.to_owned(), decode, name })
+        Ok(Self { endpoints, prefix: prefix.to_owned(), decode, name, progress_timeout })
     }
 
     #[getter]
@@ -478,6 +495,13 @@ impl PyEtcdSource {
         &self.prefix
     }
 
+    /// Seconds a watch may stay silent before it is resumed (None: the
+    /// default, 11 minutes).
+    #[getter]
+    fn progress_timeout(&self) -> Option<f64> {
+        self.progress_timeout.map(|t| t.as_secs_f64())
+    }
+
     fn __repr__(&self) -> String {
         format!("<reconq.EtcdSource name={:?} endpoints={:?} prefix={:?}>", self.name, self.endpoints, self.prefix)
     }
@@ -488,12 +512,21 @@ impl PyEtcdSource {
 /// positions and is relisted after every break), `changes(position, stop)`
 /// an iterator of `Put`, `Delete` and `Bookmark` from `position` on.
 /// `stop` is a `threading.Event` set when the cache stops: a blocking
-/// iterator must return soon after (the cache's stop waits for it).
+/// iterator should return soon after. A `list` that needs one positional
+/// argument (`def list(stop)`) is given the same event; one that can be
+/// called with none is called with none. A stop with a deadline (a
+/// controller's `stop(timeout=)`, `Cache.stop(timeout=)`, the exit hook)
+/// leaves a call that ignores the event behind, still running.
 /// Raising `PositionExpired` relists; raising anything else, or ending, is
 /// a break, resumed from the last position applied.
 #[pyclass(name = "Source", module = "reconq", frozen)]
 pub(crate) struct PySource {
     list: Py<PyAny>,
+    /// `list` cannot be called with no argument and can with one: it is
+    /// given the stop event. Told by its signature, so a `list()` written
+    /// before there was an event (or with only optional parameters) is
+    /// still called as before.
+    list_takes_stop: bool,
     changes: Py<PyAny>,
     name: String,
 }
@@ -503,10 +536,10 @@ impl PySource {
     #[new]
     #[pyo3(signature = (list, changes, name=None))]
     fn new(list: &Bound<'_, PyAny>, changes: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Self> {
-        check_sync_callable(list, "list", 0)?;
+        let list_takes_stop = check_sync_callable_of(list, "list", &[0, 1])? == 1;
         check_sync_callable(changes, "changes", 2)?;
         let name = source_name(name, || qualname(list))?;
-        Ok(Self { list: list.clone().unbind(), changes: changes.clone().unbind(), name })
+        Ok(Self { list: list.clone().unbind(), list_takes_stop, changes: changes.clone().unbind(), name })
     }
 
     #[getter]
@@ -562,12 +595,16 @@ impl<'py> SourceSpec<'py> {
                 Box::new(IntPositions(polling.map_err(invalid)?))
             }
             SourceSpec::Etcd(s) => {
-                let etcd = EtcdSource::new(s.endpoints.clone(), s.prefix.clone()).map_err(invalid)?;
+                let mut etcd = EtcdSource::new(s.endpoints.clone(), s.prefix.clone()).map_err(invalid)?;
+                if let Some(timeout) = s.progress_timeout {
+                    etcd = etcd.progress_timeout(timeout).map_err(invalid)?;
+                }
                 Box::new(IntPositions(etcd.keys(etcd_key).decode(etcd_value(s.decode.clone()))))
             }
             SourceSpec::Python(s) => Box::new(PythonSource {
                 cache,
                 list: s.list.clone_ref(py),
+                list_takes_stop: s.list_takes_stop,
                 changes: s.changes.clone_ref(py),
                 stop_event: None,
             }),

@@ -6,6 +6,13 @@
 //! "silently stalled" streams). A compacted revision, or a reply from a
 //! reset history (its revision or raft term below one seen before:
 //! `src/etcd/history.rs`), expires the position: the cache relists.
+//!
+//! A reset whose new history is already past the cache's revision gives
+//! itself away in no header, so every watch opens only after checking
+//! that the prefix held at the revision it starts from what the cache
+//! holds (a [`Fingerprint`] of the list and the changes since, compared
+//! in one request: `src/etcd/fingerprint.rs`). Once per (re)connect, never
+//! while a watch runs, so an idle cache still only blocks on its stream.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -13,11 +20,12 @@ use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Changes, Event, EventOf, Item, Listing, Source, SourceError, Stop};
+use super::{Changes, Event, Item, Listing, Source, SourceError, Stop};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{EtcdClient, EtcdError, RawKeyValue, WatchItem, key_after};
+use crate::etcd::{EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, key_after};
 use crate::logs;
+use crate::sync::Mutex;
 
 /// Keys read per call of the list by default, at most. Few and large:
 /// etcd 3.4 walks every key from a page's start to the prefix's end for
@@ -56,6 +64,10 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     decode: Decode<O>,
     progress_timeout: Duration,
     page_size: usize,
+    /// What the prefix held at the last position handed to the cache,
+    /// checked before a watch resumes there. Behind a lock because the
+    /// stream, which borrows the source, keeps it up to date.
+    fingerprint: Mutex<Fingerprint>,
 }
 
 impl EtcdSource<Vec<u8>> {
@@ -76,6 +88,7 @@ impl EtcdSource<Vec<u8>> {
             decode: Arc::new(|bytes: &[u8]| Ok(bytes.to_vec())),
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             page_size: DEFAULT_PAGE_SIZE,
+            fingerprint: Mutex::default(),
         })
     }
 }
@@ -94,6 +107,7 @@ impl<O, K> EtcdSource<O, K> {
             decode: Arc::new(move |bytes: &[u8]| decode(bytes).map_err(|e| e.to_string())),
             progress_timeout: self.progress_timeout,
             page_size: self.page_size,
+            fingerprint: self.fingerprint,
         }
     }
 
@@ -111,6 +125,7 @@ impl<O, K> EtcdSource<O, K> {
             decode: self.decode,
             progress_timeout: self.progress_timeout,
             page_size: self.page_size,
+            fingerprint: self.fingerprint,
         }
     }
 
@@ -154,14 +169,15 @@ impl<O, K> EtcdSource<O, K> {
         self.skipping(kv, || Ok((self.key(kv)?, (self.decode)(&kv.value)?)))
     }
 
-    /// What a batch of watched changes is for the cache.
-    fn events(&self, batch: Vec<(bool, RawKeyValue)>) -> Vec<Event<K, O, i64, i64>> {
-        let revisions: Vec<i64> = batch.iter().map(|(_, kv)| kv.mod_revision).collect();
-        let events = batch.into_iter().enumerate().filter_map(|(i, (deleted, kv))| {
-            let last = revisions.get(i + 1) != Some(&kv.mod_revision);
-            self.event(deleted, kv, last)
-        });
-        events.collect()
+    /// The next of the watched changes `pending` (`None` when there is
+    /// none): what it is for the cache, if anything, once taken into the
+    /// fingerprint. The changes of one revision come in one message of
+    /// the watch, so `pending` holds the rest of its revision.
+    fn next_change(&self, pending: &mut VecDeque<(bool, RawKeyValue)>) -> Option<Option<Event<K, O, i64, i64>>> {
+        let (deleted, kv) = pending.pop_front()?;
+        let last = pending.front().is_none_or(|(_, next)| next.mod_revision != kv.mod_revision);
+        self.fingerprint.lock().changed(deleted, &kv, last);
+        Some(self.event(deleted, kv, last))
     }
 
     /// What a watched change is for the cache. Only the last change of a
@@ -226,6 +242,7 @@ where
         // A list reads the new history whole: what the old one said goes.
         self.client.accept_reset();
         let mut items = Vec::new();
+        let mut fingerprint = Fingerprint::default();
         let (mut from, mut revision) = (self.prefix.as_bytes().to_vec(), 0);
         let mut limit = self.page_size.min(FIRST_PAGE);
         loop {
@@ -236,19 +253,30 @@ where
             revision = page.revision;
             limit = next_page_size(&page.kvs, self.page_size);
             for kv in &page.kvs {
+                fingerprint.listed(kv);
                 if let Some((key, obj)) = self.put(kv) {
                     items.push(Item { key, obj, version: Some(kv.mod_revision) });
                 }
             }
             match page.kvs.last() {
                 Some(last) if page.more => from = key_after(&last.key),
-                _ => return Ok(Listing { items, position: Some(revision) }),
+                _ => {
+                    fingerprint.listed_at(revision);
+                    *self.fingerprint.get_mut() = fingerprint;
+                    return Ok(Listing { items, position: Some(revision) });
+                }
             }
         }
     }
 
     fn changes(&mut self, from: Option<&i64>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
         let from = *from.ok_or_else(|| SourceError::expired("etcd: no revision to watch from"))?;
+        let fingerprint = self.fingerprint.get_mut();
+        // A position the fingerprint does not describe (none since the
+        // process started) cannot be checked: there is nothing to compare.
+        if fingerprint.revision() == Some(from) {
+            self.client.check_prefix(&self.prefix, fingerprint).map_err(source_error)?;
+        }
         let mut stream = self.client.watch_prefix(&self.prefix, from, self.progress_timeout).map_err(source_error)?;
         let closer = stream.closer().map_err(|e| SourceError::new(format!("etcd watch: {e}")))?;
         let hook = stop.on_set(move || {
@@ -256,19 +284,24 @@ where
         });
         let stop = stop.clone();
         let this = &*self;
-        let mut pending: VecDeque<EventOf<Self>> = VecDeque::new();
+        let mut pending: VecDeque<(bool, RawKeyValue)> = VecDeque::new();
         Ok(Box::new(std::iter::from_fn(move || {
             let _unblocks_the_read = &hook;
             loop {
                 if stop.is_set() {
                     return None;
                 }
-                if let Some(event) = pending.pop_front() {
-                    return Some(Ok(event));
+                match this.next_change(&mut pending) {
+                    Some(Some(event)) => return Some(Ok(event)),
+                    Some(None) => continue,
+                    None => {}
                 }
                 match stream.next() {
-                    Ok(WatchItem::Events(events)) => pending.extend(this.events(events)),
-                    Ok(WatchItem::Progress(revision)) => return Some(Ok(Event::Bookmark { position: revision })),
+                    Ok(WatchItem::Events(events)) => pending.extend(events),
+                    Ok(WatchItem::Progress(revision)) => {
+                        this.fingerprint.lock().moved_to(revision);
+                        return Some(Ok(Event::Bookmark { position: revision }));
+                    }
                     Ok(WatchItem::Quiet) => {
                         let quiet = this.progress_timeout;
                         return Some(Err(SourceError::new(format!(
@@ -288,7 +321,7 @@ mod tests {
     use super::*;
 
     fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
-        RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), mod_revision }
+        RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), create_revision: 1, mod_revision }
     }
 
     #[test]
@@ -316,7 +349,8 @@ mod tests {
             (false, kv(b"c", "3", 8)),
             (false, kv(b"\xff", "4", 9)),
         ];
-        let events = source.events(batch);
+        let mut pending = VecDeque::from(batch);
+        let events: Vec<_> = std::iter::from_fn(|| source.next_change(&mut pending)).flatten().collect();
         assert_eq!(
             events,
             [

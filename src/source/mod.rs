@@ -94,8 +94,9 @@ pub trait Source: Send + 'static {
     /// An item's state. Compared on a relist: an item listed again equal
     /// (and with an equal version) is not a change.
     type Object: PartialEq + Send + Sync + 'static;
-    /// Where a stream is: a list's position, and each event's.
-    type Position: Clone + fmt::Debug + Send + Sync + 'static;
+    /// Where a stream is: a list's position, and each event's. Compared
+    /// to tell a bookmark that moves the stream from one that does not.
+    type Position: Clone + PartialEq + fmt::Debug + Send + Sync + 'static;
     /// What identifies one state of an item (kept for each key).
     type Version: Clone + PartialEq + fmt::Debug + Send + Sync + 'static;
 

@@ -15,6 +15,14 @@
 //! So every row a write carries has its enqueues' marks in the same write
 //! or an earlier one, and a kept version is never on disk before the
 //! pending keys its change made.
+//!
+//! A create's trace (`mark_created`) is the exception that keeps the rule
+//! whole: a row *without* a version, marked *before* the create's enqueues
+//! and written before they are made (`StoreLink::after_write`). A restart
+//! counts a key kept without a version as changed if listed and as deleted
+//! if not, so the trace never hides a change; it only makes sure that a
+//! key whose create was reconciled is known to the restart, which then
+//! delivers its delete (E9).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -113,6 +121,17 @@ impl CacheRows {
         let was_empty = dirty.is_empty();
         dirty.rows.push(CacheRow { cache: Arc::clone(cache), key, change });
         dirty.positions.insert(Arc::clone(cache), position);
+        was_empty
+    }
+
+    /// The trace of a create of `key` (encoded) of `cache`: a row without
+    /// a version, and no position (the position stays where the changes
+    /// handed out so far put it). Returns whether the marks were empty
+    /// before.
+    pub(crate) fn mark_created(&self, cache: &Arc<str>, key: Vec<u8>) -> bool {
+        let mut dirty = self.dirty.lock();
+        let was_empty = dirty.is_empty();
+        dirty.rows.push(CacheRow { cache: Arc::clone(cache), key, change: KeptChange::Put(None) });
         was_empty
     }
 

@@ -15,7 +15,9 @@
 //! The flusher sleeps in `park` while every stripe is empty: the push that
 //! makes a stripe non-empty unparks it (an unpark before the park is not
 //! lost: the token sticks), so an idle controller's flusher never wakes
-//! (G8).
+//! (G8). A stripe that grows by [`WAKE_EVERY`] marks unparks it again, so a
+//! burst is seen while it is still being marked, not at the next tick
+//! (S1: the flusher writes a large burst at once, see `persist.rs`).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +27,10 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 const STRIPES: usize = 16;
+
+/// A stripe this many marks longer wakes the flusher again: one unpark per
+/// 8,192 marks on a burst, none on a quiet controller.
+const WAKE_EVERY: usize = 8192;
 
 /// Hands out stripes round-robin to the threads as they first mark, so up
 /// to `STRIPES` marking threads never share one.
@@ -55,10 +61,10 @@ impl<K: Clone> DirtySet<K> {
 
     pub(crate) fn mark(&self, key: &K) {
         let mut stripe = self.stripes[STRIPE.with(|s| *s)].lock();
-        let was_empty = stripe.is_empty();
+        let wake = stripe.len().is_multiple_of(WAKE_EVERY);
         stripe.push(key.clone());
         drop(stripe);
-        if was_empty {
+        if wake {
             self.wake();
         }
     }

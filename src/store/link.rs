@@ -68,7 +68,22 @@ pub(crate) trait StoreLink<K>: Flush {
     /// controller's pending keys. Call it after the enqueues the change
     /// caused (see `cache_rows`).
     fn mark_cache(&self, cache: &Arc<str>, key: Vec<u8>, change: KeptChange, position: Option<Vec<u8>>);
+    /// Runs `then` on the flusher once a write took every change marked
+    /// before this call, asking for that write at once (no tick). With
+    /// `created`, a version-less row of that key of that cache is marked
+    /// first: the trace of a create, which must be on disk before the
+    /// create's keys are handed out (E9: otherwise a crash loses the only
+    /// record that would deliver the key's delete). Version-less, it may
+    /// reach the disk before the pending keys of its change: a restart
+    /// counts such a key as changed (or deleted), never as handled. `then`
+    /// runs even if the write failed (the failure is logged and in the
+    /// stats: a failing store does not stop reconciles), and is dropped if
+    /// the controller stopped first.
+    fn after_write(&self, created: Option<(&Arc<str>, Vec<u8>)>, then: AfterWrite);
 }
+
+/// What waits for a write ([`StoreLink::after_write`]).
+pub(crate) type AfterWrite = Box<dyn FnOnce() + Send>;
 
 /// A cache's kept keys (encoded) and their versions (encoded; `None`:
 /// none kept, so the key counts as changed at a restart).

@@ -38,7 +38,7 @@ pub(crate) use cache_names::CacheName;
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub use link::StoreStats;
-pub(crate) use link::{Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
+pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
 #[cfg(feature = "store")]
 pub use lock::StoreClaim;
 #[cfg(feature = "python")]

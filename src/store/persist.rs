@@ -17,6 +17,10 @@
 //!   (a tick, every change, a burst), and written in the transaction of
 //!   the last chunk of the keys taken with them: every enqueue a kept
 //!   row's change made is in that write or an earlier one.
+//! * What waits for a write (`after_write`: a create's enqueues, E9) is
+//!   taken *before* the changes of the write that releases it, so every
+//!   row marked before it (its create's trace, and older rows of the same
+//!   key, which must not overwrite the trace later) is in that write.
 //! * `written` holds exactly the keys with a row in the file for this
 //!   name, so a key enqueued and finished between two flushes (no row, no
 //!   view) costs no SQL at all; its size is bounded by pending + parked.
@@ -37,7 +41,7 @@ use super::cache_rows::{CacheBatch, CacheRows};
 use super::db::StoredParents;
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
-use super::link::{Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink, StoreStats};
+use super::link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink, StoreStats};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
 
@@ -94,6 +98,8 @@ pub(crate) struct Persister<K> {
     flushes: FlushRequests,
     /// What it keeps of the caches it watches (E9).
     caches: CacheRows,
+    /// Run after the next write (`StoreLink::after_write`), in order.
+    after_write: Mutex<Vec<AfterWrite>>,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -120,6 +126,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             workers_done: AtomicBool::new(false),
             flushes: FlushRequests::default(),
             caches,
+            after_write: Mutex::new(Vec::new()),
         })
     }
 
@@ -175,14 +182,40 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         Ok(())
     }
 
-    /// Answers the `flush()` tickets asked so far, if any, with a write of
-    /// every change not written yet. Returns whether it had keys to write.
+    /// Answers the `flush()` tickets asked so far and runs what waits for
+    /// a write, if any, after a write of every change not written yet.
+    /// Returns whether it had keys to write.
     fn answer_flushes(&self, source: &dyn KeySource<K>) -> bool {
-        let Some(upto) = self.flushes.unanswered() else { return false };
-        let keys = self.take_every_change();
-        let wrote = !keys.0.is_empty() || !keys.1.is_empty();
-        self.flushes.answer(upto, self.flush(source, keys, false), false);
+        let upto = self.flushes.unanswered();
+        let waiting = std::mem::take(&mut *self.after_write.lock());
+        if upto.is_none() && waiting.is_empty() {
+            return false;
+        }
+        let (mut wrote, mut outcome) = self.write_every_change(source);
+        if !waiting.is_empty() {
+            for then in waiting {
+                then();
+            }
+            // A ticket also covers the enqueues (and rows) those just made.
+            if upto.is_some() {
+                let (again, second) = self.write_every_change(source);
+                wrote |= again;
+                // Its take had the keys the first write failed to write.
+                outcome = second;
+            }
+        }
+        if let Some(upto) = upto {
+            self.flushes.answer(upto, outcome, false);
+        }
         wrote
+    }
+
+    /// Writes every change not written yet; returns whether there was
+    /// any, and the outcome.
+    fn write_every_change(&self, source: &dyn KeySource<K>) -> (bool, Result<(), StoreError>) {
+        let keys = self.take_every_change();
+        let any = !keys.0.is_empty() || !keys.1.is_empty();
+        (any, self.flush(source, keys, false))
     }
 
     /// Every change not written yet: the aged keys and every mark.
@@ -352,14 +385,15 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
     /// never written (most keys of a busy queue). The ticks keep their
     /// schedule while a long flush runs: the next one starts as soon as
     /// it is due, so a burst is written while it is still being marked;
-    /// and a burst's keys are not aged (`NO_AGING_ABOVE`). A `flush()`
-    /// does not wait for a tick: it wakes the flusher, which writes every
-    /// change at once.
+    /// and a burst's keys are neither aged nor kept for the tick
+    /// (`NO_AGING_ABOVE`). A `flush()` does not wait for a tick: it wakes
+    /// the flusher, which writes every change at once.
     fn run_flusher(&self, source: &dyn KeySource<K>) {
         self.dirty.set_flusher(std::thread::current());
         let tick = self.store.flush_interval() / 2;
         let stopping = || self.stopped.load(Ordering::Acquire);
-        let asked = || self.flushes.unanswered().is_some();
+        // A flush() or a create waiting for its trace: a write at once.
+        let asked = || self.flushes.unanswered().is_some() || !self.after_write.lock().is_empty();
         let mut next_tick: Option<Instant> = None;
         // Compactions left to try since the last write (0: compacted).
         let mut compact_tries = 0;
@@ -390,9 +424,18 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
                 }
             }
             let next = *next_tick.get_or_insert_with(|| Instant::now() + tick);
+            // A burst does not wait for the tick: its write starts while it
+            // is still being marked (the dirty set wakes the flusher every
+            // few thousand marks), which S1 needs for bursts of a million.
+            let burst = || self.dirty.len() >= NO_AGING_ABOVE;
+            let mut early = false;
             while !stopping() && !asked() {
                 let now = Instant::now();
                 if now >= next {
+                    break;
+                }
+                if burst() {
+                    early = true;
                     break;
                 }
                 std::thread::park_timeout(next - now);
@@ -403,7 +446,11 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
             if asked() {
                 continue;
             }
-            next_tick = Some((next + tick).max(Instant::now()));
+            // A burst written early keeps the schedule: a key marked after
+            // it is still written within `flush_interval`.
+            if !early {
+                next_tick = Some((next + tick).max(Instant::now()));
+            }
             compact_tries = COMPACT_TRIES;
             // A failed tick is in the status; no caller waits for a tick.
             let caches = self.caches.take_tick();
@@ -431,6 +478,10 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         let keys = self.take_every_change();
         let outcome = self.flush(source, keys, true);
         self.flushes.answer(upto, outcome, true);
+        // The controller stopped: an enqueue now would be dropped anyway,
+        // and a restart delivers those creates again (their traces, just
+        // written, count as changed; a trace not written: not kept).
+        self.after_write.lock().clear();
         // Best effort: the next start compacts too, once it has written.
         self.store.compact();
         self.claim.lock().take();
@@ -462,6 +513,21 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn mark_cache(&self, cache: &Arc<str>, key: Vec<u8>, change: KeptChange, position: Option<Vec<u8>>) {
         if self.caches.mark(cache, key, change, position) {
+            self.dirty.wake();
+        }
+    }
+
+    fn after_write(&self, created: Option<(&Arc<str>, Vec<u8>)>, then: AfterWrite) {
+        if let Some((cache, key)) = created {
+            self.caches.mark_created(cache, key);
+        }
+        let mut waiting = self.after_write.lock();
+        let was_empty = waiting.is_empty();
+        waiting.push(then);
+        drop(waiting);
+        // One wake per batch, not a syscall per create of a list: the
+        // flusher takes them all at once.
+        if was_empty {
             self.dirty.wake();
         }
     }

@@ -114,6 +114,33 @@ pub fn set_soft_limit(resource: libc::__rlimit_resource_t, soft: libc::rlim_t) {
     }
 }
 
+/// Set in a child that [`run_test_in_child`] started: the test it runs.
+const TEST_CHILD_ENV: &str = "RECONQ_TEST_CHILD";
+
+/// Runs test `test` of this binary in a child process of its own, with
+/// `env` set from its start (what the C library and Rust's runtime read
+/// once, such as `MALLOC_ARENA_MAX` and `RUST_MIN_STACK`): in that child,
+/// runs `child` and says it returned; here, asserts that the child
+/// succeeded and said so (a child that ran no test would succeed too). For
+/// a test that sets a process-wide limit, which must reach neither the
+/// other tests nor the harness.
+pub fn run_test_in_child(test: &str, env: &[(&str, &str)], child: impl FnOnce()) {
+    let returned = format!("{test}: the child returned");
+    if std::env::var(TEST_CHILD_ENV).as_deref() == Ok(test) {
+        child();
+        println!("{returned}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(TEST_CHILD_ENV, test)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains(&returned), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A gate that reconciles wait at until the test lets them through, one
 /// [`release`](Self::release) each, in the order they arrived; the test
 /// can wait for them to arrive. A reconcile not let through within

@@ -76,6 +76,9 @@ def main() -> None:
     controller.wait_synced()
     print("synced", flush=True)
     if args.flush_on_stdin:
+        # The list's creates are enqueued once their trace is written (and
+        # a restart's deletes once found): cache.flush() returns after both.
+        cache.flush()
         controller.wait_idle()
         print("idle", flush=True)
         threading.Thread(target=flush_on_stdin, args=(cache, line), daemon=True).start()

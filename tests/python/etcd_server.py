@@ -29,7 +29,8 @@ def free_port() -> int:
 
 
 class Etcd:
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """`options`: more command-line options for etcd."""
         binary = shutil.which("etcd")
         assert binary, "etcd is not installed (Debian's etcd-server; .ci/run installs it)"
         client, peer = free_port(), free_port()
@@ -40,7 +41,7 @@ class Etcd:
             binary, "--name", "test", "--data-dir", self.dir,
             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"test={peer_url}",
+            "--initial-cluster", f"test={peer_url}", *options,
         ]
         self._run()
 
@@ -92,6 +93,14 @@ class Etcd:
         with urllib.request.urlopen(request, timeout=5) as response:
             reply: Dict[str, object] = json.loads(response.read())
             return reply
+
+    def put_all(self, items: Dict[str, str], per_txn: int = 100) -> None:
+        """Puts every item, `per_txn` to a transaction (one revision each;
+        etcd refuses more than 128 operations in one)."""
+        pairs = list(items.items())
+        for start in range(0, len(pairs), per_txn):
+            puts = [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in pairs[start : start + per_txn]]
+            self._call("kv/txn", {"success": puts})
 
     def put_bytes(self, key: bytes, value: bytes) -> None:
         """A put of raw bytes (keys that are not UTF-8)."""

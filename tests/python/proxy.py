@@ -1,6 +1,7 @@
 """A TCP proxy on loopback whose connections a test can cut: the way to
 break a client's stream to a server that stays up (and so can be changed,
-compacted... meanwhile)."""
+compacted... meanwhile). It can also stall them: keep them open and forward
+nothing, as a stuck middlebox does (a stream that neither ends nor fails)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ class Proxy:
         self.refusing = False
         self.closed = False
         self.connections: List[Tuple[socket.socket, socket.socket]] = []
+        #: set while the connections made since the last `stall` forward
+        self.flowing = threading.Event()
+        self.flowing.set()
+        #: the events of stalled connections, set again by `cut` (their
+        #: sockets closed, the pumps then end)
+        self.stalled: List[threading.Event] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -40,13 +47,15 @@ class Proxy:
                     continue
                 server.settimeout(None)
                 self.connections.append((client, server))
+                flowing = self.flowing
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, flowing), daemon=True).start()
 
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
         try:
             while data := source.recv(65536):
+                flowing.wait()  # a stalled connection swallows what it reads
                 sink.sendall(data)
         except OSError:
             pass
@@ -61,6 +70,7 @@ class Proxy:
         with self.lock:
             self.refusing = True
             connections, self.connections = self.connections, []
+            stalled, self.stalled = self.stalled, []
         for pair in connections:
             for s in pair:
                 try:
@@ -68,6 +78,17 @@ class Proxy:
                 except OSError:
                     pass
                 s.close()
+        for event in stalled:
+            event.set()
+
+    def stall(self) -> None:
+        """The connections open now stay open and forward nothing from now
+        on (until `cut`); new ones forward as usual."""
+        with self.lock:
+            stalled, self.flowing = self.flowing, threading.Event()
+            self.flowing.set()
+            self.stalled.append(stalled)
+        stalled.clear()
 
     def heal(self) -> None:
         with self.lock:

@@ -259,13 +259,10 @@ class Runs:
     def unreconciled(self, state: Dict[str, str], written: Set[str]) -> Dict[str, Tuple[str, Optional[str]]]:
         """The keys whose last reconcile did not see their state in the
         system (a key never reconciled and absent owes nothing), as
-        key -> (state, what its last reconcile saw).
-
-        S1's window is left out: a key whose every reconcile ended in the
-        last ``flush_interval`` + 1 s before its run was killed may be
-        unknown to the store (its creation, like those reconciles, not yet
-        written by any run), so a delete made while down is no change to a
-        restart."""
+        key -> (state, what its last reconcile saw). No window is left out:
+        a key reconciled only just before a kill, then deleted while down,
+        owes its delete too (the create's trace is written before its
+        reconcile, issue 32)."""
         last: Dict[str, Reconcile] = {}
         for r in self.record.read():
             last[r.key] = r
@@ -275,17 +272,8 @@ class Runs:
             got = last.get(key)
             if got is None and want == ABSENT or got is not None and got.seen == want:
                 continue
-            if want == ABSENT and self._only_within_s1_windows(key):
-                continue
             owed[key] = (want, None if got is None else got.seen)
         return owed
-
-    def _only_within_s1_windows(self, key: str) -> bool:
-        return all(
-            r.run in self.kills and r.ended > self.kills[r.run] - SETTLED_AFTER
-            for r in self.record.lines
-            if r.key == key
-        )
 
     def wait_reconciled(self, items: Items, written: Set[str], what: str) -> None:
         """Waits until every key's last reconcile saw its state in `items`

@@ -1,6 +1,7 @@
 """`reconq.EtcdSource` caches against a real etcd (guarantees §13, E1–E4):
-keys and values as Python sees them, etcd restarted with its data and
-wiped, deletes made while the stream was down, a compaction past the
+keys and values as Python sees them, etcd restarted with its data,
+wiped or restored from a backup (also when the new history is past the
+cache's revision before the cache looks), deletes made while the stream was down, a compaction past the
 cache's revision, a cache started before etcd is reachable, and a
 controller started before etcd is up. Convergence is checked against
 etcd's own listing, never by sleeping."""
@@ -110,6 +111,46 @@ def test_etcd_wiped_under_a_running_cache_is_relisted_and_every_old_key_deleted(
     converged(cache, etcd)
     assert contents(cache) == {"new": "n"}
     assert cache.stats()["relists"] >= 1
+
+
+def test_etcd_wiped_and_written_past_the_cache_revision_while_cut_off_is_relisted(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    """E1: 1,000 keys (revision 11), a synced cache cut off, etcd wiped
+    (same ids, raft term 2 again), refilled with 100 keys and written to
+    revision 63: no reply's header goes back, yet the cache relists and
+    holds exactly the new keys."""
+    etcd.put_all({f"{PREFIX}old{i:04}": f"v{i}" for i in range(1000)})
+    assert etcd.revision() == 11
+    proxy, cache = cut_off(etcd, caches, "", "wiped-past")
+    etcd.wipe()
+    etcd.put_all({f"{PREFIX}new{i:03}": f"n{i}" for i in range(100)})
+    etcd.bump(61)
+    assert etcd.revision() == 63
+    proxy.heal()
+    converged(cache, etcd)
+    assert len(cache) == 100 and cache.stats()["relists"] >= 1
+    proxy.close()
+
+
+def test_etcd_restored_from_an_older_backup_and_written_past_the_cache_revision_is_relisted(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    """E1: etcd put back to a copy of its data taken before the cache's
+    last changes, then written past the cache's revision elsewhere: the
+    keys put after the backup are gone, and the cache sees that."""
+    for key in "abc":
+        etcd.put(PREFIX + key, key)
+    backup = etcd.backup()
+    proxy, cache = cut_off(etcd, caches, "de", "restored")
+    held = cache.stats()["position"]
+    etcd.restore(backup)
+    etcd.bump(5)
+    assert etcd.revision() > held
+    proxy.heal()
+    converged(cache, etcd)
+    assert sorted(cache.keys()) == ["a", "b", "c"] and cache.stats()["relists"] >= 1
+    proxy.close()
 
 
 def test_deletes_made_while_the_stream_was_down_arrive_without_a_relist(

@@ -16,7 +16,9 @@ Afterwards the record must not show what may never happen:
 - after a clean stop, anything but exactly one reconcile of each key
   created, changed or deleted while down;
 - after ``cache.flush()`` returned, a key enqueued before it lost, or a key
-  reconciled and unchanged before it reconciled again.
+  reconciled and unchanged before it reconciled again;
+- a key created and reconciled just before a kill, then deleted while the
+  run was down, whose delete is not delivered (issue 32).
 
 How fast a restart catches up is the W11 benchmark's business, not a test's.
 """
@@ -36,11 +38,14 @@ from cache_child import ABSENT
 from etcd_server import Etcd
 from restarts import EtcdItems, Items, Runs, System, Writer
 from table_source import Table
+from waiting import PATIENCE
 
 SEED = int(os.environ.get("RECONQ_CHAOS_SEED", "25"))
 KILLS = 20
 #: The writer keeps between this many keys and twice as many.
 KEYS = 100
+#: Kills right after creates, each followed by deletes while down.
+CREATE_DELETE_ROUNDS = 6
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -106,6 +111,49 @@ def test_sigkill_at_random_moments_loses_no_change_and_repeats_no_settled_reconc
     print(f"{writer.changes} changes, {len(runs.record.read())} reconciles, {settled} (key, kill) pairs settled")
     assert settled > 0, "no key settled before a kill: the check below checked nothing"
     assert not violations, f"seed {SEED}, {len(violations)} violations:\n" + "\n".join(violations[:20])
+
+
+def test_a_delete_while_down_of_a_key_created_just_before_a_sigkill_is_delivered(
+    system: System, tmp_path: Path
+) -> None:
+    """Issue 32: keys created and reconciled shortly before a SIGKILL (well
+    within ``flush_interval``, 1 s here), then deleted while the run is
+    down. Each run's restart must deliver every one of those deletes (a
+    reconcile that sees the key absent, counted from the record the child
+    appends one ``write`` per line). Before the fix, none was: the keys
+    reached the store's kept set only at the next flush, which the kill
+    came before."""
+    rng, writer = seeded(system.items)
+    for _ in range(10):
+        writer.create()
+    runs = Runs(system, tmp_path / "runs")
+    try:
+        runs.start("--flush-interval", "1.0")
+        for round in range(CREATE_DELETE_ROUNDS):
+            runs.wait_line("synced")
+            created = [writer.create() for _ in range(rng.randint(5, 20))]
+            runs.wait_reconciled(system.items, set(created), f"round {round}, the creates")
+            time.sleep(rng.uniform(0, 0.2))  # a moment to kill at, not a wait
+            runs.kill()
+            for key in created:
+                writer.delete(key)
+            runs.start("--flush-interval", "1.0")
+            deadline = time.monotonic() + PATIENCE * 3
+            while (delivered := deletes_delivered(runs, created)) < len(created) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert delivered == len(created), (
+                f"round {round} (seed {SEED}): {delivered} of {len(created)} deletes made while down delivered"
+            )
+        runs.stop()
+    finally:
+        writer.close()
+        runs.close()
+
+
+def deletes_delivered(runs: Runs, deleted: "list[str]") -> int:
+    """How many of `deleted` the current run reconciled seeing them absent."""
+    seen = {r.key for r in runs.record.of_run(runs.run) if r.seen == ABSENT}
+    return sum(key in seen for key in deleted)
 
 
 def test_clean_stops_reconcile_exactly_the_keys_changed_while_down(system: System, tmp_path: Path) -> None:

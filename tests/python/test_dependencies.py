@@ -139,11 +139,15 @@ def test_bad_parents_raise_type_error_and_change_nothing(make, parents):
     assert c.dependencies("k") == ["old"]
 
 
-def test_a_bad_key_among_parents_raises_and_changes_nothing(make):
+def test_a_bad_key_among_parents_raises_naming_it_and_changes_nothing(make):
     c, _ = make()
     c.set_dependencies("k", ["old"])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^parents\[1\]: keys must be str, int, bytes or tuples of these, not float$"):
         c.set_dependencies("k", ["fine", 1.5])
+    with pytest.raises(TypeError, match=r"^parents\[0\]: .* not list$"):
+        c.set_dependencies("k", [[1]])
+    with pytest.raises(OverflowError, match=r"^parents\[0\]: int keys"):
+        c.set_dependencies("k", [2**70])
     with pytest.raises(TypeError):
         c.set_dependencies(1.5, ["fine"])
     assert c.dependencies("k") == ["old"] and c.dependents("fine") == []

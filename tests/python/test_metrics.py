@@ -7,6 +7,7 @@ Metric names are global: every test uses its own queue and controller names.
 
 from __future__ import annotations
 
+import errno
 import threading
 import urllib.error
 import urllib.request
@@ -270,6 +271,15 @@ def test_http_endpoint():
             assert response.status == 200
     assert s2.closed
     q.shut_down()
+
+
+def test_an_address_in_use_is_named():
+    with reconq.start_http_server(0, "127.0.0.1") as taken:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {taken.port}: Address already in use") as e:
+            reconq.start_http_server(taken.port, "127.0.0.1")
+        assert e.value.errno == errno.EADDRINUSE
+        with urllib.request.urlopen(f"http://127.0.0.1:{taken.port}/healthz", timeout=PATIENCE) as response:
+            assert response.status == 200, "the server already there still answers"
 
 
 def test_a_server_whose_handle_is_dropped_keeps_serving():

@@ -141,6 +141,15 @@ def test_the_cli_says_when_nothing_answers() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("url", ["not a url", "http://[::1", "127.0.0.1:port", "ftp://127.0.0.1:9100"])
+def test_the_cli_refuses_what_is_not_a_url_in_one_line(url: str) -> None:
+    done = cli("status", url)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"reconq status: URL {url!r} is not a URL"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
 def test_the_cli_needs_a_command() -> None:
     done = cli()
     assert done.returncode == 2

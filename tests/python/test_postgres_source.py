@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from postgres_server import Postgres, postgres  # noqa: F401  (the fixture)
+from proxy import Proxy
 from test_readme import PYTHON_BLOCK
 from waiting import wait_for
 
@@ -303,6 +304,37 @@ def test_a_cache_converges_to_the_table(table: PostgresTable, db: Writer, caches
     assert cache.stats()["position"] == table.list()[1]
     # Followed, not listed again.
     assert cache.stats()["relists"] == 0 and cache.stats()["errors"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_cache_notices_a_stalled_connection_and_converges(
+    postgres: Postgres, db: Writer, caches: List[reconq.Cache]
+) -> None:
+    """A connection that stays open and forwards nothing (a stuck proxy)
+    hears no notification and answers no query: the recipe's reread finds
+    it out, its query deadline breaks it, and the cache resumes from its
+    position on a new connection."""
+    proxy = Proxy(f"http://127.0.0.1:{postgres.port}")
+    try:
+        through_proxy = postgres.dsn.replace(f"port={postgres.port}", f"port={proxy.endpoint.rsplit(':', 1)[1]}")
+        table = PostgresTable(through_proxy, "desired", wait=0.2, reread=1, timeout=2)
+        for key in ("a", "b", "c"):
+            db.put(key, "1")
+        cache = started(table, caches)
+        db.put("a", "2")
+        wait_for(lambda: converged(cache, db), what="the cache to follow the table")
+
+        proxy.stall()  # the stream's connection stays open, carrying nothing
+        db.put("a", "3")
+        db.delete("b")
+        db.put("d", "1")
+        wait_for(lambda: converged(cache, db), timeout=60, what="the cache to converge past the stalled connection")
+        assert cache.stats()["errors"] >= 1, "the stall was noticed as a broken stream"
+        assert cache.stats()["relists"] == 0, "resumed from its position"
+    finally:
+        for cache in caches:
+            cache.stop()
+        proxy.close()
 
 
 class Follower:

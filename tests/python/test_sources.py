@@ -10,6 +10,7 @@ import gc
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -120,6 +121,30 @@ def test_a_stream_that_ends_is_resumed_at_once_and_only_ends_in_a_row_without_ev
     system.put("b", 2)
     converged(cache, system)
     assert cache.stats()["relists"] == 0
+
+
+def test_a_stream_that_only_gives_a_bookmark_where_it_started_is_no_busy_loop(caches: List[reconq.Cache]) -> None:
+    """A "nothing yet" long-poll: each `changes()` gives a bookmark at the
+    position it was asked from, and ends. That changes neither the
+    contents nor the position, so from the second such end in a row the
+    cache backs off (E4: 0.8 s doubling), instead of calling again at once
+    forever (G8)."""
+    calls: List[float] = []
+
+    def changes(position: Any, stop: threading.Event) -> Iterator[Any]:
+        calls.append(time.monotonic())
+        return iter([reconq.Bookmark(position)])
+
+    cache = started(caches, reconq.Source(lambda: ({"a": 1}, 5), changes), name="nothing-yet")
+    assert cache.wait_synced(PATIENCE)
+    wait_for(lambda: cache.stats()["errors"] >= 2, what="two back-offs")
+    stats = cache.stats()
+    # One call at once after the list, one more at once (the first end
+    # with nothing new), then one after each back-off.
+    assert len(calls) <= stats["errors"] + 2, f"{len(calls)} calls for {stats['errors']} back-offs"
+    assert calls[-1] - calls[1] >= 0.8, "the first back-off waits 0.8 s at least"
+    assert "no change and no new position" in (stats["last_error"] or "")
+    assert (stats["position"], stats["relists"], contents(cache)) == (5, 0, {"a": 1})
 
 
 def test_position_expired_relists_and_keys_gone_meanwhile_are_deletes(caches: List[reconq.Cache]) -> None:
@@ -343,6 +368,21 @@ def test_bad_input_raises_naming_the_argument() -> None:
         reconq.Source(ok_list, lambda: None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="endpoint|http"):
         reconq.EtcdSource("127.0.0.1:2379", "/p/")
+    for bad_host in ("http://[::1", "http://[::1:2379", "http://a b:2379"):
+        with pytest.raises(ValueError, match=re.escape(f"etcd endpoint {bad_host!r}".replace("'", '"'))):
+            reconq.EtcdSource(bad_host, "/p/")
+    assert reconq.EtcdSource("http://[::1]:2379", "/p/").prefix == "/p/"
+
+    async def async_changes(position, stop):  # type: ignore[no-untyped-def]
+        yield reconq.Bookmark(position)
+
+    async def async_list():  # type: ignore[no-untyped-def]
+        return {}, None
+
+    with pytest.raises(TypeError, match="changes must be a plain function, not an async generator function"):
+        reconq.Source(ok_list, async_changes)
+    with pytest.raises(TypeError, match="list must be a plain function, not a coroutine function"):
+        reconq.Source(async_list, system.changes)
     with pytest.raises(ValueError, match="prefix"):
         reconq.EtcdSource("http://127.0.0.1:2379", "")
     with pytest.raises(TypeError, match="decode"):

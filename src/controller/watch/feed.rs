@@ -2,8 +2,15 @@
 //! predicate, the map, the priority of a list or a live change, the
 //! fallback to the changed key when a handler fails, the resync timer, and
 //! for a cache with a store (E9) the restart's difference and the rows kept.
+//!
+//! Invariant (E9, a delete after a crash): no key a create maps to is
+//! enqueued before the store has written the create's trace (`Kept::held`,
+//! `StoreLink::after_write`), nor are the later changes of that cache key,
+//! which stay behind it in order. Otherwise a reconcile could act on the
+//! create, the process die before the key reached the file, and the key's
+//! delete while down never be delivered: the restart would not know it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,7 +20,7 @@ use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
 use crate::controller::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
-use crate::store::{Flush, KeptChange, KeptSet, StoreLink};
+use crate::store::{AfterWrite, Flush, KeptChange, KeptSet, StoreLink};
 use crate::sync::Mutex;
 
 /// One watch's handlers, shared by its subscriber (on the cache's thread,
@@ -39,7 +46,26 @@ struct Kept<S: Source, K> {
     /// The key set kept at the last run, until the cache's first list (or
     /// its replay) has reached this feed: the restart's difference.
     restart: Mutex<Option<KeptSet>>,
+    /// Cache keys (encoded) whose changes wait for a write, and how many:
+    /// a create waits for its trace, a later change of that key waits
+    /// behind it. Changed only on the delivering thread (adds) and the
+    /// flusher (removes).
+    held: Mutex<HashMap<Vec<u8>, usize>>,
 }
+
+/// What the restart's difference says of a listed key.
+enum SinceLastRun {
+    /// Kept with the same version: nothing to deliver.
+    Unchanged,
+    /// Kept (another version, or none): a change of a key the file knows.
+    Changed,
+    /// Not kept (or the difference is over): new to the file if the cache
+    /// did not hold it.
+    Unknown,
+}
+
+/// An enqueue a change makes: the key, when, at which priority.
+type Route<K> = (K, When, i32);
 
 /// Acquires `cache` (starting it if it is not running) and subscribes the
 /// controller to it; the returned guard undoes both. Returns at once: the
@@ -59,7 +85,7 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             let name: Arc<str> = Arc::from(cache.name());
             let restart = Mutex::new(Some(link.take_kept(&name)));
             cache.add_flusher(Arc::downgrade(&(Arc::clone(&link) as Arc<dyn Flush>)));
-            Some(Kept { cache: cache.downgrade(), codec, name, link, restart })
+            Some(Kept { cache: cache.downgrade(), codec, name, link, restart, held: Mutex::new(HashMap::new()) })
         }
         _ => None,
     };
@@ -79,21 +105,58 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             hook();
         }
     });
-    let subscription = cache.subscribe_then(move |change| subscriber.changed(change), Some(ready))?;
+    let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready))?;
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
 
 impl<S: Source, K: ControllerKey> Feed<S, K> {
     /// A change the cache applied: enqueue what `map` says, if the
-    /// predicate accepts it.
-    fn changed(&self, change: &Applied<S::Key, S::Object>) {
+    /// predicate accepts it. With a store, a create's enqueues wait for
+    /// its trace to be written, and a held key's changes wait behind it.
+    fn changed(self: &Arc<Self>, change: &Applied<S::Key, S::Object>) {
         let Some(core) = self.controller.upgrade() else { return };
-        let Some(kept) = &self.kept else { return self.deliver(&core, change) };
-        if kept.unchanged_since_last_run(change) {
-            return;
+        let Some(kept) = &self.kept else { return self.deliver(&core, change, route_to(&core)) };
+        let key = (kept.codec.key)(&change.key);
+        let created = match kept.since_last_run(&key, change) {
+            SinceLastRun::Unchanged => return,
+            SinceLastRun::Changed => false,
+            SinceLastRun::Unknown => change.old.is_none() && change.new.is_some(),
+        };
+        let Some(told) = kept.told(&change.key, change.new.is_some()) else { return };
+        // Only this (delivering) thread adds to `held`: a key not held now
+        // is not held until it returns.
+        if !created && !kept.held.lock().contains_key(&key) {
+            self.deliver(&core, change, route_to(&core));
+            return kept.mark(&core, key, told);
         }
-        self.deliver(&core, change);
-        kept.told(&core, &change.key, change.new.is_some());
+        let mut routes = Vec::new();
+        self.deliver(&core, change, |route| routes.push(route));
+        *kept.held.lock().entry(key.clone()).or_default() += 1;
+        let trace = created.then(|| (&kept.name, key.clone()));
+        kept.link.after_write(trace, self.release(routes, key, told));
+    }
+
+    /// What runs once the write a held change waits for is done: its
+    /// enqueues, then its row (after them, as always), then the key is
+    /// one change less held (last: a change delivered directly after
+    /// that marks its row after this one, and the later row wins).
+    fn release(self: &Arc<Self>, routes: Vec<Route<K>>, key: Vec<u8>, told: KeptChange) -> AfterWrite {
+        let feed = Arc::downgrade(self);
+        Box::new(move || {
+            let Some(feed) = feed.upgrade() else { return };
+            let (Some(core), Some(kept)) = (feed.controller.upgrade(), &feed.kept) else { return };
+            for (key, when, priority) in routes {
+                core.route(key, when, priority);
+            }
+            kept.mark(&core, key.clone(), told);
+            let mut held = kept.held.lock();
+            if let Some(count) = held.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    held.remove(&key);
+                }
+            }
+        })
     }
 
     /// The keys kept at the last run that the first list did not have:
@@ -109,17 +172,17 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             // with its row.
             if let Some(decoded) = (kept.codec.decode)(&key) {
                 let change = Applied { key: decoded, old: None, new: None, listed: true };
-                self.deliver(&core, &change);
+                self.deliver(&core, &change, route_to(&core));
             }
             kept.mark(&core, key, KeptChange::Delete);
         }
     }
 
-    /// Enqueues what the change maps to, if the predicate accepts it: for
-    /// a put that replaced an object, what the old one maps to and what
-    /// the new one does (controller-runtime's mapped handlers: a child
-    /// that changed owners reaches both).
-    fn deliver(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) {
+    /// Enqueues what the change maps to, if the predicate accepts it,
+    /// through `route`: for a put that replaced an object, what the old one
+    /// maps to and what the new one does (controller-runtime's mapped
+    /// handlers: a child that changed owners reaches both).
+    fn deliver(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>, mut route: impl FnMut(Route<K>)) {
         let priority = if change.listed { self.watch.list_priority } else { self.watch.priority };
         let (old, new) = (change.old.as_deref(), change.new.as_deref());
         let accepted = match &self.watch.predicate {
@@ -127,54 +190,81 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             None => new.is_none() || old != new,
             Some(predicate) => match predicate(old, new) {
                 Ok(accepted) => accepted,
-                Err(error) => return self.failed(core, "predicate", &change.key, &error, When::Event, priority),
+                Err(error) => {
+                    return route(self.failed(core, "predicate", &change.key, &error, When::Event, priority));
+                }
             },
         };
         if !accepted {
             return;
         }
         match (old, new) {
-            (Some(old), Some(new)) => self.enqueue_both(core, &change.key, [old, new], priority),
-            (old, new) => self.enqueue(core, &change.key, new.or(old), When::Event, priority),
+            (Some(old), Some(new)) => self.enqueue_both(core, &change.key, [old, new], priority, route),
+            (old, new) => self.enqueue(core, &change.key, new.or(old), When::Event, priority, route),
         }
     }
 
-    /// Enqueues the keys `map` gives for `key` (holding `obj`).
-    /// `when`: `Event` for a change (debounced, U2), `Now` for a resync.
-    fn enqueue(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, when: When, priority: i32) {
-        for key in self.mapped(core, key, obj, when, priority) {
-            core.route(key, when, priority);
+    /// Enqueues the keys `map` gives for `key` (holding `obj`) through
+    /// `route`. `when`: `Event` for a change (debounced, U2), `Now` for a
+    /// resync.
+    fn enqueue(
+        &self,
+        core: &Core<K>,
+        key: &S::Key,
+        obj: Option<&S::Object>,
+        when: When,
+        priority: i32,
+        mut route: impl FnMut(Route<K>),
+    ) {
+        for key in self.mapped(core, key, obj, when, priority, &mut route) {
+            route((key, when, priority));
         }
     }
 
-    /// Enqueues, once each, the keys `map` gives for `key`'s old object
-    /// and for its new one, mapped in turn.
-    fn enqueue_both(&self, core: &Core<K>, key: &S::Key, [old, new]: [&S::Object; 2], priority: i32) {
-        let mut keys = self.mapped(core, key, Some(old), When::Event, priority);
+    /// Enqueues through `route`, once each, the keys `map` gives for
+    /// `key`'s old object and for its new one, mapped in turn.
+    fn enqueue_both(
+        &self,
+        core: &Core<K>,
+        key: &S::Key,
+        [old, new]: [&S::Object; 2],
+        priority: i32,
+        mut route: impl FnMut(Route<K>),
+    ) {
+        let mut keys = self.mapped(core, key, Some(old), When::Event, priority, &mut route);
         let from_old: HashSet<&K> = keys.iter().collect();
-        let from_new = self.mapped(core, key, Some(new), When::Event, priority);
+        let from_new = self.mapped(core, key, Some(new), When::Event, priority, &mut route);
         let only_new: Vec<K> = from_new.into_iter().filter(|k| !from_old.contains(k)).collect();
         keys.extend(only_new);
         for key in keys {
-            core.route(key, When::Event, priority);
+            route((key, When::Event, priority));
         }
     }
 
     /// The keys `map` gives for `key` holding `obj`; none when it failed
-    /// (then the changed key itself was enqueued).
-    fn mapped(&self, core: &Core<K>, key: &S::Key, obj: Option<&S::Object>, when: When, priority: i32) -> Vec<K> {
+    /// (then the changed key itself went to `route`).
+    fn mapped(
+        &self,
+        core: &Core<K>,
+        key: &S::Key,
+        obj: Option<&S::Object>,
+        when: When,
+        priority: i32,
+        route: &mut impl FnMut(Route<K>),
+    ) -> Vec<K> {
         (self.watch.map)(key, obj).unwrap_or_else(|error| {
-            self.failed(core, "map", key, &error, when, priority);
+            route(self.failed(core, "map", key, &error, when, priority));
             Vec::new()
         })
     }
 
     /// A handler failed: logged, counted, and the changed key itself
-    /// enqueued (missing a change is worse than one reconcile too many).
-    fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, when: When, priority: i32) {
+    /// enqueued (missing a change is worse than one reconcile too many):
+    /// the enqueue to make.
+    fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, when: When, priority: i32) -> Route<K> {
         logs::watch_handler_failed(&core.name, &self.cache_name, handler, key, error);
         core.watches.count_handler_error();
-        core.route((self.watch.fallback)(key), when, priority);
+        ((self.watch.fallback)(key), when, priority)
     }
 
     /// Starts the resync thread (the cache just synced), unless the watch
@@ -204,34 +294,36 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             let Some(core) = self.controller.upgrade() else { return };
             for key in cache.keys() {
                 let obj = cache.get(&key);
-                self.enqueue(&core, &key, obj.as_deref(), When::Now, self.watch.list_priority);
+                self.enqueue(&core, &key, obj.as_deref(), When::Now, self.watch.list_priority, route_to(&core));
             }
         }
     }
 }
 
 impl<S: Source, K: ControllerKey> Kept<S, K> {
-    /// During the restart's difference: whether `change` (a listed key)
-    /// is one the controller was told of at the last run, with the same
-    /// version (a key without a version kept always counts as changed).
-    fn unchanged_since_last_run(&self, change: &Applied<S::Key, S::Object>) -> bool {
+    /// During the restart's difference: whether `change` of `key`
+    /// (encoded; a listed key) is one the controller was told of at the
+    /// last run, with the same version (a key without a version kept
+    /// always counts as changed).
+    fn since_last_run(&self, key: &[u8], change: &Applied<S::Key, S::Object>) -> SinceLastRun {
         let mut restart = self.restart.lock();
-        let Some(kept) = restart.as_mut() else { return false };
-        let Some(before) = kept.remove(&(self.codec.key)(&change.key)) else { return false };
+        let Some(kept) = restart.as_mut() else { return SinceLastRun::Unknown };
+        let Some(before) = kept.remove(key) else { return SinceLastRun::Unknown };
         drop(restart);
-        let Some(cache) = self.cache.upgrade() else { return false };
-        change.new.is_some() && before.is_some() && cache.kept_version(&change.key) == before
+        let unchanged = change.new.is_some()
+            && before.is_some()
+            && self.cache.upgrade().is_some_and(|cache| cache.kept_version(&change.key) == before);
+        if unchanged { SinceLastRun::Unchanged } else { SinceLastRun::Changed }
     }
 
-    /// The controller was told of the change to `key` (`present`: a put):
-    /// kept at its next flush.
-    fn told(&self, core: &Core<K>, key: &S::Key, present: bool) {
-        let change = match (present, self.cache.upgrade()) {
-            (false, _) => KeptChange::Delete,
-            (true, Some(cache)) => KeptChange::Put(cache.kept_version(key)),
-            (true, None) => return,
-        };
-        self.mark(core, (self.codec.key)(key), change);
+    /// The row that keeps the change to `key` (`present`: a put) the
+    /// cache just applied; `None` once the cache is gone.
+    fn told(&self, key: &S::Key, present: bool) -> Option<KeptChange> {
+        match (present, self.cache.upgrade()) {
+            (false, _) => Some(KeptChange::Delete),
+            (true, Some(cache)) => Some(KeptChange::Put(cache.kept_version(key))),
+            (true, None) => None,
+        }
     }
 
     /// Marks a row, after the enqueues of its change, unless the
@@ -244,4 +336,9 @@ impl<S: Source, K: ControllerKey> Kept<S, K> {
         let position = self.cache.upgrade().and_then(|cache| cache.kept_position());
         self.link.mark_cache(&self.name, key, change, position);
     }
+}
+
+/// The plain `route`: straight into the controller's queue.
+fn route_to<K: ControllerKey>(core: &Core<K>) -> impl FnMut(Route<K>) + '_ {
+    |(key, when, priority)| core.route(key, when, priority)
 }

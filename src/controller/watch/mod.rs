@@ -85,6 +85,8 @@ pub(crate) trait Watched: Send + Sync {
     fn synced(&self) -> bool;
     fn wait_synced(&self, timeout: Option<Duration>) -> bool;
     fn last_error(&self) -> Option<String>;
+    /// See [`Cache::wait_exited`].
+    fn wait_exited(&self, deadline: Instant) -> bool;
 }
 
 impl<S: Source> Watched for Cache<S> {
@@ -105,6 +107,9 @@ impl<S: Source> Watched for Cache<S> {
     }
     fn last_error(&self) -> Option<String> {
         self.stats().last_error
+    }
+    fn wait_exited(&self, deadline: Instant) -> bool {
+        Cache::wait_exited(self, Some(deadline))
     }
 }
 
@@ -286,6 +291,11 @@ impl<K: ControllerKey> Watches<K> {
     }
 
     /// Gives up the watches at the controller's stop (its `Stop` hook).
+    /// A cache no one else runs is told to stop, not waited for: the stop
+    /// waits for its thread within its deadline
+    /// ([`caches_still_running`](Self::caches_still_running)), after the
+    /// workers, so a source that ignores its stop holds neither the stop
+    /// nor the leadership given up when the workers exit.
     fn release(&self) {
         let attached = {
             let mut state = self.state.lock();
@@ -293,6 +303,20 @@ impl<K: ControllerKey> Watches<K> {
             std::mem::take(&mut state.attached)
         };
         drop(attached);
+    }
+
+    /// Waits until `deadline` for the threads of the watched caches that
+    /// were stopped (at this controller's stop, those no one else ran);
+    /// the names of those still running then. Caches still running for
+    /// others are not waited for.
+    pub(crate) fn caches_still_running(&self, deadline: Instant) -> Vec<String> {
+        let heard = self.state.lock().heard.clone();
+        heard
+            .iter()
+            .map(|watch| watch.cache())
+            .filter(|c| c.is_stopped() && !c.wait_exited(deadline))
+            .map(|c| c.name().to_owned())
+            .collect()
     }
 
     /// Waits until every cache watched is synced and every key it held

@@ -170,6 +170,11 @@ impl Heard {
         Arc::new(Self { cache, state: Mutex::new(Hearing::Waiting), changed: Condvar::new() })
     }
 
+    /// The cache watched.
+    pub(super) fn cache(&self) -> &Arc<dyn Watched> {
+        &self.cache
+    }
+
     /// The hook the watch gives its cache (`Cache::subscribe_then`): marks
     /// this heard, then runs `then`; dropped unrun, marks it never heard.
     pub(super) fn hook(self: &Arc<Self>, then: Option<SyncedHook>) -> SyncedHook {

@@ -1,21 +1,20 @@
-//! A minimal HTTP endpoint on a blocking `TcpListener`, answered one
-//! connection at a time by one thread: `GET /metrics` (the scrape),
+//! A minimal HTTP endpoint on a blocking `TcpListener`, each connection
+//! answered on a thread of its own (bounded, with a deadline: see
+//! `connections`): `GET /metrics` (the scrape),
 //! `/status` (the status table; JSON on `Accept: application/json` or
 //! `?format=json`), `/healthz` and `/readyz` (Kubernetes probes: 200 `ok`,
-//! or 503 with the reasons, see `observe::probes`). Idle, the thread is
-//! blocked in `accept` and uses no CPU; there is no async runtime.
+//! or 503 with the reasons, see `observe::probes`). Idle, the one thread
+//! left is blocked in `accept` and uses no CPU; there is no async runtime.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
 
+use super::connections::{self, Connection};
 use crate::status;
 
-/// How long a connection may take to send its request or read the answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests with a longer head are answered from what was read.
 const MAX_HEAD: usize = 8 * 1024;
 
@@ -34,7 +33,9 @@ pub(crate) fn serve(addr: impl ToSocketAddrs) -> io::Result<MetricsServer> {
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let stop = Arc::clone(&stop);
-        thread::Builder::new().name("reconq-metrics".into()).spawn(move || accept_loop(&listener, &stop))?
+        thread::Builder::new()
+            .name("reconq-metrics".into())
+            .spawn(move || connections::accept_loop(&listener, &stop, answer))?
     };
     Ok(MetricsServer { addr, stop, thread: Some(thread) })
 }
@@ -51,9 +52,9 @@ impl MetricsServer {
         self.addr.port()
     }
 
-    /// Stops accepting connections and waits for the server thread to exit
-    /// (at most a few seconds, if a slow client is being answered).
-    /// Closing twice is fine.
+    /// Stops accepting connections and waits for the accepting thread to
+    /// exit; connections being answered finish on their own threads, each
+    /// by its deadline. Closing twice is fine.
     pub fn close(&mut self) {
         let Some(thread) = self.thread.take() else {
             return;
@@ -65,7 +66,7 @@ impl MetricsServer {
             IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), self.addr.port()),
             _ => self.addr,
         };
-        if TcpStream::connect_timeout(&target, IO_TIMEOUT).is_ok() {
+        if TcpStream::connect_timeout(&target, connections::DEADLINE).is_ok() {
             let _ = thread.join();
         }
         // Otherwise the thread stays blocked in accept (its listener open)
@@ -88,21 +89,6 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-fn accept_loop(listener: &TcpListener, stop: &AtomicBool) {
-    for connection in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        match connection {
-            Ok(stream) => {
-                let _ = answer(stream);
-            }
-            // Out of file descriptors and the like: do not spin on it.
-            Err(_) => thread::sleep(Duration::from_millis(100)),
-        }
     }
 }
 
@@ -134,9 +120,7 @@ fn probe(problems: Vec<String>) -> (&'static str, &'static str, String) {
     ("503 Service Unavailable", TEXT, body)
 }
 
-fn answer(mut stream: TcpStream) -> io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+fn answer(stream: &mut Connection) -> io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {

@@ -1,10 +1,11 @@
 //! Prometheus metrics with client-go's and controller-runtime's names: the
 //! model and text exposition (`families`), histograms counted in clock ticks
 //! (`histogram`, `ticks`), the `metrics`-facade bridge (`publish`) and the
-//! scrape endpoint (`http`). Queues and controllers record into their own
-//! state (the queue under its existing lock); nothing here runs until a
-//! scrape visits the registry.
+//! scrape endpoint (`http`, its connections in `connections`). Queues and
+//! controllers record into their own state (the queue under its existing
+//! lock); nothing here runs until a scrape visits the registry.
 
+mod connections;
 mod families;
 pub(crate) mod histogram;
 mod http;

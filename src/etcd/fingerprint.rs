@@ -1,0 +1,245 @@
+//! Noticing a reset of etcd's history that the revisions do not give away
+//! (guarantees §13 E1): etcd wiped (or restored from an older snapshot),
+//! then written past a revision a reader had reached, before the reader
+//! looks again. A single member wiped and restarted with the same
+//! configuration keeps its cluster and member ids and starts again at raft
+//! term 2, so `history.rs` sees nothing go back: a watch resumed at the old
+//! revision would follow the new history from there, on top of what the
+//! old one held, and never hear of the keys it missed.
+//!
+//! etcd has no id of a history to compare. What a resume needs, though, is
+//! only that the prefix held at the revision it resumes from what the
+//! reader holds: then the changes after it bring the reader to the new
+//! state, whichever history they come from. So the reader keeps a
+//! [`Fingerprint`] of the prefix at its revision, and before it resumes
+//! [`EtcdClient::check_prefix`] reads the prefix at that revision, in one
+//! transaction: how many keys it held (a count, no keys sent) and the few
+//! keys changed last (create and mod revision, and the value). Cheap (one
+//! request per resume, never while a watch runs: an idle reader still only
+//! blocks on its stream) and, unlike a marker key, it needs no write
+//! access. Unlike `HashKV` it costs no walk over the whole keyspace, and
+//! needs no hash taken before the reset (nor a revision that compaction
+//! keeps).
+//!
+//! What it misses: a new history that at that revision has the same
+//! number of keys under the prefix and the same revisions and values for
+//! the last [`WITNESSES`] keys changed, which takes replaying the same
+//! writes. A revision the new history has not reached (etcd: "a future
+//! revision") is a reset too; a compacted one expires the position as any
+//! compaction does.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Value, json};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use super::{EtcdClient, EtcdError, RawKeyValue, int_field, prefix_end, raw_key_value};
+
+/// Keys whose state a fingerprint keeps: those changed last, the ones a
+/// new history is least likely to have written the same way.
+const WITNESSES: usize = 4;
+
+/// One key's state at a revision, with its value as a hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeyState {
+    create_revision: i64,
+    mod_revision: i64,
+    value: u64,
+}
+
+impl KeyState {
+    fn of(kv: &RawKeyValue) -> Self {
+        let mut hasher = DefaultHasher::new();
+        kv.value.hash(&mut hasher);
+        Self { create_revision: kv.create_revision, mod_revision: kv.mod_revision, value: hasher.finish() }
+    }
+}
+
+/// What a prefix held at a revision, in brief: how many keys, and the
+/// state (or absence) of the last few changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    /// The revision it describes; `None` while part of a revision's
+    /// changes is taken in (then it describes no revision).
+    revision: Option<i64>,
+    count: u64,
+    /// At most [`WITNESSES`] keys, each once, the one changed last last.
+    witnesses: Vec<(Vec<u8>, Option<KeyState>)>,
+}
+
+impl Fingerprint {
+    /// The revision it describes, if any.
+    pub(crate) fn revision(&self) -> Option<i64> {
+        self.revision
+    }
+
+    /// Takes in one key of a list (at a revision [`listed_at`](Self::listed_at) gives).
+    pub(crate) fn listed(&mut self, kv: &RawKeyValue) {
+        self.revision = None;
+        self.count += 1;
+        let full = self.witnesses.len() == WITNESSES;
+        let oldest = self.witnesses.first().and_then(|(_, state)| state.map(|s| s.mod_revision));
+        if full && oldest.is_some_and(|oldest| oldest >= kv.mod_revision) {
+            return;
+        }
+        if full {
+            self.witnesses.remove(0);
+        }
+        let at = self.witnesses.partition_point(|(_, s)| s.is_some_and(|s| s.mod_revision < kv.mod_revision));
+        self.witnesses.insert(at, (kv.key.clone(), Some(KeyState::of(kv))));
+    }
+
+    /// Every key of the list is taken in: it was read at `revision`.
+    pub(crate) fn listed_at(&mut self, revision: i64) {
+        self.revision = Some(revision);
+    }
+
+    /// Takes in a watched change (`deleted`: a delete); `last`: the last
+    /// change of its revision, which then is the one described.
+    pub(crate) fn changed(&mut self, deleted: bool, kv: &RawKeyValue, last: bool) {
+        if deleted {
+            self.count = self.count.saturating_sub(1);
+        } else if kv.create_revision == kv.mod_revision {
+            self.count += 1;
+        }
+        self.witnesses.retain(|(key, _)| *key != kv.key);
+        if self.witnesses.len() == WITNESSES {
+            self.witnesses.remove(0);
+        }
+        self.witnesses.push((kv.key.clone(), (!deleted).then(|| KeyState::of(kv))));
+        self.revision = last.then_some(kv.mod_revision);
+    }
+
+    /// Nothing changed up to `revision` (a progress notification).
+    pub(crate) fn moved_to(&mut self, revision: i64) {
+        if self.revision.is_some() {
+            self.revision = Some(revision);
+        }
+    }
+
+    /// How `prefix` at this revision, as etcd `replied`, differs from
+    /// this (`None`: it does not).
+    fn differs(&self, replied: &Value) -> Result<Option<String>, EtcdError> {
+        let response = |i: usize| replied.pointer(&format!("/responses/{i}/response_range")).unwrap_or(&Value::Null);
+        let count = int_field(response(0), "count")?;
+        if u64::try_from(count).ok() != Some(self.count) {
+            return Ok(Some(format!("it holds {count} keys under the prefix where {} were seen", self.count)));
+        }
+        for (i, (key, seen)) in self.witnesses.iter().enumerate() {
+            let kvs = response(i + 1).get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+            let now = kvs.first().map(raw_key_value).transpose()?.map(|kv| KeyState::of(&kv));
+            if now != *seen {
+                let key = String::from_utf8_lossy(key);
+                return Ok(Some(format!("key {key:?} is {}, where {} was seen", describe(now), describe(*seen))));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn describe(state: Option<KeyState>) -> String {
+    match state {
+        None => "absent".to_owned(),
+        Some(s) => format!("created at {} and changed at {}", s.create_revision, s.mod_revision),
+    }
+}
+
+impl EtcdClient {
+    /// Checks that `prefix` holds at the fingerprint's revision what the
+    /// fingerprint says (a fingerprint of no revision passes: there is
+    /// nothing to compare). If it does not, or etcd has not reached that
+    /// revision, etcd's history was reset: the error says so
+    /// ([`EtcdError::reset`]) and the reset is pending, as one a reply's
+    /// header gives away.
+    pub(crate) fn check_prefix(&self, prefix: &str, fingerprint: &Fingerprint) -> Result<(), EtcdError> {
+        let Some(revision) = fingerprint.revision else { return Ok(()) };
+        let at = revision.to_string();
+        let mut reads = vec![json!({ "request_range": {
+            "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)),
+            "revision": at, "count_only": true,
+        }})];
+        reads.extend(
+            fingerprint
+                .witnesses
+                .iter()
+                .map(|(key, _)| json!({ "request_range": { "key": BASE64.encode(key), "revision": at } })),
+        );
+        // On a new connection: this follows a break.
+        let why = match self.call_fresh("kv/txn", &json!({ "success": reads })) {
+            Ok(reply) => fingerprint.differs(&reply)?,
+            Err(e) if e.message.contains("required revision is a future revision") => {
+                Some("etcd has not reached that revision".to_owned())
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(why) = why else { return Ok(()) };
+        let reset = self.history.lock().found(revision);
+        Err(EtcdError::history_differs(reset, &format!("at revision {revision}, {why}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &str, create_revision: i64, mod_revision: i64) -> RawKeyValue {
+        RawKeyValue { key: key.into(), value: value.into(), create_revision, mod_revision }
+    }
+
+    fn keys(f: &Fingerprint) -> Vec<&[u8]> {
+        f.witnesses.iter().map(|(k, _)| k.as_slice()).collect()
+    }
+
+    #[test]
+    fn a_list_keeps_the_keys_changed_last_and_the_count() {
+        let mut f = Fingerprint::default();
+        for (i, mod_revision) in [5, 9, 2, 7, 8, 3].into_iter().enumerate() {
+            f.listed(&kv(&format!("k{i}"), "v", 2, mod_revision));
+        }
+        assert_eq!(f.revision(), None, "not before the list is whole");
+        f.listed_at(9);
+        assert_eq!((f.revision(), f.count), (Some(9), 6));
+        assert_eq!(keys(&f), [&b"k0"[..], b"k3", b"k4", b"k1"], "oldest first");
+    }
+
+    #[test]
+    fn changes_count_creates_and_deletes_and_a_revision_is_described_after_its_last_change() {
+        let mut f = Fingerprint::default();
+        f.listed(&kv("a", "1", 2, 2));
+        f.listed_at(2);
+        f.changed(false, &kv("b", "2", 3, 3), false);
+        assert_eq!(f.revision(), None, "half a transaction describes no revision");
+        f.changed(false, &kv("a", "3", 2, 3), true);
+        assert_eq!((f.revision(), f.count), (Some(3), 2), "b created, a changed");
+        f.moved_to(10);
+        f.changed(true, &RawKeyValue { key: "b".into(), value: vec![], create_revision: 0, mod_revision: 11 }, true);
+        assert_eq!((f.revision(), f.count), (Some(11), 1));
+        assert_eq!(f.witnesses.last(), Some(&(b"b".to_vec(), None)), "a delete witnesses an absence");
+        for i in 0..5 {
+            f.changed(false, &kv(&format!("c{i}"), "x", 12 + i, 12 + i), true);
+        }
+        assert_eq!(keys(&f), [&b"c1"[..], b"c2", b"c3", b"c4"]);
+    }
+
+    #[test]
+    fn a_different_count_or_witness_differs() {
+        let mut f = Fingerprint::default();
+        f.listed(&kv("a", "1", 2, 4));
+        f.listed_at(5);
+        let reply = |count: &str, kvs: Value| {
+            json!({ "responses": [
+                { "response_range": { "count": count } },
+                { "response_range": { "kvs": kvs } },
+            ]})
+        };
+        let a = |value: &str, create: &str| {
+            json!([{ "key": BASE64.encode("a"), "value": BASE64.encode(value),
+                     "create_revision": create, "mod_revision": "4" }])
+        };
+        assert_eq!(f.differs(&reply("1", a("1", "2"))), Ok(None));
+        assert!(f.differs(&reply("2", a("1", "2"))).unwrap().unwrap().contains("2 keys"));
+        assert!(f.differs(&reply("1", a("other", "2"))).unwrap().is_some(), "another value");
+        assert!(f.differs(&reply("1", a("1", "3"))).unwrap().unwrap().contains("created at 3"));
+        assert!(f.differs(&reply("1", json!([]))).unwrap().unwrap().contains("absent"));
+    }
+}
