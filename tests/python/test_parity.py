@@ -192,7 +192,7 @@ def test_bad_parked_capacity_is_refused(bad: Any, error: type):
 def test_stop_with_report_of_an_idle_controller(make):
     c = make(lambda key: None)
     c.start()
-    assert c.stop_with_report(timeout=PATIENCE) == {"finished": True, "unfinished": [], "dropped": []}
+    assert c.stop_with_report(timeout=PATIENCE) == {"finished": True, "unfinished": [], "dropped": [], "unfinished_caches": []}
 
 
 def test_stop_with_report_lists_unfinished_and_dropped_keys(make):
