@@ -4,6 +4,7 @@
     python benches/python/bench.py w9 --w9-a-keys 20000   # W9 fairness (not in the default set)
     python benches/python/bench.py p1 --n 200000 --workers 1 2 4 8 --repeat 3
     python benches/python/bench.py w6 --n 200000 --workers 1 2 4   # P1 with a store (not in the default set)
+    python benches/python/bench.py s1 --n 1000000 --repeat 3        # S1 after a Python burst (not in the default set)
 
 Build the extension optimised first (`pip install .`, or
 `RELEASE=1 bash scripts/python-dev.sh --co -q`): a debug build measures
@@ -36,6 +37,11 @@ nothing useful.
   every B key is done, with ``group=`` against without (reconq only: the
   baseline has no groups).
 
+* S1 after a Python burst (docs/store.md): N ready keys enqueued from
+  Python behind a blocked worker, ``flush_interval`` 1 s; the burst's time,
+  the time after it until every key is written, and the largest lag of a
+  key from its enqueue to its write (S1 allows 2 s).
+
 Every line prints reconq, the pure-Python baseline and their ratio (> 1:
 reconq is better).
 """
@@ -43,6 +49,7 @@ reconq is better).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -51,7 +58,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -306,9 +313,82 @@ def w9(a_keys: int, repeat: int) -> Dict[str, float]:
     return med
 
 
+def s1_once(n: int) -> Tuple[float, float, float]:
+    """One S1 burst from Python: `n` ready keys enqueued behind a blocked
+    worker, `flush_interval` 1 s. Returns the burst's time, the time after
+    its last enqueue until every key was written (`store_pending` 0), and
+    the largest lag of a key from its enqueue to its write. The lag reads
+    the written count as enqueued minus pending, and takes the flusher to
+    write in enqueue order (it takes marks in order, and int keys enqueued
+    in order sort in that order within a take)."""
+    gate = threading.Event()
+    with tempfile.TemporaryDirectory(prefix="reconq-s1-") as tmp:
+        store = reconq.SqliteStore(os.path.join(tmp, "s1.db"), flush_interval=1.0)
+        def reconcile(key: Any) -> None:
+            gate.wait()
+
+        c = reconq.Controller(reconcile, workers=1, name="s1", store=store)
+        c.start()
+        c.enqueue(-1)  # holds the one worker: every key of the burst stays ready
+        enqueued: List[Tuple[float, int]] = []
+        pending: List[Tuple[float, int]] = []
+        sampling = True
+
+        def sample() -> None:
+            while sampling:
+                pending.append((time.perf_counter(), c.stats()["store_pending"]))
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        t0 = time.perf_counter()
+        for k in range(n):
+            c.enqueue(k)
+            if k % 5000 == 0:
+                enqueued.append((time.perf_counter(), k))
+        t1 = time.perf_counter()
+        enqueued.append((t1, n))
+        while c.stats()["store_pending"] > 0:
+            time.sleep(0.005)
+        t2 = time.perf_counter()
+        sampling = False
+        sampler.join()
+        times = [t for t, _ in enqueued]
+
+        def enqueued_by(t: float) -> int:
+            i = bisect.bisect_right(times, t)
+            return enqueued[i - 1][1] if i else 0
+
+        written = [(t, enqueued_by(t) - p) for t, p in pending] + [(t2, n)]
+        lag = max(next(tw for tw, w in written if w >= k and tw >= t) - t for t, k in enqueued)
+        gate.set()
+        logger = logging.getLogger("reconq")
+        level = logger.level
+        logger.setLevel(logging.ERROR)  # the dropped burst's warning
+        try:
+            c.stop(drain=False, timeout=60)
+        finally:
+            logger.setLevel(level)
+    return t1 - t0, t2 - t1, lag
+
+
+def s1(n: int, repeat: int) -> Dict[str, List[float]]:
+    """S1 after a Python burst (docs/store.md): the largest lag must stay
+    within flush_interval + 1 s = 2 s."""
+    print(f"\nS1: {n:,} ready keys enqueued from Python behind a blocked worker, flush_interval 1 s")
+    print(f"{'burst s':>8} {'written after s':>16} {'largest lag s':>14}")
+    results: Dict[str, List[float]] = {"burst": [], "after": [], "lag": []}
+    for _ in range(repeat):
+        burst, after, lag = s1_once(n)
+        for name, value in (("burst", burst), ("after", after), ("lag", lag)):
+            results[name].append(value)
+        print(f"{burst:>8.2f} {after:>16.2f} {lag:>14.2f}", flush=True)
+    return results
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", help="p1, p2, p3, w6 and/or w9 (default: p1 p2 p3)")
+    ap.add_argument("which", nargs="*", help="p1, p2, p3, w6, w9 and/or s1 (default: p1 p2 p3)")
     ap.add_argument("--w9-a-keys", type=int, default=100_000, help="W9 group A keys (default 100,000)")
     ap.add_argument("--n", type=int, default=200_000, help="P1 keys (default 200,000)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8], help="P1 worker counts")
@@ -316,8 +396,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (for scripts/bench_report.py)")
     args = ap.parse_args(argv)
     args.which = args.which or ["p1", "p2", "p3"]
-    if not set(args.which) <= {"p1", "p2", "p3", "w6", "w9"}:
-        ap.error("choose from p1, p2, p3, w6, w9")
+    if not set(args.which) <= {"p1", "p2", "p3", "w6", "w9", "s1"}:
+        ap.error("choose from p1, p2, p3, w6, w9, s1")
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
     results: Dict[str, Any] = {"n": args.n}
     if "p1" in args.which:
@@ -331,6 +411,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         results["w6"] = w6(args.n, args.workers, args.repeat)
     if "w9" in args.which:
         results["w9"] = w9(args.w9_a_keys, args.repeat)
+    if "s1" in args.which:
+        results["s1"] = s1(args.n, args.repeat)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -199,63 +199,39 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             return;
         }
         match (old, new) {
-            (Some(old), Some(new)) => self.enqueue_both(core, &change.key, [old, new], priority, route),
-            (old, new) => self.enqueue(core, &change.key, new.or(old), When::Event, priority, route),
+            (Some(old), Some(new)) => {
+                self.enqueue(core, &change.key, &[Some(old), Some(new)], When::Event, priority, route)
+            }
+            (old, new) => self.enqueue(core, &change.key, &[new.or(old)], When::Event, priority, route),
         }
     }
 
-    /// Enqueues the keys `map` gives for `key` (holding `obj`) through
-    /// `route`. `when`: `Event` for a change (debounced, U2), `Now` for a
-    /// resync.
+    /// Enqueues through `route` the keys `map` gives for `key` holding each
+    /// of `objects` in turn (`None`: deleted), each key once. `when`:
+    /// `Event` for a change (debounced, U2), `Now` for a resync.
     fn enqueue(
         &self,
         core: &Core<K>,
         key: &S::Key,
-        obj: Option<&S::Object>,
+        objects: &[Option<&S::Object>],
         when: When,
         priority: i32,
         mut route: impl FnMut(Route<K>),
     ) {
-        for key in self.mapped(core, key, obj, when, priority, &mut route) {
-            route((key, when, priority));
+        // Only an update maps twice: one object needs no set.
+        let mut routed = HashSet::new();
+        for &obj in objects {
+            match (self.watch.map)(key, obj) {
+                Ok(keys) => {
+                    for key in keys {
+                        if objects.len() == 1 || routed.insert(key.clone()) {
+                            route((key, when, priority));
+                        }
+                    }
+                }
+                Err(error) => route(self.failed(core, "map", key, &error, when, priority)),
+            }
         }
-    }
-
-    /// Enqueues through `route`, once each, the keys `map` gives for
-    /// `key`'s old object and for its new one, mapped in turn.
-    fn enqueue_both(
-        &self,
-        core: &Core<K>,
-        key: &S::Key,
-        [old, new]: [&S::Object; 2],
-        priority: i32,
-        mut route: impl FnMut(Route<K>),
-    ) {
-        let mut keys = self.mapped(core, key, Some(old), When::Event, priority, &mut route);
-        let from_old: HashSet<&K> = keys.iter().collect();
-        let from_new = self.mapped(core, key, Some(new), When::Event, priority, &mut route);
-        let only_new: Vec<K> = from_new.into_iter().filter(|k| !from_old.contains(k)).collect();
-        keys.extend(only_new);
-        for key in keys {
-            route((key, When::Event, priority));
-        }
-    }
-
-    /// The keys `map` gives for `key` holding `obj`; none when it failed
-    /// (then the changed key itself went to `route`).
-    fn mapped(
-        &self,
-        core: &Core<K>,
-        key: &S::Key,
-        obj: Option<&S::Object>,
-        when: When,
-        priority: i32,
-        route: &mut impl FnMut(Route<K>),
-    ) -> Vec<K> {
-        (self.watch.map)(key, obj).unwrap_or_else(|error| {
-            route(self.failed(core, "map", key, &error, when, priority));
-            Vec::new()
-        })
     }
 
     /// A handler failed: logged, counted, and the changed key itself
@@ -294,7 +270,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             let Some(core) = self.controller.upgrade() else { return };
             for key in cache.keys() {
                 let obj = cache.get(&key);
-                self.enqueue(&core, &key, obj.as_deref(), When::Now, self.watch.list_priority, route_to(&core));
+                self.enqueue(&core, &key, &[obj.as_deref()], When::Now, self.watch.list_priority, route_to(&core));
             }
         }
     }
