@@ -41,6 +41,15 @@ impl<T: StoreKey> Keepable for T {
     }
 }
 
+/// No version (a [`PollingSource`](crate::PollingSource) of `(key,
+/// object)` pairs): nothing to keep, so a stored cache of it keeps its
+/// objects' digests if given one (`CacheBuilder::digest`).
+impl Keepable for () {
+    fn kept_bytes(&self) -> Option<Vec<u8>> {
+        None
+    }
+}
+
 pub(crate) const TAG_STR: u8 = 0x01;
 pub(crate) const TAG_INT: u8 = 0x02;
 pub(crate) const TAG_BYTES: u8 = 0x03;

@@ -57,8 +57,13 @@ where
     S::Version: reconq::Keepable,
     S::Position: reconq::Keepable,
 {
+    run_built(path, |store| Cache::builder("items", source).store(store).build().unwrap())
+}
+
+/// [`run`] with the stored cache `build` makes.
+fn run_built<S: Source<Key = String>>(path: &Path, build: impl FnOnce(&SqliteStore) -> Cache<S>) -> Run {
     let store = SqliteStore::open(path).unwrap();
-    let cache = Cache::builder("items", source).store(&store).build().unwrap();
+    let cache = build(&store);
     let seen = Arc::new(Mutex::new(Run::default()));
     let (reconciled, mapped, predicated) = (Arc::clone(&seen), Arc::clone(&seen), Arc::clone(&seen));
     let watch = Watch::with_map(move |key: &String, obj: Option<&S::Object>| {
@@ -151,6 +156,40 @@ fn without_versions_every_listed_key_counts_as_changed_and_deletes_are_found() {
     let mut expected: BTreeSet<String> = system.keys().cloned().collect();
     expected.extend(["k02".to_owned(), "k03".to_owned()]);
     assert_eq!(second.reconciled, expected, "10 listed + 2 deleted");
+}
+
+/// A source without versions: a `PollingSource` of `(key, value)` pairs,
+/// listed once.
+fn unversioned(items: &Items) -> PollingSource<String, u64> {
+    let listed: Vec<(String, u64)> = items.iter().map(|(key, (value, _))| (key.clone(), *value)).collect();
+    PollingSource::new(Duration::from_secs(3600), move || Ok::<_, String>(listed.clone())).unwrap()
+}
+
+/// A run over [`unversioned`] with `CacheBuilder::digest`, whose
+/// canonical bytes are the value's, except for 13, which has none.
+fn run_digested(path: &Path, items: &Items) -> Run {
+    run_built(path, |store| {
+        let canonical = |value: &u64| (*value != 13).then(|| value.to_be_bytes().to_vec());
+        Cache::builder("items", unversioned(items)).store(store).digest(canonical).build().unwrap()
+    })
+}
+
+#[test]
+fn without_versions_a_digest_of_each_object_is_compared_at_a_restart() {
+    let dir = TempDir::new();
+    let path = dir.0.as_path().join("state.db");
+    let mut system = items(20);
+    assert_eq!(run_digested(&path, &system).reconciled.len(), 20, "the first run reconciles every key");
+    for key in ["k00", "k01"] {
+        system.get_mut(key).unwrap().0 += 100;
+    }
+    system.remove("k02");
+    let second = run_digested(&path, &system);
+    let expected: BTreeSet<String> = ["k00", "k01", "k02", "k13"].map(String::from).into();
+    assert_eq!(second.reconciled, expected, "2 changed, 1 deleted, and k13 (no digest) as always");
+    assert!(second.mapped.contains(&("k02".to_owned(), false)), "the delete found at the restart");
+    let third = run_digested(&path, &system);
+    assert_eq!(third.reconciled, BTreeSet::from(["k13".to_owned()]), "nothing changed: only k13");
 }
 
 #[test]

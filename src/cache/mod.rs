@@ -164,6 +164,9 @@ pub struct CacheBuilder<S: Source> {
     /// `store`: the file (canonical) and how keys, versions and positions
     /// are kept.
     store: Option<(std::path::PathBuf, Codec<S>)>,
+    /// `digest`: what `store` keeps of an object the source gave no
+    /// version for.
+    digest: Option<stored::Digest<S::Object>>,
 }
 
 #[cfg(feature = "store")]
@@ -191,8 +194,28 @@ where
             decode: crate::decode_key::<S::Key>,
             version: <S::Version as crate::Keepable>::kept_bytes,
             position: <S::Position as crate::Keepable>::kept_bytes,
+            digest: None,
         };
         self.store = Some((store.canonical_path().to_path_buf(), codec));
+        self
+    }
+
+    /// With [`store`](Self::store), for a source that gives no versions
+    /// (a [`PollingSource`](crate::PollingSource) of `(key, object)`
+    /// pairs, a [`Source`] whose items and puts carry none): keeps a
+    /// digest of each such object instead, so a restart delivers only the
+    /// keys whose object changed (E9) rather than every key.
+    /// `canonical(obj)` gives bytes that stand for the object: equal
+    /// objects must give equal bytes (a serialization with a fixed order,
+    /// say), and objects whose change matters different ones; the store
+    /// keeps a 128-bit XXH3 of them, not the bytes. `None`: this object
+    /// cannot be digested, and its key counts as changed at every restart.
+    /// A key the source gives a version for keeps the version, as without
+    /// this. XXH3 is not a cryptographic hash: where whoever writes the
+    /// source might craft a collision to hide a change made while the
+    /// program was down, give versions.
+    pub fn digest(mut self, canonical: impl Fn(&S::Object) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
+        self.digest = Some(Arc::new(move |obj: &S::Object| canonical(obj).as_deref().map(stored::digest_of)));
         self
     }
 }
@@ -237,7 +260,10 @@ impl<S: Source> CacheBuilder<S> {
             }
         }
         let stored = match self.store {
-            Some((file, codec)) => Some(Stored::new(file, &self.name, codec).map_err(InvalidArgument::new)?),
+            Some((file, codec)) => {
+                let codec = Codec { digest: self.digest, ..codec };
+                Some(Stored::new(file, &self.name, codec).map_err(InvalidArgument::new)?)
+            }
             None => None,
         };
         let inner = Arc::new_cyclic(|weak: &Weak<Inner<S>>| Inner {
@@ -346,6 +372,7 @@ impl<S: Source> Cache<S> {
             first_backoff: backoff::FIRST,
             thread_wrapper: None,
             store: None,
+            digest: None,
         }
     }
 
@@ -554,7 +581,7 @@ impl<S: Source> Cache<S> {
 
     /// How a cache with a store keeps its keys, versions and positions.
     pub(crate) fn codec(&self) -> Option<Codec<S>> {
-        self.inner.stored.as_ref().map(|stored| stored.codec)
+        self.inner.stored.as_ref().map(|stored| stored.codec.clone())
     }
 
     /// A watching controller's flusher joins `flush()`.
@@ -564,17 +591,27 @@ impl<S: Source> Cache<S> {
         }
     }
 
-    /// `key`'s version as a stored cache keeps it (`None`: none, or one
-    /// that cannot be kept); on the cache's thread while it delivers, that
-    /// of the change being delivered.
+    /// `key`'s version as a stored cache keeps it, or its object's digest
+    /// when the source gave no version and the cache has a
+    /// [`digest`](CacheBuilder::digest) (`None`: neither, or one that
+    /// cannot be kept); on the cache's thread while it delivers, that of
+    /// the change being delivered.
     pub(crate) fn kept_version(&self, key: &S::Key) -> Option<Vec<u8>> {
-        let codec = self.codec()?;
-        self.inner.state.read().contents.version(key).and_then(codec.version)
+        let codec = &self.inner.stored.as_ref()?.codec;
+        let state = self.inner.state.read();
+        if let Some(version) = state.contents.version(key) {
+            return (codec.version)(version);
+        }
+        let digest = codec.digest.as_ref()?;
+        let obj = state.contents.get(key).cloned()?;
+        // The digest may call into Python: not under the cache's lock.
+        drop(state);
+        digest(&obj)
     }
 
     /// The cache's position as a stored cache keeps it.
     pub(crate) fn kept_position(&self) -> Option<Vec<u8>> {
-        let codec = self.codec()?;
+        let codec = &self.inner.stored.as_ref()?.codec;
         self.inner.state.read().position.as_ref().and_then(codec.position)
     }
 

@@ -2,16 +2,20 @@
 //! have its key set kept by the controllers it feeds. The rows themselves
 //! are each watching controller's (`store::cache_rows`), written by that
 //! controller's flusher with its pending keys; the cache brings the
-//! encodings of its keys, versions and positions, the file its controllers
-//! must use, its name held unique in that file, and `flush()` over their
-//! flushers.
+//! encodings of its keys, versions and positions (or, for a source without
+//! versions, digests of its objects), the file its controllers must use,
+//! its name held unique in that file, and `flush()` over their flushers.
 
 use std::path::{Path, PathBuf};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use crate::source::Source;
 use crate::store::{CacheName, Flush};
 use crate::sync::Mutex;
+
+/// What a stored cache keeps of an object in place of a version (see
+/// [`digest_of`]); `None`: this object cannot be digested.
+pub(crate) type Digest<O> = Arc<dyn Fn(&O) -> Option<Vec<u8>> + Send + Sync>;
 
 /// How a stored cache's keys, versions and positions are kept (the key
 /// encoding; a version or position that cannot be kept is `None`).
@@ -20,15 +24,36 @@ pub(crate) struct Codec<S: Source> {
     pub(crate) decode: fn(&[u8]) -> Option<S::Key>,
     pub(crate) version: fn(&S::Version) -> Option<Vec<u8>>,
     pub(crate) position: fn(&S::Position) -> Option<Vec<u8>>,
+    /// Kept instead of the version of a key the source gave none
+    /// (`CacheBuilder::digest`): without it such a key counts as changed
+    /// at every restart.
+    pub(crate) digest: Option<Digest<S::Object>>,
 }
 
 impl<S: Source> Clone for Codec<S> {
     fn clone(&self) -> Self {
-        *self
+        let Self { key, decode, version, position, ref digest } = *self;
+        Self { key, decode, version, position, digest: digest.clone() }
     }
 }
 
-impl<S: Source> Copy for Codec<S> {}
+/// Marks a digest's bytes: no key encoding starts with it, so a digest
+/// never equals a kept version (a key listed with a version at one run
+/// and without at the next counts as changed).
+#[cfg(feature = "store")]
+const TAG_DIGEST: u8 = 0x80;
+
+/// What a stored cache keeps for an object whose canonical bytes are
+/// `canonical`: a 128-bit XXH3 of them, tagged. XXH3's output is fixed by
+/// its specification, so a digest kept by one run compares with the next
+/// (std's and foldhash's hashers are seeded per process or release).
+#[cfg(feature = "store")]
+pub(crate) fn digest_of(canonical: &[u8]) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(17);
+    kept.push(TAG_DIGEST);
+    kept.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(canonical).to_be_bytes());
+    kept
+}
 
 pub(crate) struct Stored<S: Source> {
     /// The store file (canonical): a watching controller's must be it.

@@ -162,7 +162,8 @@ impl PyCache {
             builder = builder.index(index.clone(), index_fn(Arc::clone(&cache_name), index, function));
         }
         if let Some(store) = &store {
-            builder = builder.store(store);
+            // A source without versions keeps digests of its objects.
+            builder = builder.store(store).digest(super::digest::canonical);
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self { cache, started_by: AtomicU32::new(0) })

@@ -14,6 +14,7 @@ mod callables;
 mod clock;
 mod context;
 mod controller;
+mod digest;
 mod duration;
 mod election;
 mod errors;

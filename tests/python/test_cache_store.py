@@ -1,12 +1,14 @@
 """Caches with a store from Python (guarantees E9): a restart reconciles
 exactly the keys created, changed or deleted while the program was down
-(a Python Source with versions, without, and with versions that cannot be
+(a Python Source with versions, without (digests of the objects, also
+for a PollingSource, across processes), and with versions that cannot be
 kept; an EtcdSource over a real etcd), a delete found then reaches map and
 predicate with None, Cache.flush() (and a SIGKILL right after it), and bad
 input refused with nothing changed."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -93,7 +95,7 @@ class Run:
         return self
 
 
-@pytest.mark.parametrize("versions", ["int", "str"])
+@pytest.mark.parametrize("versions", ["int", "str", "none"])
 def test_a_restart_reconciles_exactly_what_changed_while_down(tmp_path: Path, versions: str) -> None:
     db = tmp_path / "state.db"
     system = System(20)
@@ -107,14 +109,69 @@ def test_a_restart_reconciles_exactly_what_changed_while_down(tmp_path: Path, ve
     assert Run(db, system.source(versions)).stop().reconciled == set(), "nothing changed: nothing reconciled"
 
 
-@pytest.mark.parametrize("versions", ["none", "unkept"])
-def test_without_kept_versions_every_listed_key_counts_as_changed(tmp_path: Path, versions: str) -> None:
+def test_with_versions_that_cannot_be_kept_every_listed_key_counts_as_changed(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     system = System(10)
-    Run(db, system.source(versions)).stop()
+    Run(db, system.source("unkept")).stop()
     system.change_while_down()
-    second = Run(db, system.source(versions)).stop()
+    second = Run(db, system.source("unkept")).stop()
     assert second.reconciled == set(system.items) | {"k02", "k03"}, "10 listed + 2 deletes found"
+
+
+def objects(n: int) -> Dict[str, Any]:
+    """Objects of a source without versions, the same in every process:
+    plain data (digested) and one holding a frozenset (no digest: always
+    changed)."""
+    items: Dict[str, Any] = {}
+    for i in range(n):
+        spec = {"replicas": i, "image": f"app:{i}", "ratio": i / 4, "big": 2**80 + i, "ports": [80, 443 + i]}
+        spec["extra"] = ("a", b"b", None, True, {3: "x"})
+        items[f"k{i:02}"] = {"spec": spec}
+    items["odd"] = {"tags": frozenset({"x"})}
+    return items
+
+
+DIGEST_CHILD = "from typing import Any, Dict\n" + inspect.getsource(objects) + r"""
+import sys, reconq
+reconciled = set()
+store = reconq.SqliteStore(sys.argv[1])
+cache = reconq.Cache(reconq.PollingSource(lambda: objects(int(sys.argv[2])), 3600), name="items", store=store)
+c = reconq.Controller(reconciled.add, name="sync", store=store)
+c.watch_cache(cache)
+c.start()
+assert cache.wait_synced(60)
+cache.flush()
+assert c.wait_idle(60)
+cache.flush()
+c.stop(drain=True)
+cache.stop()
+print(len(reconciled), flush=True)
+"""
+
+
+def test_without_versions_a_restart_compares_digests_of_the_objects(tmp_path: Path) -> None:
+    """A PollingSource gives no versions: the store keeps a digest of each
+    object, stable across processes (the first run is another process,
+    with its own hash seed), so a restart reconciles the 2 keys changed
+    and the 1 deleted while down, not all 21; an object that has no digest
+    (it holds a frozenset) counts as changed at every restart."""
+    db = tmp_path / "state.db"
+    n = 20
+    first = subprocess.run(
+        [sys.executable, "-c", DIGEST_CHILD, str(db), str(n)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "random"},
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == str(n + 1), "the first run reconciles every key"
+    system = objects(n)
+    system["k00"]["spec"]["replicas"] = 100
+    system["k01"]["spec"]["extra"][4][3] = "y"
+    del system["k02"]
+    second = Run(db, reconq.PollingSource(lambda: system, HOUR)).stop()
+    assert second.reconciled == {"k00", "k01", "k02", "odd"}
+    assert ("k02", None) in second.mapped, "the delete found at the restart"
+    third = Run(db, reconq.PollingSource(lambda: system, HOUR)).stop()
+    assert third.reconciled == {"odd"}, "nothing changed: only the object without a digest"
 
 
 def test_a_watching_controller_needs_the_cache_s_store_file(tmp_path: Path) -> None:
