@@ -184,7 +184,8 @@ where
     /// [`StoreError::Invalid`](crate::StoreError::Invalid)). After a
     /// restart, the cache's first list is compared with what each
     /// controller kept: only keys created, deleted, or changed (their
-    /// version differs, or the source gives none) are delivered to it. A
+    /// version differs, or the source gives none and there is no
+    /// [`digest`](Self::digest)) are delivered to it. A
     /// delete found this way reaches `map` and `predicate` with `None` (the
     /// cache keeps versions, not objects). Cache names are unique among a
     /// file's caches: [`build`](Self::build) refuses a second live one.

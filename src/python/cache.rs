@@ -45,7 +45,8 @@ pub(crate) type PyCacheCore = Cache<AnySource>;
 /// giving the values `by_index(name, value)` finds the key under. A
 /// controller's `watch_cache` starts it; or `start()` it yourself.
 /// `store=` (a path or `SqliteStore`, its controllers' file) keeps its key
-/// set and versions with their pending keys, so a restart reconciles only
+/// set and versions (for a key without one, a digest of its object, if it
+/// is plain data) with their pending keys, so a restart reconciles only
 /// what changed while down (E9); `flush()` waits for them to be on disk.
 #[pyclass(name = "Cache", module = "reconq", frozen, weakref)]
 pub(crate) struct PyCache {
