@@ -207,11 +207,14 @@ fn threads_named(name: &str) -> usize {
 /// Issue 32 item 4: connections are answered concurrently, so clients that
 /// connect and send nothing, or trickle bytes, delay no probe (answered
 /// one at a time, 3 idle clients delayed `/healthz` 15 s, and a trickling
-/// one kept it from ever being answered). The bound per probe is generous
-/// for a loaded machine; Kubernetes' default probe timeout is 1 s.
+/// one kept it from ever being answered). Kubernetes' default probe
+/// timeout is 1 s: the median probe must take less, and every probe less
+/// than the README's `timeoutSeconds` (5 s, generous for a loaded machine,
+/// where one probe may wait for the CPU).
 #[test]
 fn idle_and_trickling_clients_delay_no_probe() {
     const PROBE_BOUND: Duration = Duration::from_secs(5);
+    const MEDIAN_BOUND: Duration = Duration::from_secs(1);
     let _serial = SERIAL.lock();
     let server = reconq::metrics::serve("127.0.0.1:0").unwrap();
     let addr = server.local_addr();
@@ -220,15 +223,18 @@ fn idle_and_trickling_clients_delay_no_probe() {
     // Over more than the server's deadline, so probes also meet slow
     // clients cut and connecting again.
     let until = Instant::now() + Duration::from_secs(7);
-    let mut probes = 0;
-    while Instant::now() < until || probes < 10 {
+    let mut took = Vec::new();
+    while Instant::now() < until || took.len() < 10 {
         let asked = Instant::now();
         assert_eq!(get(addr, "/healthz", ""), (OK.to_owned(), "ok\n".to_owned()));
-        let took = asked.elapsed();
-        assert!(took < PROBE_BOUND, "probe {probes} took {took:?} beside 6 slow clients");
-        probes += 1;
+        took.push(asked.elapsed());
+        let probe = took.len() - 1;
+        assert!(took[probe] < PROBE_BOUND, "probe {probe} took {:?} beside 6 slow clients", took[probe]);
         thread::sleep(Duration::from_millis(200));
     }
+    took.sort();
+    let median = took[took.len() / 2];
+    assert!(median < MEDIAN_BOUND, "the median probe took {median:?} beside 6 slow clients: {took:?}");
     assert!(clients.iter().any(|c| c.connected.load(Ordering::SeqCst) > 1), "the server cut slow clients");
 }
 
