@@ -543,15 +543,19 @@ const BURST_ENV: &str = "RECONQ_STORE_BURST_CHILD";
 const BURST_KEYS: u64 = 300_000;
 const BURST_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The bursts' controller: `u64` keys, a no-op reconcile, on `store`.
+fn burst_controller(store: SqliteStore) -> ControllerHandle<u64> {
+    Controller::new("burst", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+        .store(store)
+        .start()
+}
+
 /// The burst child: enqueues `BURST_KEYS` keys at once (each delayed an
 /// hour, so every one must be written), says so, and waits to be killed.
 fn burst_child(dir: &Path) {
     use std::io::Write;
     let store = SqliteStore::open_with_flush_interval(dir.join("state.db"), BURST_INTERVAL).unwrap();
-    let handle =
-        Controller::new("burst", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
-            .store(store)
-            .start();
+    let handle = burst_controller(store);
     for key in 0..BURST_KEYS {
         handle.enqueue_after(key, HOUR);
     }
@@ -575,10 +579,7 @@ fn s1_a_burst_is_stored_within_the_interval_plus_a_second() {
     // the guarantee under test, not a wait for a condition.
     std::thread::sleep(BURST_INTERVAL + Duration::from_secs(1));
     kill(&mut child);
-    let restarted =
-        Controller::new("burst", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
-            .store(open(&dir.db()))
-            .start();
+    let restarted = burst_controller(open(&dir.db()));
     let waiting = restarted.stats().waiting;
     restarted.stop();
     assert!(restarted.join_timeout(LONG));
@@ -594,10 +595,7 @@ fn a_burst_is_written_without_waiting_for_the_tick() {
     const KEYS: u64 = 150_000;
     let dir = TempDir::new();
     let store = SqliteStore::open_with_flush_interval(dir.db(), Duration::from_secs(1200)).unwrap();
-    let handle =
-        Controller::new("burst", |_: &u64, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
-            .store(store)
-            .start();
+    let handle = burst_controller(store);
     for key in 0..KEYS {
         handle.enqueue_after(key, HOUR);
     }
