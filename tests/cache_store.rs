@@ -2,8 +2,9 @@
 //! reconciles exactly the keys created, changed or deleted while the
 //! program was down; a delete found then reaches `map` with `None`;
 //! `flush()` on a cache; bad input refused with nothing changed; a file of
-//! the previous schema migrated. The crash cases (SIGKILL) are in
-//! `cache_store_kill.rs`.
+//! the previous schema migrated; a SIGKILL right after `Cache::flush()`.
+//! The SIGKILL rounds against a fenced record are Python's
+//! (`tests/python/test_cache_restart.py`).
 
 mod common;
 #[path = "common/etcd.rs"]
