@@ -335,3 +335,67 @@ fn a_stop_at_once_with_a_timeout_reports_unfinished() {
     assert!(h.join_timeout(PATIENCE));
     assert_eq!(h.state(), status::RunState::Stopped);
 }
+
+/// A source whose stop hook enqueues a key: the hook runs on the stopping
+/// thread while the controller's stop hooks run (its watch lets the cache
+/// go), after the stop was requested and before the queue shuts down.
+struct EnqueuesAtItsStop {
+    handle: ControllerHandle<String>,
+    hooked: Arc<AtomicBool>,
+    enqueued: Arc<AtomicBool>,
+}
+
+impl source::Source for EnqueuesAtItsStop {
+    type Key = String;
+    type Object = u64;
+    type Position = u64;
+    type Version = u64;
+
+    fn list(&mut self, stop: &source::Stop) -> Result<source::Listing<String, u64, u64, u64>, source::SourceError> {
+        let (handle, enqueued) = (self.handle.clone(), Arc::clone(&self.enqueued));
+        // Kept for the cache's life: the hook runs when the stop is set.
+        std::mem::forget(stop.on_set(move || {
+            handle.enqueue("late".to_string());
+            enqueued.store(true, Ordering::SeqCst);
+        }));
+        self.hooked.store(true, Ordering::SeqCst);
+        Ok(source::Listing { items: Vec::new(), position: Some(0) })
+    }
+
+    fn changes(
+        &mut self,
+        _from: Option<&u64>,
+        stop: &source::Stop,
+    ) -> Result<source::Changes<'_, Self>, source::SourceError> {
+        let stop = stop.clone();
+        Ok(Box::new(std::iter::from_fn(move || {
+            while !stop.wait_timeout(Duration::from_secs(1)) {}
+            None
+        })))
+    }
+}
+
+/// An enqueue made once a stop was requested is ignored, also before the
+/// queue shut down (here: from a hook the stop itself runs): the drain does
+/// not reconcile it.
+#[test]
+fn an_enqueue_after_a_stop_was_requested_is_ignored_before_the_queue_shuts_down() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let controller = Controller::from_fn("late-enqueue", move |key: &String, _| -> Res {
+        record.lock().push(key.clone());
+        Ok(Action::Done)
+    });
+    let (hooked, enqueued) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let source =
+        EnqueuesAtItsStop { handle: controller.handle(), hooked: Arc::clone(&hooked), enqueued: Arc::clone(&enqueued) };
+    let cache = Cache::builder("late-enqueue", source).build().unwrap();
+    let h = controller.watch_cache(&cache, Watch::new()).start();
+    assert!(h.wait_synced(Some(PATIENCE)));
+    assert!(hooked.load(Ordering::SeqCst));
+    h.enqueue("early".to_string());
+    assert!(h.wait_idle(PATIENCE));
+    assert!(h.stop_with_drain(PATIENCE));
+    assert!(enqueued.load(Ordering::SeqCst), "the stop let the cache go, which ran the source's stop hook");
+    assert_eq!(*seen.lock(), ["early"], "the key enqueued during the stop was not reconciled");
+}

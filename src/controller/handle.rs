@@ -150,7 +150,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         }
     }
 
-    /// Asks for `key` to be reconciled. Ignored once stopped.
+    /// Asks for `key` to be reconciled. Ignored once a stop was requested.
     pub fn enqueue(&self, key: K) {
         self.core.route(key, When::Event, 0);
     }

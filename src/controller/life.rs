@@ -147,6 +147,7 @@ impl Lifecycle {
     }
 
     /// Whether a stop was requested, without a lock.
+    #[inline]
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

@@ -912,9 +912,15 @@ impl<K: ControllerKey> Core<K> {
         self.config.lock().wrapper.clone()
     }
 
-    /// Routes an enqueue to the queue, or keeps it until start.
+    /// Routes an enqueue to the queue, or keeps it until start. Ignored
+    /// once a stop is requested (one atomic load): between the request and
+    /// the queue's shutdown (a stop's hooks run in between) an enqueue
+    /// would still land, and a drain would reconcile it.
     #[inline]
     pub(crate) fn route(&self, key: K, when: When, priority: Priority) {
+        if self.life.is_stopping() {
+            return;
+        }
         if let Some(rt) = self.rt.get() {
             return self.apply(rt, key, when, priority);
         }
@@ -923,6 +929,7 @@ impl<K: ControllerKey> Core<K> {
             drop(pending);
             return self.apply(rt, key, when, priority);
         }
+        // Again under the lock: a stop clears `pending` under it.
         if !self.life.is_stopping() {
             pending.push((key, when, priority));
         }
