@@ -70,7 +70,7 @@ impl<K: ControllerKey> Core<K> {
 
     fn set_started(self: &Arc<Self>, rt: &Runtime<K>, key: &K, parents: Vec<K>) -> Result<(), CycleError<K>> {
         rt.queue.set_dependencies(key, parents, || self.cancel_hook()).map_err(|keys| CycleError { keys })?;
-        rt.has_dependencies.store(true, Ordering::Relaxed);
+        rt.finish.dependencies_set();
         if let Some(link) = &rt.store {
             link.mark_edges(key);
         }
@@ -106,7 +106,7 @@ impl<K: ControllerKey> Core<K> {
         }
         if let Some(deps) = deps {
             rt.queue.install_dependencies(deps, self.cancel_hook());
-            rt.has_dependencies.store(true, Ordering::Relaxed);
+            rt.finish.dependencies_set();
         }
         dropped
     }
@@ -168,33 +168,14 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// D2: the run of `key` ended (success, resync or permanent error):
-    /// its direct dependents are enqueued while it is still being
-    /// reconciled, so none can start before it is done. Returns whether
-    /// that is left to the worker's `done` (see
-    /// [`WorkQueue::done_with_dependents_and_get_stamped`]), which does it
-    /// under its own lock when the children need no place asked and no
-    /// store told. Without dependencies, one load and a branch inlined into
-    /// the worker loop (W1).
-    ///
-    /// [`WorkQueue::done_with_dependents_and_get_stamped`]: crate::queue::WorkQueue::done_with_dependents_and_get_stamped
-    #[inline]
-    #[must_use]
-    pub(crate) fn dependents_follow(&self, rt: &Runtime<K>, key: &K) -> bool {
-        if !rt.has_dependencies.load(Ordering::Relaxed) {
-            return false;
-        }
-        if rt.grouping.is_none() && rt.coordination.is_none() && rt.store.is_none() {
-            return true;
-        }
-        self.enqueue_dependents(rt, key);
-        false
-    }
-
-    /// Every child is added under one queue lock (a tree's keys each hand
-    /// out their fan-out: W12), after its place was asked with no lock held.
+    /// D2 for a controller whose keys need their place asked (groups,
+    /// coordination) or the store told (`Core::finish`): the run of `key`
+    /// ended, and its direct dependents are enqueued while it is still
+    /// being reconciled, so none can start before it is done. Every child
+    /// is added under one queue lock (a tree's keys each hand out their
+    /// fan-out: W12), after its place was asked with no lock held.
     #[inline(never)]
-    fn enqueue_dependents(&self, rt: &Runtime<K>, key: &K) {
+    pub(super) fn enqueue_dependents(&self, rt: &Runtime<K>, key: &K) {
         let children: Vec<(K, Place)> = rt
             .queue
             .dependents(key)

@@ -36,6 +36,7 @@
 mod batch;
 mod debounce;
 mod dependencies;
+mod finish;
 mod gate;
 mod groups;
 mod handle;
@@ -527,6 +528,9 @@ impl<K: ControllerKey> Controller<K> {
         // Before anything is shared, so a panicking resync leaves nothing
         // half started (the claim and the membership drop as it unwinds).
         let listed = resync.map(|resync| resync()).unwrap_or_default();
+        // Keys whose place is asked at enqueue: D2 asks it for children too.
+        let placed = self.grouping.is_some() || coordination.is_some();
+        let finish = finish::Finish::new(store.is_some(), placed);
         let rt = Runtime {
             queue,
             limiter,
@@ -541,7 +545,7 @@ impl<K: ControllerKey> Controller<K> {
             grouping: self.grouping,
             store,
             coordination,
-            has_dependencies: std::sync::atomic::AtomicBool::new(false),
+            finish,
             debounce: config.debounce.map(debounce::Debounce::new),
         };
         let core = &self.core;
@@ -725,10 +729,8 @@ pub(crate) struct Runtime<K> {
     pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
     /// Leader election or sharding: which keys run here, and when.
     pub(crate) coordination: Option<gate::Coordinated<K>>,
-    /// Whether any dependency was set (read without a lock by every
-    /// finishing worker, written once: kept away from the queue's written
-    /// lines; see `dependencies`).
-    pub(crate) has_dependencies: std::sync::atomic::AtomicBool,
+    /// What a worker does once a reconcile returned (see `finish`).
+    pub(crate) finish: finish::Finish,
     /// `debounce` (U2): what delays its events.
     debounce: Option<debounce::Debounce<K>>,
 }

@@ -5,6 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
+use super::finish::Settled;
 use super::gate::{Admission, Gate};
 use super::metrics::{Counted, WorkerMetrics};
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
@@ -126,7 +127,7 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
                 Admission::Drop => {
                     slot.running.lock().take();
                     core.counters.not_owned.fetch_add(1, Ordering::Relaxed);
-                    (next, started) = done_and_get(rt, &key, ticks::now(), false);
+                    (next, started) = core.finish(rt, &key, Settled::NotOurs, ticks::now());
                     continue;
                 }
             }
@@ -154,12 +155,12 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
             _ => Outcome::classify(result),
         };
         let counted = Counted::of(&outcome);
-        let dependents_follow = if superseded {
+        let settled = if superseded {
             // Neither success nor failure: the error, the limiter and the
             // attempt stay as they were; an ancestor's run brings the key
             // back (D2), or the enqueue that superseded it (U1).
             core.count_superseded();
-            false
+            Settled::Superseded
         } else {
             settle(core, rt, &key, &ctx, outcome, timed_out)
         };
@@ -170,31 +171,12 @@ pub(crate) fn run_worker<K: ControllerKey>(core: &Core<K>, reconciler: &dyn Reco
         // One clock reading ends this reconcile's time and stamps `done`
         // and the next hand-out, which starts the next reconcile's time.
         let finished = ticks::now();
-        if !superseded {
+        if settled != Settled::Superseded {
             slot.metrics.record(started, finished, counted);
         }
         // The retry is scheduled and the stats counted before `done`, so a
         // `wait_idle` that sees the queue idle also sees the stats.
-        (next, started) = done_and_get(rt, &key, finished, dependents_follow);
-    }
-}
-
-/// Marks `key` done (at tick `now`, which stamps the next hand-out) and
-/// takes the next key; the store learns that `key` changed (whether it was
-/// reconciled or dropped as not ours) before the worker waits for a next
-/// key, so the last key of a batch does not stay stored until one comes.
-/// With `dependents_follow`, `key`'s dependents are enqueued first (D2;
-/// see `Core::dependents_follow`).
-fn done_and_get<K: ControllerKey>(
-    rt: &Runtime<K>,
-    key: &K,
-    now: u64,
-    dependents_follow: bool,
-) -> (Option<(K, Priority)>, u64) {
-    match &rt.store {
-        None if dependents_follow => rt.queue.done_with_dependents_and_get_stamped(key, now),
-        None => rt.queue.done_and_get_stamped(key, now),
-        Some(store) => rt.queue.done_then_get_stamped(key, now, || store.mark(key)),
+        (next, started) = core.finish(rt, &key, settled, finished);
     }
 }
 
@@ -235,8 +217,8 @@ fn begin<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, slot: &WorkerSlot<K>
 }
 
 /// Acts on a finished reconcile (guarantees §4's table). Retries keep the priority
-/// the key was handed out with (P3). Returns whether `done` must enqueue
-/// the key's dependents (D2: `Core::dependents_follow`).
+/// the key was handed out with (P3). Says whether the key's run of
+/// attempts ended (then its dependents follow, D2: `Core::finish`).
 fn settle<K: ControllerKey>(
     core: &Core<K>,
     rt: &Runtime<K>,
@@ -244,7 +226,7 @@ fn settle<K: ControllerKey>(
     ctx: &Context,
     outcome: Outcome,
     timed_out: bool,
-) -> bool {
+) -> Settled {
     let counters = &core.counters;
     let (attempt, priority) = (ctx.attempt, ctx.priority);
     match outcome {
@@ -256,14 +238,13 @@ fn settle<K: ControllerKey>(
                 core.memory.clear(key);
                 rt.queue.forget(key);
             }
-            let follow = core.dependents_follow(rt, key);
             counters.record_success();
-            follow
+            Settled::Ended
         }
         Outcome::Requeue => {
             core.memory.bump(key, None);
             rt.retry_rate_limited(key, attempt, priority);
-            false
+            Settled::Retried
         }
         Outcome::RequeueAfter(delay) => {
             // The reconcile did its work and asks for a periodic resync: a
@@ -272,9 +253,8 @@ fn settle<K: ControllerKey>(
             core.memory.clear(key);
             rt.queue.forget(key);
             rt.retry_after(key, delay, priority);
-            let follow = core.dependents_follow(rt, key);
             counters.record_success();
-            follow
+            Settled::Ended
         }
         Outcome::Failure { retry, message, panicked } => {
             if panicked {
@@ -284,27 +264,27 @@ fn settle<K: ControllerKey>(
                 let previous = ctx.previous_error.as_deref();
                 logs::reconcile_failed(&core.name, key, attempt, retry.into(), &message, panicked, previous);
             }
-            let follow = match retry {
+            let settled = match retry {
                 RetryPolicy::RateLimited => {
                     core.memory.bump(key, Some(message.clone()));
                     rt.retry_rate_limited(key, attempt, priority);
-                    false
+                    Settled::Retried
                 }
                 RetryPolicy::After(delay) => {
                     core.memory.bump(key, Some(message.clone()));
                     rt.retry_after(key, rt.jittered(key, attempt, delay), priority);
-                    false
+                    Settled::Retried
                 }
                 RetryPolicy::Never => {
                     core.memory.clear(key);
                     rt.queue.forget(key);
                     core.parked.park(key.clone(), message.clone());
-                    core.dependents_follow(rt, key)
+                    Settled::Ended
                 }
             };
             *counters.last_error.lock() = Some((message, SystemTime::now()));
             counters.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-            follow
+            settled
         }
     }
 }

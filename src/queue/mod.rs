@@ -60,6 +60,22 @@ use std::sync::atomic::Ordering::Relaxed;
 
 pub use state::KeyState;
 
+/// What [`WorkQueue::done_and_get_stamped`] does besides ending a key's
+/// processing and taking the next key.
+#[derive(Clone, Copy)]
+pub(crate) enum AlsoDone<'a> {
+    /// Nothing more: one lock round trip.
+    Nothing,
+    /// D2: the key's run of attempts ended; its direct dependents are added
+    /// first, at priority 0 in group 0, under the same lock (a tree's keys
+    /// then cost one lock round trip each, as without dependencies: W12).
+    AddDependents,
+    /// Called once the key is done, outside the lock and before any wait
+    /// for the next key: a controller's store learns that the key finished
+    /// even when no key follows it for a long time.
+    ThenCall(&'a dyn Fn()),
+}
+
 /// The queue's sizes, read together under one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueCounts {
@@ -507,55 +523,25 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     /// [`done_and_get`](Self::done_and_get) with the caller's clock reading
-    /// `stamp` (raw ticks, see `observe::metrics::ticks`); also returns the
-    /// reading the hand-out of the next key was stamped with, so a worker
-    /// that times its reconciles reads the clock once per key in all. The
-    /// next key comes with its priority.
-    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
-        self.done_and_get_after(key, stamp, |_, _| {})
-    }
-
-    /// [`done_and_get_stamped`](Self::done_and_get_stamped) for a key whose
-    /// run of attempts ended (D2): its direct dependents are added first,
-    /// at priority 0 in group 0, under the same lock. A controller whose
-    /// keys need no place asked (no groups, no coordination) and no store
-    /// to tell takes this path: a tree's keys then cost one lock round
-    /// trip each, as without dependencies (W12).
-    pub(crate) fn done_with_dependents_and_get_stamped(&self, key: &K, stamp: u64) -> (Option<(K, Priority)>, u64) {
-        self.done_and_get_after(key, stamp, |q, now| q.add_dependents(key, now))
-    }
-
-    /// Runs `before_done` on the state, then ends `key`'s processing and
-    /// takes the next key, all under one lock.
-    #[inline(always)]
-    fn done_and_get_after(
-        &self,
-        key: &K,
-        stamp: u64,
-        before_done: impl FnOnce(&mut QueueState<K>, &mut Now),
-    ) -> (Option<(K, Priority)>, u64) {
+    /// `stamp` (raw ticks, see `observe::metrics::ticks`), and what `also`
+    /// says: a controller's worker chooses it once per finished reconcile
+    /// (the after-reconcile choice its start made, `controller::finish`).
+    /// Also returns the reading the hand-out of the next key was stamped
+    /// with, so a worker that times its reconciles reads the clock once per
+    /// key in all. The next key comes with its priority.
+    #[inline]
+    pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64, also: AlsoDone<'_>) -> (Option<(K, Priority)>, u64) {
         let mut now = Now::at(stamp);
         let mut g = self.shared.lock();
-        before_done(&mut g.q, &mut now);
+        if let AlsoDone::AddDependents = also {
+            g.q.add_dependents(key, &mut now);
+        }
         self.shared.finish(&mut g, key, &mut now);
-        let next = self.shared.next(&mut g, None, &mut now).ok();
-        drop(g);
-        (next, now.reading())
-    }
-
-    /// [`done_and_get_stamped`](Self::done_and_get_stamped) that calls
-    /// `after_done` once `key` is done, outside the lock and before any wait
-    /// for the next key: a controller's store must learn that the key
-    /// finished even when no key follows it for a long time.
-    pub(crate) fn done_then_get_stamped(
-        &self,
-        key: &K,
-        stamp: u64,
-        after_done: impl FnOnce(),
-    ) -> (Option<(K, Priority)>, u64) {
-        let mut now = Now::at(stamp);
-        let mut g = self.shared.lock();
-        self.shared.finish(&mut g, key, &mut now);
+        let AlsoDone::ThenCall(after_done) = also else {
+            let next = self.shared.next(&mut g, None, &mut now).ok();
+            drop(g);
+            return (next, now.reading());
+        };
         let ready = self.shared.take(&mut g, &mut now);
         drop(g);
         after_done();
@@ -883,7 +869,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Shared<K> {
     }
 
     /// Hands out a ready key, if any, and keeps the waking chain going.
-    /// Inlined by force: with two callers (`next`, `done_then_get_stamped`)
+    /// Inlined by force: with two callers (`next`, `done_and_get_stamped`)
     /// the compiler kept it out of line, and the call cost `next`, the
     /// hot path of every `get`, about 26 instructions a key (W1).
     #[inline(always)]
