@@ -83,8 +83,8 @@ pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, 
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
     Action, Batch, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY,
-    KeyInfo, KeyStatus, ReconcileError, Reconciler, RetryPolicy, Stats, StopOptions, StopReport, StopSignal, Stopping,
-    TriggerOutcome, Watch, WatchError,
+    KeyInfo, KeyStatus, ReconcileError, Reconciler, RetryPolicy, StartError, Stats, StopOptions, StopReport,
+    StopSignal, Stopping, TriggerOutcome, Watch, WatchError,
 };
 #[cfg(feature = "etcd")]
 pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};

@@ -46,6 +46,7 @@ mod metrics;
 mod outcome;
 mod persist;
 mod run_signals;
+mod start;
 mod status;
 mod stopping;
 mod triggers;
@@ -55,7 +56,7 @@ mod worker;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::io;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -68,12 +69,12 @@ use crate::observe::metrics::MetricFamilies;
 use crate::observe::{self, Observed};
 use crate::panics;
 use crate::queue::{Place, Priority, WorkQueue};
-use crate::rate_limit::{ExponentialBackoff, RateLimiter};
+use crate::rate_limit::RateLimiter;
 #[cfg(feature = "store")]
 use crate::store::{Persister, SqliteStore};
 use crate::store::{StoreError, StoreLink};
 use crate::sync::Mutex;
-use crate::thread::{ThreadWrapper, spawn_named};
+use crate::thread::ThreadWrapper;
 
 pub use crate::context::{Context, StopSignal};
 pub use batch::Batch;
@@ -82,13 +83,14 @@ pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub use start::StartError;
 pub use stopping::{StopOptions, Stopping};
 pub use triggers::TriggerOutcome;
 pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 
 use groups::{GroupTable, Grouping};
 use inspect::{KeyMemory, ParkedSet};
-use life::{Event, ExitGuard, Lifecycle, Phase};
+use life::{Event, Lifecycle, Phase};
 use watchdog::Watchdog;
 use worker::WorkerSlot;
 
@@ -179,15 +181,6 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
         self
     }
 }
-
-/// How long a failed [`Controller::try_start`] waits for the workers it did
-/// spawn to exit.
-const FAILED_START_JOIN: Duration = Duration::from_secs(5);
-
-/// The default limiter's first retry delay and its cap (see
-/// [`Controller::rate_limiter`]).
-const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
-const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(1000);
 
 impl<K: ControllerKey> Controller<K> {
     /// A controller named `name` (thread names are `reconq-<name>-<i>`) that
@@ -430,8 +423,8 @@ impl<K: ControllerKey> Controller<K> {
     /// handed out before it has applied its first list (keys enqueued
     /// meanwhile are kept; a stop before then reconciles none of them);
     /// see [`sync_timeout`](Self::sync_timeout). Watching a stopped cache
-    /// makes [`try_start`](Self::try_start) fail with a [`WatchError`]
-    /// inside its `io::Error`, with nothing started.
+    /// makes [`try_start`](Self::try_start) fail with
+    /// [`StartError::Watch`], with nothing started.
     pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::Cache<S>, watch: Watch<S, K>) -> Self {
         self.core.watches.keep_for_start(cache, watch);
         self
@@ -470,164 +463,19 @@ impl<K: ControllerKey> Controller<K> {
     /// and joined (a reconcile one of them already began is cancelled and
     /// waited for up to 5 s, then detached), the controller is stopped
     /// (enqueues are ignored), and the error says how many threads could
-    /// be made. A controller stopped through a handle before this is an
-    /// error too ([`io::ErrorKind::Other`]): nothing is spawned and it
+    /// be made ([`StartError::Thread`]). A controller stopped through a
+    /// handle before this is an error too
+    /// ([`StartError::StoppedBeforeStart`]): nothing is spawned and it
     /// stays stopped.
     ///
     /// # Panics
     /// If `max_in_flight_per_group` was set without `group`.
     ///
     /// With a [`store`](Self::store), the claim and the read of the stored
-    /// keys come first: an error there (a [`StoreError`] inside the
-    /// `io::Error`: `Locked` for a name held by another live controller)
-    /// changes nothing.
-    pub fn try_start(mut self) -> io::Result<ControllerHandle<K>> {
-        let store_file = self.store.as_ref().map(|(file, _)| file.as_path());
-        let watched = self.core.watches.take_at_start(&self.core.name, store_file).map_err(|e| match e {
-            WatchError::StoreMismatch(message) => io::Error::from(StoreError::Invalid(message)),
-            other => io::Error::other(other),
-        })?;
-        let store = match self.store.take() {
-            Some((_, claim)) => Some(claim(&self.core.name)?),
-            None => None,
-        };
-        let handle = self.handle();
-        let config = self.core.config.lock().clone();
-        assert!(
-            config.max_in_flight_per_group.is_none() || self.grouping.is_some(),
-            "controller {:?}: max_in_flight_per_group needs a group function",
-            self.core.name
-        );
-        let limiter =
-            self.limiter.unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
-        // Named after the controller, so it records `workqueue_*` metrics.
-        let mut queue = WorkQueue::builder()
-            .name(self.core.name.clone())
-            .rate_limiter(Arc::clone(&limiter))
-            .clock(ClockRef(Arc::clone(&self.clock)));
-        if self.grouping.is_some() {
-            queue = queue.groups(config.max_in_flight_per_group);
-        }
-        if store.is_some() {
-            // The store's last flush writes what the stop dropped (S2), and
-            // no flush writes a finished key before its dependents (D2).
-            queue = queue.for_store();
-        }
-        let queue = queue.build();
-        if config.supersede {
-            queue.enable_supersede(self.core.cancel_hook());
-        }
-        let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
-            .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &self.clock));
-        let mut resync = self.resync.take();
-        let coordination = match self.coordinate.take() {
-            Some(join) => Some(join(&self.core, &mut resync)?),
-            None => None,
-        };
-        let coordination = watched.gate(coordination);
-        // Before anything is shared, so a panicking resync leaves nothing
-        // half started (the claim and the membership drop as it unwinds).
-        let listed = resync.map(|resync| resync()).unwrap_or_default();
-        // Keys whose place is asked at enqueue: D2 asks it for children too.
-        let placed = self.grouping.is_some() || coordination.is_some();
-        let finish = finish::Finish::new(store.is_some(), placed);
-        let rt = Runtime {
-            queue,
-            limiter,
-            clock: self.clock,
-            slots: (0..config.workers).map(|_| WorkerSlot::new()).collect(),
-            jitter: config.jitter,
-            hanging_threshold: config.hanging_threshold,
-            timeout: config.timeout,
-            watchdog,
-            workers: config.workers,
-            log_errors: config.log_errors,
-            grouping: self.grouping,
-            store,
-            coordination,
-            finish,
-            debounce: config.debounce.map(debounce::Debounce::new),
-        };
-        let core = &self.core;
-        let stored_edges = rt.store.as_ref().map(|link| link.restore_edges()).unwrap_or_default();
-        let mut deps_before_start = core.deps_before_start.lock();
-        let dropped_edges = core.install_dependencies(&mut deps_before_start, stored_edges, &rt);
-        let open_batches = core.batches.lock();
-        core.install_batch(&open_batches, &rt);
-        if core.rt.set(rt).is_err() {
-            panic!("controller {:?} started twice", core.name);
-        }
-        drop(open_batches);
-        drop(deps_before_start);
-        crate::logs::stored_edges_dropped(&core.name, &dropped_edges);
-        let rt = core.rt.get().expect("just set");
-        core.subscribe_features(rt);
-        if core.life.workers_starting(config.workers).is_err() {
-            rt.queue.shut_down_now();
-            return Err(io::Error::other("was stopped through a handle before start: a controller runs once"));
-        }
-        if let Some(link) = &rt.store {
-            persist::restore(core, rt, link);
-        }
-        // Keys enqueued before start. Enqueuers check `rt` under this lock,
-        // so none is lost between here and the `set` above.
-        let pending = std::mem::take(&mut *core.pending.lock());
-        for (key, when, priority) in pending {
-            core.apply(rt, key, when, priority);
-        }
-        for key in listed {
-            core.apply(rt, key, When::Now, 0);
-        }
-        // Only now is the queue the whole story (see `wait_idle`).
-        core.life.started();
-        for index in 0..config.workers {
-            let thread_core = Arc::clone(&self.core);
-            let reconciler = Arc::clone(&self.reconciler);
-            let name = format!("reconq-{}-{index}", core.name);
-            let spawned = spawn_named(name, config.wrapper.as_ref(), move || {
-                let guard = ExitGuard { core: thread_core, worker: true };
-                worker::run_worker(&guard.core, &*reconciler, index);
-            });
-            match spawned {
-                Ok(thread) => core.life.keep_worker(thread),
-                Err(e) => {
-                    // Account for the workers that will never run, then stop
-                    // and join the ones that did (the last one out leaves
-                    // the coordination).
-                    core.life.workers_gone(config.workers - index);
-                    handle.stop();
-                    handle.join_timeout(FAILED_START_JOIN);
-                    let message = format!("cannot spawn worker thread {} of {}: {e}", index + 1, config.workers);
-                    return Err(io::Error::new(e.kind(), message));
-                }
-            }
-        }
-        if let Some(watchdog) = &rt.watchdog {
-            let watchdog = Arc::clone(watchdog);
-            let spawned =
-                self.core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core));
-            if let Err(e) = spawned {
-                handle.stop();
-                handle.join_timeout(FAILED_START_JOIN);
-                return Err(io::Error::new(e.kind(), format!("cannot spawn the watchdog thread: {e}")));
-            }
-        }
-        if let Some(link) = &rt.store {
-            let link = Arc::clone(link);
-            let spawned =
-                self.core.try_spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core));
-            if let Err(e) = spawned {
-                handle.stop();
-                handle.join_timeout(FAILED_START_JOIN);
-                return Err(io::Error::new(e.kind(), format!("cannot spawn the store's flusher thread: {e}")));
-            }
-        }
-        if let Err(e) = watched.attach(&self.core) {
-            handle.stop();
-            handle.join_timeout(FAILED_START_JOIN);
-            return Err(io::Error::other(e));
-        }
-        Ok(handle)
+    /// keys come first: an error there ([`StartError::Store`]: `Locked`
+    /// for a name held by another live controller) changes nothing.
+    pub fn try_start(self) -> Result<ControllerHandle<K>, StartError> {
+        start::start(self)
     }
 
     /// [`start`](Self::start), then blocks until a handle stops the
@@ -860,39 +708,6 @@ impl<K: ControllerKey> Core<K> {
         // Triggers exist before start, so they subscribe at birth.
         core.subscribe(Event::Stop, triggers::stop_all);
         core
-    }
-
-    /// Subscribes the features a started controller has to its stop: the
-    /// store, the watchdog and the coordination.
-    fn subscribe_features(self: &Arc<Self>, rt: &Runtime<K>) {
-        if let Some(link) = &rt.store {
-            // Woken to stop ticking, then to write the last flush once no
-            // worker can change a key.
-            let link = Arc::clone(link);
-            let done = Arc::clone(&link);
-            self.life.on(Event::Stop, move || link.wake());
-            self.life.on(Event::Stopped, move || done.workers_done());
-        }
-        if let Some(watchdog) = &rt.watchdog {
-            let watchdog = Arc::clone(watchdog);
-            self.life.on(Event::Stop, move || watchdog.shut_down());
-        }
-        if rt.coordination.is_some() {
-            // Workers waiting for leadership look again, and exit; our seat
-            // is given up once none of our reconciles can run, so
-            // leadership or partitions pass on at once (L4).
-            self.subscribe(Event::Stop, |core| {
-                if let Some(gate) = core.gate() {
-                    gate.wake();
-                }
-            });
-            self.subscribe(Event::WorkersExited, |core| {
-                if let Some(coordination) = core.coordination() {
-                    // Outside every lock: leaving talks to etcd.
-                    coordination.leave();
-                }
-            });
-        }
     }
 
     /// Runs `hook` with this core when `event` happens (holding it weakly

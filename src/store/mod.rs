@@ -74,6 +74,15 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 impl StoreError {
+    /// The `io::ErrorKind` it has inside an `io::Error`.
+    pub(crate) fn kind(&self) -> io::ErrorKind {
+        match self {
+            StoreError::Locked(_) => io::ErrorKind::WouldBlock,
+            StoreError::Invalid(_) => io::ErrorKind::InvalidData,
+            StoreError::Io(e) => e.kind(),
+        }
+    }
+
     /// A copy for each caller one failed write answers (`io::Error` is not
     /// `Clone`: the copy keeps its kind and its message).
     #[cfg(feature = "store")]
@@ -90,12 +99,7 @@ impl StoreError {
 /// `StoreError` stays inside (`get_ref()` + `downcast_ref`).
 impl From<StoreError> for io::Error {
     fn from(err: StoreError) -> Self {
-        let kind = match &err {
-            StoreError::Locked(_) => io::ErrorKind::WouldBlock,
-            StoreError::Invalid(_) => io::ErrorKind::InvalidData,
-            StoreError::Io(e) => e.kind(),
-        };
-        io::Error::new(kind, err)
+        io::Error::new(err.kind(), err)
     }
 }
 
