@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::{ControllerKey, Core, Runtime};
+use super::core::{ControllerKey, Core, Runtime};
 
 /// Open batches (their number), kept from before start.
 pub(crate) type OpenBatches = crate::sync::Mutex<usize>;

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{ControllerKey, Core, Runtime};
+use super::core::{ControllerKey, Core, Runtime};
 use crate::graph::{Dependencies, NothingPending};
 use crate::queue::{Cancel, CancelHook, Place};
 

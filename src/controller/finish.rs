@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::{ControllerKey, Core, Runtime};
+use super::core::{ControllerKey, Core, Runtime};
 use crate::queue::{AlsoDone, Priority};
 
 /// How a handed-out key's turn ended, as the worker settled it.

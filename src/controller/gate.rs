@@ -9,7 +9,7 @@ use std::any::Any;
 use std::io;
 use std::sync::Arc;
 
-use super::Core;
+use super::core::Core;
 use crate::sync::Mutex;
 use crate::{LeaderStatus, ShardStatus};
 

@@ -4,10 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::core::{ControllerKey, Core, When};
 use super::inspect::{KeyInfo, KeyStatus};
 use super::life::Phase;
 use super::stopping::StopOptions;
-use super::{ControllerKey, Core, When};
 use crate::clock::deadline_after;
 use crate::logs;
 use crate::observe::status::RunState;

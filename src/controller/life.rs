@@ -21,14 +21,12 @@
 //! different threads, in either order: each is correct whatever ran before.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{ControllerKey, Core};
 use crate::observe::status::RunState;
 use crate::sync::{AtomicBool, Condvar, Mutex};
-use crate::thread::{JoinHandle, ThreadWrapper, spawn_named};
+use crate::thread::JoinHandle;
 
 /// Where a controller is in its life; standby is not a phase of its own
 /// (it is a running controller whose gate says wait).
@@ -252,8 +250,29 @@ impl Lifecycle {
         self.change(|life| life.abandoned = true);
     }
 
-    fn aux_gone(&self) {
+    /// An auxiliary thread (trigger, watch, watchdog, flusher) exited.
+    pub(crate) fn aux_gone(&self) {
         self.change(|life| life.live_aux -= 1);
+    }
+
+    /// Counts the auxiliary thread `spawn` makes in `live_aux` until it
+    /// reports its exit ([`aux_gone`](Self::aux_gone)), and keeps its handle
+    /// to be joined; nothing is counted if the spawn fails.
+    pub(crate) fn spawn_aux(&self, spawn: impl FnOnce() -> io::Result<JoinHandle<()>>) -> io::Result<()> {
+        self.change(|life| life.live_aux += 1);
+        let mut threads = self.aux_threads.lock();
+        threads.retain(|t| !t.is_finished());
+        match spawn() {
+            Ok(thread) => {
+                threads.push(thread);
+                Ok(())
+            }
+            Err(e) => {
+                drop(threads);
+                self.aux_gone();
+                Err(e)
+            }
+        }
     }
 
     /// Reads the state under its lock.
@@ -312,62 +331,5 @@ fn join_all(threads: &Mutex<Vec<JoinHandle<()>>>) {
     let threads = std::mem::take(&mut *threads.lock());
     for thread in threads {
         let _ = thread.join();
-    }
-}
-
-/// Worker and auxiliary threads report their exit through this guard (also
-/// on unwinding), so stops can wait for them with a deadline. It holds the
-/// core, so the core outlives every thread of its controller.
-pub(crate) struct ExitGuard<K: ControllerKey> {
-    pub(crate) core: Arc<Core<K>>,
-    pub(crate) worker: bool,
-}
-
-impl<K: ControllerKey> Drop for ExitGuard<K> {
-    fn drop(&mut self) {
-        if self.worker {
-            self.core.life.workers_gone(1);
-        } else {
-            self.core.life.aux_gone();
-        }
-    }
-}
-
-impl<K: ControllerKey> Core<K> {
-    /// Spawns an auxiliary thread (trigger, watch, watchdog) that stop waits
-    /// for.
-    pub(crate) fn spawn_aux(self: &Arc<Self>, name: String, body: impl FnOnce(&Arc<Core<K>>) + Send + 'static) {
-        if let Err(e) = self.try_spawn_aux(name, body) {
-            panic!("controller {:?}: cannot spawn a thread: {e}", self.name);
-        }
-    }
-
-    /// Spawns a trigger, watch, watchdog or flusher thread, counted in
-    /// `live_aux` until it exits.
-    pub(crate) fn try_spawn_aux(
-        self: &Arc<Self>,
-        name: String,
-        body: impl FnOnce(&Arc<Core<K>>) + Send + 'static,
-    ) -> io::Result<()> {
-        let wrapper: Option<ThreadWrapper> = self.wrapper();
-        let life = &self.life;
-        life.change(|life| life.live_aux += 1);
-        let core = Arc::clone(self);
-        let mut threads = life.aux_threads.lock();
-        threads.retain(|t| !t.is_finished());
-        match spawn_named(name, wrapper.as_ref(), move || {
-            let guard = ExitGuard { core, worker: false };
-            body(&guard.core);
-        }) {
-            Ok(thread) => {
-                threads.push(thread);
-                Ok(())
-            }
-            Err(e) => {
-                drop(threads);
-                life.aux_gone();
-                Err(e)
-            }
-        }
     }
 }

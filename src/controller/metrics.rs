@@ -4,6 +4,8 @@
 //! panics, reconcile time, active workers and the configured worker count;
 //! and reconq's own held keys and superseded reconciles (dependencies).
 //!
+//! The samples are collected in `status` (with the status row).
+//!
 //! Each worker records into its own cache-padded [`WorkerMetrics`] (one
 //! writer per slot, so plain loads and stores, no contention between
 //! workers); a scrape sums the slots. Reconcile time is measured on the
@@ -17,15 +19,12 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::outcome::{Outcome, RetryPolicy};
-use super::worker::WorkerSlot;
-use super::{ControllerKey, Core};
-use crate::observe::metrics::MetricFamilies;
 use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
 use crate::observe::metrics::ticks;
 
 /// controller-runtime's `result` label values, in `WorkerMetrics::results`
 /// order.
-const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
+pub(super) const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 const SUCCESS: usize = 0;
 const ERROR: usize = 1;
 const REQUEUE: usize = 2;
@@ -61,13 +60,13 @@ impl Counted {
 
 /// A controller's reconciles by result, summed over its workers' slots.
 #[derive(Default)]
-pub(crate) struct ResultTotals([u64; 4]);
+pub(crate) struct ResultTotals(pub(super) [u64; 4]);
 
 impl ResultTotals {
-    pub(crate) fn sum<K>(slots: &[WorkerSlot<K>]) -> Self {
+    pub(crate) fn sum<'a>(workers: impl IntoIterator<Item = &'a WorkerMetrics>) -> Self {
         let mut totals = [0u64; 4];
-        for slot in slots {
-            for (total, count) in totals.iter_mut().zip(&slot.metrics.results) {
+        for worker in workers {
+            for (total, count) in totals.iter_mut().zip(&worker.results) {
                 *total += count.load(Relaxed);
             }
         }
@@ -92,8 +91,8 @@ impl ResultTotals {
 }
 
 /// The tick stamp of the latest success of any worker, if one succeeded.
-pub(crate) fn last_success_tick<K>(slots: &[WorkerSlot<K>]) -> Option<u64> {
-    slots.iter().map(|slot| slot.metrics.last_success.load(Relaxed)).filter(|&t| t != NO_SUCCESS).max()
+pub(crate) fn last_success_tick<'a>(workers: impl IntoIterator<Item = &'a WorkerMetrics>) -> Option<u64> {
+    workers.into_iter().map(|worker| worker.last_success.load(Relaxed)).filter(|&t| t != NO_SUCCESS).max()
 }
 
 /// `WorkerMetrics::last_success` before the worker's first success.
@@ -103,9 +102,9 @@ const NO_SUCCESS: u64 = u64::MAX;
 /// stats and status read them too (summed over the workers), so a reconcile
 /// costs no write to a cache line another worker writes.
 pub(crate) struct WorkerMetrics {
-    reconcile_time: WorkerHistogram<RECONCILE_N>,
+    pub(super) reconcile_time: WorkerHistogram<RECONCILE_N>,
     results: [AtomicU64; 4],
-    terminal: AtomicU64,
+    pub(super) terminal: AtomicU64,
     /// The tick stamp of this worker's latest success ([`NO_SUCCESS`]:
     /// none yet); the status turns it into a wall-clock time when read.
     last_success: AtomicU64,
@@ -138,94 +137,4 @@ impl WorkerMetrics {
 /// `+1` by the only writer: a load and a store, no read-modify-write.
 fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
-}
-
-/// Adds `core`'s samples, labelled `controller`.
-pub(crate) fn collect<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies) {
-    let controller = core.name.as_str();
-    let labels = [("controller", controller)];
-    let mut results = ResultTotals::default();
-    let mut terminal = 0;
-    let mut active = 0;
-    let mut held = 0;
-    let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
-    let workers = match core.rt.get() {
-        Some(rt) => {
-            results = ResultTotals::sum(&rt.slots);
-            for slot in &rt.slots {
-                terminal += slot.metrics.terminal.load(Relaxed);
-                reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
-                active += usize::from(slot.running.lock().is_some());
-            }
-            held = rt.queue.counts_and_held().1;
-            rt.workers
-        }
-        None => core.configured_workers(),
-    };
-    for (result, count) in RESULTS.iter().zip(results.0) {
-        out.counter(
-            "controller_runtime_reconcile_total",
-            "Total number of reconciliations per controller",
-            &[("controller", controller), ("result", result)],
-            count as f64,
-        );
-    }
-    out.counter(
-        "controller_runtime_reconcile_errors_total",
-        "Total number of reconciliation errors per controller",
-        &labels,
-        results.failures() as f64,
-    );
-    out.counter(
-        "controller_runtime_terminal_reconcile_errors_total",
-        "Total number of terminal reconciliation errors per controller",
-        &labels,
-        terminal as f64,
-    );
-    out.counter(
-        "controller_runtime_reconcile_panics_total",
-        "Total number of reconciliation panics per controller",
-        &labels,
-        core.counters.panics.load(Relaxed) as f64,
-    );
-    if core.rt.get().is_some_and(|rt| rt.timeout.is_some()) {
-        out.counter(
-            "controller_runtime_reconcile_timeouts_total",
-            "Total number of reconciliations cancelled at their timeout per controller",
-            &labels,
-            core.counters.timeouts.load(Relaxed) as f64,
-        );
-    }
-    // Dependencies (guarantees §14): reconq's own, always there, so a
-    // dashboard or alert needs no `absent()`.
-    out.gauge(
-        "reconq_held_keys",
-        "Ready keys held by a pending ancestor or waiting for cancelled descendants per controller",
-        &labels,
-        held as f64,
-    );
-    out.counter(
-        "reconq_superseded_reconciles_total",
-        "Total number of reconciles cancelled because an ancestor became pending per controller",
-        &labels,
-        core.counters.superseded.load(Relaxed) as f64,
-    );
-    out.histogram(
-        "controller_runtime_reconcile_time_seconds",
-        "Length of time per reconciliation per controller",
-        &labels,
-        reconcile_time,
-    );
-    out.gauge(
-        "controller_runtime_active_workers",
-        "Number of currently used workers per controller",
-        &labels,
-        active as f64,
-    );
-    out.gauge(
-        "controller_runtime_max_concurrent_reconciles",
-        "Maximum number of concurrent reconciles per controller",
-        &labels,
-        workers as f64,
-    );
 }

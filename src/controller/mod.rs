@@ -34,6 +34,7 @@
 //! ```
 
 mod batch;
+mod core;
 mod debounce;
 mod dependencies;
 mod finish;
@@ -55,29 +56,23 @@ mod watchdog;
 mod worker;
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 #[cfg(feature = "etcd")]
 use crate::coordination::{LeaderElection, Sharding};
 use crate::key_encoding::StoreKey;
-use crate::observe::metrics::MetricFamilies;
-use crate::observe::{self, Observed};
 use crate::panics;
-use crate::queue::{Place, Priority, WorkQueue};
 use crate::rate_limit::RateLimiter;
 #[cfg(feature = "store")]
 use crate::store::{Persister, SqliteStore};
 use crate::store::{StoreError, StoreLink};
-use crate::sync::Mutex;
-use crate::thread::ThreadWrapper;
 
 pub use crate::context::{Context, StopSignal};
 pub use batch::Batch;
+pub use core::ControllerKey;
 pub use dependencies::CycleError;
 pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
@@ -88,19 +83,9 @@ pub use stopping::{StopOptions, Stopping};
 pub use triggers::TriggerOutcome;
 pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 
+use self::core::{Core, Jitter};
+use crate::thread::ThreadWrapper;
 use groups::{GroupTable, Grouping};
-use inspect::{KeyMemory, ParkedSet};
-use life::{Event, Lifecycle, Phase};
-use watchdog::Watchdog;
-use worker::WorkerSlot;
-
-/// What a controller's keys must be: hashable for the queue, `Debug` for
-/// log lines, shareable across the worker threads.
-pub trait ControllerKey: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static {}
-impl<K: Eq + Hash + Clone + Send + Sync + fmt::Debug + 'static> ControllerKey for K {}
-
-/// How many permanently failed keys are remembered by default.
-pub(crate) const DEFAULT_PARKED_CAPACITY: usize = 1024;
 
 /// Builds and starts a controller.
 ///
@@ -493,343 +478,5 @@ impl<K: ControllerKey> Controller<K> {
 impl<K: ControllerKey> fmt::Debug for Controller<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Controller").field("name", &self.core.name).finish_non_exhaustive()
-    }
-}
-
-/// Lets the queue share the controller's clock.
-#[derive(Debug)]
-struct ClockRef(Arc<dyn Clock>);
-
-impl Clock for ClockRef {
-    fn now(&self) -> Instant {
-        self.0.now()
-    }
-    fn is_real_time(&self) -> bool {
-        self.0.is_real_time()
-    }
-    fn subscribe(&self, wake: crate::clock::Wake) {
-        self.0.subscribe(wake)
-    }
-}
-
-#[derive(Clone)]
-struct Config {
-    workers: usize,
-    wrapper: Option<ThreadWrapper>,
-    hanging_threshold: Option<Duration>,
-    timeout: Option<Duration>,
-    max_in_flight_per_group: Option<usize>,
-    jitter: Option<Jitter>,
-    log_errors: bool,
-    supersede: bool,
-    debounce: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Jitter {
-    fraction: f64,
-    seed: u64,
-}
-
-impl Jitter {
-    fn apply<K: Hash>(&self, key: &K, attempt: u32, delay: Duration) -> Duration {
-        let hash = foldhash::fast::FixedState::with_seed(self.seed).hash_one((key, attempt));
-        let unit = (splitmix64(hash) >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-        let factor = 1.0 - self.fraction + 2.0 * self.fraction * unit;
-        Duration::try_from_secs_f64(delay.as_secs_f64() * factor).unwrap_or(delay)
-    }
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// When a key enqueued before start should run.
-#[derive(Clone, Copy)]
-pub(crate) enum When {
-    Now,
-    /// Now, or after the debounce if there is one (U2): an `enqueue`, a
-    /// watch or cache event, a trigger.
-    Event,
-    /// A delay, and the real instant it was asked for.
-    After(Duration, Instant),
-    At(Instant),
-}
-
-/// What exists once the controller is started.
-pub(crate) struct Runtime<K> {
-    pub(crate) queue: WorkQueue<K>,
-    pub(crate) limiter: Arc<dyn RateLimiter<K>>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) slots: Vec<WorkerSlot<K>>,
-    pub(crate) jitter: Option<Jitter>,
-    pub(crate) hanging_threshold: Option<Duration>,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) watchdog: Option<Arc<Watchdog>>,
-    pub(crate) workers: usize,
-    /// Log failed reconciles that returned an error (panics always are).
-    pub(crate) log_errors: bool,
-    pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
-    /// The store seam: told of every key change (`mark`).
-    pub(crate) store: Option<Arc<dyn StoreLink<K>>>,
-    /// Leader election or sharding: which keys run here, and when.
-    pub(crate) coordination: Option<gate::Coordinated<K>>,
-    /// What a worker does once a reconcile returned (see `finish`).
-    pub(crate) finish: finish::Finish,
-    /// `debounce` (U2): what delays its events.
-    debounce: Option<debounce::Debounce<K>>,
-}
-
-impl<K: ControllerKey> Runtime<K> {
-    /// Re-adds a key being reconciled after `delay`, at the priority it was
-    /// handed out with (P3; its group stays the one it has in the queue).
-    pub(crate) fn retry_after(&self, key: &K, delay: Duration, priority: Priority) {
-        self.queue.retry_after_placed(key.clone(), delay, Place { prio: priority, group: 0 });
-    }
-
-    pub(crate) fn retry_rate_limited(&self, key: &K, attempt: u32, priority: Priority) {
-        let delay = self.limiter.when(key);
-        let delay = match &self.jitter {
-            None => delay,
-            Some(jitter) => jitter.apply(key, attempt, delay),
-        };
-        self.retry_after(key, delay, priority);
-    }
-
-    pub(crate) fn jittered(&self, key: &K, attempt: u32, delay: Duration) -> Duration {
-        match &self.jitter {
-            None => delay,
-            Some(jitter) => jitter.apply(key, attempt, delay),
-        }
-    }
-}
-
-/// Counts shared by the workers, for events off the hot path. (Reconciles
-/// by result and the time of the latest success are counted per worker:
-/// see `metrics::WorkerMetrics`.)
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) panics: AtomicU64,
-    /// Reconciles cancelled at their timeout.
-    pub(crate) timeouts: AtomicU64,
-    /// Keys dropped because another replica owns them (sharding).
-    pub(crate) not_owned: AtomicU64,
-    pub(crate) last_error: Mutex<Option<(String, SystemTime)>>,
-    /// Failures since the last success, of any key (as Cilium counts). A
-    /// success writes it only when it is not already 0.
-    pub(crate) consecutive_failures: AtomicU64,
-    /// Reconciles cancelled because an ancestor became pending (D3) or
-    /// their key became ready again (U1).
-    pub(crate) superseded: AtomicU64,
-}
-
-/// Everything a controller's handles and threads share.
-pub(crate) struct Core<K> {
-    /// Lists the controller in metrics and status; unlisted when dropped.
-    /// Set once the core is built: a registry prune meanwhile would drop
-    /// the entry of a core whose `Weak` cannot be upgraded yet.
-    _registration: OnceLock<observe::Registration>,
-    pub(crate) name: String,
-    config: Mutex<Config>,
-    pub(crate) rt: OnceLock<Runtime<K>>,
-    pub(crate) pending: Mutex<Vec<(K, When, Priority)>>,
-    pub(crate) counters: Counters,
-    pub(crate) memory: KeyMemory<K>,
-    pub(crate) parked: ParkedSet<K>,
-    /// State, threads and stop hooks (see `life`).
-    pub(crate) life: Lifecycle,
-    pub(crate) triggers: Mutex<triggers::Triggers<K>>,
-    /// The caches it watches (see `watch`).
-    pub(crate) watches: watch::Watches<K>,
-    /// Dependencies set before start (see `dependencies`).
-    pub(crate) deps_before_start: Mutex<dependencies::BeforeStart<K>>,
-    /// Batches open now (see `batch`).
-    pub(crate) batches: batch::OpenBatches,
-}
-
-impl<K: ControllerKey> Observed for Core<K> {
-    fn collect_status(&self, out: &mut Vec<observe::status::StatusEntry>) {
-        out.push(self.status_entry());
-    }
-
-    fn collect_metrics(&self, out: &mut MetricFamilies) {
-        metrics::collect(self, out);
-    }
-
-    /// Workers leave only when a stop asks them to (a reconcile's panic is
-    /// caught): one gone before that died in the engine itself.
-    fn check_live(&self, out: &mut Vec<String>) {
-        let Some(rt) = self.rt.get() else { return };
-        let live_workers = self.life.read(|life| (life.phase == Phase::Running).then_some(life.live_workers));
-        if let Some(live) = live_workers.filter(|&live| live < rt.workers) {
-            out.push(format!(
-                "controller {:?}: {} of {} worker threads exited",
-                self.name,
-                rt.workers - live,
-                rt.workers
-            ));
-        }
-    }
-}
-
-impl<K: ControllerKey> Core<K> {
-    /// A core registered for metrics and status for as long as it lives.
-    fn new(name: String) -> Arc<Self> {
-        let core = Arc::new(Self {
-            _registration: OnceLock::new(),
-            name,
-            config: Mutex::new(Config {
-                workers: 1,
-                wrapper: None,
-                hanging_threshold: None,
-                timeout: None,
-                max_in_flight_per_group: None,
-                jitter: None,
-                log_errors: true,
-                supersede: false,
-                debounce: None,
-            }),
-            rt: OnceLock::new(),
-            pending: Mutex::new(Vec::new()),
-            counters: Counters::default(),
-            memory: KeyMemory::new(),
-            parked: ParkedSet::new(DEFAULT_PARKED_CAPACITY),
-            life: Lifecycle::new(),
-            triggers: Mutex::new(triggers::Triggers::default()),
-            watches: watch::Watches::new(),
-            deps_before_start: Mutex::new(dependencies::BeforeStart::default()),
-            batches: Mutex::new(0),
-        });
-        let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
-        let _ = core._registration.set(observe::register(observed));
-        // Triggers exist before start, so they subscribe at birth.
-        core.subscribe(Event::Stop, triggers::stop_all);
-        core
-    }
-
-    /// Runs `hook` with this core when `event` happens (holding it weakly
-    /// until then: the hooks live in the core).
-    fn subscribe(self: &Arc<Self>, event: Event, hook: fn(&Core<K>)) {
-        let core = Arc::downgrade(self);
-        self.life.on(event, move || {
-            if let Some(core) = core.upgrade() {
-                hook(&core);
-            }
-        });
-    }
-
-    pub(crate) fn configured_workers(&self) -> usize {
-        self.config.lock().workers
-    }
-
-    pub(crate) fn wrapper(&self) -> Option<ThreadWrapper> {
-        self.config.lock().wrapper.clone()
-    }
-
-    /// Routes an enqueue to the queue, or keeps it until start. Ignored
-    /// once a stop is requested (one atomic load): between the request and
-    /// the queue's shutdown (a stop's hooks run in between) an enqueue
-    /// would still land, and a drain would reconcile it.
-    #[inline]
-    pub(crate) fn route(&self, key: K, when: When, priority: Priority) {
-        if self.life.is_stopping() {
-            return;
-        }
-        if let Some(rt) = self.rt.get() {
-            return self.apply(rt, key, when, priority);
-        }
-        let mut pending = self.pending.lock();
-        if let Some(rt) = self.rt.get() {
-            drop(pending);
-            return self.apply(rt, key, when, priority);
-        }
-        // Again under the lock: a stop clears `pending` under it.
-        if !self.life.is_stopping() {
-            pending.push((key, when, priority));
-        }
-    }
-
-    /// Adds an enqueued key to the queue, in its group (asked here, with no
-    /// engine lock held: see `groups`).
-    fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
-        let Some(place) = self.place(rt, &key, priority) else { return };
-        let marked = rt.store.as_ref().map(|store| (store, key.clone()));
-        match when {
-            When::Now => rt.queue.add_placed(key, place),
-            When::Event => match &rt.debounce {
-                None => rt.queue.add_placed(key, place),
-                Some(debounce) => debounce.enqueue(&rt.queue, key, rt.clock.now(), place),
-            },
-            When::After(delay, asked) => {
-                let delay = if rt.clock.is_real_time() { delay.saturating_sub(asked.elapsed()) } else { delay };
-                rt.queue.add_after_placed(key, delay, place)
-            }
-            When::At(at) => rt.queue.add_at_placed(key, at, place),
-        }
-        if let Some((store, key)) = marked {
-            store.mark(&key);
-        }
-    }
-
-    /// Where an enqueued `key` goes in the queue: its priority and group
-    /// (asked with no engine lock held: see `groups`); `None` (counted) if
-    /// coordination says it runs elsewhere.
-    fn place(&self, rt: &Runtime<K>, key: &K, priority: Priority) -> Option<Place> {
-        if let Some(coordination) = &rt.coordination
-            && !coordination.gate.accepts(key)
-        {
-            self.counters.not_owned.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&self.name, key));
-        Some(Place { prio: priority, group })
-    }
-
-    /// Leader election or sharding, once started with one.
-    fn coordination(&self) -> Option<&gate::Coordinated<K>> {
-        self.rt.get().and_then(|rt| rt.coordination.as_ref())
-    }
-
-    /// The coordination gate, once started with one.
-    fn gate(&self) -> Option<&dyn gate::Gate<K>> {
-        self.coordination().map(|c| &*c.gate)
-    }
-
-    /// Cancels the reconciles of keys matching `which` running now
-    /// (leadership or partitions were lost); later ones are not affected.
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only coordination asks
-    pub(crate) fn cancel_running(&self, which: impl Fn(&K) -> bool) {
-        if let Some(rt) = self.rt.get() {
-            for slot in &rt.slots {
-                let running = slot.running.lock();
-                if running.as_ref().is_some_and(|run| which(&run.key)) {
-                    slot.signal.set();
-                }
-            }
-        }
-    }
-
-    /// Cancels every in-flight reconcile and every later one.
-    pub(crate) fn cancel_everything(&self) {
-        self.life.cancel_all.store(true, Ordering::SeqCst);
-        if let Some(rt) = self.rt.get() {
-            for slot in &rt.slots {
-                let _running = slot.running.lock();
-                slot.signal.set();
-            }
-        }
-    }
-
-    /// Marks the stop requested (running the stop's hooks); returns
-    /// whether this call did it.
-    pub(crate) fn request_stop(&self) -> bool {
-        let first = self.life.request_stop();
-        if first {
-            self.pending.lock().clear();
-        }
-        first
     }
 }

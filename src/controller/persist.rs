@@ -7,7 +7,8 @@ use std::time::Instant;
 
 pub(crate) use crate::store::PendingFlush;
 
-use super::{ControllerHandle, ControllerKey, Core, Runtime};
+use super::ControllerHandle;
+use super::core::{ControllerKey, Core, Runtime};
 use crate::queue::{Place, Priority};
 use crate::store::{Flush, KeySource, KeyView, StoreLink};
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, select};
 
-use super::{Controller, ControllerHandle, ControllerKey};
+use super::core::ControllerKey;
+use super::{Controller, ControllerHandle};
 use crate::logs;
 use crate::signals;
 

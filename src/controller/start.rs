@@ -12,11 +12,13 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::life::{Event, ExitGuard};
+use super::core::{ClockRef, ControllerKey, Core, Runtime, When};
+use super::core::{ExitGuard, WorkerSlot};
+use super::life::Event;
 use super::watch::{AtStart, WatchError};
 use super::watchdog::Watchdog;
-use super::worker::{self, WorkerSlot};
-use super::{ClockRef, Controller, ControllerHandle, ControllerKey, Core, Runtime, When, debounce, finish, persist};
+use super::worker;
+use super::{Controller, ControllerHandle, debounce, finish, persist};
 use crate::queue::WorkQueue;
 use crate::rate_limit::ExponentialBackoff;
 use crate::store::StoreError;

@@ -1,14 +1,19 @@
-//! A controller's row in the global status ([`crate::status`]).
+//! A controller's row in the global status ([`crate::status`]) and its
+//! metrics' samples: what the controller reports to `observe`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use super::core::{ControllerKey, Core, Counters};
 use super::gate::Gate;
-use super::metrics::{ResultTotals, last_success_tick};
+use super::handle::Stats;
+use super::life::Phase;
+use super::metrics::{RESULTS, ResultTotals, last_success_tick};
 use super::watchdog::{log_hangs, scan};
-use super::{ControllerKey, Core, Counters, Stats};
-use crate::observe::metrics::ticks;
+use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
+use crate::observe::metrics::{MetricFamilies, ticks};
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry, is_standby};
+use crate::observe::{self, Observed};
 
 impl Counters {
     /// Ends a failure streak at a success. No lock; the streak counter is
@@ -26,7 +31,7 @@ impl<K: ControllerKey> Core<K> {
     /// The wall-clock time of the latest success: the workers stamp it on
     /// the tick clock (no system-clock read per reconcile), converted here.
     fn last_success_time(&self) -> Option<SystemTime> {
-        let tick = last_success_tick(&self.rt.get()?.slots)?;
+        let tick = last_success_tick(self.rt.get()?.slots.iter().map(|slot| &*slot.metrics))?;
         Some(SystemTime::now() - ticks::elapsed_since(tick))
     }
 }
@@ -59,7 +64,10 @@ impl<K: ControllerKey> Core<K> {
             Some((e, t)) => (Some(e), Some(t)),
             None => (None, None),
         };
-        let results = self.rt.get().map_or_else(ResultTotals::default, |rt| ResultTotals::sum(&rt.slots));
+        let results = self
+            .rt
+            .get()
+            .map_or_else(ResultTotals::default, |rt| ResultTotals::sum(rt.slots.iter().map(|slot| &*slot.metrics)));
         let stats = Stats {
             reconciles: results.reconciles() + c.superseded.load(Ordering::Relaxed),
             successes: results.successes(),
@@ -150,4 +158,119 @@ impl<K: ControllerKey> Core<K> {
             last_success_time: self.last_success_time(),
         }
     }
+}
+
+impl<K: ControllerKey> Observed for Core<K> {
+    fn collect_status(&self, out: &mut Vec<observe::status::StatusEntry>) {
+        out.push(self.status_entry());
+    }
+
+    fn collect_metrics(&self, out: &mut MetricFamilies) {
+        collect_metrics(self, out);
+    }
+
+    /// Workers leave only when a stop asks them to (a reconcile's panic is
+    /// caught): one gone before that died in the engine itself.
+    fn check_live(&self, out: &mut Vec<String>) {
+        let Some(rt) = self.rt.get() else { return };
+        let live_workers = self.life.read(|life| (life.phase == Phase::Running).then_some(life.live_workers));
+        if let Some(live) = live_workers.filter(|&live| live < rt.workers) {
+            out.push(format!(
+                "controller {:?}: {} of {} worker threads exited",
+                self.name,
+                rt.workers - live,
+                rt.workers
+            ));
+        }
+    }
+}
+
+/// Adds `core`'s samples, labelled `controller`.
+fn collect_metrics<K: ControllerKey>(core: &Core<K>, out: &mut MetricFamilies) {
+    let controller = core.name.as_str();
+    let labels = [("controller", controller)];
+    let mut results = ResultTotals::default();
+    let mut terminal = 0;
+    let mut active = 0;
+    let mut held = 0;
+    let mut reconcile_time = WorkerHistogram::<RECONCILE_N>::new(&RECONCILE_BUCKETS).snapshot();
+    let workers = match core.rt.get() {
+        Some(rt) => {
+            results = ResultTotals::sum(rt.slots.iter().map(|slot| &*slot.metrics));
+            for slot in &rt.slots {
+                terminal += slot.metrics.terminal.load(Ordering::Relaxed);
+                reconcile_time.merge(&slot.metrics.reconcile_time.snapshot());
+                active += usize::from(slot.running.lock().is_some());
+            }
+            held = rt.queue.counts_and_held().1;
+            rt.workers
+        }
+        None => core.configured_workers(),
+    };
+    for (result, count) in RESULTS.iter().zip(results.0) {
+        out.counter(
+            "controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller",
+            &[("controller", controller), ("result", result)],
+            count as f64,
+        );
+    }
+    out.counter(
+        "controller_runtime_reconcile_errors_total",
+        "Total number of reconciliation errors per controller",
+        &labels,
+        results.failures() as f64,
+    );
+    out.counter(
+        "controller_runtime_terminal_reconcile_errors_total",
+        "Total number of terminal reconciliation errors per controller",
+        &labels,
+        terminal as f64,
+    );
+    out.counter(
+        "controller_runtime_reconcile_panics_total",
+        "Total number of reconciliation panics per controller",
+        &labels,
+        core.counters.panics.load(Ordering::Relaxed) as f64,
+    );
+    if core.rt.get().is_some_and(|rt| rt.timeout.is_some()) {
+        out.counter(
+            "controller_runtime_reconcile_timeouts_total",
+            "Total number of reconciliations cancelled at their timeout per controller",
+            &labels,
+            core.counters.timeouts.load(Ordering::Relaxed) as f64,
+        );
+    }
+    // Dependencies (guarantees §14): reconq's own, always there, so a
+    // dashboard or alert needs no `absent()`.
+    out.gauge(
+        "reconq_held_keys",
+        "Ready keys held by a pending ancestor or waiting for cancelled descendants per controller",
+        &labels,
+        held as f64,
+    );
+    out.counter(
+        "reconq_superseded_reconciles_total",
+        "Total number of reconciles cancelled because an ancestor became pending per controller",
+        &labels,
+        core.counters.superseded.load(Ordering::Relaxed) as f64,
+    );
+    out.histogram(
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+        &labels,
+        reconcile_time,
+    );
+    out.gauge(
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+        &labels,
+        active as f64,
+    );
+    out.gauge(
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+        &labels,
+        workers as f64,
+    );
 }

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::core::{ControllerKey, Runtime};
 use super::handle::{ControllerHandle, StopReport};
-use super::{ControllerKey, Runtime};
 use crate::clock::deadline_after;
 use crate::logs;
 

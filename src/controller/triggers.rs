@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use super::core::{ControllerKey, Core, When};
 use super::handle::ControllerHandle;
-use super::{ControllerKey, Core, When};
 use crate::context::StopSignal;
 use crate::{logs, panics};
 

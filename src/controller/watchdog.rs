@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::{ControllerKey, Core, Runtime};
+use super::core::{ControllerKey, Core, Runtime};
 use crate::clock::Clock;
 use crate::logs;
 use crate::sync::{AtomicBool, Condvar, Mutex};

@@ -3,73 +3,17 @@
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
+use super::core::{ControllerKey, Core, Running, Runtime, Started, WorkerSlot};
 use super::finish::Settled;
 use super::gate::{Admission, Gate};
-use super::metrics::{Counted, WorkerMetrics};
+use super::metrics::Counted;
 use super::outcome::{Outcome, Reconciler, RetryPolicy};
-use super::{ControllerKey, Core, Runtime};
-use crate::context::{Context, StopSignal};
+use crate::context::Context;
 use crate::logs;
 use crate::observe::metrics::ticks;
 use crate::queue::Priority;
-use crate::sync::Mutex;
-
-/// One worker's in-flight reconcile, readable by other threads (cancel,
-/// hang reports, inspect, stop reports).
-pub(crate) struct WorkerSlot<K> {
-    pub(crate) running: Mutex<Option<Running<K>>>,
-    /// Backs the `Context` of this worker's reconciles; reset at each start.
-    pub(crate) signal: StopSignal,
-    /// This worker's metrics (written by it alone).
-    pub(crate) metrics: crossbeam_utils::CachePadded<WorkerMetrics>,
-}
-
-pub(crate) struct Running<K> {
-    pub(crate) key: K,
-    pub(crate) started: Started,
-    /// The hang warning for this reconcile was logged.
-    pub(crate) hang_logged: bool,
-    /// The watchdog cancelled it at its timeout: it counts as a failure
-    /// whatever it returns.
-    pub(crate) timed_out: bool,
-    /// An ancestor became pending (D3), or with `supersede` its key became
-    /// ready again (U1), and cancelled it: it counts as superseded
-    /// whatever it returns.
-    pub(crate) superseded: bool,
-}
-
-/// When a reconcile started, on the controller's clock.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Started {
-    /// On a clock that runs in real time: the worker's tick stamp of the
-    /// hand-out, turned into the clock's time only when someone asks (hang
-    /// reports, timeouts, `inspect`), so a reconcile costs no clock read.
-    Tick(u64),
-    /// On a clock that jumps (`FakeClock`): its reading at the start.
-    At(Instant),
-}
-
-impl Started {
-    /// The start, given the controller clock's reading `now`.
-    pub(crate) fn at(self, now: Instant) -> Instant {
-        match self {
-            Started::At(at) => at,
-            Started::Tick(tick) => now.checked_sub(ticks::elapsed_since(tick)).unwrap_or(now),
-        }
-    }
-}
-
-impl<K> WorkerSlot<K> {
-    pub(crate) fn new() -> Self {
-        Self {
-            running: Mutex::new(None),
-            signal: StopSignal::new(),
-            metrics: crossbeam_utils::CachePadded::new(WorkerMetrics::new()),
-        }
-    }
-}
 
 crate::sync::thread_local! {
     /// The address of the controller core this thread is a worker of (0 on

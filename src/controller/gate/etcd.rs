@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 
 use super::{Admission, Coordinated, Gate, Join, Resync};
-use crate::controller::{ControllerKey, Core, When};
+use crate::controller::core::{ControllerKey, Core, When};
 use crate::coordination::{LeaderElection, ShardHooks, Sharding, partition_of};
 use crate::key_encoding::StoreKey;
 use crate::sync::Mutex;

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::{Attached, Watch, WatchError};
 use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
-use crate::controller::{ControllerKey, Core, When, splitmix64};
+use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
 use crate::store::{AfterWrite, Flush, KeptChange, KeptSet, StoreLink};

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::Watched;
 use crate::cache::SyncedHook;
+use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate};
-use crate::controller::{ControllerKey, Core};
 use crate::logs;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::{LeaderStatus, ShardStatus};
