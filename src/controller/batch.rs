@@ -19,11 +19,12 @@ pub(crate) type OpenBatches = crate::sync::Mutex<usize>;
 #[must_use = "the batch closes when this guard is dropped"]
 pub struct Batch<K: ControllerKey> {
     core: Arc<Core<K>>,
+    open: Arc<OpenBatches>,
 }
 
 impl<K: ControllerKey> Drop for Batch<K> {
     fn drop(&mut self) {
-        self.core.close_batch();
+        self.core.close_batch(&self.open);
     }
 }
 
@@ -34,21 +35,22 @@ impl<K: ControllerKey> std::fmt::Debug for Batch<K> {
 }
 
 impl<K: ControllerKey> Core<K> {
-    /// Opens a batch; the queue holds keys from the first one on.
-    pub(crate) fn open_batch(self: &Arc<Self>) -> Batch<K> {
-        let mut open = self.batches.lock();
+    /// Opens a batch (counted in `batches`); the queue holds keys from the
+    /// first one on.
+    pub(crate) fn open_batch(self: &Arc<Self>, batches: &Arc<OpenBatches>) -> Batch<K> {
+        let mut open = batches.lock();
         *open += 1;
         if *open == 1
             && let Some(rt) = self.rt.get()
         {
             rt.queue.open_batch(|| self.cancel_hook());
         }
-        Batch { core: Arc::clone(self) }
+        Batch { core: Arc::clone(self), open: Arc::clone(batches) }
     }
 
     /// Closes a batch; the last one out lets the queue schedule its keys.
-    fn close_batch(&self) {
-        let mut open = self.batches.lock();
+    fn close_batch(&self, batches: &OpenBatches) {
+        let mut open = batches.lock();
         *open -= 1;
         if *open == 0
             && let Some(rt) = self.rt.get()

@@ -21,7 +21,6 @@ use super::inspect::{KeyMemory, ParkedSet};
 use super::life::{Event, Lifecycle};
 use super::metrics::WorkerMetrics;
 use super::watchdog::Watchdog;
-use super::{batch, dependencies, triggers, watch};
 use crate::clock::Clock;
 use crate::context::StopSignal;
 use crate::observe::metrics::ticks;
@@ -168,6 +167,8 @@ pub(crate) struct Counters {
     /// Reconciles cancelled because an ancestor became pending (D3) or
     /// their key became ready again (U1).
     pub(crate) superseded: AtomicU64,
+    /// Failed maps and predicates of watched caches (E6).
+    pub(crate) handler_errors: AtomicU64,
 }
 
 /// Everything a controller's handles and threads share.
@@ -185,13 +186,6 @@ pub(crate) struct Core<K> {
     pub(crate) parked: ParkedSet<K>,
     /// State, threads and stop hooks (see `life`).
     pub(crate) life: Lifecycle,
-    pub(crate) triggers: Mutex<triggers::Triggers<K>>,
-    /// The caches it watches (see `watch`).
-    pub(crate) watches: watch::Watches<K>,
-    /// Dependencies set before start (see `dependencies`).
-    pub(crate) deps_before_start: Mutex<dependencies::BeforeStart<K>>,
-    /// Batches open now (see `batch`).
-    pub(crate) batches: batch::OpenBatches,
 }
 
 impl<K: ControllerKey> Core<K> {
@@ -217,15 +211,9 @@ impl<K: ControllerKey> Core<K> {
             memory: KeyMemory::new(),
             parked: ParkedSet::new(DEFAULT_PARKED_CAPACITY),
             life: Lifecycle::new(),
-            triggers: Mutex::new(triggers::Triggers::default()),
-            watches: watch::Watches::new(),
-            deps_before_start: Mutex::new(dependencies::BeforeStart::default()),
-            batches: Mutex::new(0),
         });
         let observed: Weak<dyn Observed> = Arc::downgrade(&core) as Weak<Self>;
         let _ = core._registration.set(observe::register(observed));
-        // Triggers exist before start, so they subscribe at birth.
-        core.subscribe(Event::Stop, triggers::stop_all);
         core
     }
 

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use super::core::{ControllerKey, Core, Runtime};
 use crate::graph::{Dependencies, NothingPending};
 use crate::queue::{Cancel, CancelHook, Place};
+use crate::sync::Mutex;
 
 /// `set_dependencies` would close a cycle (D4): nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,9 +47,11 @@ impl<K> Default for BeforeStart<K> {
 }
 
 impl<K: ControllerKey> Core<K> {
-    /// Replaces `key`'s parents (D4: a cycle changes nothing).
+    /// Replaces `key`'s parents (D4: a cycle changes nothing); before
+    /// start, in `before`.
     pub(crate) fn set_dependencies(
         self: &Arc<Self>,
+        before: &Mutex<BeforeStart<K>>,
         key: &K,
         parents: impl IntoIterator<Item = K>,
     ) -> Result<(), CycleError<K>> {
@@ -57,7 +60,7 @@ impl<K: ControllerKey> Core<K> {
         if let Some(rt) = self.rt.get() {
             return self.set_started(rt, key, parents);
         }
-        let mut before = self.deps_before_start.lock();
+        let mut before = before.lock();
         if let Some(rt) = self.rt.get() {
             drop(before);
             return self.set_started(rt, key, parents);
@@ -140,30 +143,31 @@ impl<K: ControllerKey> Core<K> {
         }
     }
 
-    /// `key`'s direct parents (before start: those set in this process; a
-    /// store's come back at start).
-    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
-        self.read_graph(key, |q, key| q.dependencies(key), |d, key| d.parents(key))
+    /// `key`'s direct parents (before start: those set in this process, in
+    /// `before`; a store's come back at start).
+    pub(crate) fn dependencies(&self, before: &Mutex<BeforeStart<K>>, key: &K) -> Vec<K> {
+        self.read_graph(before, key, |q, key| q.dependencies(key), |d, key| d.parents(key))
     }
 
     /// `key`'s direct children.
-    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
-        self.read_graph(key, |q, key| q.dependents(key), |d, key| d.children(key))
+    pub(crate) fn dependents(&self, before: &Mutex<BeforeStart<K>>, key: &K) -> Vec<K> {
+        self.read_graph(before, key, |q, key| q.dependents(key), |d, key| d.children(key))
     }
 
     fn read_graph(
         &self,
+        before: &Mutex<BeforeStart<K>>,
         key: &K,
         started: impl Fn(&crate::queue::WorkQueue<K>, &K) -> Vec<K>,
-        before: impl Fn(&Dependencies<K>, &K) -> Vec<K>,
+        not_started: impl Fn(&Dependencies<K>, &K) -> Vec<K>,
     ) -> Vec<K> {
         if let Some(rt) = self.rt.get() {
             return started(&rt.queue, key);
         }
-        let set_before = self.deps_before_start.lock();
+        let set_before = before.lock();
         match (self.rt.get(), set_before.deps.as_deref()) {
             (Some(rt), _) => started(&rt.queue, key),
-            (None, Some(deps)) => before(deps, key),
+            (None, Some(deps)) => not_started(deps, key),
             (None, None) => Vec::new(),
         }
     }

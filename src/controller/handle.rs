@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::core::{ControllerKey, Core, When};
+use super::features::Features;
 use super::inspect::{KeyInfo, KeyStatus};
 use super::life::Phase;
 use super::stopping::StopOptions;
@@ -18,11 +19,12 @@ use crate::queue::KeyState;
 /// [`stop_with_drain`](Self::stop_with_drain).
 pub struct ControllerHandle<K: ControllerKey> {
     pub(crate) core: Arc<Core<K>>,
+    pub(crate) features: Arc<Features<K>>,
 }
 
 impl<K: ControllerKey> Clone for ControllerHandle<K> {
     fn clone(&self) -> Self {
-        Self { core: Arc::clone(&self.core) }
+        Self { core: Arc::clone(&self.core), features: Arc::clone(&self.features) }
     }
 }
 
@@ -202,7 +204,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         cache: &crate::Cache<S>,
         watch: super::Watch<S, K>,
     ) -> Result<(), super::WatchError> {
-        self.core.watches.watch(&self.core, cache, watch)
+        self.features.watches.watch(&self.core, cache, watch)
     }
 
     /// Blocks until every cache this controller watches has synced and
@@ -211,7 +213,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// (`true` at once if it
     /// watches none; `false` at once for a cache stopped unsynced).
     pub fn wait_synced(&self, timeout: Option<Duration>) -> bool {
-        self.core.watches.wait_synced(timeout)
+        self.features.watches.wait_synced(timeout)
     }
 
     /// Makes `key` run after `parents` (guarantees §14): replaces its earlier
@@ -223,7 +225,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// after they returned (D3). Parents that would close a cycle return
     /// [`CycleError`](super::CycleError) and change nothing (D4).
     pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), super::CycleError<K>> {
-        self.core.set_dependencies(key, parents)
+        self.core.set_dependencies(&self.features.deps_before_start, key, parents)
     }
 
     /// Opens a batch (guarantees §15, U3): while any batch is open (from any
@@ -232,17 +234,17 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// last one closes (its guard dropped), they are scheduled together,
     /// ancestors first (D1). May be opened before start.
     pub fn batch(&self) -> super::Batch<K> {
-        self.core.open_batch()
+        self.core.open_batch(&self.features.batches)
     }
 
     /// `key`'s direct parents (empty if none).
     pub fn dependencies(&self, key: &K) -> Vec<K> {
-        self.core.dependencies(key)
+        self.core.dependencies(&self.features.deps_before_start, key)
     }
 
     /// `key`'s direct dependents (empty if none).
     pub fn dependents(&self, key: &K) -> Vec<K> {
-        self.core.dependents(key)
+        self.core.dependents(&self.features.deps_before_start, key)
     }
 
     /// The pending ancestors holding `key` (empty when nothing holds it).

@@ -37,6 +37,7 @@ mod batch;
 mod core;
 mod debounce;
 mod dependencies;
+mod features;
 mod finish;
 mod gate;
 mod groups;
@@ -85,6 +86,7 @@ pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 
 use self::core::{Core, Jitter};
 use crate::thread::ThreadWrapper;
+use features::Features;
 use groups::{GroupTable, Grouping};
 
 /// Builds and starts a controller.
@@ -102,6 +104,7 @@ use groups::{GroupTable, Grouping};
 /// ```
 pub struct Controller<K: ControllerKey> {
     core: Arc<Core<K>>,
+    features: Arc<Features<K>>,
     reconciler: Arc<dyn Reconciler<K>>,
     limiter: Option<Arc<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
@@ -172,8 +175,10 @@ impl<K: ControllerKey> Controller<K> {
     /// calls `reconciler` with one worker and a per-key
     /// `ExponentialBackoff(5 ms, 1000 s)` (see [`rate_limiter`](Self::rate_limiter)).
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
+        let core = Core::new(name.into());
         Self {
-            core: Core::new(name.into()),
+            core: Arc::clone(&core),
+            features: Features::new(&core),
             reconciler: Arc::new(reconciler),
             limiter: None,
             clock: Arc::new(SystemClock),
@@ -411,7 +416,7 @@ impl<K: ControllerKey> Controller<K> {
     /// makes [`try_start`](Self::try_start) fail with
     /// [`StartError::Watch`], with nothing started.
     pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::Cache<S>, watch: Watch<S, K>) -> Self {
-        self.core.watches.keep_for_start(cache, watch);
+        self.features.watches.keep_for_start(cache, watch);
         self
     }
 
@@ -419,14 +424,14 @@ impl<K: ControllerKey> Controller<K> {
     /// `reconq::controller`) every `timeout` names it and its last error
     /// (default 120 s). A zero timeout is refused.
     pub fn sync_timeout(self, timeout: Duration) -> Result<Self, crate::InvalidArgument> {
-        self.core.watches.set_sync_timeout(timeout)?;
+        self.features.watches.set_sync_timeout(timeout)?;
         Ok(self)
     }
 
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
-        ControllerHandle { core: Arc::clone(&self.core) }
+        ControllerHandle { core: Arc::clone(&self.core), features: Arc::clone(&self.features) }
     }
 
     /// Spawns the worker threads and returns at once. A controller starts

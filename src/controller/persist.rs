@@ -48,8 +48,10 @@ impl<K: ControllerKey> KeySource<K> for Core<K> {
         self.rt.get().map_or_else(Instant::now, |rt| rt.clock.now())
     }
 
+    /// Asked by the flusher, which runs once started: the queue holds the
+    /// edges.
     fn parents(&self, key: &K) -> Vec<K> {
-        self.dependencies(key)
+        self.rt.get().map(|rt| rt.queue.dependencies(key)).unwrap_or_default()
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::core::{ClockRef, ControllerKey, Core, Runtime, When};
 use super::core::{ExitGuard, WorkerSlot};
-use super::life::Event;
+use super::features::{self, Features};
 use super::watch::{AtStart, WatchError};
 use super::watchdog::Watchdog;
 use super::worker;
@@ -133,8 +133,9 @@ impl From<WatchError> for StartError {
 /// Starts `controller` (see [`Controller::try_start`]).
 pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<ControllerHandle<K>, StartError> {
     let core = Arc::clone(&controller.core);
+    let features = Arc::clone(&controller.features);
     let store_file = controller.store.as_ref().map(|(file, _)| file.as_path());
-    let watched = core.watches.take_at_start(&core.name, store_file)?;
+    let watched = features.watches.take_at_start(&core.name, store_file)?;
     let store = match controller.store.take() {
         Some((_, claim)) => Some(claim(&core.name).map_err(StartError::Store)?),
         None => None,
@@ -196,7 +197,7 @@ pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<C
         coordination,
         debounce: config.debounce.map(debounce::Debounce::new),
     };
-    let rt = install(&core, rt);
+    let rt = install(&core, &features, rt);
     let handle = controller.handle();
     let started = run(&core, rt, &controller, listed, watched);
     if let Err(e) = started {
@@ -215,13 +216,13 @@ pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<C
 /// Makes `rt` the controller's runtime, with the features kept from before
 /// start in it (edges, open batches), and subscribes the features it has
 /// to the stop.
-fn install<K: ControllerKey>(core: &Arc<Core<K>>, rt: Runtime<K>) -> &Runtime<K> {
+fn install<'a, K: ControllerKey>(core: &'a Arc<Core<K>>, features: &Features<K>, rt: Runtime<K>) -> &'a Runtime<K> {
     let stored_edges = rt.store.as_ref().map(|link| link.restore_edges()).unwrap_or_default();
     // Both kept locked until the runtime is set: no edge and no batch
     // lands in between.
-    let mut deps_before_start = core.deps_before_start.lock();
+    let mut deps_before_start = features.deps_before_start.lock();
     let dropped_edges = core.install_dependencies(&mut deps_before_start, stored_edges, &rt);
-    let open_batches = core.batches.lock();
+    let open_batches = features.batches.lock();
     core.install_batch(&open_batches, &rt);
     if core.rt.set(rt).is_err() {
         panic!("controller {:?} started twice", core.name);
@@ -230,7 +231,7 @@ fn install<K: ControllerKey>(core: &Arc<Core<K>>, rt: Runtime<K>) -> &Runtime<K>
     drop(deps_before_start);
     crate::logs::stored_edges_dropped(&core.name, &dropped_edges);
     let rt = core.rt.get().expect("just set");
-    subscribe_features(core, rt);
+    features::subscribe_started(core, rt);
     rt
 }
 
@@ -288,39 +289,6 @@ fn run<K: ControllerKey>(
         core.try_spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core))
             .map_err(|error| StartError::Thread { thread: "the store's flusher thread".to_owned(), error })?;
     }
-    watched.attach(core)?;
+    watched.attach(core, &controller.features.watches)?;
     Ok(())
-}
-
-/// Subscribes the features a started controller has to its stop: the
-/// store, the watchdog and the coordination.
-fn subscribe_features<K: ControllerKey>(core: &Arc<Core<K>>, rt: &Runtime<K>) {
-    if let Some(link) = &rt.store {
-        // Woken to stop ticking, then to write the last flush once no
-        // worker can change a key.
-        let link = Arc::clone(link);
-        let done = Arc::clone(&link);
-        core.life.on(Event::Stop, move || link.wake());
-        core.life.on(Event::Stopped, move || done.workers_done());
-    }
-    if let Some(watchdog) = &rt.watchdog {
-        let watchdog = Arc::clone(watchdog);
-        core.life.on(Event::Stop, move || watchdog.shut_down());
-    }
-    if rt.coordination.is_some() {
-        // Workers waiting for leadership look again, and exit; our seat
-        // is given up once none of our reconciles can run, so
-        // leadership or partitions pass on at once (L4).
-        core.subscribe(Event::Stop, |core| {
-            if let Some(gate) = core.gate() {
-                gate.wake();
-            }
-        });
-        core.subscribe(Event::WorkersExited, |core| {
-            if let Some(coordination) = core.coordination() {
-                // Outside every lock: leaving talks to etcd.
-                coordination.leave();
-            }
-        });
-    }
 }

@@ -86,7 +86,7 @@ impl<K: ControllerKey> Core<K> {
             leader: self.gate().and_then(Gate::leader_status),
             shards: self.gate().and_then(Gate::shard_status),
             not_owned: c.not_owned.load(Ordering::Relaxed),
-            handler_errors: self.watches.handler_errors(),
+            handler_errors: self.counters.handler_errors.load(Ordering::Relaxed),
             held,
             superseded: c.superseded.load(Ordering::Relaxed),
         };

@@ -188,7 +188,7 @@ impl<K: ControllerKey> Stopping<K> {
         let wait_until = until.min(aux_until);
         let threads_done =
             life.wait_until(Some(wait_until), |life| life.live_aux == 0 && (!workers_too || life.live_workers == 0));
-        let caches_left = core.watches.caches_still_running(wait_until);
+        let caches_left = self.handle.features.watches.caches_still_running(wait_until);
         if !(threads_done && caches_left.is_empty()) && Instant::now() < aux_until {
             return Moved::SliceOver;
         }

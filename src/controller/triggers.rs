@@ -2,10 +2,12 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use super::core::{ControllerKey, Core, When};
 use super::handle::ControllerHandle;
 use crate::context::StopSignal;
+use crate::sync::Mutex;
 use crate::{logs, panics};
 
 type Hasher = foldhash::fast::RandomState;
@@ -49,9 +51,9 @@ impl<K> Default for Triggers<K> {
     }
 }
 
-/// Signals every trigger (the controller is stopping).
-pub(crate) fn stop_all<K: ControllerKey>(core: &Core<K>) {
-    let signals: Vec<StopSignal> = core.triggers.lock().map.drain().map(|(_, (_, s))| s).collect();
+/// Signals every trigger of `triggers` (the controller is stopping).
+pub(crate) fn stop_all<K>(triggers: &Mutex<Triggers<K>>) {
+    let signals: Vec<StopSignal> = triggers.lock().map.drain().map(|(_, (_, s))| s).collect();
     for signal in signals {
         signal.set();
     }
@@ -75,7 +77,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         }
         let signal = StopSignal::new();
         let (id, replaced) = {
-            let mut triggers = self.core.triggers.lock();
+            let mut triggers = self.features.triggers.lock();
             let id = triggers.next_id;
             triggers.next_id += 1;
             (id, triggers.map.insert(key.clone(), (id, signal.clone())))
@@ -88,10 +90,11 @@ impl<K: ControllerKey> ControllerHandle<K> {
             signal.set();
         }
         let name = format!("reconq-{}-trigger", self.core.name);
+        let registry = Arc::clone(&self.features.triggers);
         self.core.spawn_aux(name, move |core| {
             let result = catch_unwind(AssertUnwindSafe(|| trigger(&signal)));
             {
-                let mut triggers = core.triggers.lock();
+                let mut triggers = registry.lock();
                 if triggers.map.get(&key).is_some_and(|(live, _)| *live == id) {
                     triggers.map.remove(&key);
                 }
@@ -113,7 +116,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// Signals the trigger for `key` (it will not enqueue); returns whether
     /// there was one.
     pub fn remove_trigger(&self, key: &K) -> bool {
-        let removed = self.core.triggers.lock().map.remove(key);
+        let removed = self.features.triggers.lock().map.remove(key);
         match removed {
             Some((_, signal)) => {
                 signal.set();

@@ -239,7 +239,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
     /// the enqueue to make.
     fn failed(&self, core: &Core<K>, handler: &str, key: &S::Key, error: &str, when: When, priority: i32) -> Route<K> {
         logs::watch_handler_failed(&core.name, &self.cache_name, handler, key, error);
-        core.watches.count_handler_error();
+        core.counters.handler_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ((self.watch.fallback)(key), when, priority)
     }
 

@@ -20,7 +20,6 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::gate::{Coordinated, Gate};
@@ -154,11 +153,9 @@ impl Drop for Attached {
     }
 }
 
-/// A controller's watches, in its core.
+/// A controller's watches (one of its `features`).
 pub(crate) struct Watches<K> {
     state: Mutex<State<K>>,
-    /// Failed maps and predicates (E6), for `Stats::handler_errors`.
-    handler_errors: AtomicU64,
 }
 
 struct State<K> {
@@ -194,7 +191,6 @@ impl<K: ControllerKey> Watches<K> {
                 heard: Vec::new(),
                 store_file: None,
             }),
-            handler_errors: AtomicU64::new(0),
         }
     }
 
@@ -204,14 +200,6 @@ impl<K: ControllerKey> Watches<K> {
         }
         self.state.lock().sync_timeout = timeout;
         Ok(())
-    }
-
-    pub(crate) fn handler_errors(&self) -> u64 {
-        self.handler_errors.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn count_handler_error(&self) {
-        self.handler_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Watches `cache`: before start, kept for start (and the cache holds
@@ -296,7 +284,7 @@ impl<K: ControllerKey> Watches<K> {
     /// ([`caches_still_running`](Self::caches_still_running)), after the
     /// workers, so a source that ignores its stop holds neither the stop
     /// nor the leadership given up when the workers exit.
-    fn release(&self) {
+    pub(crate) fn release(&self) {
         let attached = {
             let mut state = self.state.lock();
             state.released = true;
@@ -357,11 +345,10 @@ impl<K: ControllerKey> AtStart<K> {
         }
     }
 
-    /// Attaches the watches of a started controller, opens the gate as
-    /// their caches sync, reports the caches that do not within
-    /// `sync_timeout`, and releases everything at stop.
-    pub(crate) fn attach(self, core: &Arc<Core<K>>) -> Result<(), WatchError> {
-        core.subscribe(super::life::Event::Stop, |core| core.watches.release());
+    /// Attaches the watches of a started controller (kept in `watches`
+    /// until its stop releases them), opens the gate as their caches sync,
+    /// and reports the caches that do not within `sync_timeout`.
+    pub(crate) fn attach(self, core: &Arc<Core<K>>, watches: &Watches<K>) -> Result<(), WatchError> {
         if let Some(latch) = &self.latch {
             let latch = Arc::clone(latch);
             core.try_spawn_aux(format!("reconq-{}-sync", core.name), move |core| latch.report_until_synced(core))
@@ -375,7 +362,7 @@ impl<K: ControllerKey> AtStart<K> {
                 Box::new(move || latch.one_synced()) as SyncedHook
             });
             let attached = watch.attach(core, caught_up)?;
-            core.watches.keep(attached);
+            watches.keep(attached);
         }
         Ok(())
     }
