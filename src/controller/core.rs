@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::debounce::Debounce;
-use super::finish::Finish;
+use super::finish::{Finish, Path, Settled};
 use super::gate::{Coordinated, Gate};
 use super::groups::Grouping;
 use super::inspect::{KeyMemory, ParkedSet};
@@ -25,7 +25,7 @@ use crate::clock::Clock;
 use crate::context::StopSignal;
 use crate::observe::metrics::ticks;
 use crate::observe::{self, Observed};
-use crate::queue::{Place, Priority, WorkQueue};
+use crate::queue::{AlsoDone, Place, Priority, WorkQueue};
 use crate::rate_limit::RateLimiter;
 use crate::store::StoreLink;
 use crate::sync::Mutex;
@@ -438,5 +438,74 @@ impl<K: ControllerKey> Core<K> {
                 body(&guard.core);
             })
         })
+    }
+}
+
+impl<K: ControllerKey> Core<K> {
+    /// Ends `key`'s turn as `settled` says and takes the next key (at tick
+    /// `stamp`, which stamps the next hand-out). The store learns that
+    /// `key` changed (whether it was reconciled or dropped as not ours)
+    /// before the worker waits for a next key, so the last key of a batch
+    /// does not stay unwritten until one comes. D2's children are enqueued
+    /// while `key` is still being reconciled, so none can start before it
+    /// is done.
+    #[inline]
+    pub(crate) fn finish(
+        &self,
+        rt: &Runtime<K>,
+        key: &K,
+        settled: Settled,
+        stamp: u64,
+    ) -> (Option<(K, Priority)>, u64) {
+        let ended = settled == Settled::Ended;
+        let path = rt.finish.path();
+        match path {
+            Path::Plain => rt.queue.done_and_get_stamped(key, stamp, AlsoDone::Nothing),
+            Path::DependentsInLock => {
+                let also = if ended { AlsoDone::AddDependents } else { AlsoDone::Nothing };
+                rt.queue.done_and_get_stamped(key, stamp, also)
+            }
+            Path::DependentsPlaced => {
+                if ended {
+                    self.enqueue_dependents(rt, key);
+                }
+                rt.queue.done_and_get_stamped(key, stamp, AlsoDone::Nothing)
+            }
+            Path::Stored | Path::DependentsStored => {
+                if ended && path == Path::DependentsStored {
+                    self.enqueue_dependents(rt, key);
+                }
+                let mark = || {
+                    if let Some(store) = &rt.store {
+                        store.mark(key);
+                    }
+                };
+                rt.queue.done_and_get_stamped(key, stamp, AlsoDone::ThenCall(&mark))
+            }
+        }
+    }
+
+    /// D2 for a controller whose keys need their place asked (groups,
+    /// coordination) or the store told (`Core::finish`): the run of `key`
+    /// ended, and its direct dependents are enqueued while it is still
+    /// being reconciled, so none can start before it is done. Every child
+    /// is added under one queue lock (a tree's keys each hand out their
+    /// fan-out: W12), after its place was asked with no lock held.
+    #[inline(never)]
+    fn enqueue_dependents(&self, rt: &Runtime<K>, key: &K) {
+        let children: Vec<(K, Place)> = rt
+            .queue
+            .dependents(key)
+            .into_iter()
+            .filter_map(|child| self.place(rt, &child, 0).map(|place| (child, place)))
+            .collect();
+        let marked: Option<Vec<K>> =
+            rt.store.as_ref().map(|_| children.iter().map(|(child, _)| child.clone()).collect());
+        rt.queue.add_placed_dependents(children);
+        if let (Some(store), Some(marked)) = (&rt.store, marked) {
+            for child in &marked {
+                store.mark(child);
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use super::core::{ControllerKey, Core, Runtime};
 use crate::graph::{Dependencies, NothingPending};
-use crate::queue::{Cancel, CancelHook, Place};
+use crate::queue::{Cancel, CancelHook};
 use crate::sync::Mutex;
 
 /// `set_dependencies` would close a cycle (D4): nothing was changed.
@@ -169,30 +169,6 @@ impl<K: ControllerKey> Core<K> {
             (Some(rt), _) => started(&rt.queue, key),
             (None, Some(deps)) => not_started(deps, key),
             (None, None) => Vec::new(),
-        }
-    }
-
-    /// D2 for a controller whose keys need their place asked (groups,
-    /// coordination) or the store told (`Core::finish`): the run of `key`
-    /// ended, and its direct dependents are enqueued while it is still
-    /// being reconciled, so none can start before it is done. Every child
-    /// is added under one queue lock (a tree's keys each hand out their
-    /// fan-out: W12), after its place was asked with no lock held.
-    #[inline(never)]
-    pub(super) fn enqueue_dependents(&self, rt: &Runtime<K>, key: &K) {
-        let children: Vec<(K, Place)> = rt
-            .queue
-            .dependents(key)
-            .into_iter()
-            .filter_map(|child| self.place(rt, &child, 0).map(|place| (child, place)))
-            .collect();
-        let marked: Option<Vec<K>> =
-            rt.store.as_ref().map(|_| children.iter().map(|(child, _)| child.clone()).collect());
-        rt.queue.add_placed_dependents(children);
-        if let (Some(store), Some(marked)) = (&rt.store, marked) {
-            for child in &marked {
-                store.mark(child);
-            }
         }
     }
 

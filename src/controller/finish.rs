@@ -5,14 +5,11 @@
 //! Which of those a controller needs is a closed set, chosen once at start
 //! from the features it was built with ([`Finish`]) and raised once, when
 //! the first dependency is set: each finished reconcile then pays one load
-//! and one match, and the queue one operation
+//! and one match (`Core::finish`), and the queue one operation
 //! ([`WorkQueue::done_and_get_stamped`](crate::queue::WorkQueue::done_and_get_stamped))
 //! told what else to do.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-
-use super::core::{ControllerKey, Core, Runtime};
-use crate::queue::{AlsoDone, Priority};
 
 /// How a handed-out key's turn ended, as the worker settled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +29,7 @@ pub(crate) enum Settled {
 /// The after-reconcile paths (see the module's notes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-enum Path {
+pub(crate) enum Path {
     /// `done`, and the next key, under one lock.
     Plain = 0,
     /// A store: the key is marked once done, outside the lock.
@@ -89,52 +86,7 @@ impl Finish {
     }
 
     #[inline]
-    fn path(&self) -> Path {
+    pub(crate) fn path(&self) -> Path {
         Path::from_u8(self.path.load(Ordering::Relaxed))
-    }
-}
-
-impl<K: ControllerKey> Core<K> {
-    /// Ends `key`'s turn as `settled` says and takes the next key (at tick
-    /// `stamp`, which stamps the next hand-out). The store learns that
-    /// `key` changed (whether it was reconciled or dropped as not ours)
-    /// before the worker waits for a next key, so the last key of a batch
-    /// does not stay unwritten until one comes. D2's children are enqueued
-    /// while `key` is still being reconciled, so none can start before it
-    /// is done.
-    #[inline]
-    pub(crate) fn finish(
-        &self,
-        rt: &Runtime<K>,
-        key: &K,
-        settled: Settled,
-        stamp: u64,
-    ) -> (Option<(K, Priority)>, u64) {
-        let ended = settled == Settled::Ended;
-        let path = rt.finish.path();
-        match path {
-            Path::Plain => rt.queue.done_and_get_stamped(key, stamp, AlsoDone::Nothing),
-            Path::DependentsInLock => {
-                let also = if ended { AlsoDone::AddDependents } else { AlsoDone::Nothing };
-                rt.queue.done_and_get_stamped(key, stamp, also)
-            }
-            Path::DependentsPlaced => {
-                if ended {
-                    self.enqueue_dependents(rt, key);
-                }
-                rt.queue.done_and_get_stamped(key, stamp, AlsoDone::Nothing)
-            }
-            Path::Stored | Path::DependentsStored => {
-                if ended && path == Path::DependentsStored {
-                    self.enqueue_dependents(rt, key);
-                }
-                let mark = || {
-                    if let Some(store) = &rt.store {
-                        store.mark(key);
-                    }
-                };
-                rt.queue.done_and_get_stamped(key, stamp, AlsoDone::ThenCall(&mark))
-            }
-        }
     }
 }

@@ -6,17 +6,9 @@
 //! front of coordination's, so the worker loop still asks one gate.
 
 use std::any::Any;
-use std::io;
-use std::sync::Arc;
 
-use super::core::Core;
 use crate::sync::Mutex;
 use crate::{LeaderStatus, ShardStatus};
-
-#[cfg(feature = "etcd")]
-mod etcd;
-#[cfg(feature = "etcd")]
-pub(crate) use etcd::{leader, shards};
 
 /// What the gate says of a key being handed out.
 pub(crate) enum Admission {
@@ -55,6 +47,13 @@ pub(crate) struct Coordinated<K> {
 }
 
 impl<K> Coordinated<K> {
+    /// `gate`, and the `membership` (an election seat, a shard seat) given
+    /// up once no worker is left.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only replicas join
+    pub(crate) fn new(gate: Box<dyn Gate<K>>, membership: Box<dyn Any + Send>) -> Self {
+        Self { gate, membership: Mutex::new(Some(membership)) }
+    }
+
     /// `coordination`'s membership (if any) behind the gate `wrap` puts in
     /// front of its gate.
     pub(crate) fn wrapped(
@@ -72,12 +71,3 @@ impl<K> Coordinated<K> {
         drop(membership);
     }
 }
-
-/// Joins the coordination a controller was configured with, at its start.
-/// Sharding takes the controller's `resync` (it runs it when partitions are
-/// gained); whatever leaves it runs once at start instead.
-pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
-
-/// Lists every key the controller should have (`resync`): enqueued at
-/// start, or with sharding those of partitions just gained.
-pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;

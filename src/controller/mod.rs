@@ -42,11 +42,14 @@ mod finish;
 mod gate;
 mod groups;
 mod handle;
+mod hangs;
 mod inspect;
 mod life;
 mod metrics;
 mod outcome;
 mod persist;
+#[cfg(feature = "etcd")]
+mod replicas;
 mod run_signals;
 mod start;
 mod status;
@@ -68,8 +71,7 @@ use crate::key_encoding::StoreKey;
 use crate::panics;
 use crate::rate_limit::RateLimiter;
 #[cfg(feature = "store")]
-use crate::store::{Persister, SqliteStore};
-use crate::store::{StoreError, StoreLink};
+use crate::store::{Persister, SqliteStore, StoreLink};
 
 pub use crate::context::{Context, StopSignal};
 pub use batch::Batch;
@@ -87,7 +89,8 @@ pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 use self::core::{Core, Jitter};
 use crate::thread::ThreadWrapper;
 use features::Features;
-use groups::{GroupTable, Grouping};
+use groups::GroupTable;
+use start::Plan;
 
 /// Builds and starts a controller.
 ///
@@ -103,22 +106,8 @@ use groups::{GroupTable, Grouping};
 /// controller.run(); // blocks until some handle calls stop()
 /// ```
 pub struct Controller<K: ControllerKey> {
-    core: Arc<Core<K>>,
-    features: Arc<Features<K>>,
-    reconciler: Arc<dyn Reconciler<K>>,
-    limiter: Option<Arc<dyn RateLimiter<K>>>,
-    clock: Arc<dyn Clock>,
-    grouping: Option<Arc<dyn Grouping<K>>>,
-    /// The store's file (canonical) and its claim.
-    store: Option<(std::path::PathBuf, Box<ClaimFn<K>>)>,
-    /// Leader election or sharding, joined at start.
-    coordinate: Option<gate::Join<K>>,
-    resync: Option<gate::Resync<K>>,
+    plan: Plan<K>,
 }
-
-/// Claims the controller's name in its store at start (the key type's
-/// encoding is known only where `store` is called).
-type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, StoreError> + Send;
 
 impl<K: ControllerKey + StoreKey> Controller<K> {
     /// Keeps this controller's pending, delayed and parked keys, failure
@@ -129,7 +118,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     #[cfg(feature = "store")]
     pub fn store(mut self, store: SqliteStore) -> Self {
         let file = store.canonical_path().to_path_buf();
-        self.store = Some((
+        self.plan.store = Some((
             file,
             Box::new(move |name: &str| {
                 Persister::<K>::claim(&store, name).map(|p| Arc::new(p) as Arc<dyn StoreLink<K>>)
@@ -152,8 +141,12 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// If the controller already has a leader election.
     #[cfg(feature = "etcd")]
     pub fn sharding(mut self, sharding: Sharding) -> Self {
-        assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
-        self.coordinate = Some(gate::shards(sharding));
+        assert!(
+            self.plan.coordinate.is_none(),
+            "controller {:?}: leader_election or sharding, not both",
+            self.plan.core.name
+        );
+        self.plan.coordinate = Some(replicas::shards(sharding));
         self
     }
 
@@ -165,7 +158,7 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// partitions, on sharding's thread (keep it quick), and the keys of
     /// those partitions are enqueued.
     pub fn resync<I: IntoIterator<Item = K>>(mut self, resync: impl Fn() -> I + Send + Sync + 'static) -> Self {
-        self.resync = Some(Arc::new(move || resync().into_iter().collect()));
+        self.plan.resync = Some(Arc::new(move || resync().into_iter().collect()));
         self
     }
 }
@@ -176,9 +169,9 @@ impl<K: ControllerKey> Controller<K> {
     /// `ExponentialBackoff(5 ms, 1000 s)` (see [`rate_limiter`](Self::rate_limiter)).
     pub fn new(name: impl Into<String>, reconciler: impl Reconciler<K>) -> Self {
         let core = Core::new(name.into());
-        Self {
-            core: Arc::clone(&core),
+        let plan = Plan {
             features: Features::new(&core),
+            core,
             reconciler: Arc::new(reconciler),
             limiter: None,
             clock: Arc::new(SystemClock),
@@ -186,7 +179,8 @@ impl<K: ControllerKey> Controller<K> {
             store: None,
             coordinate: None,
             resync: None,
-        }
+        };
+        Self { plan }
     }
 
     /// A controller whose reconcile is a closure, with its argument and
@@ -225,7 +219,7 @@ impl<K: ControllerKey> Controller<K> {
     /// If `n` is 0.
     pub fn workers(self, n: usize) -> Self {
         assert!(n >= 1, "a controller needs at least one worker");
-        self.core.config.lock().workers = n;
+        self.plan.core.config.lock().workers = n;
         self
     }
 
@@ -237,7 +231,7 @@ impl<K: ControllerKey> Controller<K> {
     /// the only one asking the limiter about its keys (it skips `forget` for
     /// keys it never retried).
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<K> + 'static) -> Self {
-        self.limiter = Some(Arc::new(limiter));
+        self.plan.limiter = Some(Arc::new(limiter));
         self
     }
 
@@ -245,14 +239,14 @@ impl<K: ControllerKey> Controller<K> {
     /// [`SystemClock`]); a [`FakeClock`](crate::FakeClock) makes retries
     /// deterministic in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.plan.clock = Arc::new(clock);
         self
     }
 
     /// Runs the body of every thread this controller spawns (workers,
     /// triggers, watches, the watchdog) inside `wrapper`.
     pub fn thread_wrapper(self, wrapper: ThreadWrapper) -> Self {
-        self.core.config.lock().wrapper = Some(wrapper);
+        self.plan.core.config.lock().wrapper = Some(wrapper);
         self
     }
 
@@ -260,7 +254,7 @@ impl<K: ControllerKey> Controller<K> {
     /// [`ControllerHandle::hanging`] and [`Stats::hanging`], and logs each
     /// once (a WARN on target `reconq::controller`). Off by default.
     pub fn hanging_threshold(self, threshold: Duration) -> Self {
-        self.core.config.lock().hanging_threshold = Some(threshold);
+        self.plan.core.config.lock().hanging_threshold = Some(threshold);
         self
     }
 
@@ -270,7 +264,7 @@ impl<K: ControllerKey> Controller<K> {
     /// exceptions themselves, with their tracebacks.
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn log_errors(self, on: bool) -> Self {
-        self.core.config.lock().log_errors = on;
+        self.plan.core.config.lock().log_errors = on;
         self
     }
 
@@ -284,7 +278,7 @@ impl<K: ControllerKey> Controller<K> {
     /// If `fraction` is not within `0.0..=1.0`.
     pub fn jitter(self, fraction: f64, seed: u64) -> Self {
         assert!((0.0..=1.0).contains(&fraction), "jitter fraction must be within 0..=1, got {fraction}");
-        self.core.config.lock().jitter = Some(Jitter { fraction, seed });
+        self.plan.core.config.lock().jitter = Some(Jitter { fraction, seed });
         self
     }
 
@@ -297,7 +291,7 @@ impl<K: ControllerKey> Controller<K> {
     /// `superseded` (as D3's): neither a success nor a failure. Off, a key
     /// enqueued while it runs runs once more after it (G2, G3).
     pub fn supersede(self, supersede: bool) -> Self {
-        self.core.config.lock().supersede = supersede;
+        self.plan.core.config.lock().supersede = supersede;
         self
     }
 
@@ -314,14 +308,14 @@ impl<K: ControllerKey> Controller<K> {
     /// If `window` is zero.
     pub fn debounce(self, window: Duration) -> Self {
         assert!(!window.is_zero(), "a debounce window must be positive");
-        self.core.config.lock().debounce = Some(window);
+        self.plan.core.config.lock().debounce = Some(window);
         self
     }
 
     /// How many permanently failed keys the parked set keeps (default
     /// 1024); the oldest are dropped beyond it.
     pub fn parked_capacity(self, capacity: usize) -> Self {
-        self.core.parked.set_capacity(capacity);
+        self.plan.core.parked.set_capacity(capacity);
         self
     }
 
@@ -338,7 +332,7 @@ impl<K: ControllerKey> Controller<K> {
     /// If `timeout` is zero.
     pub fn timeout(self, timeout: Duration) -> Self {
         assert!(!timeout.is_zero(), "a reconcile timeout must be positive");
-        self.core.config.lock().timeout = Some(timeout);
+        self.plan.core.config.lock().timeout = Some(timeout);
         self
     }
 
@@ -368,7 +362,7 @@ impl<K: ControllerKey> Controller<K> {
     where
         G: Eq + Hash + Clone + Send + Sync + 'static,
     {
-        self.grouping = Some(GroupTable::new(group));
+        self.plan.grouping = Some(GroupTable::new(group));
         self
     }
 
@@ -380,7 +374,7 @@ impl<K: ControllerKey> Controller<K> {
     /// If `n` is 0; [`start`](Self::start) panics if no `group` was set.
     pub fn max_in_flight_per_group(self, n: usize) -> Self {
         assert!(n >= 1, "max_in_flight_per_group must be at least 1");
-        self.core.config.lock().max_in_flight_per_group = Some(n);
+        self.plan.core.config.lock().max_in_flight_per_group = Some(n);
         self
     }
 
@@ -396,8 +390,12 @@ impl<K: ControllerKey> Controller<K> {
     /// If the controller is already sharded.
     #[cfg(feature = "etcd")]
     pub fn leader_election(mut self, election: LeaderElection) -> Self {
-        assert!(self.coordinate.is_none(), "controller {:?}: leader_election or sharding, not both", self.core.name);
-        self.coordinate = Some(gate::leader(election));
+        assert!(
+            self.plan.coordinate.is_none(),
+            "controller {:?}: leader_election or sharding, not both",
+            self.plan.core.name
+        );
+        self.plan.coordinate = Some(replicas::leader(election));
         self
     }
 
@@ -416,7 +414,7 @@ impl<K: ControllerKey> Controller<K> {
     /// makes [`try_start`](Self::try_start) fail with
     /// [`StartError::Watch`], with nothing started.
     pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::Cache<S>, watch: Watch<S, K>) -> Self {
-        self.features.watches.keep_for_start(cache, watch);
+        self.plan.features.watches.keep_for_start(cache, watch);
         self
     }
 
@@ -424,14 +422,14 @@ impl<K: ControllerKey> Controller<K> {
     /// `reconq::controller`) every `timeout` names it and its last error
     /// (default 120 s). A zero timeout is refused.
     pub fn sync_timeout(self, timeout: Duration) -> Result<Self, crate::InvalidArgument> {
-        self.features.watches.set_sync_timeout(timeout)?;
+        self.plan.features.watches.set_sync_timeout(timeout)?;
         Ok(self)
     }
 
     /// A handle usable before [`start`](Self::start) or [`run`](Self::run):
     /// keys enqueued through it are kept and processed once started.
     pub fn handle(&self) -> ControllerHandle<K> {
-        ControllerHandle { core: Arc::clone(&self.core), features: Arc::clone(&self.features) }
+        ControllerHandle { core: Arc::clone(&self.plan.core), features: Arc::clone(&self.plan.features) }
     }
 
     /// Spawns the worker threads and returns at once. A controller starts
@@ -443,7 +441,7 @@ impl<K: ControllerKey> Controller<K> {
     /// through a handle (see [`try_start`](Self::try_start) for an error
     /// instead), or `max_in_flight_per_group` was set without `group`.
     pub fn start(self) -> ControllerHandle<K> {
-        let name = self.core.name.clone();
+        let name = self.plan.core.name.clone();
         self.try_start().unwrap_or_else(|e| panic!("controller {name:?}: {e}"))
     }
 
@@ -465,7 +463,7 @@ impl<K: ControllerKey> Controller<K> {
     /// keys come first: an error there ([`StartError::Store`]: `Locked`
     /// for a name held by another live controller) changes nothing.
     pub fn try_start(self) -> Result<ControllerHandle<K>, StartError> {
-        start::start(self)
+        start::start(self.plan)
     }
 
     /// [`start`](Self::start), then blocks until a handle stops the
@@ -482,6 +480,6 @@ impl<K: ControllerKey> Controller<K> {
 
 impl<K: ControllerKey> fmt::Debug for Controller<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Controller").field("name", &self.core.name).finish_non_exhaustive()
+        f.debug_struct("Controller").field("name", &self.plan.core.name).finish_non_exhaustive()
     }
 }

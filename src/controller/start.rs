@@ -12,27 +12,32 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::core::{ClockRef, ControllerKey, Core, Runtime, When};
-use super::core::{ExitGuard, WorkerSlot};
+use super::core::{ClockRef, ControllerKey, Core, ExitGuard, Runtime, When, WorkerSlot};
+use super::debounce::Debounce;
 use super::features::{self, Features};
+use super::finish::Finish;
+use super::gate::Coordinated;
+use super::groups::Grouping;
+use super::handle::ControllerHandle;
+use super::outcome::Reconciler;
 use super::watch::{AtStart, WatchError};
 use super::watchdog::Watchdog;
-use super::worker;
-use super::{Controller, ControllerHandle, debounce, finish, persist};
+use super::{hangs, persist, worker};
+use crate::clock::Clock;
 use crate::queue::WorkQueue;
-use crate::rate_limit::ExponentialBackoff;
-use crate::store::StoreError;
+use crate::rate_limit::{ExponentialBackoff, RateLimiter};
+use crate::store::{StoreError, StoreLink};
 use crate::thread::spawn_named;
 
 /// How long a failed start waits for the threads it did spawn to exit.
 const FAILED_START_JOIN: Duration = Duration::from_secs(5);
 
 /// The default limiter's first retry delay and its cap (see
-/// [`Controller::rate_limiter`]).
+/// [`Controller::rate_limiter`](super::Controller::rate_limiter)).
 const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
 const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(1000);
 
-/// Why [`Controller::try_start`] failed. Nothing of the controller is left
+/// Why [`Controller::try_start`](super::Controller::try_start) failed. Nothing of the controller is left
 /// running: an error before any thread was spawned changed nothing, a
 /// later one stopped the controller and joined what it had spawned.
 ///
@@ -130,32 +135,58 @@ impl From<WatchError> for StartError {
     }
 }
 
-/// Starts `controller` (see [`Controller::try_start`]).
-pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<ControllerHandle<K>, StartError> {
-    let core = Arc::clone(&controller.core);
-    let features = Arc::clone(&controller.features);
-    let store_file = controller.store.as_ref().map(|(file, _)| file.as_path());
+/// What the builder gathered for the start.
+pub(crate) struct Plan<K> {
+    pub(crate) core: Arc<Core<K>>,
+    pub(crate) features: Arc<Features<K>>,
+    pub(crate) reconciler: Arc<dyn Reconciler<K>>,
+    pub(crate) limiter: Option<Arc<dyn RateLimiter<K>>>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) grouping: Option<Arc<dyn Grouping<K>>>,
+    /// The store's file (canonical) and its claim.
+    pub(crate) store: Option<(std::path::PathBuf, Box<ClaimFn<K>>)>,
+    /// Leader election or sharding, joined at start.
+    pub(crate) coordinate: Option<Join<K>>,
+    pub(crate) resync: Option<Resync<K>>,
+}
+
+/// Claims the controller's name in its store at start (the key type's
+/// encoding is known only where `store` is called).
+pub(crate) type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, StoreError> + Send;
+
+/// Joins the coordination a controller was configured with, at its start.
+/// Sharding takes the controller's `resync` (it runs it when partitions are
+/// gained); whatever leaves it runs once at start instead.
+pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
+
+/// Lists every key the controller should have (`resync`): enqueued at
+/// start, or with sharding those of partitions just gained.
+pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;
+
+/// Starts what `plan` describes (see
+/// [`Controller::try_start`](super::Controller::try_start)).
+pub(super) fn start<K: ControllerKey>(mut plan: Plan<K>) -> Result<ControllerHandle<K>, StartError> {
+    let (core, features) = (Arc::clone(&plan.core), Arc::clone(&plan.features));
+    let store_file = plan.store.as_ref().map(|(file, _)| file.as_path());
     let watched = features.watches.take_at_start(&core.name, store_file)?;
-    let store = match controller.store.take() {
+    let store = match plan.store.take() {
         Some((_, claim)) => Some(claim(&core.name).map_err(StartError::Store)?),
         None => None,
     };
     let config = core.config.lock().clone();
     assert!(
-        config.max_in_flight_per_group.is_none() || controller.grouping.is_some(),
+        config.max_in_flight_per_group.is_none() || plan.grouping.is_some(),
         "controller {:?}: max_in_flight_per_group needs a group function",
         core.name
     );
-    let limiter = controller
-        .limiter
-        .take()
-        .unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
+    let limiter =
+        plan.limiter.take().unwrap_or_else(|| Arc::new(ExponentialBackoff::new(DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX)));
     // Named after the controller, so it records `workqueue_*` metrics.
     let mut queue = WorkQueue::builder()
         .name(core.name.clone())
         .rate_limiter(Arc::clone(&limiter))
-        .clock(ClockRef(Arc::clone(&controller.clock)));
-    if controller.grouping.is_some() {
+        .clock(ClockRef(Arc::clone(&plan.clock)));
+    if plan.grouping.is_some() {
         queue = queue.groups(config.max_in_flight_per_group);
     }
     if store.is_some() {
@@ -168,9 +199,9 @@ pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<C
         queue.enable_supersede(core.cancel_hook());
     }
     let watchdog = (config.hanging_threshold.is_some() || config.timeout.is_some())
-        .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &controller.clock));
-    let mut resync = controller.resync.take();
-    let coordination = match controller.coordinate.take() {
+        .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &plan.clock));
+    let mut resync = plan.resync.take();
+    let coordination = match plan.coordinate.take() {
         Some(join) => Some(join(&core, &mut resync).map_err(StartError::Coordination)?),
         None => None,
     };
@@ -179,12 +210,12 @@ pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<C
     // half started (the claim and the membership drop as it unwinds).
     let listed = resync.map(|resync| resync()).unwrap_or_default();
     // Keys whose place is asked at enqueue: D2 asks it for children too.
-    let placed = controller.grouping.is_some() || coordination.is_some();
+    let placed = plan.grouping.is_some() || coordination.is_some();
     let rt = Runtime {
-        finish: finish::Finish::new(store.is_some(), placed),
+        finish: Finish::new(store.is_some(), placed),
         queue,
         limiter,
-        clock: Arc::clone(&controller.clock),
+        clock: Arc::clone(&plan.clock),
         slots: (0..config.workers).map(|_| WorkerSlot::new()).collect(),
         jitter: config.jitter,
         hanging_threshold: config.hanging_threshold,
@@ -192,14 +223,14 @@ pub(super) fn start<K: ControllerKey>(mut controller: Controller<K>) -> Result<C
         watchdog,
         workers: config.workers,
         log_errors: config.log_errors,
-        grouping: controller.grouping.take(),
+        grouping: plan.grouping.take(),
         store,
         coordination,
-        debounce: config.debounce.map(debounce::Debounce::new),
+        debounce: config.debounce.map(Debounce::new),
     };
-    let rt = install(&core, &features, rt);
-    let handle = controller.handle();
-    let started = run(&core, rt, &controller, listed, watched);
+    let rt = install(&core, &plan.features, rt);
+    let handle = ControllerHandle { core: Arc::clone(&core), features };
+    let started = run(&core, rt, &plan, listed, watched);
     if let Err(e) = started {
         // The one failure path: stop, and wait (bounded) for the threads
         // this start spawned. A stop that came first left none: the
@@ -240,7 +271,7 @@ fn install<'a, K: ControllerKey>(core: &'a Arc<Core<K>>, features: &Features<K>,
 fn run<K: ControllerKey>(
     core: &Arc<Core<K>>,
     rt: &Runtime<K>,
-    controller: &Controller<K>,
+    plan: &Plan<K>,
     listed: Vec<K>,
     watched: AtStart<K>,
 ) -> Result<(), StartError> {
@@ -263,7 +294,7 @@ fn run<K: ControllerKey>(
     let wrapper = core.wrapper();
     for index in 0..workers {
         let thread_core = Arc::clone(core);
-        let reconciler = Arc::clone(&controller.reconciler);
+        let reconciler = Arc::clone(&plan.reconciler);
         let name = format!("reconq-{}-{index}", core.name);
         let spawned = spawn_named(name, wrapper.as_ref(), move || {
             let guard = ExitGuard { core: thread_core, worker: true };
@@ -281,14 +312,17 @@ fn run<K: ControllerKey>(
     }
     if let Some(watchdog) = &rt.watchdog {
         let watchdog = Arc::clone(watchdog);
-        core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| watchdog.run(core))
-            .map_err(|error| StartError::Thread { thread: "the watchdog thread".to_owned(), error })?;
+        let spawned = core.try_spawn_aux(format!("reconq-{}-watchdog", core.name), move |core| {
+            let rt = core.rt.get().expect("the watchdog starts after the runtime");
+            watchdog.run(|threshold, timeout| hangs::watch(core, rt, threshold, timeout));
+        });
+        spawned.map_err(|error| StartError::Thread { thread: "the watchdog thread".to_owned(), error })?;
     }
     if let Some(link) = &rt.store {
         let link = Arc::clone(link);
         core.try_spawn_aux(format!("reconq-{}-store", core.name), move |core| link.run_flusher(&**core))
             .map_err(|error| StartError::Thread { thread: "the store's flusher thread".to_owned(), error })?;
     }
-    watched.attach(core, &controller.features.watches)?;
+    watched.attach(core, &plan.features.watches)?;
     Ok(())
 }

@@ -1,6 +1,6 @@
-//! Hang reports (which reconciles have run longer than the configured
-//! threshold) and per-reconcile timeouts (cancel a reconcile at its
-//! deadline).
+//! The watchdog thread's timer, for hang reports and per-reconcile
+//! timeouts (`hangs` looks at the running reconciles; this module knows
+//! only when to look again).
 //!
 //! Reports are computed on demand from the workers' slots. The watchdog
 //! thread exists to log each hang once even if nobody asks, and to cancel
@@ -15,14 +15,11 @@
 //! by a new reconcile, so the watchdog marks itself `idle` (kick me) exactly
 //! when it sleeps untimed or longer than that.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::core::{ControllerKey, Core, Runtime};
 use crate::clock::Clock;
-use crate::logs;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 
 pub(crate) struct Watchdog {
@@ -44,68 +41,6 @@ pub(crate) struct Watchdog {
 struct State {
     kicked: bool,
     shutdown: bool,
-}
-
-/// The reconciles past the threshold, those not logged yet, and when the
-/// next running one will cross the threshold or its timeout.
-pub(crate) struct Scan<K> {
-    pub(crate) hanging: Vec<(K, Duration)>,
-    pub(crate) newly: Vec<(K, Duration)>,
-    pub(crate) next: Option<Instant>,
-    pub(crate) now: Instant,
-}
-
-/// Reads every worker slot; marks the hangs it returns in `newly` as
-/// logged, and cancels the reconciles past `timeout` (marking them timed
-/// out, which the worker counts as a failure when they return).
-pub(crate) fn scan<K: ControllerKey>(
-    rt: &Runtime<K>,
-    threshold: Option<Duration>,
-    timeout: Option<Duration>,
-) -> Scan<K> {
-    let now = rt.clock.now();
-    let mut out = Scan { hanging: Vec::new(), newly: Vec::new(), next: None, now };
-    let mut next: Option<Instant> = None;
-    let mut wake_at = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
-    for slot in &rt.slots {
-        let mut running = slot.running.lock();
-        let Some(run) = running.as_mut() else {
-            continue;
-        };
-        let since = run.started.at(now);
-        let elapsed = now.saturating_duration_since(since);
-        if let Some(timeout) = timeout
-            && !run.timed_out
-        {
-            if elapsed >= timeout {
-                // Under the slot lock, as `cancel` does.
-                run.timed_out = true;
-                slot.signal.set();
-            } else {
-                wake_at(since + timeout);
-            }
-        }
-        let Some(threshold) = threshold else { continue };
-        if elapsed > threshold {
-            out.hanging.push((run.key.clone(), elapsed));
-            if !run.hang_logged {
-                run.hang_logged = true;
-                out.newly.push((run.key.clone(), elapsed));
-            }
-        } else {
-            wake_at(since + threshold);
-        }
-    }
-    out.next = next;
-    out.hanging.sort_by_key(|h| std::cmp::Reverse(h.1));
-    out
-}
-
-/// Logs each newly detected hang (call with no lock held).
-pub(crate) fn log_hangs<K: fmt::Debug>(name: &str, newly: &[(K, Duration)]) {
-    for (key, elapsed) in newly {
-        logs::reconcile_hanging(name, key, *elapsed);
-    }
 }
 
 impl Watchdog {
@@ -163,17 +98,19 @@ impl Watchdog {
         self.cv.notify_one();
     }
 
-    pub(crate) fn run<K: ControllerKey>(&self, core: &Core<K>) {
-        let rt = core.rt.get().expect("the watchdog starts after the runtime");
+    /// Runs until shut down. `scan(threshold, timeout)` looks at the
+    /// running reconciles (reporting hangs, cancelling those past their
+    /// timeout) and says when the next one needs looking at, with the time
+    /// it read.
+    pub(crate) fn run(&self, mut scan: impl FnMut(Option<Duration>, Option<Duration>) -> (Option<Instant>, Instant)) {
         loop {
             // Idle before scanning: a reconcile registered after the scan
             // sees the flag and kicks us.
             self.idle.store(true, Ordering::SeqCst);
-            let found = scan(rt, self.threshold, self.timeout);
-            if found.next.is_some_and(|next| next <= found.now + self.shortest()) {
+            let (next, now) = scan(self.threshold, self.timeout);
+            if next.is_some_and(|next| next <= now + self.shortest()) {
                 self.idle.store(false, Ordering::SeqCst);
             }
-            log_hangs(&core.name, &found.newly);
             let mut g = self.state.lock();
             if g.shutdown {
                 return;
@@ -182,7 +119,7 @@ impl Watchdog {
                 g.kicked = false;
                 continue;
             }
-            match found.next {
+            match next {
                 Some(at) if self.real_time => {
                     self.cv.wait_until(&mut g, at);
                 }

@@ -1,13 +1,14 @@
-//! The gates of leader election and sharding on etcd (the `etcd` feature).
+//! The gates of leader election and sharding on etcd (the `etcd`
+//! feature): joined at start, asked through `gate`'s [`Gate`].
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 
-use super::{Admission, Coordinated, Gate, Join, Resync};
-use crate::controller::core::{ControllerKey, Core, When};
+use super::core::{ControllerKey, Core, When};
+use super::gate::{Admission, Coordinated, Gate};
+use super::start::{Join, Resync};
 use crate::coordination::{LeaderElection, ShardHooks, Sharding, partition_of};
 use crate::key_encoding::StoreKey;
-use crate::sync::Mutex;
 use crate::{LeaderStatus, ShardStatus};
 
 /// Leader election: the leader runs everything, a standby waits.
@@ -19,7 +20,7 @@ pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {
                 core.cancel_running(|_| true);
             }
         });
-        Ok(Coordinated { gate: Box::new(LeaderGate(election)), membership: Mutex::new(Some(Box::new(seat))) })
+        Ok(Coordinated::new(Box::new(LeaderGate(election)), Box::new(seat)))
     })
 }
 
@@ -60,7 +61,7 @@ pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K>
         let hooks =
             Arc::new(ControllerShards { core: Arc::downgrade(core), resync, partitions: sharding.partition_count() });
         let seat = sharding.attach(hooks)?;
-        Ok(Coordinated { gate: Box::new(ShardGate(sharding)), membership: Mutex::new(Some(Box::new(seat))) })
+        Ok(Coordinated::new(Box::new(ShardGate(sharding)), Box::new(seat)))
     })
 }
 
