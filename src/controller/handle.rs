@@ -1,15 +1,26 @@
 //! [`ControllerHandle`]: enqueueing, observing and stopping a controller.
 
 use std::fmt;
+use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
+use super::batch::Batch;
 use super::core::{ControllerKey, Core, When};
+use super::dependencies::CycleError;
 use super::features::Features;
+use super::gate::Gate;
+use super::groups::GroupTable;
 use super::inspect::{KeyInfo, KeyStatus};
 use super::life::Phase;
-use super::stopping::StopOptions;
+use super::persist::{self, PendingFlush};
+use super::status::Stats;
+use super::stopping::{StopOptions, StopReport, Stopping};
+use super::triggers::{self, TriggerOutcome};
+use super::watch::{Watch, WatchError};
+use super::worker;
 use crate::clock::deadline_after;
+use crate::context::StopSignal;
 use crate::logs;
 use crate::observe::status::RunState;
 use crate::queue::KeyState;
@@ -31,110 +42,6 @@ impl<K: ControllerKey> Clone for ControllerHandle<K> {
 impl<K: ControllerKey> fmt::Debug for ControllerHandle<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ControllerHandle").field("name", &self.core.name).finish_non_exhaustive()
-    }
-}
-
-/// A snapshot of a controller's counters and queue.
-///
-/// The counters are final for every reconcile that has returned once
-/// [`ControllerHandle::wait_idle`] returned true.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Reconcile calls that returned (or panicked).
-    pub reconciles: u64,
-    /// Calls that returned `Ok(Action::Done)` or `Ok(Action::RequeueAfter(_))`
-    /// (work done, a resync asked for).
-    pub successes: u64,
-    /// Calls that returned an error or panicked.
-    pub failures: u64,
-    /// Calls that returned `Ok(Action::Requeue)` (a rate-limited retry that
-    /// is not an error).
-    pub requeues: u64,
-    /// Failures that were panics.
-    pub panics: u64,
-    /// Keys ready to be reconciled.
-    pub depth: usize,
-    /// Keys being reconciled.
-    pub processing: usize,
-    /// Keys waiting for a due time (retries, delayed enqueues).
-    pub waiting: usize,
-    /// Ready keys per priority, highest first (priorities with no ready key
-    /// left out; before start, every pending key counts as ready).
-    pub by_priority: Vec<(i32, usize)>,
-    /// Reconciles running longer than the hanging threshold (0 if none is
-    /// configured).
-    pub hanging: usize,
-    /// Keys in the parked set (failed permanently).
-    pub parked: usize,
-    /// The Display of the last failure (for a panic, its message).
-    pub last_error: Option<String>,
-    /// When the last failure happened.
-    pub last_error_time: Option<SystemTime>,
-    /// With a [`store`](crate::Controller::store): keys not yet written,
-    /// the last flush, and the last flush error (until one succeeds).
-    pub store: Option<crate::StoreStats>,
-    /// With a [`leader_election`](crate::Controller::leader_election),
-    /// once started: whether this process leads, who does, and the last
-    /// error talking to etcd.
-    pub leader: Option<crate::LeaderStatus>,
-    /// With [`sharding`](crate::Controller::sharding), once started: the
-    /// partitions owned, the live replicas, the last error talking to etcd.
-    pub shards: Option<crate::ShardStatus>,
-    /// Keys dropped because another replica owns them (sharding): enqueues
-    /// of keys not ours, and keys whose partition moved before their turn.
-    pub not_owned: u64,
-    /// Failures of a watched cache's `map` or `predicate` (each logged as
-    /// an ERROR; the changed key was enqueued instead).
-    pub handler_errors: u64,
-    /// Ready keys held by a pending ancestor, or waiting for cancelled
-    /// descendants to return (guarantees §14); counted in `depth` too.
-    pub held: usize,
-    /// Reconciles cancelled because an ancestor became pending (D3) or,
-    /// with `supersede`, their key became ready again (U1); counted in
-    /// `reconciles` too.
-    pub superseded: u64,
-}
-
-/// What [`ControllerHandle::stop_with_drain_report`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StopReport<K> {
-    /// Every worker finished before the deadline.
-    pub finished: bool,
-    /// Keys whose reconcile was still running at the deadline (their workers
-    /// were cancelled and detached).
-    pub unfinished: Vec<K>,
-    /// Trigger and watch threads still running at the deadline, detached
-    /// (typically a watch blocked on an iterator that never yields).
-    pub detached_threads: usize,
-    /// Caches this stop stopped (no other controller used them, and they
-    /// were not [`start`](crate::Cache::start)ed) whose thread was still
-    /// in its source at the deadline: a source that does not heed its
-    /// [`Stop`](crate::source::Stop). Left behind, it applies and delivers
-    /// nothing more and exits when the source returns. By name.
-    pub unfinished_caches: Vec<String>,
-    /// Keys the stop dropped without reconciling them: keys waiting on a
-    /// delay or a retry back-off, and ready keys left at the deadline.
-    /// Enqueue them again after a restart if they matter.
-    pub dropped: Vec<K>,
-    /// With a [`store`](crate::Controller::store): why the stop's last
-    /// flush failed (then the file keeps what the last successful flush
-    /// wrote, and `stats().store` shows the keys not written). `None` if it
-    /// succeeded, or had not run by the deadline (it runs once the workers
-    /// have exited).
-    pub store_error: Option<String>,
-}
-
-impl<K> StopReport<K> {
-    /// Every worker finished, nothing was dropped or detached.
-    pub(crate) fn finished_with_nothing_left() -> Self {
-        Self {
-            finished: true,
-            unfinished: Vec::new(),
-            detached_threads: 0,
-            unfinished_caches: Vec::new(),
-            dropped: Vec::new(),
-            store_error: None,
-        }
     }
 }
 
@@ -202,8 +109,8 @@ impl<K: ControllerKey> ControllerHandle<K> {
     pub fn watch_cache<S: crate::source::Source>(
         &self,
         cache: &crate::Cache<S>,
-        watch: super::Watch<S, K>,
-    ) -> Result<(), super::WatchError> {
+        watch: Watch<S, K>,
+    ) -> Result<(), WatchError> {
         self.features.watches.watch(&self.core, cache, watch)
     }
 
@@ -224,7 +131,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// (D2); a key becoming ready cancels its running descendants and runs
     /// after they returned (D3). Parents that would close a cycle return
     /// [`CycleError`](super::CycleError) and change nothing (D4).
-    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), super::CycleError<K>> {
+    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), CycleError<K>> {
         self.core.set_dependencies(&self.features.deps_before_start, key, parents)
     }
 
@@ -233,7 +140,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// out; keys ready before the first one opened keep running. When the
     /// last one closes (its guard dropped), they are scheduled together,
     /// ancestors first (D1). May be opened before start.
-    pub fn batch(&self) -> super::Batch<K> {
+    pub fn batch(&self) -> Batch<K> {
         self.core.open_batch(&self.features.batches)
     }
 
@@ -314,7 +221,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// inside one of its reconciles): waiting there for the controller to
     /// become idle or stopped would wait for the caller itself.
     pub fn on_own_worker(&self) -> bool {
-        super::worker::on_worker_of(&self.core)
+        worker::on_worker_of(&self.core)
     }
 
     /// Counters, queue sizes, hangs and the last error.
@@ -325,7 +232,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// With [`sharding`](super::Controller::sharding): the partitions this
     /// replica owns now (empty before start, or while cut off from etcd).
     pub fn owned_partitions(&self) -> std::collections::BTreeSet<u32> {
-        self.core.gate().and_then(super::gate::Gate::shard_status).map(|s| s.owned).unwrap_or_default()
+        self.core.gate().and_then(Gate::shard_status).map(|s| s.owned).unwrap_or_default()
     }
 
     /// Keys being reconciled per group (guarantees §8), for a controller built
@@ -337,9 +244,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         G: Eq + std::hash::Hash + Clone + 'static,
     {
         let Some(rt) = self.core.rt.get() else { return Vec::new() };
-        let Some(table) =
-            rt.grouping.as_ref().and_then(|g| g.as_any().downcast_ref::<super::groups::GroupTable<K, G>>())
-        else {
+        let Some(table) = rt.grouping.as_ref().and_then(|g| g.as_any().downcast_ref::<GroupTable<K, G>>()) else {
             return Vec::new();
         };
         table.name_ids(&rt.queue.in_flight_by_group())
@@ -464,12 +369,6 @@ impl<K: ControllerKey> ControllerHandle<K> {
         }
     }
 
-    /// The store's last flush error, if it has one (see
-    /// [`StopReport::store_error`]).
-    pub(crate) fn store_error(&self) -> Option<String> {
-        self.core.rt.get()?.store.as_ref()?.stats().error
-    }
-
     /// How many trigger, watch and watchdog threads are running.
     pub fn background_threads(&self) -> usize {
         self.core.life.read(|life| life.live_aux)
@@ -513,5 +412,99 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// caller can wait for a stop in slices (checking for Ctrl-C between).
     pub fn join_timeout(&self, timeout: Duration) -> bool {
         self.core.life.join(deadline_after(Instant::now(), timeout))
+    }
+
+    /// Starts a stop as `options` say and returns it under way; its
+    /// [`wait`](Stopping::wait) finishes it. Requests the stop before it
+    /// returns: [`state`](Self::state) is stopping or stopped from then on.
+    pub fn stop_with(&self, options: StopOptions) -> Stopping<K> {
+        if !options.drain {
+            self.stop();
+        }
+        Stopping::begin(Arc::clone(&self.core), Arc::clone(&self.features), options)
+    }
+
+    /// Blocks until every change made before the call (keys enqueued, with
+    /// or without a delay, and reconciles that returned: done, retried,
+    /// parked) is on disk in the controller's [`store`](crate::Controller::store),
+    /// without waiting for the next flush interval. Callers flushing at
+    /// the same time share one write.
+    ///
+    /// This is the point to advance a position kept outside from: enqueue
+    /// the keys a change feed gave, `flush()`, then record the feed's
+    /// position; after a crash, every key enqueued before the recorded
+    /// position comes back (section 9's restore).
+    ///
+    /// # Errors
+    /// * The write failed: the [`StoreError`](crate::StoreError) inside the `io::Error`
+    ///   (`get_ref()` + `downcast_ref`); the keys stay pending (in
+    ///   `stats().store`) and the next flush writes them again.
+    /// * The controller was never started ([`io::ErrorKind::Other`]): keys
+    ///   enqueued before [`start`](crate::Controller::start) reach the
+    ///   store only once `start` has claimed it.
+    ///
+    /// Without a store it returns `Ok` at once: there is nothing to write
+    /// (and nothing survives a crash). After a stop, it waits for the
+    /// stop's last flush and returns its outcome; while a stop waits for
+    /// its reconciles, it writes what changed so far, as before the stop.
+    pub fn flush(&self) -> io::Result<()> {
+        let pending = self.ask_flush()?;
+        pending.wait(None).expect("waited without a deadline").map_err(io::Error::from)
+    }
+
+    /// Asks for the write [`flush`](Self::flush) waits for.
+    pub(crate) fn ask_flush(&self) -> io::Result<PendingFlush> {
+        persist::ask_flush(&self.core)
+    }
+
+    /// Runs `trigger(&stop)` on its own thread and enqueues `key` when it
+    /// returns, unless it panicked, returned "don't" (see
+    /// [`TriggerOutcome`]), or `stop` was set meanwhile. `stop` is set by
+    /// [`remove_trigger`](Self::remove_trigger), by a later trigger for the
+    /// same key (which replaces this one), and by stopping the controller;
+    /// a long-running trigger should wait on it
+    /// (`stop.wait_timeout(..)`) rather than sleep. Ignored once stopped.
+    pub fn add_trigger<F, R>(&self, key: K, trigger: F)
+    where
+        F: FnOnce(&StopSignal) -> R + Send + 'static,
+        R: TriggerOutcome,
+    {
+        triggers::add(&self.core, &self.features.triggers, key, trigger);
+    }
+
+    /// Signals the trigger for `key` (it will not enqueue); returns whether
+    /// there was one.
+    pub fn remove_trigger(&self, key: &K) -> bool {
+        triggers::remove(&self.features.triggers, key)
+    }
+
+    /// Consumes `events` on its own thread and enqueues every key
+    /// `transform(event)` returns (any `IntoIterator`: a `Vec`, an
+    /// `Option`, `std::iter::once(k)`...). The thread ends when the iterator
+    /// does, or at the first event after the controller stops; an iterator
+    /// that blocks forever keeps it alive (it is detached at a drain's
+    /// deadline). For a `crossbeam_channel::Receiver`, prefer
+    /// [`watch_channel`](Self::watch_channel), which a stop interrupts.
+    /// A panic in `transform` is logged and the event skipped.
+    pub fn watch<I, E, F, R>(&self, events: I, transform: F)
+    where
+        I: IntoIterator<Item = E>,
+        I::IntoIter: Send + 'static,
+        F: FnMut(E) -> R + Send + 'static,
+        R: IntoIterator<Item = K>,
+    {
+        triggers::watch(&self.core, events, transform);
+    }
+
+    /// Like [`watch`](Self::watch) for a channel, but interruptible: the
+    /// thread ends when every sender is dropped or the controller stops,
+    /// whichever comes first.
+    pub fn watch_channel<E, F, R>(&self, events: crossbeam_channel::Receiver<E>, transform: F)
+    where
+        E: Send + 'static,
+        F: FnMut(E) -> R + Send + 'static,
+        R: IntoIterator<Item = K>,
+    {
+        triggers::watch_channel(&self.core, events, transform);
     }
 }

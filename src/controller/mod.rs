@@ -1,20 +1,33 @@
 //! The reconcile loop (guarantees §3, §4, §5): a fixed pool of OS worker threads
 //! taking keys from a [`WorkQueue`] and calling a [`Reconciler`].
 //!
-//! * [`Controller`] (this file) is the builder; `start` spawns the threads.
-//! * `worker` is the loop and the result table.
-//! * `outcome` holds [`Action`], [`ReconcileError`] and [`Reconciler`].
-//! * `handle` is [`ControllerHandle`]: enqueueing, stats, stopping.
-//! * `stopping` is a stop under way ([`Stopping`]), waited for in slices.
-//! * `inspect` keeps per-key memory and the parked set.
-//! * `triggers` runs Consul-style triggers and watches.
-//! * `watchdog` reports reconciles that run too long and cancels those past
-//!   their timeout.
-//! * `groups` turns the `group` option into the queue's group ids.
-//! * `persist` is the controller's side of the store seam (`crate::store`).
-//! * `life` is the controller's state, the threads a stop waits for, and
-//!   the hooks features register to hear of a stop.
-//! * `watch` is the seam to caches: `watch_cache`, the synced gate.
+//! The folder is layered: each file names only files on its own floor or
+//! below, and no two name each other (`scripts/controller_layers.py`
+//! checks it against this order). From the top:
+//!
+//! 1. `mod` (this file): [`Controller`], the builder, and `run_signals`
+//!    (`run_until_signal`).
+//! 2. `replicas`: leader election and sharding on etcd, joined at start.
+//! 3. `start`: the start sequence with its one failure path, and
+//!    [`StartError`].
+//! 4. `handle`: [`ControllerHandle`], every public method, each thin.
+//! 5. `stopping`: a stop under way ([`Stopping`]) and its [`StopReport`].
+//! 6. `features`: what the features keep apart from the engine, and every
+//!    stop hook they register.
+//! 7. The features: `triggers` (Consul-style triggers and watches),
+//!    `watch` (caches: `watch_cache`, the synced gate), `dependencies`,
+//!    `batch`, `persist` (the store seam, `crate::store`), `status` (the
+//!    status row, the stats and the metrics' samples).
+//! 8. `worker` (the loop and the result table) and `hangs` (hang reports
+//!    and timeouts).
+//! 9. `core`: the engine, which names no feature: the shared state, the
+//!    runtime, the worker slots, routing an enqueue, the after-reconcile
+//!    step (`Core::finish`), the threads a stop waits for.
+//! 10. Leaves: `life` (the state, the threads' counts, the stop's hooks),
+//!     `gate` (the one seam to coordination), `finish` (the after-reconcile
+//!     choice), `groups`, `debounce`, `inspect` (per-key memory, the parked
+//!     set), `metrics` (per-worker counts), `outcome` ([`Action`],
+//!     [`ReconcileError`], [`Reconciler`]), `watchdog` (its thread's timer).
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -78,11 +91,12 @@ pub use batch::Batch;
 pub use core::ControllerKey;
 pub use dependencies::CycleError;
 pub(crate) use groups::GroupFn;
-pub use handle::{ControllerHandle, Stats, StopReport};
+pub use handle::ControllerHandle;
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
 pub use start::StartError;
-pub use stopping::{StopOptions, Stopping};
+pub use status::Stats;
+pub use stopping::{StopOptions, StopReport, Stopping};
 pub use triggers::TriggerOutcome;
 pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};
 

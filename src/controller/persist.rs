@@ -7,7 +7,6 @@ use std::time::Instant;
 
 pub(crate) use crate::store::PendingFlush;
 
-use super::ControllerHandle;
 use super::core::{ControllerKey, Core, Runtime};
 use crate::queue::{Place, Priority};
 use crate::store::{Flush, KeySource, KeyView, StoreLink};
@@ -78,44 +77,15 @@ pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &
     });
 }
 
-impl<K: ControllerKey> ControllerHandle<K> {
-    /// Blocks until every change made before the call (keys enqueued, with
-    /// or without a delay, and reconciles that returned: done, retried,
-    /// parked) is on disk in the controller's [`store`](crate::Controller::store),
-    /// without waiting for the next flush interval. Callers flushing at
-    /// the same time share one write.
-    ///
-    /// This is the point to advance a position kept outside from: enqueue
-    /// the keys a change feed gave, `flush()`, then record the feed's
-    /// position; after a crash, every key enqueued before the recorded
-    /// position comes back (section 9's restore).
-    ///
-    /// # Errors
-    /// * The write failed: the [`StoreError`] inside the `io::Error`
-    ///   (`get_ref()` + `downcast_ref`); the keys stay pending (in
-    ///   `stats().store`) and the next flush writes them again.
-    /// * The controller was never started ([`io::ErrorKind::Other`]): keys
-    ///   enqueued before [`start`](crate::Controller::start) reach the
-    ///   store only once `start` has claimed it.
-    ///
-    /// Without a store it returns `Ok` at once: there is nothing to write
-    /// (and nothing survives a crash). After a stop, it waits for the
-    /// stop's last flush and returns its outcome; while a stop waits for
-    /// its reconciles, it writes what changed so far, as before the stop.
-    pub fn flush(&self) -> io::Result<()> {
-        let pending = self.ask_flush()?;
-        pending.wait(None).expect("waited without a deadline").map_err(io::Error::from)
-    }
-
-    /// Asks for the write [`flush`](Self::flush) waits for.
-    pub(crate) fn ask_flush(&self) -> io::Result<PendingFlush> {
-        let Some(rt) = self.core.rt.get() else {
-            return Err(io::Error::other(format!(
-                "controller {:?} was not started: flush() writes what a started controller holds",
-                self.core.name
-            )));
-        };
-        let flushers = rt.store.iter().map(|link| Arc::clone(link) as Arc<dyn Flush>);
-        Ok(PendingFlush::ask(flushers))
-    }
+/// Asks `core`'s store (if any) for a write of every change so far; an
+/// error if the controller was never started.
+pub(super) fn ask_flush<K: ControllerKey>(core: &Core<K>) -> io::Result<PendingFlush> {
+    let Some(rt) = core.rt.get() else {
+        return Err(io::Error::other(format!(
+            "controller {:?} was not started: flush() writes what a started controller holds",
+            core.name
+        )));
+    };
+    let flushers = rt.store.iter().map(|link| Arc::clone(link) as Arc<dyn Flush>);
+    Ok(PendingFlush::ask(flushers))
 }

@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime};
 
 use super::core::{ControllerKey, Core, Counters};
 use super::gate::Gate;
-use super::handle::Stats;
 use super::hangs::{log_hangs, scan};
 use super::life::Phase;
 use super::metrics::{RESULTS, ResultTotals, last_success_tick};
@@ -14,6 +13,67 @@ use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerH
 use crate::observe::metrics::{MetricFamilies, ticks};
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry, is_standby};
 use crate::observe::{self, Observed};
+
+/// A snapshot of a controller's counters and queue.
+///
+/// The counters are final for every reconcile that has returned once
+/// [`ControllerHandle::wait_idle`](super::ControllerHandle::wait_idle) returned true.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Reconcile calls that returned (or panicked).
+    pub reconciles: u64,
+    /// Calls that returned `Ok(Action::Done)` or `Ok(Action::RequeueAfter(_))`
+    /// (work done, a resync asked for).
+    pub successes: u64,
+    /// Calls that returned an error or panicked.
+    pub failures: u64,
+    /// Calls that returned `Ok(Action::Requeue)` (a rate-limited retry that
+    /// is not an error).
+    pub requeues: u64,
+    /// Failures that were panics.
+    pub panics: u64,
+    /// Keys ready to be reconciled.
+    pub depth: usize,
+    /// Keys being reconciled.
+    pub processing: usize,
+    /// Keys waiting for a due time (retries, delayed enqueues).
+    pub waiting: usize,
+    /// Ready keys per priority, highest first (priorities with no ready key
+    /// left out; before start, every pending key counts as ready).
+    pub by_priority: Vec<(i32, usize)>,
+    /// Reconciles running longer than the hanging threshold (0 if none is
+    /// configured).
+    pub hanging: usize,
+    /// Keys in the parked set (failed permanently).
+    pub parked: usize,
+    /// The Display of the last failure (for a panic, its message).
+    pub last_error: Option<String>,
+    /// When the last failure happened.
+    pub last_error_time: Option<SystemTime>,
+    /// With a [`store`](crate::Controller::store): keys not yet written,
+    /// the last flush, and the last flush error (until one succeeds).
+    pub store: Option<crate::StoreStats>,
+    /// With a [`leader_election`](crate::Controller::leader_election),
+    /// once started: whether this process leads, who does, and the last
+    /// error talking to etcd.
+    pub leader: Option<crate::LeaderStatus>,
+    /// With [`sharding`](crate::Controller::sharding), once started: the
+    /// partitions owned, the live replicas, the last error talking to etcd.
+    pub shards: Option<crate::ShardStatus>,
+    /// Keys dropped because another replica owns them (sharding): enqueues
+    /// of keys not ours, and keys whose partition moved before their turn.
+    pub not_owned: u64,
+    /// Failures of a watched cache's `map` or `predicate` (each logged as
+    /// an ERROR; the changed key was enqueued instead).
+    pub handler_errors: u64,
+    /// Ready keys held by a pending ancestor, or waiting for cancelled
+    /// descendants to return (guarantees §14); counted in `depth` too.
+    pub held: usize,
+    /// Reconciles cancelled because an ancestor became pending (D3) or,
+    /// with `supersede`, their key became ready again (U1); counted in
+    /// `reconciles` too.
+    pub superseded: u64,
+}
 
 impl Counters {
     /// Ends a failure streak at a success. No lock; the streak counter is

@@ -2,22 +2,25 @@
 //! slices: so a caller that must look up between waits (Python's Ctrl-C)
 //! needs no helper thread and no flags of its own.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::core::{ControllerKey, Runtime};
-use super::handle::{ControllerHandle, StopReport};
+use super::core::{ControllerKey, Core, Runtime};
+use super::features::Features;
+use super::life::Phase;
 use crate::clock::deadline_after;
 use crate::logs;
 
 /// How often a stop waiting for reconciles logs which ones it waits for.
 const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
 
-/// How [`ControllerHandle::stop_with`] stops.
+/// How [`ControllerHandle::stop_with`](super::ControllerHandle::stop_with) stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StopOptions {
     /// Reconcile the keys ready now first (as
-    /// [`stop_with_drain_report`](ControllerHandle::stop_with_drain_report)),
-    /// or stop at once (as [`stop`](ControllerHandle::stop)).
+    /// [`stop_with_drain_report`](super::ControllerHandle::stop_with_drain_report)),
+    /// or stop at once (as [`stop`](super::ControllerHandle::stop)).
     pub drain: bool,
     /// When to give up on the workers (real time; `None`: never). A drain
     /// then cancels what runs and drops what is ready.
@@ -28,15 +31,68 @@ pub struct StopOptions {
     pub aux_grace: Option<Duration>,
 }
 
+/// What [`ControllerHandle::stop_with_drain_report`](super::ControllerHandle::stop_with_drain_report) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopReport<K> {
+    /// Every worker finished before the deadline.
+    pub finished: bool,
+    /// Keys whose reconcile was still running at the deadline (their workers
+    /// were cancelled and detached).
+    pub unfinished: Vec<K>,
+    /// Trigger and watch threads still running at the deadline, detached
+    /// (typically a watch blocked on an iterator that never yields).
+    pub detached_threads: usize,
+    /// Caches this stop stopped (no other controller used them, and they
+    /// were not [`start`](crate::Cache::start)ed) whose thread was still
+    /// in its source at the deadline: a source that does not heed its
+    /// [`Stop`](crate::source::Stop). Left behind, it applies and delivers
+    /// nothing more and exits when the source returns. By name.
+    pub unfinished_caches: Vec<String>,
+    /// Keys the stop dropped without reconciling them: keys waiting on a
+    /// delay or a retry back-off, and ready keys left at the deadline.
+    /// Enqueue them again after a restart if they matter.
+    pub dropped: Vec<K>,
+    /// With a [`store`](crate::Controller::store): why the stop's last
+    /// flush failed (then the file keeps what the last successful flush
+    /// wrote, and `stats().store` shows the keys not written). `None` if it
+    /// succeeded, or had not run by the deadline (it runs once the workers
+    /// have exited).
+    pub store_error: Option<String>,
+}
+
+impl<K> StopReport<K> {
+    /// Every worker finished, nothing was dropped or detached.
+    pub(crate) fn finished_with_nothing_left() -> Self {
+        Self {
+            finished: true,
+            unfinished: Vec::new(),
+            detached_threads: 0,
+            unfinished_caches: Vec::new(),
+            dropped: Vec::new(),
+            store_error: None,
+        }
+    }
+}
+
 /// A stop under way: [`wait`](Self::wait) drives it to its report.
-#[derive(Debug)]
 pub struct Stopping<K: ControllerKey> {
-    handle: ControllerHandle<K>,
+    core: Arc<Core<K>>,
+    features: Arc<Features<K>>,
     drain: bool,
     deadline: Instant,
     aux_grace: Option<Duration>,
     step: Step,
     report: StopReport<K>,
+}
+
+impl<K: ControllerKey> fmt::Debug for Stopping<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stopping")
+            .field("controller", &self.core.name)
+            .field("drain", &self.drain)
+            .field("step", &self.step)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -61,16 +117,15 @@ enum Moved {
     SliceOver,
 }
 
-impl<K: ControllerKey> ControllerHandle<K> {
-    /// Starts a stop as `options` say and returns it under way; its
-    /// [`wait`](Stopping::wait) finishes it. Requests the stop before it
-    /// returns: [`state`](Self::state) is stopping or stopped from then on.
-    pub fn stop_with(&self, options: StopOptions) -> Stopping<K> {
+impl<K: ControllerKey> Stopping<K> {
+    /// Requests the stop (a stop at once was already made by the caller)
+    /// and returns it under way.
+    pub(crate) fn begin(core: Arc<Core<K>>, features: Arc<Features<K>>, options: StopOptions) -> Self {
         let now = Instant::now();
         let deadline = deadline_after(now, options.timeout.unwrap_or(Duration::MAX));
         let step = if options.drain {
-            self.core.request_stop();
-            match self.core.rt.get() {
+            core.request_stop();
+            match core.rt.get() {
                 Some(rt) => {
                     // Closes the queue for the drain; `wait` waits for it.
                     rt.queue.shut_down_with_drain_timeout(Duration::ZERO);
@@ -79,11 +134,11 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 None => Step::Aux { until: deadline },
             }
         } else {
-            self.stop();
             Step::Workers
         };
-        Stopping {
-            handle: self.clone(),
+        Self {
+            core,
+            features,
             drain: options.drain,
             deadline,
             aux_grace: options.aux_grace,
@@ -91,9 +146,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
             report: StopReport::finished_with_nothing_left(),
         }
     }
-}
 
-impl<K: ControllerKey> Stopping<K> {
     /// Waits for the stop at most `slice` (real time); its report once it is
     /// done (again on every later call), `None` if the slice ended first.
     pub fn wait(&mut self, slice: Duration) -> Option<StopReport<K>> {
@@ -105,7 +158,7 @@ impl<K: ControllerKey> Stopping<K> {
                 Step::Workers => self.workers(until),
                 Step::Aux { until: aux_until } => self.aux(aux_until, until),
                 Step::Done => {
-                    self.report.store_error = self.handle.store_error();
+                    self.report.store_error = self.store_error();
                     return Some(self.report.clone());
                 }
             };
@@ -117,7 +170,12 @@ impl<K: ControllerKey> Stopping<K> {
     }
 
     fn rt(&self) -> &Runtime<K> {
-        runtime(&self.handle)
+        runtime(&self.core)
+    }
+
+    /// The store's last flush error, if it has one.
+    fn store_error(&self) -> Option<String> {
+        self.core.rt.get()?.store.as_ref()?.stats().error
     }
 
     /// Waits for the queue to drain, saying every few seconds what runs.
@@ -133,7 +191,7 @@ impl<K: ControllerKey> Stopping<K> {
             return Moved::On(Step::Workers);
         }
         if now >= next_log {
-            logs::stop_waiting(&self.handle.core.name, &running_keys(rt));
+            logs::stop_waiting(&self.core.name, &running_keys(rt));
             return Moved::On(Step::Draining { next_log: deadline_after(now, STOP_WAIT_LOG_INTERVAL) });
         }
         Moved::SliceOver
@@ -141,19 +199,18 @@ impl<K: ControllerKey> Stopping<K> {
 
     /// Waits for the workers; at the deadline a drain gives up on them.
     fn workers(&mut self, until: Instant) -> Moved {
-        let life = &self.handle.core.life;
+        let life = &self.core.life;
         let drain = self.drain;
-        let exited = life.wait_until(Some(until), |life| {
-            if drain { life.live_workers == 0 } else { life.phase == super::life::Phase::Stopped }
-        });
+        let exited = life
+            .wait_until(Some(until), |life| if drain { life.live_workers == 0 } else { life.phase == Phase::Stopped });
         let now = Instant::now();
         if !exited && now < self.deadline {
             return Moved::SliceOver;
         }
         self.report.finished = exited;
         if drain {
-            let rt = runtime(&self.handle);
-            let name = &self.handle.core.name;
+            let rt = runtime(&self.core);
+            let name = &self.core.name;
             if exited {
                 life.join_workers();
                 // Keys still ready were held back by a gate (caches not
@@ -161,7 +218,7 @@ impl<K: ControllerKey> Stopping<K> {
                 // reported as such.
                 rt.queue.shut_down_now();
             } else {
-                self.handle.core.cancel_everything();
+                self.core.cancel_everything();
                 rt.queue.shut_down_now();
                 self.report.unfinished = running_keys(rt);
                 life.abandon();
@@ -181,14 +238,14 @@ impl<K: ControllerKey> Stopping<K> {
     /// threads of the caches the stop let go of, until `aux_until`; those
     /// still running then are detached (and reported).
     fn aux(&mut self, aux_until: Instant, until: Instant) -> Moved {
-        let core = &self.handle.core;
+        let core = &self.core;
         let life = &core.life;
         // A stop at once joins the workers here, with the rest.
         let workers_too = !self.drain;
         let wait_until = until.min(aux_until);
         let threads_done =
             life.wait_until(Some(wait_until), |life| life.live_aux == 0 && (!workers_too || life.live_workers == 0));
-        let caches_left = self.handle.features.watches.caches_still_running(wait_until);
+        let caches_left = self.features.watches.caches_still_running(wait_until);
         if !(threads_done && caches_left.is_empty()) && Instant::now() < aux_until {
             return Moved::SliceOver;
         }
@@ -207,11 +264,8 @@ impl<K: ControllerKey> Stopping<K> {
 }
 
 /// The runtime of a controller whose stop reached its workers.
-fn runtime<K>(handle: &ControllerHandle<K>) -> &Runtime<K>
-where
-    K: ControllerKey,
-{
-    handle.core.rt.get().expect("a stop with workers has a runtime")
+fn runtime<K>(core: &Core<K>) -> &Runtime<K> {
+    core.rt.get().expect("a stop with workers has a runtime")
 }
 
 /// The keys whose reconcile is running now.
