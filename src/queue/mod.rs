@@ -528,8 +528,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// (the after-reconcile choice its start made, `controller::finish`).
     /// Also returns the reading the hand-out of the next key was stamped
     /// with, so a worker that times its reconciles reads the clock once per
-    /// key in all. The next key comes with its priority.
-    #[inline]
+    /// key in all. The next key comes with its priority. Inlined by force:
+    /// each caller passes one `also`, so its other branches fold away (a
+    /// call passing the enum cost the worker loop about 10 instructions a
+    /// key, W1).
+    #[inline(always)]
     pub(crate) fn done_and_get_stamped(&self, key: &K, stamp: u64, also: AlsoDone<'_>) -> (Option<(K, Priority)>, u64) {
         let mut now = Now::at(stamp);
         let mut g = self.shared.lock();
