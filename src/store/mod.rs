@@ -95,7 +95,7 @@ impl StoreError {
     }
 }
 
-/// For [`Controller::try_start`](crate::Controller::try_start): the
+/// For [`StartError`](crate::StartError)'s conversion and `flush()`: the
 /// `StoreError` stays inside (`get_ref()` + `downcast_ref`).
 impl From<StoreError> for io::Error {
     fn from(err: StoreError) -> Self {
