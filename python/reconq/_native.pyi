@@ -383,6 +383,7 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     successes: int
     failures: int
     requeues: int
+    panics: int
     depth: int
     processing: int
     waiting: int

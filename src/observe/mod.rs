@@ -3,6 +3,7 @@
 //! passing objects around (as Cilium's global controller manager and
 //! client-go's global metrics provider do).
 
+pub(crate) mod fields;
 pub(crate) mod metrics;
 pub(crate) mod probes;
 mod registry;
