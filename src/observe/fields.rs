@@ -13,9 +13,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::reports::{LeaderStatus, ShardStatus, StoreStats};
 use super::status::{EntryKind, HangingKey, StatusEntry};
-use crate::coordination::{LeaderStatus, ShardStatus};
-use crate::store::StoreStats;
 
 /// A field's value, as the renderers tell values apart.
 #[derive(Debug, Clone, Copy)]

@@ -7,6 +7,7 @@ pub(crate) mod fields;
 pub(crate) mod metrics;
 pub(crate) mod probes;
 mod registry;
+pub(crate) mod reports;
 pub mod status;
 mod status_json;
 

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::fields::{Field, Health, Visit, Walk};
+use super::reports::{LeaderStatus, ShardStatus, StoreStats};
 use super::visit;
 
 pub use super::probes::{liveness_problems, readiness_problems};
@@ -154,12 +155,12 @@ pub struct ControllerDetails {
     pub hanging: Vec<HangingKey>,
     /// With a store: its pending keys, last flush and last flush error (a
     /// failing flush shows here and in `stats()`).
-    pub store: Option<crate::StoreStats>,
+    pub store: Option<StoreStats>,
     /// With leader election, once started (see [`StatusEntry::state`]:
     /// a running standby shows as `"standby"`).
-    pub leader: Option<crate::LeaderStatus>,
+    pub leader: Option<LeaderStatus>,
     /// With sharding, once started.
-    pub shards: Option<crate::ShardStatus>,
+    pub shards: Option<ShardStatus>,
     /// Keys dropped because another replica owns them.
     pub not_owned: u64,
     /// Ready keys held by a pending ancestor or waiting for cancelled
@@ -213,7 +214,7 @@ pub struct PeriodicDetails {
     /// Whether `do` is running now.
     pub running: bool,
     /// The manager's leader election, if it has one.
-    pub leader: Option<crate::LeaderStatus>,
+    pub leader: Option<LeaderStatus>,
     /// How long the last finished run took.
     pub last_duration: Option<Duration>,
     /// How long until the next run (`Some(ZERO)`: due or requested), or
@@ -240,7 +241,7 @@ impl PeriodicDetails {
 
 /// Runs with leader election and does not lead: it keeps its queue warm
 /// but reconciles nothing (a controller's [`RunState::Standby`]).
-pub(crate) fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
+pub(crate) fn is_standby(leader: Option<&LeaderStatus>) -> bool {
     leader.is_some_and(|l| !l.is_leader())
 }
 
