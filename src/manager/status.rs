@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use crate::observe::fields::{Field, Health, Visit, Walk, health_of};
+use crate::observe::fields::{Field, Visit, Walk, health_of};
 
 /// A snapshot of one named controller, as Cilium's controller status.
 ///
@@ -32,31 +32,6 @@ pub struct ControllerStatus {
     /// requested, `None` when the controller waits for an update or trigger
     /// (or is running: its next time is set when the run ends).
     pub next_run_in: Option<Duration>,
-}
-
-impl ControllerStatus {
-    pub(crate) fn new(
-        name: String,
-        health: Health,
-        last_duration: Option<Duration>,
-        running: bool,
-        next_run_in: Option<Duration>,
-    ) -> Self {
-        let Health { successes, failures, consecutive_failures, last_error, last_error_time, last_success_time } =
-            health;
-        ControllerStatus {
-            name,
-            successes,
-            failures,
-            consecutive_failures,
-            last_error,
-            last_error_time,
-            last_success_time,
-            last_duration,
-            running,
-            next_run_in,
-        }
-    }
 }
 
 /// `Manager.status()` in Python: `name`, the [`Health`] fields, then

@@ -16,7 +16,7 @@ use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
 use crate::coordination::{LeaderSeat, Leading};
-use crate::observe::fields::Health;
+use crate::observe::fields::{Health, with_health};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Context, StopSignal};
 use crate::{logs, panics};
@@ -178,7 +178,8 @@ impl Ctl {
         } else {
             st.next_run.map(|t| t.saturating_duration_since(self.clock.now()))
         };
-        ControllerStatus::new(self.name.clone(), st.health.clone(), st.last_duration, st.running, next_run_in)
+        let (name, last_duration, running) = (self.name.clone(), st.last_duration, st.running);
+        with_health!(ControllerStatus { name, last_duration, running, next_run_in }, st.health.clone())
     }
 
     /// The controller thread's body: runs `do` whenever due or requested

@@ -91,6 +91,24 @@ macro_rules! health_of {
 }
 pub(crate) use health_of;
 
+/// The public shape `$shape { $field, .. }` with its flat health fields
+/// taken from the [`Health`] `$health` (the inverse of [`health_of!`]).
+macro_rules! with_health {
+    ($shape:ident { $($field:ident $(: $value:expr)?),* $(,)? }, $health:expr) => {{
+        let health: $crate::observe::fields::Health = $health;
+        $shape {
+            $($field $(: $value)?,)*
+            successes: health.successes,
+            failures: health.failures,
+            consecutive_failures: health.consecutive_failures,
+            last_error: health.last_error,
+            last_error_time: health.last_error_time,
+            last_success_time: health.last_success_time,
+        }
+    }};
+}
+pub(crate) use with_health;
+
 impl Walk for Health {
     fn walk<V: Visit>(&self, v: &mut V) -> Result<(), V::Error> {
         v.field("successes", Field::Count(self.successes))?;

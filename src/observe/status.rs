@@ -34,7 +34,7 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::fields::{Field, Health, Visit, Walk};
+use super::fields::{Field, Health, Visit, Walk, with_health};
 use super::reports::{LeaderStatus, ShardStatus, StoreStats};
 use super::visit;
 
@@ -285,18 +285,7 @@ impl StatusEntry {
     /// An entry of `kind` whose health fields are `health`'s: how every
     /// kind builds its entry.
     pub(crate) fn new(name: String, kind: EntryKind, health: Health) -> Self {
-        let Health { successes, failures, consecutive_failures, last_error, last_error_time, last_success_time } =
-            health;
-        StatusEntry {
-            name,
-            kind,
-            successes,
-            failures,
-            consecutive_failures,
-            last_error,
-            last_error_time,
-            last_success_time,
-        }
+        with_health!(StatusEntry { name, kind }, health)
     }
 
     /// The controller-only fields, if this is a controller.
