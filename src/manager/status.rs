@@ -34,7 +34,7 @@ pub struct ControllerStatus {
     pub next_run_in: Option<Duration>,
 }
 
-/// `Manager.status()` in Python: `name`, the [`Health`] fields, then
+/// `Manager.status()` in Python: `name`, the `Health` fields, then
 /// `last_duration`, `running` and `next_run_in`.
 impl Walk for ControllerStatus {
     fn walk<V: Visit>(&self, v: &mut V) -> Result<(), V::Error> {
