@@ -4,12 +4,15 @@
 //! Python's `status()` entries, `Controller.stats()` and `Manager.status()`
 //! dicts. A shape lists its fields once, in its walk, with the names the
 //! renderers show; a renderer knows only the kinds of [`Field`]. A new
-//! counter is then two edits: the counter, and its line in the walk (and,
-//! for Python, its line in the stub `_native.pyi`).
+//! field is then two edits: the field in its shape, and its line in that
+//! shape's walk (and, for Python, its line in the stub `_native.pyi`).
 //!
 //! The walks of the shapes defined here ([`StatusEntry`], [`Health`] and
 //! the store, leader and shard reports) are below; `Stats` and the
 //! manager's `ControllerStatus` walk themselves beside their definitions.
+//! The public shapes keep their fields flat (they are public API, built
+//! by literal in tests): [`health_of!`] and [`with_health!`] are the one
+//! place that maps them to and from [`Health`].
 
 use std::time::{Duration, SystemTime};
 
@@ -211,5 +214,75 @@ impl Walk for ShardStatus {
         v.field("owned_partitions", Field::size(self.owned.len()))?;
         v.field("members", Field::size(self.members))?;
         v.field("shard_error", Field::maybe_text(&self.last_error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use super::*;
+    use crate::observe::status::{CacheDetails, PeriodicDetails, RunState};
+
+    /// The names a walk visits, in order.
+    struct Names(Vec<&'static str>);
+
+    impl Visit for Names {
+        type Error = Infallible;
+
+        fn field(&mut self, name: &'static str, _: Field<'_>) -> Result<(), Infallible> {
+            self.0.push(name);
+            Ok(())
+        }
+    }
+
+    fn names(shape: &impl Walk) -> Vec<&'static str> {
+        let mut names = Names(Vec::new());
+        let Ok(()) = shape.walk(&mut names);
+        names.0
+    }
+
+    const HEALTH: [&str; 6] =
+        ["successes", "failures", "consecutive_failures", "last_error", "last_error_time", "last_success_time"];
+
+    #[test]
+    fn every_kind_walks_its_header_the_health_then_its_own_fields() {
+        let leader = LeaderStatus { name: "e".into(), fencing_token: Some(1), leader: None, last_error: None };
+        let periodic = StatusEntry::new(
+            "gc".into(),
+            EntryKind::Periodic(PeriodicDetails {
+                manager: "m".into(),
+                running: false,
+                leader: Some(leader),
+                last_duration: None,
+                next_run_in: None,
+            }),
+            Health::default(),
+        );
+        let own = ["running", "last_duration", "next_run_in", "is_leader", "leader", "fencing_token", "leader_error"];
+        let expected: Vec<&str> = ["kind", "name", "manager", "state"].into_iter().chain(HEALTH).chain(own).collect();
+        assert_eq!(names(&periodic), expected);
+
+        let details = CacheDetails { state: RunState::Running, synced: true, keys: 0, position: None, relists: 0 };
+        let cache = StatusEntry::new("pods".into(), EntryKind::Cache(details), Health::default());
+        let own = ["synced", "keys", "position", "relists"];
+        let expected: Vec<&str> = ["kind", "name", "state"].into_iter().chain(HEALTH).chain(own).collect();
+        assert_eq!(names(&cache), expected);
+    }
+
+    #[test]
+    fn a_public_shape_maps_to_and_from_health() {
+        let health = Health {
+            successes: 1,
+            failures: 2,
+            consecutive_failures: 3,
+            last_error: Some("boom".into()),
+            last_error_time: Some(SystemTime::UNIX_EPOCH),
+            last_success_time: None,
+        };
+        let details = CacheDetails { state: RunState::Running, synced: true, keys: 0, position: None, relists: 0 };
+        let entry = StatusEntry::new("pods".into(), EntryKind::Cache(details), health.clone());
+        assert_eq!((entry.successes, entry.failures, entry.consecutive_failures), (1, 2, 3));
+        assert_eq!(health_of!(entry), health);
     }
 }
