@@ -508,6 +508,7 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     successes: int
     failures: int
     requeues: int
+    panics: int
     depth: int
     processing: int
     waiting: int

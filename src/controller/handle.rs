@@ -91,6 +91,9 @@ pub struct Stats {
     /// with `supersede`, their key became ready again (U1); counted in
     /// `reconciles` too.
     pub superseded: u64,
+    /// Trigger, watch and watchdog threads running (as
+    /// [`ControllerHandle::background_threads`]).
+    pub background_threads: usize,
 }
 
 /// What [`ControllerHandle::stop_with_drain_report`] found.

@@ -7,6 +7,7 @@ use super::gate::Gate;
 use super::metrics::{ResultTotals, last_success_tick};
 use super::watchdog::{log_hangs, scan};
 use super::{ControllerKey, Core, Counters, Stats};
+use crate::observe::fields::{Field, Health, Visit, walk_scale_out};
 use crate::observe::metrics::ticks;
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry, is_standby};
 
@@ -19,6 +20,33 @@ impl Counters {
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+impl Stats {
+    /// The fields of Python's `stats()` after its name, workers and state,
+    /// with the `hanging` keys (this `hanging` counts them), in the walk
+    /// every renderer follows (`observe::fields`).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))] // Rust reads `Stats` itself
+    pub(crate) fn walk<V: Visit>(&self, hanging: &[HangingKey], v: &mut V) -> Result<(), V::Error> {
+        v.field("reconciles", Field::Count(self.reconciles))?;
+        v.field("successes", Field::Count(self.successes))?;
+        v.field("failures", Field::Count(self.failures))?;
+        v.field("requeues", Field::Count(self.requeues))?;
+        v.field("panics", Field::Count(self.panics))?;
+        v.field("depth", Field::size(self.depth))?;
+        v.field("processing", Field::size(self.processing))?;
+        v.field("waiting", Field::size(self.waiting))?;
+        v.field("parked", Field::size(self.parked))?;
+        v.field("handler_errors", Field::Count(self.handler_errors))?;
+        v.field("held", Field::size(self.held))?;
+        v.field("superseded", Field::Count(self.superseded))?;
+        v.field("background_threads", Field::size(self.background_threads))?;
+        v.field("hanging", Field::Hanging(hanging))?;
+        v.field("by_priority", Field::ByPriority(&self.by_priority))?;
+        v.field("last_error", Field::maybe_text(&self.last_error))?;
+        v.field("last_error_time", Field::Time(self.last_error_time))?;
+        walk_scale_out(v, self.store.as_ref(), self.leader.as_ref(), self.shards.as_ref(), self.not_owned)
     }
 }
 
@@ -81,6 +109,7 @@ impl<K: ControllerKey> Core<K> {
             handler_errors: self.watches.handler_errors(),
             held,
             superseded: c.superseded.load(Ordering::Relaxed),
+            background_threads: self.life.read(|life| life.live_aux),
         };
         (stats, hanging)
     }
@@ -139,15 +168,14 @@ impl<K: ControllerKey> Core<K> {
             held: stats.held,
             superseded: stats.superseded,
         };
-        StatusEntry {
-            name: self.name.clone(),
-            kind: EntryKind::Controller(details),
+        let health = Health {
             successes: stats.successes,
             failures: stats.failures,
             consecutive_failures: self.counters.consecutive_failures.load(Ordering::Relaxed),
             last_error: stats.last_error,
             last_error_time: stats.last_error_time,
             last_success_time: self.last_success_time(),
-        }
+        };
+        StatusEntry::new(self.name.clone(), EntryKind::Controller(details), health)
     }
 }

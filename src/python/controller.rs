@@ -27,9 +27,7 @@ use super::attach::python_thread_wrapper;
 use super::cache::PyCache;
 use super::callables::check_sync_callable;
 use super::clock::fake_clock_from_py;
-use super::duration::{
-    delay_from_py, non_negative_from_py, positive_secs, shown, timeout_from_py, to_secs, unix_timestamp,
-};
+use super::duration::{delay_from_py, non_negative_from_py, positive_secs, shown, timeout_from_py, unix_timestamp};
 use super::election::PyLeaderElection;
 use super::errors::type_name;
 use super::key::PyKey;
@@ -804,32 +802,7 @@ impl PyController {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let handle = &self.handle;
         let (stats, hanging) = py.detach(|| handle.core.stats_and_hanging());
-        let d = PyDict::new(py);
-        d.set_item("name", &*self.name)?;
-        d.set_item("workers", self.workers)?;
-        d.set_item("state", handle.state().as_str())?;
-        d.set_item("reconciles", stats.reconciles)?;
-        d.set_item("successes", stats.successes)?;
-        d.set_item("failures", stats.failures)?;
-        d.set_item("requeues", stats.requeues)?;
-        d.set_item("depth", stats.depth)?;
-        d.set_item("processing", stats.processing)?;
-        d.set_item("waiting", stats.waiting)?;
-        d.set_item("parked", stats.parked)?;
-        d.set_item("handler_errors", stats.handler_errors)?;
-        d.set_item("held", stats.held)?;
-        d.set_item("superseded", stats.superseded)?;
-        d.set_item("background_threads", handle.background_threads())?;
-        let hang = PyDict::new(py);
-        for (key, running) in hanging {
-            hang.set_item(key.to_py(py)?, to_secs(running))?;
-        }
-        d.set_item("hanging", hang)?;
-        let by_priority = PyDict::new(py);
-        for (priority, ready) in stats.by_priority {
-            by_priority.set_item(priority, ready)?;
-        }
-        d.set_item("by_priority", by_priority)?;
+        let d = super::status::stats_to_py(py, &self.name, self.workers, handle.state(), &stats, hanging)?;
         if self.grouped {
             let by_group = PyDict::new(py);
             for (group, running) in handle.in_flight_by_group::<PyKey>() {
@@ -841,15 +814,6 @@ impl PyController {
             }
             d.set_item("in_flight_by_group", by_group)?;
         }
-        d.set_item("last_error", stats.last_error)?;
-        d.set_item("last_error_time", stats.last_error_time.map(unix_timestamp))?;
-        super::status::set_scale_out_items(
-            &d,
-            stats.store.as_ref(),
-            stats.leader.as_ref(),
-            stats.shards.as_ref(),
-            stats.not_owned,
-        )?;
         Ok(d)
     }
 

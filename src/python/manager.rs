@@ -30,10 +30,10 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::attach::{attach, python_thread_wrapper};
 use super::callables::check_sync_callable;
 use super::context::with_scope;
-use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::duration::non_negative_from_py;
 use super::election::PyLeaderElection;
 use super::errors::{describe, type_name};
-use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController};
+use crate::{Context, ControllerParams, DoError, Manager, UnknownController};
 
 /// The `reconq` logger, looked up once.
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -112,21 +112,6 @@ fn call_logged(f: &Py<PyAny>, what: &str, name: &str, ctx: Option<&Context>) -> 
         }
     })
     .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
-}
-
-fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("name", &s.name)?;
-    d.set_item("successes", s.successes)?;
-    d.set_item("failures", s.failures)?;
-    d.set_item("consecutive_failures", s.consecutive_failures)?;
-    d.set_item("last_error", s.last_error.as_deref())?;
-    d.set_item("last_error_time", s.last_error_time.map(unix_timestamp))?;
-    d.set_item("last_success_time", s.last_success_time.map(unix_timestamp))?;
-    d.set_item("last_duration", s.last_duration.map(to_secs))?;
-    d.set_item("running", s.running)?;
-    d.set_item("next_run_in", s.next_run_in.map(to_secs))?;
-    Ok(d)
 }
 
 #[pymethods]
@@ -255,7 +240,7 @@ impl PyManager {
         let statuses = self.manager.status();
         let list = PyList::empty(py);
         for s in &statuses {
-            list.append(status_to_py(py, s)?)?;
+            list.append(super::status::to_py(py, s)?)?;
         }
         Ok(list)
     }
