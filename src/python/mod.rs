@@ -10,12 +10,11 @@
 mod attach;
 mod cache;
 mod cache_values;
-mod callables;
 mod clock;
 mod context;
 mod controller;
+mod convert;
 mod digest;
-mod duration;
 mod election;
 mod errors;
 mod key;
@@ -23,10 +22,10 @@ mod limiters;
 mod logs;
 mod manager;
 mod metrics;
-mod priority;
 mod queue;
 mod reconciler;
 mod sharding;
+mod signals;
 mod sources;
 mod status;
 mod store;
@@ -37,7 +36,7 @@ use pyo3::prelude::*;
 #[pymodule(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    queue::record_main_thread(py)?;
+    signals::record_main_thread(py)?;
     // The engine's own log events go to Python `logging` (see `logs`).
     logs::install(py)?;
 

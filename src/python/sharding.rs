@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::attach::attach;
-use super::duration::non_negative_from_py;
+use super::convert::non_negative_from_py;
 use super::election::endpoints_from_py;
 use super::key::PyKey;
 use crate::{ShardStatus, Sharding, partition_of};

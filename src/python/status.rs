@@ -10,7 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::duration::{to_secs, unix_timestamp};
+use super::convert::{to_secs, unix_timestamp};
 use super::key::PyKey;
 use crate::status::{EntryKind, HangingKey, StatusEntry, format_table, snapshot};
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::duration::positive_secs;
+use super::convert::{positive_secs, unix_timestamp};
 use crate::store::{SqliteStore, StoreError, is_open_in_this_process};
 
 pyo3::create_exception!(
@@ -121,6 +121,6 @@ pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResul
 /// `last_flush_time` and `store_error`.
 pub(crate) fn set_store_items(d: &Bound<'_, pyo3::types::PyDict>, store: &crate::StoreStats) -> PyResult<()> {
     d.set_item("store_pending", store.pending)?;
-    d.set_item("last_flush_time", store.last_flush_time.map(super::duration::unix_timestamp))?;
+    d.set_item("last_flush_time", store.last_flush_time.map(unix_timestamp))?;
     d.set_item("store_error", store.error.as_deref())
 }
