@@ -4,19 +4,20 @@
 //! * Every blocking wait here runs detached; on the main thread in slices
 //!   of at most 100 ms with `check_signals()` between (`signals`), so
 //!   Ctrl-C gets through, with no helper thread.
+//! * What a first and a second signal do to `run()` is the engine's rule
+//!   ([`on_signal`]); this file only waits for it as Python must.
 //! * A started controller is kept in `reconq._lifecycle` until stopped, and
 //!   an `atexit` hook stops the ones still running (with drain) so the
 //!   interpreter exits cleanly.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 
-use crate::clock::deadline_after;
-use crate::controller::{Controller, ControllerHandle, StopOptions, StopReport};
+use crate::controller::{Controller, ControllerHandle, StopOptions, StopReport, on_signal};
 use crate::observe::status::RunState;
 use crate::python::cache::PyCache;
 use crate::python::convert::timeout_from_py;
@@ -31,10 +32,6 @@ use crate::store::StoreError;
 /// done, when no timeout was given (a watch blocked in an iterator that never
 /// yields cannot be interrupted; it is left behind).
 const AUX_GRACE: Duration = Duration::from_secs(1);
-
-/// After a second signal, how long `run()` waits for the cancelled
-/// reconciles to return before it returns anyway.
-const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
 
 /// A stop from Python: trigger and watch threads get [`AUX_GRACE`] once the
 /// workers are done, then are left behind.
@@ -166,7 +163,7 @@ impl Life<'_, '_> {
     }
 
     /// Starts, then blocks until the controller is stopped (see
-    /// `Controller.run`); a first signal drains, a second stops at once.
+    /// `Controller.run`); a signal stops it by the engine's rule.
     pub(super) fn run(&self, stop_timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let py = self.object.py();
         let handle = self.handle;
@@ -188,14 +185,14 @@ impl Life<'_, '_> {
         }
     }
 
-    /// The first signal: a drain, for at most `stop_timeout`.
+    /// The first signal: the engine's drain, for at most `stop_timeout`.
     fn first_signal(&self, stop_timeout: Option<Duration>) -> PyResult<()> {
         let py = self.object.py();
         let draining = ("controller %r: stopping on a signal, draining (a second signal stops at once)", self.name);
         // A second signal may land in the logging call itself.
         let stopped = match try_log(py, "warning", draining, None) {
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
-            _ => self.stop(stop_options(true, stop_timeout)),
+            _ => self.stop(StopOptions { aux_grace: Some(AUX_GRACE), ..on_signal::first(stop_timeout) }),
         };
         match stopped {
             Ok(report) if report.finished => Ok(()),
@@ -209,16 +206,17 @@ impl Life<'_, '_> {
         }
     }
 
-    /// A second signal cut the drain short (or it never began): stops at
-    /// once, cancelling the running reconciles, and gives those that heed
-    /// it a moment to return (a third signal cuts this short too).
+    /// A second signal cut the drain short (or it never began): the
+    /// binding's stop at once, unless it ran already, then the engine's
+    /// rule, whose grace for the cancelled reconciles a third signal cuts
+    /// short too.
     fn second_signal(&self) -> PyResult<()> {
         let py = self.object.py();
         let handle = self.handle;
         if !stopping(handle) {
             self.stop(stop_options(false, Some(Duration::ZERO)))?;
         }
-        let until = deadline_after(Instant::now(), SECOND_SIGNAL_GRACE);
+        let until = on_signal::second(handle);
         let returned = wait_interruptibly(py, Some(until), |slice| handle.wait_stopped(slice).then_some(()));
         let what = if matches!(returned, Ok(Some(()))) {
             "controller %r: second signal; stopped at once (running reconciles were cancelled and returned)"
