@@ -20,8 +20,9 @@ use crate::signals;
 pub(crate) mod on_signal {
     use std::time::{Duration, Instant};
 
+    use super::{ControllerHandle, ControllerKey};
     use crate::clock::deadline_after;
-    use crate::controller::{ControllerHandle, ControllerKey, StopOptions};
+    use crate::controller::stopping::StopOptions;
 
     /// After a second signal, how long a run waits for the cancelled
     /// reconciles to return before it returns anyway.

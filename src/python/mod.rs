@@ -1,11 +1,23 @@
 //! The `reconq._native` extension module (guarantees §4), built by maturin with the
 //! `python` feature. `python/reconq/__init__.py` re-exports everything.
 //!
-//! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds
-//! to `Duration` with the spec's rules), `errors` (`ShutDown`, reconcile
-//! result classification), `limiters`, `queue`, `logs` (the engine's log
-//! events to Python `logging`). The controller and manager
-//! bindings go in their own modules and register their classes below.
+//! The rooms, floor by floor from the bottom; a room imports only rooms on
+//! lower floors (no circle, no arrow up into a folder's `mod.rs`):
+//!
+//! 1. `attach` (engine threads attach once for their life), `convert`
+//!    (plain arguments: seconds, timestamps, priorities, callables, type
+//!    names), `metrics`.
+//! 2. `key` (Python keys as a GIL-free Rust value), `errors` (exceptions,
+//!    reconcile results), `logs` (the one `reconq` logger; the engine's
+//!    events to Python `logging`), `signals` (waits Ctrl-C gets through),
+//!    `clock`, `election`, `store`.
+//! 3. `cache_values`, `context` (`reconq.context()`), `limiters`,
+//!    `sharding`.
+//! 4. `queue`, `reconciler` (a Python reconcile and watch iterators for the
+//!    engine), `manager`, `sources`, `digest`, `status`.
+//! 5. `cache`, `watch` (`watch_cache`'s options).
+//! 6. `controller/`: the class (`mod.rs`) over `options`, `lifecycle`
+//!    (start, stop, run), `triggers` and `batch`.
 
 mod attach;
 mod cache;
