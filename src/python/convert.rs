@@ -159,6 +159,26 @@ pub(crate) fn instant_to_wall(at: Instant) -> f64 {
     if at >= now { wall + (at - now).as_secs_f64() } else { wall - (now - at).as_secs_f64() }
 }
 
+/// When an enqueue from Python (`WorkQueue.add*`, `Controller.enqueue*`)
+/// asks for its key.
+pub(crate) enum Due {
+    Now,
+    /// `seconds=` from now (<= 0: now).
+    After(Duration),
+    /// At `t=`, a `time.time()` timestamp (in the past: now).
+    At(Instant),
+}
+
+impl Due {
+    pub(crate) fn after(seconds: &Bound<'_, PyAny>) -> PyResult<Self> {
+        delay_from_py(seconds, "seconds").map(Self::After)
+    }
+
+    pub(crate) fn at(t: &Bound<'_, PyAny>) -> PyResult<Self> {
+        instant_from_py(t, "t").map(Self::At)
+    }
+}
+
 /// Longest `int` shown in full in a priority's error; longer ones say their
 /// size.
 const SHOWN_DIGITS: usize = 30;

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 
 use super::clock::fake_clock_from_py;
-use super::convert::{delay_from_py, priority_from_py, timeout_from_py};
+use super::convert::{Due, priority_from_py, timeout_from_py};
 use super::errors::ShutDown;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
@@ -30,6 +30,16 @@ pub(crate) struct PyWorkQueue {
 enum Got {
     Key(PyKey),
     ShutDown,
+}
+
+impl PyWorkQueue {
+    fn add_due(&self, key: PyKey, due: Due, priority: i32) {
+        match due {
+            Due::Now => self.queue.add_with_priority(key, priority),
+            Due::After(delay) => self.queue.add_after_with_priority(key, delay, priority),
+            Due::At(at) => self.queue.add_at_with_priority(key, at, priority),
+        }
+    }
 }
 
 #[pymethods]
@@ -61,7 +71,7 @@ impl PyWorkQueue {
     /// lowers it). Ignored once shut down.
     #[pyo3(signature = (key, priority=0))]
     fn add(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
-        self.queue.add_with_priority(PyKey::from_py(key)?, priority);
+        self.add_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
     }
 
@@ -74,9 +84,7 @@ impl PyWorkQueue {
         seconds: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = priority_from_py)] priority: i32,
     ) -> PyResult<()> {
-        let key = PyKey::from_py(key)?;
-        let delay = delay_from_py(seconds, "seconds")?;
-        self.queue.add_after_with_priority(key, delay, priority);
+        self.add_due(PyKey::from_py(key)?, Due::after(seconds)?, priority);
         Ok(())
     }
 

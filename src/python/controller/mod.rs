@@ -35,8 +35,8 @@ use crate::clock::deadline_after;
 use crate::controller::{ControllerHandle, KeyStatus, WatchError};
 use crate::python::cache::PyCache;
 use crate::python::convert::{
-    delay_from_py, instant_from_py, instant_to_wall, non_negative_from_py, optional_callable, priority_from_py,
-    timeout_from_py, to_secs, type_name, unix_timestamp,
+    Due, instant_to_wall, non_negative_from_py, optional_callable, priority_from_py, timeout_from_py, to_secs,
+    type_name, unix_timestamp,
 };
 use crate::python::election::PyLeaderElection;
 use crate::python::errors::CycleError;
@@ -112,6 +112,18 @@ impl PyController {
         let this = slf.get();
         Life { object: slf.as_any(), name: &this.name, handle: &this.handle, held: &this.held }
     }
+
+    /// Asks for `key` at `due`; ignored once a stop was requested.
+    fn enqueue_due(&self, key: PyKey, due: Due, priority: i32) {
+        if stopping(&self.handle) {
+            return;
+        }
+        match due {
+            Due::Now => self.handle.enqueue_with_priority(key, priority),
+            Due::After(delay) => self.handle.enqueue_after_with_priority(key, delay, priority),
+            Due::At(at) => self.handle.enqueue_at_with_priority(key, at, priority),
+        }
+    }
 }
 
 #[pymethods]
@@ -186,10 +198,7 @@ impl PyController {
     /// once stopped.
     #[pyo3(signature = (key, priority=0))]
     fn enqueue(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
-        let key = PyKey::from_py(key)?;
-        if !stopping(&self.handle) {
-            self.handle.enqueue_with_priority(key, priority);
-        }
+        self.enqueue_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
     }
 
@@ -201,11 +210,7 @@ impl PyController {
         seconds: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = priority_from_py)] priority: i32,
     ) -> PyResult<()> {
-        let key = PyKey::from_py(key)?;
-        let delay = delay_from_py(seconds, "seconds")?;
-        if !stopping(&self.handle) {
-            self.handle.enqueue_after_with_priority(key, delay, priority);
-        }
+        self.enqueue_due(PyKey::from_py(key)?, Due::after(seconds)?, priority);
         Ok(())
     }
 
@@ -218,11 +223,7 @@ impl PyController {
         t: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = priority_from_py)] priority: i32,
     ) -> PyResult<()> {
-        let key = PyKey::from_py(key)?;
-        let at = instant_from_py(t, "t")?;
-        if !stopping(&self.handle) {
-            self.handle.enqueue_at_with_priority(key, at, priority);
-        }
+        self.enqueue_due(PyKey::from_py(key)?, Due::at(t)?, priority);
         Ok(())
     }
 
