@@ -9,6 +9,7 @@ from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
 from ._results import Requeue
 from ._sources import Bookmark, Delete, Put
+from ._triggers import StopEvent
 
 __all__ = [
     "Batch",
@@ -734,8 +735,8 @@ class Controller:
         """A batch, for a ``with`` block (guarantees §15, U3): while any block is open (any thread,
         nested or overlapping), no key that becomes ready is handed out; when the last one exits,
         they are scheduled together, parents first. May be used before start."""
-    def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None:
-        """Runs ``fn(stop_event)`` (``stop_event`` a ``threading.Event``) on its own thread and
+    def add_trigger(self, key: _Key, fn: Callable[[StopEvent], object]) -> None:
+        """Runs ``fn(stop_event)`` (``stop_event`` a ``StopEvent``) on its own thread and
         enqueues ``key`` when it returns, unless it raised or its stop event was set. A second
         trigger for ``key`` replaces (stops) this one; ``remove_trigger(key)`` and ``stop()`` set
         its stop event. Ignored once stopped."""

@@ -81,6 +81,7 @@ pub(crate) use groups::GroupFn;
 pub use handle::{ControllerHandle, Stats, StopReport};
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub(crate) use run_signals::on_signal;
 pub use stopping::{StopOptions, Stopping};
 pub use triggers::TriggerOutcome;
 pub use watch::{DEFAULT_LIST_PRIORITY, Watch, WatchError};

@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use super::duration::non_negative_from_py;
+use super::convert::non_negative_from_py;
 use crate::{LeaderElection, OnLost};
 
 /// A campaign for leadership of `name` among every process with an

@@ -24,19 +24,15 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyException, PyKeyError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
-use super::callables::check_sync_callable;
 use super::context::with_scope;
-use super::duration::non_negative_from_py;
+use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
-use super::errors::{describe, type_name};
+use super::errors::describe;
+use super::logs::log;
 use crate::{Context, ControllerParams, DoError, Manager, UnknownController};
-
-/// The `reconq` logger, looked up once.
-static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
@@ -64,25 +60,9 @@ fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny
     Ok(Arc::new(obj.clone().unbind()))
 }
 
-/// Logs a failed `do` / `stop` with its traceback. Errors of the logging
-/// machinery itself go to `sys.unraisablehook`.
+/// Logs a failed `do` / `stop` with its traceback.
 fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr) {
-    let logged = (|| -> PyResult<()> {
-        let logger = LOGGER.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-            Ok(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
-        })?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("exc_info", err.value(py))?;
-        logger.bind(py).call_method(
-            level,
-            ("controller %r: %s raised %s", name, what, describe(py, err)),
-            Some(&kwargs),
-        )?;
-        Ok(())
-    })();
-    if let Err(e) = logged {
-        e.write_unraisable(py, None);
-    }
+    log(py, level, ("controller %r: %s raised %s", name, what, describe(py, err)), Some(err));
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic

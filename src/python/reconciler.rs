@@ -1,78 +1,30 @@
-//! The glue between the Rust controller and Python callables: the thread
-//! wrapper that attaches every engine thread once, the [`Reconciler`] that
-//! calls a Python `reconcile(key)` and maps its result onto the guarantees §4
-//! table, Python iterators as watch sources, and logging to the `reconq`
-//! Python logger.
+//! The glue between the Rust controller and Python callables: the
+//! [`Reconciler`] that calls a Python `reconcile(key)` and maps its result
+//! onto the guarantees §4 table, and Python iterators as watch sources.
 //!
-//! GIL discipline: engine threads attach once for their lifetime and stay
+//! GIL discipline: engine threads attach once for their lifetime (see
+//! `attach`) and stay
 //! detached while in Rust (blocked on the queue, taking engine locks); the
 //! callbacks here re-attach (cheap: the thread state already exists) only
 //! around Python calls, and are always called with no engine lock held.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyIterator, PyList};
+use pyo3::types::{PyIterator, PyList};
 
 use super::attach::attach;
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
+use super::logs::log;
 use crate::logs::{Loudness, failure_loudness};
 use crate::{Action, Context, ReconcileError, Reconciler};
 
 /// The Python callable a controller calls; emptied when the controller stops
 /// (or is garbage-collected), which breaks reference cycles through it.
 pub(crate) type CallbackCell = Mutex<Option<Arc<Py<PyAny>>>>;
-
-static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// Logs to `logging.getLogger("reconq")` at `level` ("error", "warning"...),
-/// `%`-style, with the exception's traceback if given. Errors while logging
-/// are reported as unraisable, never propagated.
-pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>)
-where
-    A: pyo3::call::PyCallArgs<'py>,
-{
-    if let Err(e) = try_log(py, level, args, exc) {
-        e.write_unraisable(py, None);
-    }
-}
-
-/// [`log`], returning what the logging call raised: a caller on the main
-/// thread must not swallow a KeyboardInterrupt that landed in it.
-pub(crate) fn try_log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>) -> PyResult<()>
-where
-    A: pyo3::call::PyCallArgs<'py>,
-{
-    (|| -> PyResult<()> {
-        let logger = LOGGER.get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
-        })?;
-        let logger = logger.bind(py);
-        let levelno = match level {
-            "debug" => 10,
-            "info" => 20,
-            "warning" => 30,
-            _ => 40,
-        };
-        // Cheap when disabled (the logger caches it): skip building the call.
-        if !logger.call_method1("isEnabledFor", (levelno,))?.is_truthy()? {
-            return Ok(());
-        }
-        let kwargs = PyDict::new(py);
-        if let Some(exc) = exc {
-            // A (type, value, traceback) tuple: on Python < 3.12 the value
-            // alone may lack its traceback.
-            kwargs.set_item("exc_info", (exc.get_type(py), exc.value(py), exc.traceback(py)))?;
-        }
-        logger.call_method(level, args, Some(&kwargs))?;
-        Ok(())
-    })()
-}
 
 /// Calls a Python `reconcile(key)` (guarantees §4's table).
 pub(crate) struct PyReconciler {
@@ -253,8 +205,3 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
     })
     .unwrap_or_default()
 }
-
-/// How long a stop waits for trigger and watch threads once the workers are
-/// done, when no timeout was given (a watch blocked in an iterator that never
-/// yields cannot be interrupted; it is left behind).
-pub(crate) const AUX_GRACE: Duration = Duration::from_secs(1);

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::attach::attach;
-use super::duration::non_negative_from_py;
+use super::convert::non_negative_from_py;
 use super::election::endpoints_from_py;
 use super::key::PyKey;
 use crate::{Sharding, partition_of};

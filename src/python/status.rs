@@ -10,7 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use super::duration::{to_secs, unix_timestamp};
+use super::convert::{to_secs, unix_timestamp};
 use super::key::PyKey;
 use crate::controller::Stats;
 use crate::observe::fields::{Field, Visit, Walk};

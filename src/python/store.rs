@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::duration::positive_secs;
+use super::convert::positive_secs;
 use crate::store::{SqliteStore, StoreError, is_open_in_this_process};
 
 pyo3::create_exception!(
