@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds what a release publishes, into dist/ (or the directory given), and
+# checks it (scripts/check_dist.py):
+#   - one wheel for every CPython >= 3.9 (abi3, pyproject.toml); on Linux a
+#     manylinux2014 one (glibc 2.17: RHEL 7 and later, Debian 9, Ubuntu
+#     18.04), linked with zig so that the build machine's newer glibc does
+#     not leak into it;
+#   - the sdist.
+# The build tools come from PyPI into a virtualenv of their own
+# (.venv-build); nothing else is needed beyond a Rust toolchain and
+# CPython >= 3.9 with venv.
+#
+#     bash scripts/build-wheel.sh [OUT_DIR]
+#
+# TARGET=<rust target triple> builds for that target instead of this
+# machine's (the release workflow's macOS job: universal2-apple-darwin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$(realpath -m "${1:-dist}")
+PYTHON=${PYTHON:-python3}
+TOOLS="$ROOT/.venv-build"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+if [ ! -x "$TOOLS/bin/python" ]; then
+    "$PYTHON" -m venv "$TOOLS"
+fi
+# maturin >= 1.9 writes PEP 639 licence metadata; ziglang is the linker for
+# manylinux2014; auditwheel and abi3audit check the result.
+"$TOOLS/bin/python" -m pip install --quiet "maturin>=1.9.4,<2" ziglang auditwheel abi3audit
+# maturin finds zig as `python -m ziglang` with the python on PATH.
+export PATH="$TOOLS/bin:$PATH"
+
+mkdir -p "$OUT"
+# Only this build's files in OUT: a stale wheel would be checked instead.
+rm -f "$OUT"/reconq-*.whl "$OUT"/reconq-*.tar.gz
+args=(--release --out "$OUT" ${TARGET:+--target "$TARGET"})
+if [ "$(uname -s)" = Linux ]; then
+    args+=(--zig --compatibility manylinux2014)
+fi
+maturin build "${args[@]}"
+maturin sdist --out "$OUT"
+
+python "$ROOT/scripts/check_dist.py" "$OUT"/reconq-*.whl "$OUT"/reconq-*.tar.gz
