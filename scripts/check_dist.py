@@ -16,6 +16,7 @@ Prints one line per check; exits 1 naming every check that failed.
 
 from __future__ import annotations
 
+import configparser
 import email.parser
 import pathlib
 import re
@@ -30,7 +31,7 @@ OLDEST_GLIBC = (2, 17)
 #: auditwheel's legacy names for the manylinux_2_x tags.
 LEGACY_TAGS = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 LICENSE_EXPRESSION = "Apache-2.0"
-CONSOLE_SCRIPT = "reconq = reconq.__main__:main"
+CONSOLE_SCRIPT = ("reconq", "reconq.__main__:main")
 #: What building from the sdist needs, and the licence.
 SDIST_NEEDS = ("LICENSE", "Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "src/lib.rs", "python/reconq/__init__.py")
 
@@ -70,12 +71,15 @@ def check_wheel(wheel: pathlib.Path) -> None:
         names = archive.namelist()
         dist_info = next(name.split("/")[0] for name in names if name.endswith(".dist-info/METADATA"))
         metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
-        scripts = f"{dist_info}/entry_points.txt"
-        entry_points = archive.read(scripts).decode() if scripts in names else ""
+        entry_points = configparser.ConfigParser(delimiters=("=",))
+        if f"{dist_info}/entry_points.txt" in names:
+            entry_points.read_string(archive.read(f"{dist_info}/entry_points.txt").decode())
     check(f"{dist_info}/licenses/LICENSE" in names, f"the wheel has {dist_info}/licenses/LICENSE")
     expression = metadata["License-Expression"]
     check(expression == LICENSE_EXPRESSION, f"the wheel's METADATA says License-Expression: {LICENSE_EXPRESSION}")
-    check(CONSOLE_SCRIPT in entry_points.splitlines(), f"the wheel installs the console script `{CONSOLE_SCRIPT}`")
+    name, function = CONSOLE_SCRIPT
+    installed = entry_points.get("console_scripts", name, fallback=None)
+    check(installed == function, f"the wheel installs the console script {name} = {function}")
 
     code, report = run("abi3audit", "--strict", str(wheel))
     check(code == 0, "abi3audit --strict: no symbol outside the stable ABI of the wheel's baseline", report)
