@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds what a release publishes, into dist/ (or the directory given), and
-# checks it (scripts/check_dist.py):
+# Builds what a release publishes, into the checkout's dist/ (or the
+# directory given), and checks it (scripts/check_dist.py):
 #   - one wheel for every CPython >= 3.9 (abi3, pyproject.toml); on Linux a
-#     manylinux2014 one (glibc 2.17: RHEL 7 and later, Debian 9, Ubuntu
-#     18.04), linked with zig so that the build machine's newer glibc does
-#     not leak into it;
+#     manylinux2014 one (glibc >= 2.17: CentOS 7, Debian 9, Ubuntu 18.04
+#     and later), linked with zig so that the build machine's newer glibc
+#     does not leak into it;
 #   - the sdist.
 # The build tools come from PyPI into a virtualenv of their own
 # (.venv-build); nothing else is needed beyond a Rust toolchain and
@@ -15,9 +15,11 @@
 # TARGET=<rust target triple> builds for that target instead of this
 # machine's (the release workflow's macOS job: universal2-apple-darwin).
 set -euo pipefail
+OUT=${1:-"$(dirname "$0")/../dist"}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute (macOS's realpath has no -m)
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=$(realpath -m "${1:-dist}")
 PYTHON=${PYTHON:-python3}
 TOOLS="$ROOT/.venv-build"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -31,7 +33,6 @@ fi
 # maturin finds zig as `python -m ziglang` with the python on PATH.
 export PATH="$TOOLS/bin:$PATH"
 
-mkdir -p "$OUT"
 # Only this build's files in OUT: a stale wheel would be checked instead.
 rm -f "$OUT"/reconq-*.whl "$OUT"/reconq-*.tar.gz
 args=(--release --out "$OUT" ${TARGET:+--target "$TARGET"})
