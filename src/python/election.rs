@@ -108,7 +108,7 @@ pub(crate) fn hold_until_exit<'py>(py: Python<'py>, election: impl IntoPyObject<
 /// etcd endpoints from Python: one `str` or a list of them.
 pub(crate) fn endpoints_from_py(endpoints: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if let Ok(one) = endpoints.cast::<PyString>() {
-        return Ok(vec![one.to_str()?.to_owned()]);
+        return Ok(vec![one.to_cow()?.into_owned()]);
     }
     endpoints.extract().map_err(|_| PyTypeError::new_err("endpoints must be a str or a list of str (http://host:port)"))
 }

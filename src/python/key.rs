@@ -55,7 +55,7 @@ impl PyKey {
 
     fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Self> {
         if let Ok(s) = obj.cast::<PyString>() {
-            return Ok(match s.to_str() {
+            return Ok(match s.to_cow() {
                 Ok(s) => PyKey::Str(Arc::from(s)),
                 Err(_) => {
                     let encoded = s.call_method1("encode", ("utf-8", "surrogatepass"))?;

@@ -49,7 +49,7 @@ fn unknown_to_py(e: UnknownController) -> PyErr {
 /// A controller name: `str` (subclasses too), `TypeError` otherwise.
 fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {
-        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
         Err(_) => Err(PyTypeError::new_err(format!("controller name must be a str, not {}", type_name(obj)))),
     }
 }
@@ -242,7 +242,7 @@ impl PyManager {
 
     fn __contains__(&self, name: &Bound<'_, PyAny>) -> bool {
         match name.cast::<PyString>() {
-            Ok(s) => s.to_str().is_ok_and(|s| self.manager.contains(s)),
+            Ok(s) => s.to_cow().is_ok_and(|s| self.manager.contains(&s)),
             Err(_) => false,
         }
     }
