@@ -31,10 +31,12 @@
 //!   delayed key is handed out within a wake-up latency of its due time.
 
 mod delay_heap;
+mod holds;
 mod key_index;
 mod metrics;
 mod ready;
 mod slab;
+mod slot;
 mod state;
 mod stop_views;
 
@@ -53,12 +55,13 @@ use key_index::Prefetcher;
 use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
-use state::{Added, Finished, Hasher, QueueState};
-pub(crate) use state::{Cancel, CancelHook, Place};
+use slot::{Added, Finished, Hasher};
+pub(crate) use slot::{Cancel, CancelHook, Place};
+use state::QueueState;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
-pub use state::KeyState;
+pub use slot::KeyState;
 
 /// The queue's sizes, read together under one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -713,7 +716,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     /// finished added its own dependents before that, so they were taken in
     /// the same acquisition or an earlier one.
     #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
-    pub(crate) fn take_dependents_views(&self, out: &mut Vec<(K, Option<stop_views::View>)>) {
+    pub(crate) fn take_dependents_views(&self, out: &mut Vec<(K, Option<slot::View>)>) {
         self.shared.lock_synced().q.take_dependents_views(out);
     }
 
