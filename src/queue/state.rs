@@ -670,6 +670,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         Some((holds, Table { entries, index, ready, processing: *processing }))
     }
 
+    /// [`push_pending`](Self::push_pending)'s out-of-line half, with holds.
     #[inline(never)]
     fn push_pending_held(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
         let (holds, mut table) = self.holds_and_table().expect("holds are on");
