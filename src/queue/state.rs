@@ -400,9 +400,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Then::Wait(timer) if timer.due > now() => {
                 *slot = Slot::Delayed { timer, prio: again, group };
                 self.delayed += 1;
-                if let Some((holds, mut table)) = self.holds_and_table() {
-                    let key = table.entries.get(at).key.clone();
-                    holds.left(&mut table, &key, at);
+                if self.holds.is_some() {
+                    self.wait_held(at);
                 }
                 Finished::Waiting(timer.due)
             }
@@ -421,9 +420,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 let owed = self.draining;
                 self.owed += usize::from(owed);
                 *slot = Slot::Ready { owed, held: false, added, seq: 0, prio: again, group };
-                if let Some((holds, mut table)) = self.holds_and_table() {
-                    holds.returned_ready(&mut table, at, again, group);
-                    return Finished::Requeued;
+                if self.holds.is_some() {
+                    return self.requeue_held(at, again, group);
                 }
                 self.ready.push(at, again, group);
                 Finished::Requeued
@@ -686,6 +684,24 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         let released = holds.left(&mut table, &key, at);
         self.compact_if_sparse();
         if released { Finished::Released } else { Finished::Removed }
+    }
+
+    /// `done`'s `Wait` with holds: the key waits for its due time, so it is
+    /// no longer pending, and keys it held may become ready.
+    #[inline(never)]
+    fn wait_held(&mut self, at: u32) {
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        let key = table.entries.get(at).key.clone();
+        holds.left(&mut table, &key, at);
+    }
+
+    /// `done`'s re-queue with holds (the slot already `Ready`): the holds
+    /// place it.
+    #[inline(never)]
+    fn requeue_held(&mut self, at: u32, prio: Priority, group: GroupId) -> Finished {
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        holds.returned_ready(&mut table, at, prio, group);
+        Finished::Requeued
     }
 
     /// U1: the processing key at `at` became ready again; with
