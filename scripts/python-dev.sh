@@ -14,6 +14,7 @@ fi
 # Test tools added since the venv was made.
 .venv/bin/python -c "import prometheus_client" 2>/dev/null || .venv/bin/python -m pip install --quiet prometheus_client
 .venv/bin/python -c "import psycopg" 2>/dev/null || .venv/bin/python -m pip install --quiet "psycopg[binary]>=3.2.4"
+.venv/bin/python -c "import basedpyright" 2>/dev/null || .venv/bin/python -m pip install --quiet basedpyright
 # shellcheck disable=SC1091
 source .venv/bin/activate
 if [ "${RELEASE:-0}" = 1 ]; then

@@ -50,6 +50,18 @@
 //! - [`FakeClock`] for deterministic tests of back-offs and delays.
 //! - The README (two commands to set up, a first controller in Python,
 //!   what else it does, benchmarks) and the pages of `docs/` it links.
+//!
+//! Linux and macOS are the supported platforms.
+
+// docs.rs (Cargo.toml's `[package.metadata.docs.rs]`) marks each item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// Signal handling (src/signals.rs: sigaction and a self-pipe) and the
+// store's file lock (src/store/lock.rs: flock) are POSIX: say so before the
+// compiler lists what it cannot find.
+#[cfg(not(unix))]
+compile_error!("reconq supports Linux and macOS (Unix) only: it uses POSIX signals, pipes and file locks");
 
 mod cache;
 mod clock;

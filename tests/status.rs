@@ -413,3 +413,32 @@ fn the_table_aligns_its_columns() {
     assert!(message.ends_with("..."), "{message:?}");
     assert!(!table.contains("Traceback"), "only the first line of a message");
 }
+
+/// `Stats` and the status entry say the same under the same names, and
+/// `Stats::background_threads` is what the handle counts (a watchdog
+/// thread with a hanging threshold).
+#[test]
+fn stats_and_the_entry_share_their_counters() {
+    const NAME: &str = "status-shared-counters";
+    let h = Controller::new(NAME, |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        match (key, ctx.attempt()) {
+            (0, 0) => panic!("kaboom"),
+            _ => Ok(Action::Done),
+        }
+    })
+    .hanging_threshold(secs(3600))
+    .start();
+    h.enqueue(0);
+    h.enqueue(1);
+    assert!(h.wait_idle(PATIENCE));
+    let stats = h.stats();
+    let e = entry(NAME);
+    let d = details(&e);
+    assert_eq!((stats.reconciles, stats.successes, stats.failures, stats.panics), (3, 2, 1, 1), "{stats:?}");
+    assert_eq!((d.reconciles, e.successes, e.failures, d.panics), (3, 2, 1, 1), "{e:?}");
+    assert_eq!((e.last_error.as_deref(), e.last_error_time), (stats.last_error.as_deref(), stats.last_error_time));
+    assert_eq!(stats.background_threads, h.background_threads());
+    assert_eq!(stats.background_threads, 1, "the watchdog");
+    assert!(h.stop_with_drain(PATIENCE));
+    wait_for("the watchdog to exit", || h.stats().background_threads == 0);
+}

@@ -44,6 +44,7 @@ from ._native import (
 )
 from ._results import PermanentError, Requeue, RetryAfter
 from ._sources import Bookmark, Delete, PositionExpired, Put
+from ._triggers import StopEvent
 from ._types import Key
 
 # At exit, one hook stops running controllers, then managers, then
@@ -81,6 +82,7 @@ __all__ = [
     "ShutDown",
     "Source",
     "SqliteStore",
+    "StopEvent",
     "StoreLocked",
     "TokenBucket",
     "WithMaxWait",

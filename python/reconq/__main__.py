@@ -1,6 +1,10 @@
 """Looking at a running reconq process from outside.
 
-    python -m reconq status URL [--json]
+    reconq status URL [--json]
+    reconq --version
+
+``python -m reconq`` is the same command (``reconq`` is the console script
+pip installs with the package).
 
 ``URL`` is the process's metrics server (``reconq.start_http_server()``,
 Rust ``reconq::metrics::serve``), e.g. ``http://127.0.0.1:9100`` or
@@ -20,6 +24,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from typing import List, Optional
+
+from reconq import __version__
 
 #: Seconds to wait for the server to answer.
 TIMEOUT = 10.0
@@ -55,9 +61,10 @@ def fetch(url: str, as_json: bool) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reconq",
+        prog="reconq",
         description="Look at a running reconq process through its metrics server.",
     )
+    parser.add_argument("--version", action="version", version=f"reconq {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{status}")
     status = commands.add_parser("status", help="print a running process's status table")
     status.add_argument("url", metavar="URL", help="its metrics server, e.g. http://127.0.0.1:9100")

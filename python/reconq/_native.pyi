@@ -9,6 +9,7 @@ from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
 from ._results import Requeue
 from ._sources import Bookmark, Delete, Put
+from ._triggers import StopEvent
 
 __all__ = [
     "Batch",
@@ -76,57 +77,97 @@ class SqliteStore:
 
     def __new__(cls, path: Union[str, PathLike[str]], flush_interval: _Seconds = 1.0) -> Self: ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> str:
+        """The database file."""
     @property
-    def flush_interval(self) -> float: ...
+    def flush_interval(self) -> float:
+        """Seconds between flushes, at most."""
 
 @disjoint_base
 class RateLimiter:
     """Base class of the rate limiters; not constructible itself."""
 
-    def when(self, key: _Key) -> float: ...
-    def forget(self, key: _Key) -> None: ...
-    def num_requeues(self, key: _Key) -> int: ...
+    def when(self, key: _Key) -> float:
+        """How long ``key`` should wait now, in seconds. Each call counts as one more requeue of
+        ``key``."""
+    def forget(self, key: _Key) -> None:
+        """Forgets ``key``'s history."""
+    def num_requeues(self, key: _Key) -> int:
+        """How many times ``when(key)`` was asked since ``key`` was last forgotten."""
 
 @final
 class ExponentialBackoff(RateLimiter):
+    """``base * 2**n`` seconds capped at ``max``, n = the key's failures so far."""
+
     def __new__(cls, base: _Seconds, max: _Seconds) -> Self: ...
 
 @final
 class FastSlow(RateLimiter):
+    """``fast`` seconds for a key's first ``max_fast_attempts`` tries, then ``slow``."""
+
     def __new__(cls, fast: _Seconds, slow: _Seconds, max_fast_attempts: int) -> Self: ...
 
 @final
 class TokenBucket(RateLimiter):
+    """One token bucket for all keys: ``qps`` tokens a second, at most ``burst`` saved.
+    ``num_requeues`` is always 0."""
+
     def __new__(cls, qps: float, burst: int) -> Self: ...
 
 @final
 class MaxOf(RateLimiter):
+    """The longest wait of its members; ``forget`` goes to all of them and ``num_requeues`` is their
+    maximum. ``MaxOf(a, b)`` or ``MaxOf([a, b])``."""
+
     def __new__(cls, *limiters: Union[RateLimiter, list[RateLimiter], tuple[RateLimiter, ...]]) -> Self: ...
 
 @final
 class WithMaxWait(RateLimiter):
+    """Another limiter's wait, capped at ``max`` seconds."""
+
     def __new__(cls, limiter: RateLimiter, max: _Seconds) -> Self: ...
 
-def default_rate_limiter() -> MaxOf: ...
+def default_rate_limiter() -> MaxOf:
+    """client-go's default controller limiter: ``MaxOf(ExponentialBackoff(0.005, 1000.0),
+    TokenBucket(10.0, 100))``."""
 
 @final
 class WorkQueue:
+    """A deduplicating, delaying, rate-limiting work queue (client-go's ``workqueue`` semantics).
+    Keys are str, int, bytes or tuples of these."""
+
     def __new__(
         cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None, clock: Optional[FakeClock] = None
     ) -> Self: ...
-    def add(self, key: _Key, priority: int = 0) -> None: ...
-    def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
-    def add_rate_limited(self, key: _Key) -> None: ...
-    def forget(self, key: _Key) -> None: ...
-    def num_requeues(self, key: _Key) -> int: ...
-    def get(self, timeout: Optional[_Seconds] = None) -> _Key: ...
-    def done(self, key: _Key) -> None: ...
+    def add(self, key: _Key, priority: int = 0) -> None:
+        """Marks ``key`` as needing processing now, at ``priority`` (higher is handed out first;
+        adding a waiting key raises its priority, never lowers it). Ignored once shut down."""
+    def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
+        """Marks ``key`` as needing processing ``seconds`` from now (<= 0: now); it keeps
+        ``priority`` when it becomes ready."""
+    def add_rate_limited(self, key: _Key) -> None:
+        """Re-adds ``key`` after the wait the queue's rate limiter gives."""
+    def forget(self, key: _Key) -> None:
+        """Clears the rate limiter's memory of ``key`` (does not mark it done)."""
+    def num_requeues(self, key: _Key) -> int:
+        """How many times ``key`` was rate-limited since it was last forgotten."""
+    def get(self, timeout: Optional[_Seconds] = None) -> _Key:
+        """Blocks until a key is ready and returns it; pair it with ``done(key)``. Raises
+        ``ShutDown`` once the queue is shut down and nothing is ready, ``TimeoutError`` if
+        ``timeout`` seconds pass first."""
+    def done(self, key: _Key) -> None:
+        """Marks the processing of ``key`` finished; if it was added meanwhile it becomes ready
+        again. A key not being processed is left alone."""
     def __len__(self) -> int: ...
-    def shut_down(self) -> None: ...
-    def shut_down_with_drain(self, timeout: Optional[_Seconds] = None) -> bool: ...
+    def shut_down(self) -> None:
+        """Stops accepting keys and drops delayed ones; ready keys are still handed out, then
+        ``get`` raises ``ShutDown``. Ends a pending drain."""
+    def shut_down_with_drain(self, timeout: Optional[_Seconds] = None) -> bool:
+        """``shut_down()``, then blocks until every key handed out is done. With a ``timeout``
+        (seconds), returns whether the drain finished in time."""
     @property
-    def shutting_down(self) -> bool: ...
+    def shutting_down(self) -> bool:
+        """Whether ``shut_down()`` (or a drain) was called."""
 
 # --- Manager (guarantees §5) ---
 
@@ -146,7 +187,9 @@ class _ControllerStatus(TypedDict):
 
 @final
 class Manager:
-    """Named periodic controllers (Cilium ``pkg/controller``)."""
+    """Named periodic controllers: each runs its ``do()`` on its own thread until
+    it succeeds, then every ``interval`` seconds, retrying failures with linear
+    backoff; ``stop()`` runs once when it is removed."""
 
     def __new__(cls, name: str = "manager", leader_election: Optional[LeaderElection] = None) -> Self: ...
     @property
@@ -161,13 +204,35 @@ class Manager:
         error_retry_base: _Seconds = 1.0,
         no_error_retry: bool = False,
         max_retry_interval: Optional[_Seconds] = None,
-    ) -> None: ...
-    def trigger(self, name: str) -> None: ...
-    def remove(self, name: str, wait: bool = False) -> None: ...
-    def remove_all(self, wait: bool = False) -> None: ...
+    ) -> None:
+        """Creates the controller ``name``, or replaces its parameters; either way its (new) ``do``
+        runs at once (right after a run in progress). ``do()`` fails by raising; after the n-th
+        consecutive failure the next try is ``n * error_retry_base`` seconds later
+        (``no_error_retry=True``: after ``interval``). After a success it runs again every
+        ``interval`` seconds (``None`` or 0: only on the next update or trigger). ``stop()`` runs
+        once when the controller is removed, after ``do`` ran at least once; only the latest
+        ``stop`` given runs. ``error_retry_base=0`` means the default, 1 s.
+        ``max_retry_interval`` caps the wait after a failure (None or 0: no cap), as Cilium's
+        ``MaxRetryInterval``. Inside ``do``, ``reconq.context()`` gives the run's context:
+        cancelled when the controller is removed, replaced by an update, or its manager stopped."""
+    def trigger(self, name: str) -> None:
+        """Runs the controller's ``do`` now (or right after a run in progress). ``KeyError`` if
+        there is no such controller."""
+    def remove(self, name: str, wait: bool = False) -> None:
+        """Removes the controller: it finishes a run in progress (or runs ``do`` once if it never
+        ran), then ``stop`` runs. With ``wait=True``, blocks until that is done (not when called
+        from the controller's own ``do``). ``KeyError`` if there is no such controller."""
+    def remove_all(self, wait: bool = False) -> None:
+        """Removes every controller; with ``wait=True``, blocks until all their ``stop`` functions
+        ran and their threads exited."""
     def _stop_at_exit(self, timeout: float) -> None: ...
-    def status(self) -> list[_ControllerStatus]: ...
-    def names(self) -> list[str]: ...
+    def status(self) -> list[_ControllerStatus]:
+        """One dict per controller, sorted by name: ``name``, ``successes``, ``failures``,
+        ``consecutive_failures``, ``last_error`` ("Type: message" or None), ``last_error_time``,
+        ``last_success_time`` (``time.time()`` floats or None), plus ``last_duration``,
+        ``running`` and ``next_run_in`` (seconds or None: waiting for an update or trigger)."""
+    def names(self) -> list[str]:
+        """The controllers' names, sorted."""
     def __len__(self) -> int: ...
     def __contains__(self, key: object, /) -> bool: ...
     def __enter__(self) -> Self: ...
@@ -177,7 +242,10 @@ class Manager:
 
 @final
 class LeaderElection:
-    """A campaign for leadership of ``name`` on etcd; pass it to ``Controller(leader_election=)``."""
+    """A campaign for leadership of ``name`` among every process with an
+    election of that name on the same etcd (``endpoints``: one
+    ``http://host:port`` or a list). Pass it to ``Controller(leader_election=)``:
+    the controller reconciles only while this process leads."""
 
     def __new__(
         cls,
@@ -188,15 +256,23 @@ class LeaderElection:
         on_lost: Literal["standby", "exit"] = "standby",
     ) -> Self: ...
     @property
-    def is_leader(self) -> bool: ...
+    def is_leader(self) -> bool:
+        """Whether this process leads now."""
     @property
-    def leader(self) -> Optional[str]: ...
+    def leader(self) -> Optional[str]:
+        """Who leads, as last seen (their identity), or None."""
     @property
-    def fencing_token(self) -> Optional[int]: ...
+    def fencing_token(self) -> Optional[int]:
+        """The current leadership's fencing token if this process leads."""
     @property
-    def last_error(self) -> Optional[str]: ...
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def last_error(self) -> Optional[str]:
+        """The last error talking to etcd, or None."""
+    def start(self) -> None:
+        """Starts campaigning (a controller using it starts it too, and gives it up when it stops).
+        It is given up at the interpreter's exit (``reconq._lifecycle``), after controllers
+        drained."""
+    def stop(self) -> None:
+        """Gives leadership up at once (a standby takes over) and stops campaigning."""
 
 def _after_fork_in_child() -> None: ...
 
@@ -204,7 +280,10 @@ def _after_fork_in_child() -> None: ...
 
 @final
 class Sharding:
-    """Membership of a group of replicas splitting the keys' partitions; pass it to ``Controller(sharding=, resync=)``."""
+    """Membership of a group of replicas that split the keys' ``partitions``
+    between them, on the etcd at ``endpoints`` (one ``http://host:port`` or a
+    list). Pass it to one ``Controller(sharding=, resync=)``: the controller
+    reconciles only the keys of the partitions this process owns."""
 
     def __new__(
         cls,
@@ -215,10 +294,13 @@ class Sharding:
         identity: Optional[str] = None,
     ) -> Self: ...
     @property
-    def partitions(self) -> int: ...
+    def partitions(self) -> int:
+        """How many partitions the keys are split into."""
     @property
-    def last_error(self) -> Optional[str]: ...
-    def owned_partitions(self) -> Set[int]: ...
+    def last_error(self) -> Optional[str]:
+        """The last error talking to etcd, or None."""
+    def owned_partitions(self) -> Set[int]:
+        """The partitions this process owns now."""
 
 def partition_of(key: _Key, partitions: int) -> int:
     """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust."""
@@ -232,17 +314,31 @@ _Items: TypeAlias = Union[
 
 @final
 class PollingSource:
-    """Calls ``list_fn()`` every ``interval`` seconds; the differences between polls are puts and deletes."""
+    """Calls ``list_fn()`` every ``interval`` seconds and turns the differences
+    from the poll before into puts and deletes (a poll is not a relist).
+    ``list_fn`` returns a dict ``{key: obj}`` or an iterable of ``(key, obj)`` /
+    ``(key, obj, version)``. ``name`` (default: ``list_fn``'s qualified name)
+    names a cache made of it unless the cache is given one."""
 
     def __new__(cls, list_fn: Callable[[], _Items], interval: _Seconds, name: Optional[str] = None) -> Self: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The source's name (the cache's name defaults to it)."""
     @property
-    def interval(self) -> float: ...
+    def interval(self) -> float:
+        """Seconds between polls."""
 
 @final
 class EtcdSource:
-    """The keys under ``prefix`` of etcd: keys without the prefix (str; bytes if not UTF-8), values bytes or ``decode(bytes)``."""
+    """The keys under ``prefix`` of the etcd cluster at ``endpoints`` (one
+    ``http://host:port`` or a list): keys are the etcd key without the prefix
+    (``str``, or ``bytes`` when not UTF-8), objects the values (``bytes``, or
+    ``decode(bytes)``; a ``decode`` that raises is logged and that change
+    skipped), a key's version its ``mod_revision``, the position etcd's
+    revision. ``progress_timeout`` (seconds, positive; None: 11 minutes) is
+    how long the watch may go without an event or a progress notification
+    before it is taken as stalled and resumed: above etcd's
+    ``--experimental-watch-progress-notify-interval`` (10 min unless set)."""
 
     def __new__(
         cls,
@@ -253,18 +349,29 @@ class EtcdSource:
         progress_timeout: Optional[_Seconds] = None,
     ) -> Self: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The source's name (the cache's name defaults to it)."""
     @property
-    def prefix(self) -> str: ...
+    def prefix(self) -> str:
+        """The etcd key prefix this source lists and watches."""
     @property
     def progress_timeout(self) -> Optional[float]:
         """Seconds a watch may stay silent (no event, no progress notification) before it is resumed; None: 11 minutes."""
 
 @final
 class Source:
-    """Any other system: ``list() -> (items, position)``, ``changes(position, stop)`` -> iterator of events.
-
-    A ``list`` that needs one positional argument (``def list(stop)``) is given the stop event too."""
+    """Any other system, from Python: ``list()`` returns ``(items, position)``
+    (items as for ``PollingSource``; position None: the source has no
+    positions and is relisted after every break), ``changes(position, stop)``
+    an iterator of ``Put``, ``Delete`` and ``Bookmark`` from ``position`` on.
+    ``stop`` is a ``threading.Event`` set when the cache stops: a blocking
+    iterator should return soon after. A ``list`` that needs one positional
+    argument (``def list(stop)``) is given the same event; one that can be
+    called with none is called with none. A stop with a deadline (a
+    controller's ``stop(timeout=)``, ``Cache.stop(timeout=)``, the exit hook)
+    leaves a call that ignores the event behind, still running.
+    Raising ``PositionExpired`` relists; raising anything else, or ending, is
+    a break, resumed from the last position applied."""
 
     def __new__(
         cls,
@@ -273,7 +380,8 @@ class Source:
         name: Optional[str] = None,
     ) -> Self: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The source's name (the cache's name defaults to it)."""
 
 class _CacheStats(TypedDict):
     name: str
@@ -289,7 +397,16 @@ class _CacheStats(TypedDict):
 
 @final
 class Cache:
-    """A local copy of a source, kept by its own thread (list, stream, resume, relist, back-off)."""
+    """A local copy of a source's items, kept by its own thread: it lists,
+    then applies the change stream, resumes it after a break, relists when
+    its position expired (keys missing from the new list are deletes), and
+    backs off after failures. ``indexes={"name": fn}`` with ``fn(key, obj)``
+    giving the values ``by_index(name, value)`` finds the key under. A
+    controller's ``watch_cache`` starts it; or ``start()`` it yourself.
+    ``store=`` (a path or ``SqliteStore``, its controllers' file) keeps its key
+    set and versions (for a key without one, a digest of its object, if it
+    is plain data) with their pending keys, so a restart reconciles only
+    what changed while down (E9); ``flush()`` waits for them to be on disk."""
 
     def __new__(
         cls,
@@ -299,21 +416,30 @@ class Cache:
         store: Union[SqliteStore, str, PathLike[str], None] = None,
     ) -> Self: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The cache's name: its row in ``status()`` and its metrics' ``cache`` label."""
     def get(self, key: _Key) -> Any:
         """The last state seen of ``key``; None when absent."""
-    def keys(self) -> List[Any]: ...
+    def keys(self) -> List[Any]:
+        """Every key held now, in no particular order."""
     def __len__(self) -> int: ...
     def __contains__(self, key: object, /) -> bool: ...
     def by_index(self, index: str, value: _Key) -> List[Any]:
         """Keys whose index function gave ``value`` (KeyError: unknown index)."""
     @property
-    def synced(self) -> bool: ...
-    def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool: ...
-    def stats(self) -> _CacheStats: ...
+    def synced(self) -> bool:
+        """Whether the first list has been applied."""
+    def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool:
+        """Waits (GIL released) until the first list has been applied; returns whether it was, False
+        at once if the cache is stopped unsynced, or after ``timeout`` seconds (None: no limit)."""
+    def stats(self) -> _CacheStats:
+        """A dict: name, synced, keys, position, relists, events, errors, last_error,
+        last_error_time."""
     def flush(self) -> None:
         """Blocks until every change applied before the call is on disk with what it enqueued (E9)."""
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Starts the cache's thread (a controller that watches it starts it too). ``RuntimeError``
+        once stopped: a cache runs once."""
     def stop(self, timeout: Optional[_Seconds] = None) -> bool:
         """Whether the cache's thread exited within ``timeout`` (a source that ignores its stop event is left behind)."""
     def _stop_at_exit(self, timeout: float) -> None: ...
@@ -383,6 +509,7 @@ class _ControllerStats(_StoreFields, _LeaderFields, _ShardFields):
     successes: int
     failures: int
     requeues: int
+    panics: int
     depth: int
     processing: int
     waiting: int
@@ -429,6 +556,55 @@ class Batch:
 
 @final
 class Controller:
+    """A pool of worker threads calling ``reconcile(key)`` for keys enqueued,
+    never two at once for one key.
+
+    ``reconcile`` returns None (success), ``Requeue()`` / ``Requeue(after=s)``, or
+    raises ``RetryAfter(s)``, ``PermanentError`` (no retry; see ``parked()``) or
+    anything else (retried with the rate limiter's backoff). Any other return
+    value is a failure (TypeError). Every exception is a failure, including
+    ``KeyboardInterrupt`` and ``SystemExit``: a worker never dies. Failures are
+    logged on the "reconq" logger.
+
+    Keyword arguments (durations in seconds; docs/guarantees.md has the
+    details):
+
+    - ``workers=1``: worker threads, at least 1.
+    - ``rate_limiter=None``: the retry back-off (a ``RateLimiter``); None means
+      ``default_rate_limiter()``.
+    - ``name="controller"``: the name in logs, metrics, ``status()`` and a
+      store.
+    - ``hanging_threshold=None``: report reconciles running longer than this
+      (``stats()["hanging"]``, the status table, a log line).
+    - ``timeout=None``: cancel a reconcile running longer than this; it then
+      counts as a failure and is retried.
+    - ``group=None``: ``group(key)`` names the key's group, for
+      ``max_in_flight_per_group``.
+    - ``max_in_flight_per_group=None``: at most this many reconciles of one
+      group at once.
+    - ``clock=None``: a ``FakeClock`` that every delay and back-off is measured
+      on (tests).
+    - ``jitter=None``: ``(fraction, seed)``: retry delays scaled by a seeded
+      random factor in [1 - fraction, 1 + fraction].
+    - ``parked_capacity=None``: the most permanently failed keys kept.
+    - ``leader_election=None``: a ``LeaderElection``: reconcile only while this
+      process leads.
+    - ``store=None``: a ``SqliteStore`` or a path: pending and parked keys and
+      failure counts survive a restart.
+    - ``sharding=None``: a ``Sharding``: reconcile only the keys of the
+      partitions this replica owns.
+    - ``resync=None``: with ``sharding``, a callable listing every key; called
+      when partitions are gained.
+    - ``sync_timeout=120.0``: while a cache watched at start has not synced,
+      an ERROR every this many seconds names it and its last error.
+    - ``supersede=False``: a key that becomes ready while it is reconciled
+      cancels that reconcile (counted as ``superseded``) and runs again after
+      it, with the higher of the two priorities; not when the reconcile
+      enqueued its own key.
+    - ``debounce=None``: seconds: an enqueue, a watch or cache event or a
+      trigger makes the key due this long after the latest of them, but at
+      most 10 times this after the first of the burst."""
+
     def __new__(
         cls,
         reconcile: Callable[[Any], Optional[Requeue]],
@@ -451,24 +627,78 @@ class Controller:
         debounce: Optional[float] = None,
     ) -> Self: ...
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The controller's name."""
     @property
-    def workers(self) -> int: ...
-    def enqueue(self, key: _Key, priority: int = 0) -> None: ...
-    def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None: ...
-    def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None: ...
-    def start(self) -> None: ...
-    def run(self, stop_timeout: Optional[_Seconds] = None) -> None: ...
-    def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool: ...
-    def stop_with_report(self, timeout: Optional[_Seconds] = None) -> _StopReport: ...
-    def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool: ...
-    def flush(self) -> None: ...
-    def stats(self) -> _ControllerStats: ...
-    def owned_partitions(self) -> Set[int]: ...
-    def cancel(self, key: _Key) -> bool: ...
-    def inspect(self, key: _Key) -> _KeyInfo: ...
-    def parked(self) -> List[_Key]: ...
-    def requeue_parked(self, key: _Key) -> bool: ...
+    def workers(self) -> int:
+        """The number of worker threads."""
+    def enqueue(self, key: _Key, priority: int = 0) -> None:
+        """Asks for ``key`` to be reconciled, at ``priority`` (higher first; an enqueue raises a
+        waiting key's priority, never lowers it). Ignored once stopped."""
+    def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
+        """Asks for ``key`` to be reconciled ``seconds`` from now (<= 0: now)."""
+    def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None:
+        """Asks for ``key`` to be reconciled at ``t``, a ``time.time()`` timestamp (a time in the
+        past means now)."""
+    def start(self) -> None:
+        """Starts the worker threads and returns at once. Raises RuntimeError if it was started
+        before or stopped (a controller runs once: make a new one), and, with nothing left
+        running and the controller stopped, if the OS refuses a thread (each worker needs a
+        stack: thousands of workers can exceed a memory or thread limit)."""
+    def run(self, stop_timeout: Optional[_Seconds] = None) -> None:
+        """Starts, then blocks until the controller is stopped (by ``stop()`` from another thread).
+        Ctrl-C (SIGINT) or SIGTERM (when it has no handler of the program's own) stops it with
+        drain, for at most ``stop_timeout`` seconds (None: until the reconciles return); a second
+        signal during the drain stops at once (running reconciles are cancelled and left to
+        return on their own). Either way ``run()`` then returns normally; the keys it left are
+        logged. After ``start()``, it only blocks until the controller is stopped; stopped before
+        it ever started, it raises RuntimeError, as ``start()`` does. Raises RuntimeError when
+        called from one of this controller's reconciles (it would wait for itself)."""
+    def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool:
+        """Stops the controller; returns whether every worker finished within ``timeout`` seconds
+        (None: no limit). With ``drain``, keys ready now are still reconciled and delayed keys
+        dropped; without, workers finish their current reconcile and ready keys are abandoned.
+        Every trigger's stop event is set. Stopping twice, or before start, returns True. Called
+        from a reconcile of this controller, it starts the stop and returns False at once (it
+        cannot wait for itself)."""
+    def stop_with_report(self, timeout: Optional[_Seconds] = None) -> _StopReport:
+        """``stop(drain=True, timeout)`` that also says what it left: a dict with ``finished``
+        (every worker finished in time), ``unfinished`` (keys whose reconcile was still running
+        at the deadline) and ``dropped`` (keys dropped without a reconcile: waiting on a delay or
+        a retry, or ready at the deadline) and, with a store, ``store_error`` (why the stop's
+        last flush failed, else None; the file then keeps the last successful flush), and
+        ``unfinished_caches``: the names of the caches this stop stopped whose thread was still
+        in its source at the deadline (a ``list`` or iterator that ignores its stop event), left
+        behind."""
+    def wait_idle(self, timeout: Optional[_Seconds] = None) -> bool:
+        """Blocks until nothing is ready, being reconciled or waiting for a due time; returns False
+        if ``timeout`` seconds passed first. Once it returns True, ``stats()`` counts every
+        reconcile that has returned. Keys waiting for a retry or a ``Requeue(after=)`` resync
+        count as busy, so a controller that resyncs never becomes idle. Raises RuntimeError when
+        called from one of this controller's reconciles (it would wait for itself)."""
+    def flush(self) -> None:
+        """Blocks (without the GIL) until everything enqueued or changed (done, retried, delayed,
+        parked) before the call is on disk in the controller's store, without waiting for
+        ``flush_interval``: the point to record a change feed's position from. Raises OSError (or
+        ValueError) naming the store error when the write fails (the keys stay pending and are
+        written again at the next flush), and RuntimeError before start(). Without a store it
+        returns at once; after stop() it returns the outcome of the stop's last flush."""
+    def stats(self) -> _ControllerStats:
+        """Counters, queue sizes, hanging reconciles, the last error."""
+    def owned_partitions(self) -> Set[int]:
+        """With ``sharding``: the partitions this replica owns now (empty before start, or while cut
+        off from etcd)."""
+    def cancel(self, key: _Key) -> bool:
+        """Cancels the running reconcile of ``key`` (cooperatively: it sees
+        ``reconq.context().cancelled``); returns whether one was running."""
+    def inspect(self, key: _Key) -> _KeyInfo:
+        """Where ``key`` stands: a dict with ``state`` ("unknown", "ready", "waiting", "running" or
+        "parked"), ``attempts``, ``last_error``, ``next_run`` (a time.time() timestamp or None)
+        and ``since`` (when the running reconcile started, or None)."""
+    def parked(self) -> List[_Key]:
+        """Keys that failed permanently (raised PermanentError), oldest first."""
+    def requeue_parked(self, key: _Key) -> bool:
+        """Takes ``key`` out of the parked set and enqueues it; returns whether it was parked."""
     def watch_cache(
         self,
         cache: Cache,
@@ -477,16 +707,47 @@ class Controller:
         resync: Optional[_Seconds] = None,
         priority: int = 0,
         list_priority: int = -100,
-    ) -> None: ...
+    ) -> None:
+        """Reconciles what changes in ``cache`` (guarantees §13): each change enqueues the keys
+        ``map(key, obj)`` gives (default: the key; for a delete ``obj`` is the last state held,
+        or None; an update maps the old object, then the new one, and enqueues both results), if
+        ``predicate(old, new)`` accepts it (default: every delete, every put whose object
+        differs); at ``priority`` for live changes and ``list_priority`` for lists, relists and
+        the ``resync`` every ``resync`` seconds. A ``map`` or ``predicate`` that raises is logged
+        and counted (``stats()["handler_errors"]``), and the changed key is enqueued. Watched
+        before ``start()``, the cache holds the controller until it has synced and its keys
+        reached the controller (and ``start()`` starts it); after, it is started at once and
+        holds nothing. Returns at once: the keys a synced cache already holds go through ``map``
+        on a catch-up thread of the cache. RuntimeError if the cache or the controller was
+        stopped."""
     def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool:
         """Waits until every watched cache has synced and its keys reached the controller (True at once if none)."""
-    def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None: ...
-    def dependencies(self, key: _Key) -> List[_Key]: ...
-    def dependents(self, key: _Key) -> List[_Key]: ...
-    def batch(self) -> Batch: ...
-    def add_trigger(self, key: _Key, fn: Callable[[Event], object]) -> None: ...
-    def remove_trigger(self, key: _Key) -> bool: ...
-    def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None: ...
+    def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None:
+        """Makes ``key`` run after ``parents`` (a list or any iterable of keys but a str, bytes or
+        tuple, which are keys themselves): replaces its earlier parents (``[]`` clears them),
+        enqueues nothing, may be called before start. Raises ``CycleError`` (nothing changed) if
+        they would close a cycle."""
+    def dependencies(self, key: _Key) -> List[_Key]:
+        """``key``'s direct parents (``[]`` if none)."""
+    def dependents(self, key: _Key) -> List[_Key]:
+        """``key``'s direct dependents (``[]`` if none)."""
+    def batch(self) -> Batch:
+        """A batch, for a ``with`` block (guarantees §15, U3): while any block is open (any thread,
+        nested or overlapping), no key that becomes ready is handed out; when the last one exits,
+        they are scheduled together, parents first. May be used before start."""
+    def add_trigger(self, key: _Key, fn: Callable[[StopEvent], object]) -> None:
+        """Runs ``fn(stop_event)`` (``stop_event`` a ``StopEvent``) on its own thread and
+        enqueues ``key`` when it returns, unless it raised or its stop event was set. A second
+        trigger for ``key`` replaces (stops) this one; ``remove_trigger(key)`` and ``stop()`` set
+        its stop event. Ignored once stopped."""
+    def remove_trigger(self, key: _Key) -> bool:
+        """Sets the stop event of the trigger for ``key`` (it will not enqueue); returns whether
+        there was one running."""
+    def watch(self, iterable: Iterable[Any], transform: Optional[Callable[[Any], object]] = None) -> None:
+        """Consumes ``iterable`` on its own thread and enqueues ``transform(event)`` (or the event
+        itself) for each event: a list enqueues each element, anything else (a tuple too) is one
+        key. Bad keys and exceptions in ``transform`` are logged and skipped; an exception from
+        the iterable ends the watch. Ignored once stopped."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
@@ -583,13 +844,25 @@ class MetricsServer:
     """A running ``GET /metrics`` endpoint (see ``start_http_server``)."""
 
     @property
-    def port(self) -> int: ...
+    def port(self) -> int:
+        """The port the server listens on."""
     @property
-    def addr(self) -> str: ...
+    def addr(self) -> str:
+        """The address the server listens on."""
     @property
-    def closed(self) -> bool: ...
-    def close(self) -> None: ...
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    def close(self) -> None:
+        """Stops the server (waits for its accepting thread; connections being answered end on their
+        own, each within 5 s). Closing twice is fine."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> None: ...
 
-def start_http_server(port: int = 0, addr: str = "127.0.0.1") -> MetricsServer: ...
+def start_http_server(port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serves ``GET /metrics`` on ``addr:port`` from one background thread (no CPU while idle), and
+    ``/status`` (the status table; JSON on ``Accept: application/json`` or ``?format=json``),
+    ``/healthz`` and ``/readyz`` (Kubernetes probes: 200 ``ok``, or 503 with one line per
+    problem). ``port=0`` picks a free port (see ``.port``). ``addr`` defaults to 127.0.0.1 (this
+    machine only); pass ``addr="0.0.0.0"`` for a scrape from outside a container. Returns a
+    ``MetricsServer``; the server runs until it is closed (``close()``, or a ``with`` block) or
+    the process ends, even if the returned object is dropped."""

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Type, Union
 
 __all__ = ["PermanentError", "Requeue", "RetryAfter"]
 
@@ -78,7 +78,7 @@ class RetryAfter(Exception):
         else:
             super().__init__(message)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> Tuple[Type[RetryAfter], Tuple[float, Optional[str]]]:
         return (type(self), (self.after, self.message))
 
 

@@ -18,7 +18,7 @@ their fields, so subclasses work too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["Bookmark", "Delete", "PositionExpired", "Put"]
 
@@ -29,6 +29,10 @@ class Put:
     change."""
 
     __slots__ = ("key", "obj", "position", "version")
+    key: Any
+    obj: Any
+    position: Any
+    version: Any
 
     def __init__(self, key: Any, obj: Any, position: Any = None, version: Any = None) -> None:
         self.key = key
@@ -44,13 +48,15 @@ class Put:
             return NotImplemented
         return (self.key, self.obj, self.position, self.version) == (other.key, other.obj, other.position, other.version)
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # mutable, compared by value
 
 
 class Delete:
     """``key`` is gone."""
 
     __slots__ = ("key", "position")
+    key: Any
+    position: Any
 
     def __init__(self, key: Any, position: Any = None) -> None:
         self.key = key
@@ -64,13 +70,14 @@ class Delete:
             return NotImplemented
         return (self.key, self.position) == (other.key, other.position)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
 
 class Bookmark:
     """Nothing changed up to ``position``: a later resume starts there."""
 
     __slots__ = ("position",)
+    position: Any
 
     def __init__(self, position: Any) -> None:
         self.position = position
@@ -83,7 +90,7 @@ class Bookmark:
             return NotImplemented
         return bool(self.position == other.position)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
 
 class PositionExpired(Exception):

@@ -97,7 +97,7 @@ class FlakyAPI:
         self.seed = seed
         self.down = down  # objects whose backend is out for this whole run
         self.down_tries: Dict[str, int] = {}
-        self.lock = threading.Lock()
+        self.lock: threading.Lock = threading.Lock()
         self.calls: Dict[str, int] = {}
         self.failing_streak: Dict[str, int] = {}
 
@@ -156,7 +156,7 @@ class Reconciler:
         # since the key last settled, restored from the store after a
         # restart; on a bare WorkQueue the demo counts them itself.
         self.engine_counts = engine_counts
-        self.lock = threading.Lock()
+        self.lock: threading.Lock = threading.Lock()
         self.attempts: Dict[str, int] = {}
 
     def __call__(self, name: str) -> None:
@@ -218,14 +218,14 @@ class QueueRunner:
 
     def __init__(self, reconcile: Callable[[str], None], workers: int, rate_limiter: reconq.RateLimiter) -> None:
         self.reconcile = reconcile
-        self.queue = reconq.WorkQueue(rate_limiter)
-        self.threads = [
+        self.queue: reconq.WorkQueue = reconq.WorkQueue(rate_limiter)
+        self.threads: List[threading.Thread] = [
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(workers)
         ]
-        self.counts = {"reconciles": 0, "successes": 0, "failures": 0}
-        self.busy = 0
+        self.counts: Dict[str, int] = {"reconciles": 0, "successes": 0, "failures": 0}
+        self.busy: int = 0
         self.retrying: Set[str] = set()  # keys waiting out a backoff
-        self.lock = threading.Lock()
+        self.lock: threading.Lock = threading.Lock()
 
     def enqueue(self, key: str) -> None:
         self.queue.add(key)

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{CacheStats, Inner};
 use crate::observe::Observed;
+use crate::observe::fields::Health;
 use crate::observe::metrics::MetricFamilies;
 use crate::observe::status::{CacheDetails, EntryKind, RunState, StatusEntry};
 use crate::source::Source;
@@ -42,22 +43,22 @@ impl<S: Source> Inner<S> {
 impl<S: Source> Observed for Inner<S> {
     fn collect_status(&self, out: &mut Vec<StatusEntry>) {
         let stats = self.stats();
-        out.push(StatusEntry {
-            name: stats.name,
-            kind: EntryKind::Cache(CacheDetails {
-                state: self.run_state(),
-                synced: stats.synced,
-                keys: stats.keys,
-                position: stats.position.map(|p| format!("{p:?}")),
-                relists: stats.relists,
-            }),
+        let kind = EntryKind::Cache(CacheDetails {
+            state: self.run_state(),
+            synced: stats.synced,
+            keys: stats.keys,
+            position: stats.position.map(|p| format!("{p:?}")),
+            relists: stats.relists,
+        });
+        let health = Health {
             successes: stats.events,
             failures: stats.errors,
             consecutive_failures: self.counters.consecutive_failures.load(Relaxed),
             last_error: stats.last_error,
             last_error_time: stats.last_error_time,
             last_success_time: None,
-        });
+        };
+        out.push(StatusEntry::new(stats.name, kind, health));
     }
 
     fn collect_metrics(&self, out: &mut MetricFamilies) {

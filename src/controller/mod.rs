@@ -94,6 +94,7 @@ pub(crate) use groups::GroupFn;
 pub use handle::ControllerHandle;
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub(crate) use run_signals::on_signal;
 pub use start::StartError;
 pub use status::Stats;
 pub use stopping::{StopOptions, StopReport, Stopping};

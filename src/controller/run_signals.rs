@@ -1,9 +1,10 @@
 //! [`Controller::run_until_signal`]: `run()` that stops on Ctrl-C or
-//! SIGTERM, with the rules of Python's `Controller.run()` (guarantees §13):
-//! the first signal drains, a second one stops at once.
+//! SIGTERM (guarantees §13): the first signal drains, a second one stops at
+//! once. What each signal does is decided in [`on_signal`], for Python's
+//! `Controller.run()` too.
 
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select};
 
@@ -12,9 +13,36 @@ use super::{Controller, ControllerHandle};
 use crate::logs;
 use crate::signals;
 
-/// After a second signal, how long to wait for the cancelled reconciles to
-/// return before returning anyway (Python's `run()` waits as long).
-const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
+/// What a first and a second signal do to a run: the one place that
+/// decides it, for [`Controller::run_until_signal`] and for Python's
+/// `Controller.run()`. Each of them only waits its own way (threads and
+/// channels here; slices between which Python's handlers raise
+/// `KeyboardInterrupt` there) and says what happened in its own log lines.
+pub(crate) mod on_signal {
+    use std::time::{Duration, Instant};
+
+    use super::{ControllerHandle, ControllerKey};
+    use crate::clock::deadline_after;
+    use crate::controller::stopping::StopOptions;
+
+    /// After a second signal, how long a run waits for the cancelled
+    /// reconciles to return before it returns anyway.
+    const SECOND_SIGNAL_GRACE: Duration = Duration::from_secs(1);
+
+    /// The first signal: a drain, for at most `stop_timeout` (`None`: until
+    /// the reconciles return).
+    pub(crate) fn first(stop_timeout: Option<Duration>) -> StopOptions {
+        StopOptions { drain: true, timeout: stop_timeout, aux_grace: None }
+    }
+
+    /// A second signal, during the drain: stops at once (the running
+    /// reconciles are cancelled; stopping twice is fine), and returns until
+    /// when to wait for them to return.
+    pub(crate) fn second<K: ControllerKey>(handle: &ControllerHandle<K>) -> Instant {
+        handle.stop();
+        deadline_after(Instant::now(), SECOND_SIGNAL_GRACE)
+    }
+}
 
 impl<K: ControllerKey> Controller<K> {
     /// [`start`](Self::start), then blocks until the controller is stopped
@@ -58,7 +86,13 @@ impl<K: ControllerKey> Controller<K> {
         let (drained_tx, drained) = bounded(1);
         let drainer = handle.clone();
         std::thread::Builder::new().name(format!("reconq-{}-drain", handle.name())).spawn(move || {
-            let _ = drained_tx.send(drainer.stop_with_drain_report(stop_timeout.unwrap_or(Duration::MAX)));
+            let mut stopping = drainer.stop_with(on_signal::first(stop_timeout));
+            let report = loop {
+                if let Some(report) = stopping.wait(Duration::MAX) {
+                    break report;
+                }
+            };
+            let _ = drained_tx.send(report);
         })?;
         select! {
             recv(drained) -> report => {
@@ -74,10 +108,10 @@ impl<K: ControllerKey> Controller<K> {
     }
 }
 
-/// The second signal: cancels the running reconciles and waits a moment
-/// for them.
+/// The second signal: stops at once and waits a moment for the cancelled
+/// reconciles.
 fn stop_at_once<K: ControllerKey>(handle: &ControllerHandle<K>) {
-    handle.stop();
-    let returned = handle.wait_stopped(Some(SECOND_SIGNAL_GRACE));
+    let until = on_signal::second(handle);
+    let returned = handle.wait_stopped(Some(until.saturating_duration_since(Instant::now())));
     logs::second_signal(handle.name(), returned);
 }

@@ -9,6 +9,7 @@ use super::gate::Gate;
 use super::hangs::{log_hangs, scan};
 use super::life::Phase;
 use super::metrics::{RESULTS, ResultTotals, last_success_tick};
+use crate::observe::fields::{Field, Health, Visit, walk_scale_out};
 use crate::observe::metrics::histogram::{RECONCILE_BUCKETS, RECONCILE_N, WorkerHistogram};
 use crate::observe::metrics::{MetricFamilies, ticks};
 use crate::observe::status::{ControllerDetails, EntryKind, HangingKey, RunState, StatusEntry, is_standby};
@@ -73,6 +74,9 @@ pub struct Stats {
     /// with `supersede`, their key became ready again (U1); counted in
     /// `reconciles` too.
     pub superseded: u64,
+    /// Trigger, watch and watchdog threads running (as
+    /// [`ControllerHandle::background_threads`](super::ControllerHandle::background_threads)).
+    pub background_threads: usize,
 }
 
 impl Counters {
@@ -84,6 +88,33 @@ impl Counters {
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+impl Stats {
+    /// The fields of Python's `stats()` after its name, workers and state,
+    /// with the `hanging` keys (this `hanging` counts them), in the walk
+    /// every renderer follows (`observe::fields`).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))] // Rust reads `Stats` itself
+    pub(crate) fn walk<V: Visit>(&self, hanging: &[HangingKey], v: &mut V) -> Result<(), V::Error> {
+        v.field("reconciles", Field::Count(self.reconciles))?;
+        v.field("successes", Field::Count(self.successes))?;
+        v.field("failures", Field::Count(self.failures))?;
+        v.field("requeues", Field::Count(self.requeues))?;
+        v.field("panics", Field::Count(self.panics))?;
+        v.field("depth", Field::size(self.depth))?;
+        v.field("processing", Field::size(self.processing))?;
+        v.field("waiting", Field::size(self.waiting))?;
+        v.field("parked", Field::size(self.parked))?;
+        v.field("handler_errors", Field::Count(self.handler_errors))?;
+        v.field("held", Field::size(self.held))?;
+        v.field("superseded", Field::Count(self.superseded))?;
+        v.field("background_threads", Field::size(self.background_threads))?;
+        v.field("hanging", Field::Hanging(hanging))?;
+        v.field("by_priority", Field::ByPriority(&self.by_priority))?;
+        v.field("last_error", Field::maybe_text(&self.last_error))?;
+        v.field("last_error_time", Field::Time(self.last_error_time))?;
+        walk_scale_out(v, self.store.as_ref(), self.leader.as_ref(), self.shards.as_ref(), self.not_owned)
     }
 }
 
@@ -149,6 +180,7 @@ impl<K: ControllerKey> Core<K> {
             handler_errors: self.counters.handler_errors.load(Ordering::Relaxed),
             held,
             superseded: c.superseded.load(Ordering::Relaxed),
+            background_threads: self.life.read(|life| life.live_aux),
         };
         (stats, hanging)
     }
@@ -207,16 +239,15 @@ impl<K: ControllerKey> Core<K> {
             held: stats.held,
             superseded: stats.superseded,
         };
-        StatusEntry {
-            name: self.name.clone(),
-            kind: EntryKind::Controller(details),
+        let health = Health {
             successes: stats.successes,
             failures: stats.failures,
             consecutive_failures: self.counters.consecutive_failures.load(Ordering::Relaxed),
             last_error: stats.last_error,
             last_error_time: stats.last_error_time,
             last_success_time: self.last_success_time(),
-        }
+        };
+        StatusEntry::new(self.name.clone(), EntryKind::Controller(details), health)
     }
 }
 

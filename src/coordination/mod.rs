@@ -13,8 +13,8 @@ mod partition;
 mod settings;
 #[cfg(feature = "etcd")]
 mod sharding;
-mod status;
 
+pub use crate::observe::reports::{LeaderStatus, ShardStatus};
 #[cfg(feature = "etcd")]
 pub use leader::{LeaderElection, OnLost};
 pub use partition::partition_of;
@@ -26,7 +26,6 @@ pub(crate) use settings::check_endpoints;
 pub(crate) use sharding::ShardHooks;
 #[cfg(feature = "etcd")]
 pub use sharding::Sharding;
-pub use status::{LeaderStatus, ShardStatus};
 
 /// What a [`Manager`](crate::Manager) needs of a leader election: the seam
 /// that keeps the manager free of etcd (implemented by `LeaderElection`

@@ -17,6 +17,7 @@ use std::sync::{Arc, Weak};
 
 use crate::clock::{Clock, SystemClock};
 use crate::coordination::Leading;
+use crate::observe::fields::health_of;
 use crate::observe::status::{EntryKind, PeriodicDetails, StatusEntry};
 use crate::observe::{self, Observed};
 use crate::sync::Mutex;
@@ -369,22 +370,14 @@ impl Observed for Inner {
         let ctls: Vec<Arc<Ctl>> = self.registry.lock().controllers.values().map(|e| Arc::clone(&e.ctl)).collect();
         for ctl in &ctls {
             let s = ctl.status();
-            out.push(StatusEntry {
-                name: s.name,
-                kind: EntryKind::Periodic(PeriodicDetails {
-                    manager: self.name.clone(),
-                    running: s.running,
-                    leader: self.leader.as_ref().map(|election| election.status()),
-                    last_duration: s.last_duration,
-                    next_run_in: s.next_run_in,
-                }),
-                successes: s.successes,
-                failures: s.failures,
-                consecutive_failures: s.consecutive_failures,
-                last_error: s.last_error,
-                last_error_time: s.last_error_time,
-                last_success_time: s.last_success_time,
+            let kind = EntryKind::Periodic(PeriodicDetails {
+                manager: self.name.clone(),
+                running: s.running,
+                leader: self.leader.as_ref().map(|election| election.status()),
+                last_duration: s.last_duration,
+                next_run_in: s.next_run_in,
             });
+            out.push(StatusEntry::new(s.name, kind, health_of!(s)));
         }
     }
 }

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use crate::observe::fields::{Field, Visit, Walk, health_of};
+
 /// A snapshot of one named controller, as Cilium's controller status.
 ///
 /// Times are wall-clock ([`SystemTime`]); durations are measured on the
@@ -30,6 +32,18 @@ pub struct ControllerStatus {
     /// requested, `None` when the controller waits for an update or trigger
     /// (or is running: its next time is set when the run ends).
     pub next_run_in: Option<Duration>,
+}
+
+/// `Manager.status()` in Python: `name`, the `Health` fields, then
+/// `last_duration`, `running` and `next_run_in`.
+impl Walk for ControllerStatus {
+    fn walk<V: Visit>(&self, v: &mut V) -> Result<(), V::Error> {
+        v.field("name", Field::text(&self.name))?;
+        health_of!(self).walk(v)?;
+        v.field("last_duration", Field::Seconds(self.last_duration))?;
+        v.field("running", Field::Flag(self.running))?;
+        v.field("next_run_in", Field::Seconds(self.next_run_in))
+    }
 }
 
 /// The manager has no controller of this name.

@@ -16,6 +16,7 @@ use super::params::ControllerParams;
 use super::status::ControllerStatus;
 use crate::clock::{Clock, deadline_after};
 use crate::coordination::{LeaderSeat, Leading};
+use crate::observe::fields::{Health, with_health};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use crate::{Context, StopSignal};
 use crate::{logs, panics};
@@ -53,12 +54,9 @@ struct State {
     run_cancel: Option<StopSignal>,
     /// When the next run is due, or `None` to wait for an update or trigger.
     next_run: Option<Instant>,
-    successes: u64,
-    failures: u64,
-    consecutive_failures: u64,
-    last_error: Option<String>,
-    last_error_time: Option<SystemTime>,
-    last_success_time: Option<SystemTime>,
+    /// A success clears `last_error` (as Cilium does), except an exit's,
+    /// which shows its reason there.
+    health: Health,
     last_duration: Option<Duration>,
 }
 
@@ -116,12 +114,7 @@ impl Ctl {
                     running: false,
                     run_cancel: None,
                     next_run: None,
-                    successes: 0,
-                    failures: 0,
-                    consecutive_failures: 0,
-                    last_error: None,
-                    last_error_time: None,
-                    last_success_time: None,
+                    health: Health::default(),
                     last_duration: None,
                 }),
                 wake: Condvar::new(),
@@ -185,18 +178,8 @@ impl Ctl {
         } else {
             st.next_run.map(|t| t.saturating_duration_since(self.clock.now()))
         };
-        ControllerStatus {
-            name: self.name.clone(),
-            successes: st.successes,
-            failures: st.failures,
-            consecutive_failures: st.consecutive_failures,
-            last_error: st.last_error.clone(),
-            last_error_time: st.last_error_time,
-            last_success_time: st.last_success_time,
-            last_duration: st.last_duration,
-            running: st.running,
-            next_run_in,
-        }
+        let (name, last_duration, running) = (self.name.clone(), st.last_duration, st.running);
+        with_health!(ControllerStatus { name, last_duration, running, next_run_in }, st.health.clone())
     }
 
     /// The controller thread's body: runs `do` whenever due or requested
@@ -225,11 +208,11 @@ impl Ctl {
             let do_fn = Arc::clone(&st.params.do_fn);
             let cancel = StopSignal::new();
             st.run_cancel = Some(cancel.clone());
-            let attempt = u32::try_from(st.consecutive_failures).unwrap_or(u32::MAX);
+            let attempt = u32::try_from(st.health.consecutive_failures).unwrap_or(u32::MAX);
             let mut ctx = Context::with_signal(attempt, cancel);
             ctx.fencing_token = fencing_token;
             // For the failure log, as `record` will count it.
-            let failures_if_failed = st.consecutive_failures + 1;
+            let failures_if_failed = st.health.consecutive_failures + 1;
             let retry_if_failed = st.params.retry_delay(failures_if_failed);
             let (outcome, started, finished) = MutexGuard::unlocked(&mut st, || {
                 let span = logs::manager_run_span(&self.manager, &self.name);
@@ -308,31 +291,32 @@ impl Ctl {
         st.run_cancel = None;
         st.ran_once = true;
         st.last_duration = Some(finished.saturating_duration_since(started));
+        let health = &mut st.health;
         let next = match outcome {
             Outcome::Success => {
-                st.successes += 1;
-                st.consecutive_failures = 0;
-                st.last_error = None;
-                st.last_error_time = None;
-                st.last_success_time = Some(now);
+                health.successes += 1;
+                health.consecutive_failures = 0;
+                health.last_error = None;
+                health.last_error_time = None;
+                health.last_success_time = Some(now);
                 st.params.run_interval
             }
             Outcome::Exit(reason) => {
                 // As Cilium: an exit is a success that shows its reason as
                 // the last error, and parks the controller.
-                st.successes += 1;
-                st.consecutive_failures = 0;
-                st.last_error = Some(reason);
-                st.last_error_time = Some(now);
-                st.last_success_time = Some(now);
+                health.successes += 1;
+                health.consecutive_failures = 0;
+                health.last_error = Some(reason);
+                health.last_error_time = Some(now);
+                health.last_success_time = Some(now);
                 None
             }
             Outcome::Failure(message) => {
-                st.failures += 1;
-                st.consecutive_failures += 1;
-                st.last_error = Some(message);
-                st.last_error_time = Some(now);
-                st.params.retry_delay(st.consecutive_failures)
+                health.failures += 1;
+                health.consecutive_failures += 1;
+                health.last_error = Some(message);
+                health.last_error_time = Some(now);
+                st.params.retry_delay(health.consecutive_failures)
             }
         };
         st.next_run = next.map(|delay| deadline_after(finished, delay));

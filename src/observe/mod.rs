@@ -3,9 +3,11 @@
 //! passing objects around (as Cilium's global controller manager and
 //! client-go's global metrics provider do).
 
+pub(crate) mod fields;
 pub(crate) mod metrics;
 pub(crate) mod probes;
 mod registry;
+pub(crate) mod reports;
 pub mod status;
 mod status_json;
 

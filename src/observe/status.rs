@@ -34,6 +34,8 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::fields::{Field, Health, Visit, Walk, with_health};
+use super::reports::{LeaderStatus, ShardStatus, StoreStats};
 use super::visit;
 
 pub use super::probes::{liveness_problems, readiness_problems};
@@ -153,12 +155,12 @@ pub struct ControllerDetails {
     pub hanging: Vec<HangingKey>,
     /// With a store: its pending keys, last flush and last flush error (a
     /// failing flush shows here and in `stats()`).
-    pub store: Option<crate::StoreStats>,
+    pub store: Option<StoreStats>,
     /// With leader election, once started (see [`StatusEntry::state`]:
     /// a running standby shows as `"standby"`).
-    pub leader: Option<crate::LeaderStatus>,
+    pub leader: Option<LeaderStatus>,
     /// With sharding, once started.
-    pub shards: Option<crate::ShardStatus>,
+    pub shards: Option<ShardStatus>,
     /// Keys dropped because another replica owns them.
     pub not_owned: u64,
     /// Ready keys held by a pending ancestor or waiting for cancelled
@@ -212,7 +214,7 @@ pub struct PeriodicDetails {
     /// Whether `do` is running now.
     pub running: bool,
     /// The manager's leader election, if it has one.
-    pub leader: Option<crate::LeaderStatus>,
+    pub leader: Option<LeaderStatus>,
     /// How long the last finished run took.
     pub last_duration: Option<Duration>,
     /// How long until the next run (`Some(ZERO)`: due or requested), or
@@ -239,7 +241,7 @@ impl PeriodicDetails {
 
 /// Runs with leader election and does not lead: it keeps its queue warm
 /// but reconciles nothing (a controller's [`RunState::Standby`]).
-pub(crate) fn is_standby(leader: Option<&crate::LeaderStatus>) -> bool {
+pub(crate) fn is_standby(leader: Option<&LeaderStatus>) -> bool {
     leader.is_some_and(|l| !l.is_leader())
 }
 
@@ -280,6 +282,12 @@ impl PartialEq for HangingKey {
 impl Eq for HangingKey {}
 
 impl StatusEntry {
+    /// An entry of `kind` whose health fields are `health`'s: how every
+    /// kind builds its entry.
+    pub(crate) fn new(name: String, kind: EntryKind, health: Health) -> Self {
+        with_health!(StatusEntry { name, kind }, health)
+    }
+
     /// The controller-only fields, if this is a controller.
     pub fn controller(&self) -> Option<&ControllerDetails> {
         match &self.kind {
@@ -416,44 +424,16 @@ pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> Strin
     if entries.is_empty() {
         return out;
     }
-    const HEADER: [&str; 13] = [
-        "NAME",
-        "KIND",
-        "STATE",
-        "SUCCESS",
-        "FAIL",
-        "CONSEC",
-        "DEPTH",
-        "PROC",
-        "WAIT",
-        "LAST SUCCESS",
-        "LAST ERROR",
-        "MESSAGE",
-        "HANGING",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![HEADER.iter().map(|h| (*h).to_owned()).collect()];
+    let mut rows: Vec<Vec<String>> = vec![COLUMNS.iter().map(|(header, _)| (*header).to_owned()).collect()];
     for entry in entries {
-        let (depth, processing, waiting, hanging) = match entry.controller() {
-            Some(c) => (c.depth.to_string(), c.processing.to_string(), c.waiting.to_string(), hanging_cell(&c.hanging)),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
-        };
-        rows.push(vec![
-            entry.qualified_name(),
-            entry.kind.label().to_owned(),
-            entry.state().to_owned(),
-            entry.successes.to_string(),
-            entry.failures.to_string(),
-            entry.consecutive_failures.to_string(),
-            depth,
-            processing,
-            waiting,
-            age_cell(entry.last_success_time, now),
-            age_cell(entry.last_error_time, now),
-            message(entry).map_or_else(|| "-".to_owned(), |m| truncate(first_line(&m), MESSAGE_WIDTH)),
-            hanging,
-        ]);
+        let mut row = Row { now, cells: Default::default() };
+        let Ok(()) = entry.walk(&mut row);
+        let mut cells = row.cells.map(|cell| cell.unwrap_or_else(|| "-".to_owned()));
+        cells[NAME] = entry.qualified_name();
+        cells[MESSAGE] = message(entry).map_or_else(|| "-".to_owned(), |m| truncate(first_line(&m), MESSAGE_WIDTH));
+        rows.push(cells.into());
     }
-    let mut widths = [0usize; HEADER.len()];
+    let mut widths = [0usize; COLUMNS.len()];
     // Names and messages may hold tabs or newlines: never in a cell.
     for cell in rows.iter_mut().flatten() {
         if cell.chars().any(char::is_control) {
@@ -478,6 +458,61 @@ pub(crate) fn format_table_at(entries: &[StatusEntry], now: SystemTime) -> Strin
         out.push('\n');
     }
     out
+}
+
+/// The table's columns: each header, and the field of the entry's walk
+/// that fills it (`-` in a row without that field). NAME (with a periodic
+/// controller's manager) and MESSAGE (with what stands in the way of a
+/// controller's store or coordination) are made from the whole entry.
+const COLUMNS: [(&str, Option<&str>); 13] = [
+    ("NAME", None),
+    ("KIND", Some("kind")),
+    ("STATE", Some("state")),
+    ("SUCCESS", Some("successes")),
+    ("FAIL", Some("failures")),
+    ("CONSEC", Some("consecutive_failures")),
+    ("DEPTH", Some("depth")),
+    ("PROC", Some("processing")),
+    ("WAIT", Some("waiting")),
+    ("LAST SUCCESS", Some("last_success_time")),
+    ("LAST ERROR", Some("last_error_time")),
+    ("MESSAGE", None),
+    ("HANGING", Some("hanging")),
+];
+const NAME: usize = 0;
+const MESSAGE: usize = 11;
+
+/// One row of the table, filled by walking its entry.
+struct Row {
+    now: SystemTime,
+    cells: [Option<String>; COLUMNS.len()],
+}
+
+impl Visit for Row {
+    type Error = std::convert::Infallible;
+
+    fn field(&mut self, name: &'static str, value: Field<'_>) -> Result<(), Self::Error> {
+        if let Some(column) = COLUMNS.iter().position(|(_, field)| *field == Some(name)) {
+            self.cells[column] = Some(cell(value, self.now));
+        }
+        Ok(())
+    }
+}
+
+/// A field as the table shows it: times as ages, durations short.
+fn cell(value: Field<'_>, now: SystemTime) -> String {
+    match value {
+        Field::Count(n) => n.to_string(),
+        Field::MaybeCount(n) => n.map_or_else(|| "-".into(), |n| n.to_string()),
+        Field::Flag(flag) => flag.to_string(),
+        Field::Text(text) => text.unwrap_or("-").to_owned(),
+        Field::Time(at) => age_cell(at, now),
+        Field::Seconds(d) => d.map_or_else(|| "-".into(), format_duration),
+        Field::Hanging(keys) => hanging_cell(keys),
+        Field::ByPriority(ready) => {
+            ready.iter().map(|(priority, n)| format!("{priority}: {n}")).collect::<Vec<_>>().join(", ")
+        }
+    }
 }
 
 /// The MESSAGE cell: the last reconcile error, else what stands in the

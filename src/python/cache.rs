@@ -23,13 +23,11 @@ use pyo3::types::{PyDict, PyList};
 
 use super::attach::{attach, python_thread_wrapper};
 use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
-use super::callables::check_sync_callable;
-use super::duration::{timeout_from_py, unix_timestamp};
-use super::errors::{describe, type_name};
+use super::convert::{check_sync_callable, timeout_from_py, type_name, unix_timestamp};
+use super::errors::describe;
 use super::key::PyKey;
-use super::queue::wait_interruptibly;
-use super::queue::wait_synced_interruptibly;
-use super::reconciler::log;
+use super::logs::log;
+use super::signals::{wait_interruptibly, wait_synced_interruptibly};
 use super::sources::{AnySource, SourceSpec};
 use super::store::{store_error, store_from_py};
 use crate::clock::deadline_after;

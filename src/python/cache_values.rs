@@ -110,7 +110,7 @@ impl SourceValue {
             .and_then(|r| r.extract::<String>())
             .unwrap_or_else(|e| format!("<unprintable: {}>", describe(py, &e)));
         let kept = if let Ok(text) = obj.cast_exact::<PyString>() {
-            text.to_str().ok().map(|text| encode_key(&text.to_owned()))
+            text.to_cow().ok().map(|text| encode_key(&text.into_owned()))
         } else if let Ok(bytes) = obj.cast_exact::<PyBytes>() {
             Some(encode_key(&bytes.as_bytes().to_vec()))
         } else {

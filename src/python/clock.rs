@@ -8,7 +8,7 @@ use std::time::Instant;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::duration::non_negative_from_py;
+use super::convert::non_negative_from_py;
 use crate::{Clock, FakeClock};
 
 /// A clock that moves only when told to. Give it to `Controller(clock=...)`

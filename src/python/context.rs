@@ -10,14 +10,12 @@
 
 use std::cell::Cell;
 use std::ptr;
-use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use super::duration::timeout_from_py;
-use super::queue::wait_interruptibly;
-use crate::clock::deadline_after;
+use super::convert::timeout_from_py;
+use super::signals::wait_for_signal;
 use crate::{Context, StopSignal};
 
 /// The call in progress on this thread: its key and its Rust [`Context`].
@@ -119,12 +117,7 @@ impl PyContext {
     /// passed (None: no limit); returns whether it was cancelled.
     #[pyo3(signature = (timeout=None))]
     fn wait_cancelled(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
-        let deadline = timeout_from_py(timeout)?.map(|t| deadline_after(Instant::now(), t));
-        let signal = &self.signal;
-        let cancelled = wait_interruptibly(py, deadline, |slice| {
-            signal.wait_timeout(slice.unwrap_or(Duration::MAX)).then_some(())
-        })?;
-        Ok(cancelled.is_some() || signal.is_set())
+        wait_for_signal(py, &self.signal, timeout_from_py(timeout)?)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -71,7 +71,7 @@ fn encode(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Option<()>
         out.extend_from_slice(&float.value().to_bits().to_be_bytes());
     } else if let Ok(text) = obj.cast_exact::<PyString>() {
         // A lone surrogate is not UTF-8: no bytes.
-        length_prefixed(STR, text.to_str().ok()?.as_bytes(), out)?;
+        length_prefixed(STR, text.to_cow().ok()?.as_bytes(), out)?;
     } else if let Ok(bytes) = obj.cast_exact::<PyBytes>() {
         length_prefixed(BYTES, bytes.as_bytes(), out)?;
     } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {

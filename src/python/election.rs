@@ -4,10 +4,10 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyString;
 
-use super::duration::non_negative_from_py;
-use crate::{LeaderElection, LeaderStatus, OnLost};
+use super::convert::non_negative_from_py;
+use crate::{LeaderElection, OnLost};
 
 /// A campaign for leadership of `name` among every process with an
 /// election of that name on the same etcd (`endpoints`: one
@@ -108,18 +108,9 @@ pub(crate) fn hold_until_exit<'py>(py: Python<'py>, election: impl IntoPyObject<
 /// etcd endpoints from Python: one `str` or a list of them.
 pub(crate) fn endpoints_from_py(endpoints: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if let Ok(one) = endpoints.cast::<PyString>() {
-        return Ok(vec![one.to_str()?.to_owned()]);
+        return Ok(vec![one.to_cow()?.into_owned()]);
     }
     endpoints.extract().map_err(|_| PyTypeError::new_err("endpoints must be a str or a list of str (http://host:port)"))
-}
-
-/// The leader fields of `stats()` and `status()` entries (guarantees §10):
-/// `is_leader`, `leader`, `fencing_token` and `leader_error`.
-pub(crate) fn set_leader_items(d: &Bound<'_, PyDict>, status: &LeaderStatus) -> PyResult<()> {
-    d.set_item("is_leader", status.is_leader())?;
-    d.set_item("leader", status.leader.as_deref())?;
-    d.set_item("fencing_token", status.fencing_token)?;
-    d.set_item("leader_error", status.last_error.as_deref())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use super::duration::delay_from_py;
+use super::convert::{delay_from_py, type_name};
 
 pyo3::create_exception!(
     reconq,
@@ -116,9 +116,4 @@ pub(crate) fn classify(py: Python<'_>, result: PyResult<Bound<'_, PyAny>>) -> Ou
             }
         }
     }
-}
-
-/// The name of `obj`'s type, for error messages ("?" if even that fails).
-pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }

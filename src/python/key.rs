@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyOverflowError, PyRecursionError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 
-use super::errors::type_name;
+use super::convert::type_name;
 use crate::key_encoding::{
     StoreKey, TAG_BYTES, TAG_INT, TAG_STR, decode_int, decode_len_prefixed, decode_tuple_header, encode_int,
     encode_len_prefixed, encode_tuple_header,
@@ -55,7 +55,7 @@ impl PyKey {
 
     fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Self> {
         if let Ok(s) = obj.cast::<PyString>() {
-            return Ok(match s.to_str() {
+            return Ok(match s.to_cow() {
                 Ok(s) => PyKey::Str(Arc::from(s)),
                 Err(_) => {
                     let encoded = s.call_method1("encode", ("utf-8", "surrogatepass"))?;
@@ -210,6 +210,30 @@ impl StoreKey for PyKey {
             }
         }
     }
+}
+
+/// Keys as a Python list.
+pub(crate) fn keys_to_py<'py>(py: Python<'py>, keys: &[PyKey]) -> PyResult<Bound<'py, PyList>> {
+    let items = keys.iter().map(|k| k.to_py(py)).collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// `set_dependencies`'s `parents`: an iterable of keys, but not a str,
+/// bytes or tuple (each of those is a key itself: `["a"]`, not `"a"`).
+pub(crate) fn parents_from_py(parents: &Bound<'_, PyAny>) -> PyResult<Vec<PyKey>> {
+    if parents.is_instance_of::<PyString>()
+        || parents.is_instance_of::<PyBytes>()
+        || parents.is_instance_of::<PyTuple>()
+    {
+        return Err(PyTypeError::new_err(format!(
+            "parents must be a list of keys, not a {} (a key itself: wrap it in a list)",
+            type_name(parents)
+        )));
+    }
+    let iter = parents
+        .try_iter()
+        .map_err(|_| PyTypeError::new_err(format!("parents must be a list of keys, not {}", type_name(parents))))?;
+    iter.enumerate().map(|(nth, parent)| PyKey::from_py_in(&parent?, format_args!("parents[{nth}]"))).collect()
 }
 
 #[cfg(test)]

@@ -11,8 +11,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use super::duration::{non_negative_from_py, to_secs};
-use super::errors::type_name;
+use super::convert::{non_negative_from_py, to_secs, type_name};
 use super::key::PyKey;
 use crate::rate_limit::{self, RateLimiter as _};
 

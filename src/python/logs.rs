@@ -1,4 +1,5 @@
-//! The engine's log events, forwarded to Python `logging`.
+//! Logging: the binding's own records on the one `reconq` Python logger
+//! ([`log`]), and the engine's log events forwarded to Python `logging`.
 //!
 //! With no `tracing` subscriber in the extension (there is none: nothing in
 //! it sets one), `tracing` events become `log` records, and this module's
@@ -29,9 +30,59 @@
 
 use log::{LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
 use pyo3_log::{Caching, Logger};
 
 use super::attach::attach;
+
+/// `logging.getLogger("reconq")`, looked up once: the binding's records
+/// (a reconcile, a trigger, a `do` that raised; a signal's stop) go here.
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Logs to `logging.getLogger("reconq")` at `level` ("error", "warning"...),
+/// `%`-style, with the exception's traceback if given. Errors while logging
+/// are reported as unraisable, never propagated.
+pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>)
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    if let Err(e) = try_log(py, level, args, exc) {
+        e.write_unraisable(py, None);
+    }
+}
+
+/// [`log`], returning what the logging call raised: a caller on the main
+/// thread must not swallow a KeyboardInterrupt that landed in it.
+pub(crate) fn try_log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>) -> PyResult<()>
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    (|| -> PyResult<()> {
+        let logger = LOGGER.get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
+        })?;
+        let logger = logger.bind(py);
+        let levelno = match level {
+            "debug" => 10,
+            "info" => 20,
+            "warning" => 30,
+            _ => 40,
+        };
+        // Cheap when disabled (the logger caches it): skip building the call.
+        if !logger.call_method1("isEnabledFor", (levelno,))?.is_truthy()? {
+            return Ok(());
+        }
+        let kwargs = PyDict::new(py);
+        if let Some(exc) = exc {
+            // A (type, value, traceback) tuple: on Python < 3.12 the value
+            // alone may lack its traceback.
+            kwargs.set_item("exc_info", (exc.get_type(py), exc.value(py), exc.traceback(py)))?;
+        }
+        logger.call_method(level, args, Some(&kwargs))?;
+        Ok(())
+    })()
+}
 
 struct Bridge {
     inner: Logger,

@@ -24,19 +24,15 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyException, PyKeyError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
-use super::callables::check_sync_callable;
 use super::context::with_scope;
-use super::duration::{non_negative_from_py, to_secs, unix_timestamp};
+use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
-use super::errors::{describe, type_name};
-use crate::{Context, ControllerParams, ControllerStatus, DoError, Manager, UnknownController};
-
-/// The `reconq` logger, looked up once.
-static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+use super::errors::describe;
+use super::logs::log;
+use crate::{Context, ControllerParams, DoError, Manager, UnknownController};
 
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
@@ -53,7 +49,7 @@ fn unknown_to_py(e: UnknownController) -> PyErr {
 /// A controller name: `str` (subclasses too), `TypeError` otherwise.
 fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {
-        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
         Err(_) => Err(PyTypeError::new_err(format!("controller name must be a str, not {}", type_name(obj)))),
     }
 }
@@ -64,25 +60,9 @@ fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny
     Ok(Arc::new(obj.clone().unbind()))
 }
 
-/// Logs a failed `do` / `stop` with its traceback. Errors of the logging
-/// machinery itself go to `sys.unraisablehook`.
+/// Logs a failed `do` / `stop` with its traceback.
 fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr) {
-    let logged = (|| -> PyResult<()> {
-        let logger = LOGGER.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-            Ok(py.import("logging")?.call_method1("getLogger", ("reconq",))?.unbind())
-        })?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("exc_info", err.value(py))?;
-        logger.bind(py).call_method(
-            level,
-            ("controller %r: %s raised %s", name, what, describe(py, err)),
-            Some(&kwargs),
-        )?;
-        Ok(())
-    })();
-    if let Err(e) = logged {
-        e.write_unraisable(py, None);
-    }
+    log(py, level, ("controller %r: %s raised %s", name, what, describe(py, err)), Some(err));
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
@@ -112,21 +92,6 @@ fn call_logged(f: &Py<PyAny>, what: &str, name: &str, ctx: Option<&Context>) -> 
         }
     })
     .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
-}
-
-fn status_to_py<'py>(py: Python<'py>, s: &ControllerStatus) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("name", &s.name)?;
-    d.set_item("successes", s.successes)?;
-    d.set_item("failures", s.failures)?;
-    d.set_item("consecutive_failures", s.consecutive_failures)?;
-    d.set_item("last_error", s.last_error.as_deref())?;
-    d.set_item("last_error_time", s.last_error_time.map(unix_timestamp))?;
-    d.set_item("last_success_time", s.last_success_time.map(unix_timestamp))?;
-    d.set_item("last_duration", s.last_duration.map(to_secs))?;
-    d.set_item("running", s.running)?;
-    d.set_item("next_run_in", s.next_run_in.map(to_secs))?;
-    Ok(d)
 }
 
 #[pymethods]
@@ -255,7 +220,7 @@ impl PyManager {
         let statuses = self.manager.status();
         let list = PyList::empty(py);
         for s in &statuses {
-            list.append(status_to_py(py, s)?)?;
+            list.append(super::status::to_py(py, s)?)?;
         }
         Ok(list)
     }
@@ -277,7 +242,7 @@ impl PyManager {
 
     fn __contains__(&self, name: &Bound<'_, PyAny>) -> bool {
         match name.cast::<PyString>() {
-            Ok(s) => s.to_str().is_ok_and(|s| self.manager.contains(s)),
+            Ok(s) => s.to_cow().is_ok_and(|s| self.manager.contains(&s)),
             Err(_) => false,
         }
     }

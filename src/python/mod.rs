@@ -1,21 +1,32 @@
 //! The `reconq._native` extension module (guarantees §4), built by maturin with the
 //! `python` feature. `python/reconq/__init__.py` re-exports everything.
 //!
-//! Layout: `key` (Python keys as a GIL-free Rust value), `duration` (seconds
-//! to `Duration` with the spec's rules), `errors` (`ShutDown`, reconcile
-//! result classification), `limiters`, `queue`, `logs` (the engine's log
-//! events to Python `logging`). The controller and manager
-//! bindings go in their own modules and register their classes below.
+//! The rooms, floor by floor from the bottom; a room imports only rooms on
+//! lower floors (no circle, no arrow up into a folder's `mod.rs`):
+//!
+//! 1. `attach` (engine threads attach once for their life), `convert`
+//!    (plain arguments: seconds, timestamps, priorities, callables, type
+//!    names), `metrics`.
+//! 2. `key` (Python keys as a GIL-free Rust value), `errors` (exceptions,
+//!    reconcile results), `logs` (the one `reconq` logger; the engine's
+//!    events to Python `logging`), `signals` (waits Ctrl-C gets through),
+//!    `clock`, `election`, `store`.
+//! 3. `cache_values`, `context` (`reconq.context()`), `limiters`,
+//!    `sharding`.
+//! 4. `queue`, `reconciler` (a Python reconcile and watch iterators for the
+//!    engine), `manager`, `sources`, `digest`, `status`.
+//! 5. `cache`, `watch` (`watch_cache`'s options).
+//! 6. `controller/`: the class (`mod.rs`) over `options`, `lifecycle`
+//!    (start, stop, run), `triggers` and `batch`.
 
 mod attach;
 mod cache;
 mod cache_values;
-mod callables;
 mod clock;
 mod context;
 mod controller;
+mod convert;
 mod digest;
-mod duration;
 mod election;
 mod errors;
 mod key;
@@ -23,10 +34,10 @@ mod limiters;
 mod logs;
 mod manager;
 mod metrics;
-mod priority;
 mod queue;
 mod reconciler;
 mod sharding;
+mod signals;
 mod sources;
 mod status;
 mod store;
@@ -37,7 +48,7 @@ use pyo3::prelude::*;
 #[pymodule(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    queue::record_main_thread(py)?;
+    signals::record_main_thread(py)?;
     // The engine's own log events go to Python `logging` (see `logs`).
     logs::install(py)?;
 

@@ -3,91 +3,22 @@
 //! GIL discipline: non-blocking operations (add, done, a `get` that finds a
 //! ready key) run attached, holding the queue lock only briefly; the queue
 //! never calls into Python under its lock (limiters are Rust). Every wait
-//! that can block runs detached. On the main thread, untimed or long waits
-//! are cut into slices of at most 100 ms, re-attaching between slices to run
-//! `check_signals()`, so Ctrl-C raises `KeyboardInterrupt` promptly. Other
-//! threads never see signals, so they wait in one piece and an idle queue
+//! that can block runs detached, as `signals` waits: in slices on the main
+//! thread so Ctrl-C gets through, in one piece elsewhere so an idle queue
 //! wakes nobody (G8).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 
 use super::clock::fake_clock_from_py;
-use super::duration::{delay_from_py, timeout_from_py};
+use super::convert::{Due, priority_from_py, timeout_from_py};
 use super::errors::ShutDown;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
-use super::priority::priority_from_py;
+use super::signals::wait_interruptibly;
 use crate::{GetError, WorkQueue};
-
-/// How long a main-thread wait runs before checking for signals.
-const SIGNAL_SLICE: Duration = Duration::from_millis(100);
-
-/// `threading.main_thread().ident`, recorded at import (0: unknown).
-static MAIN_THREAD_IDENT: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn record_main_thread(py: Python<'_>) -> PyResult<()> {
-    let ident: u64 = py.import("threading")?.call_method0("main_thread")?.getattr("ident")?.extract()?;
-    MAIN_THREAD_IDENT.store(ident, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Whether signals can reach this thread (only CPython's main thread runs
-/// signal handlers; `check_signals` elsewhere is a no-op).
-pub(crate) fn on_main_thread() -> bool {
-    // SAFETY: takes no arguments and touches no Python state.
-    let ident = unsafe { pyo3::ffi::PyThread_get_thread_ident() } as u64;
-    let main = MAIN_THREAD_IDENT.load(Ordering::Relaxed);
-    main == 0 || ident == main
-}
-
-/// Runs `wait(slice)` detached until it returns `Some`, or until `deadline`
-/// passes (then `None`); on the main thread in slices of at most 100 ms with
-/// `check_signals()` in between. `wait` must return within its slice.
-pub(crate) fn wait_interruptibly<T: Send>(
-    py: Python<'_>,
-    deadline: Option<Instant>,
-    wait: impl Fn(Option<Duration>) -> Option<T> + Sync,
-) -> PyResult<Option<T>> {
-    let sliced = on_main_thread();
-    loop {
-        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let slice = match (remaining, sliced) {
-            (Some(r), true) => Some(r.min(SIGNAL_SLICE)),
-            (None, true) => Some(SIGNAL_SLICE),
-            (r, false) => r,
-        };
-        if let Some(value) = py.detach(|| wait(slice)) {
-            return Ok(Some(value));
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-    }
-}
-
-/// A `wait_synced(timeout)` of the engine (a cache's, a controller's), as
-/// [`wait_interruptibly`] runs it: `wait(slice)` returns whether synced,
-/// and `false` at once when it never will be (a cache stopped unsynced),
-/// which a `false` before its slice ran out tells apart from a slice
-/// that passed.
-pub(crate) fn wait_synced_interruptibly(
-    py: Python<'_>,
-    timeout: Option<Duration>,
-    wait: impl Fn(Option<Duration>) -> bool + Sync,
-) -> PyResult<bool> {
-    let deadline = timeout.map(|t| crate::clock::deadline_after(Instant::now(), t));
-    let synced = wait_interruptibly(py, deadline, |slice| {
-        let began = Instant::now();
-        let synced = wait(slice);
-        (synced || slice.is_none_or(|slice| began.elapsed() < slice)).then_some(synced)
-    })?;
-    Ok(synced.unwrap_or(false))
-}
 
 /// A deduplicating, delaying, rate-limiting work queue (client-go's
 /// `workqueue` semantics). Keys are str, int, bytes or tuples of these.
@@ -99,6 +30,16 @@ pub(crate) struct PyWorkQueue {
 enum Got {
     Key(PyKey),
     ShutDown,
+}
+
+impl PyWorkQueue {
+    fn add_due(&self, key: PyKey, due: Due, priority: i32) {
+        match due {
+            Due::Now => self.queue.add_with_priority(key, priority),
+            Due::After(delay) => self.queue.add_after_with_priority(key, delay, priority),
+            Due::At(at) => self.queue.add_at_with_priority(key, at, priority),
+        }
+    }
 }
 
 #[pymethods]
@@ -130,7 +71,7 @@ impl PyWorkQueue {
     /// lowers it). Ignored once shut down.
     #[pyo3(signature = (key, priority=0))]
     fn add(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
-        self.queue.add_with_priority(PyKey::from_py(key)?, priority);
+        self.add_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
     }
 
@@ -143,9 +84,7 @@ impl PyWorkQueue {
         seconds: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = priority_from_py)] priority: i32,
     ) -> PyResult<()> {
-        let key = PyKey::from_py(key)?;
-        let delay = delay_from_py(seconds, "seconds")?;
-        self.queue.add_after_with_priority(key, delay, priority);
+        self.add_due(PyKey::from_py(key)?, Due::after(seconds)?, priority);
         Ok(())
     }
 

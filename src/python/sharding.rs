@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use super::attach::attach;
-use super::duration::non_negative_from_py;
+use super::convert::non_negative_from_py;
 use super::election::endpoints_from_py;
 use super::key::PyKey;
-use crate::{ShardStatus, Sharding, partition_of};
+use crate::{Sharding, partition_of};
 
 /// Membership of a group of replicas that split the keys' `partitions`
 /// between them, on the etcd at `endpoints` (one `http://host:port` or a
@@ -108,14 +107,6 @@ pub(crate) fn resync_from_py(resync: Py<PyAny>) -> impl Fn() -> Vec<PyKey> + Sen
         })
         .unwrap_or_default()
     }
-}
-
-/// The sharding fields of `stats()` and `status()` entries: `owned_partitions`
-/// (a count), `members` and `shard_error`.
-pub(crate) fn set_shard_items(d: &Bound<'_, PyDict>, status: &ShardStatus) -> PyResult<()> {
-    d.set_item("owned_partitions", status.owned.len())?;
-    d.set_item("members", status.members)?;
-    d.set_item("shard_error", status.last_error.as_deref())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -22,12 +22,11 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 use super::attach::attach;
 use super::cache_values::{PyObj, SourceValue};
-use super::callables::{check_sync_callable, check_sync_callable_of};
-use super::duration::{non_negative_from_py, shown};
+use super::convert::{check_sync_callable, check_sync_callable_of, positive_from_py, type_name};
 use super::election::endpoints_from_py;
-use super::errors::{describe, type_name};
+use super::errors::describe;
 use super::key::PyKey;
-use super::reconciler::log;
+use super::logs::log;
 use crate::source::{Changes, Event, Item, Listing, ListingOf, Source, SourceError, Stop, StopHook};
 use crate::{EtcdSource, PollingSource};
 
@@ -368,16 +367,6 @@ fn etcd_value(decode: Option<Arc<Py<PyAny>>>) -> impl Fn(&[u8]) -> Result<PyObj,
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
     }
-}
-
-/// A positive number of seconds (`interval=`), else `ValueError` naming it.
-pub(crate) fn positive_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Duration> {
-    let d = non_negative_from_py(obj, what)?;
-    if d.is_zero() {
-        let secs: f64 = obj.extract().unwrap_or(0.0);
-        return Err(PyValueError::new_err(format!("{what} must be a positive number of seconds, got {}", shown(secs))));
-    }
-    Ok(d)
 }
 
 /// A source's `name`: `None`, or a non-empty str without NUL.

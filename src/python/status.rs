@@ -8,75 +8,84 @@
 //! taken there never waits on a lock a parent thread held at the fork.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
-use super::duration::{to_secs, unix_timestamp};
+use super::convert::{to_secs, unix_timestamp};
 use super::key::PyKey;
-use crate::status::{EntryKind, HangingKey, StatusEntry, format_table, snapshot};
+use crate::controller::Stats;
+use crate::observe::fields::{Field, Visit, Walk};
+use crate::status::{HangingKey, RunState, format_table, snapshot};
+
+/// Renders a walk into a dict: the Python side of `observe::fields`, for
+/// every dict of the status vocabulary (`status()` entries, `stats()`,
+/// `Manager.status()`).
+struct PyFields<'py> {
+    dict: Bound<'py, PyDict>,
+}
+
+impl Visit for PyFields<'_> {
+    type Error = PyErr;
+
+    fn field(&mut self, name: &'static str, value: Field<'_>) -> PyResult<()> {
+        let py = self.dict.py();
+        match value {
+            Field::Count(n) => self.dict.set_item(name, n),
+            Field::MaybeCount(n) => self.dict.set_item(name, n),
+            Field::Flag(flag) => self.dict.set_item(name, flag),
+            Field::Text(text) => self.dict.set_item(name, text),
+            Field::Time(at) => self.dict.set_item(name, at.map(unix_timestamp)),
+            Field::Seconds(d) => self.dict.set_item(name, d.map(to_secs)),
+            Field::Hanging(keys) => {
+                let hanging = PyDict::new(py);
+                for h in keys {
+                    hanging.set_item(hanging_key_to_py(py, h)?, to_secs(h.running))?;
+                }
+                self.dict.set_item(name, hanging)
+            }
+            Field::ByPriority(ready) => {
+                let by_priority = PyDict::new(py);
+                for (priority, n) in ready {
+                    by_priority.set_item(priority, n)?;
+                }
+                self.dict.set_item(name, by_priority)
+            }
+        }
+    }
+}
 
 /// The key as the Python object it was made from, or its repr for keys
 /// that are not Python keys.
 fn hanging_key_to_py<'py>(py: Python<'py>, hanging: &HangingKey) -> PyResult<Bound<'py, PyAny>> {
     match hanging.downcast_ref::<PyKey>() {
         Some(key) => key.to_py(py),
-        None => Ok(pyo3::types::PyString::new(py, &hanging.key).into_any()),
+        None => Ok(PyString::new(py, &hanging.key).into_any()),
     }
 }
 
-fn entry_to_py<'py>(py: Python<'py>, e: &StatusEntry) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("kind", e.kind.label())?;
-    d.set_item("name", &e.name)?;
-    if let EntryKind::Periodic(p) = &e.kind {
-        d.set_item("manager", &p.manager)?;
-    }
-    d.set_item("state", e.state())?;
-    if let EntryKind::Controller(c) = &e.kind {
-        d.set_item("workers", c.workers)?;
-        d.set_item("reconciles", c.reconciles)?;
-    }
-    d.set_item("successes", e.successes)?;
-    d.set_item("failures", e.failures)?;
-    if let EntryKind::Controller(c) = &e.kind {
-        d.set_item("requeues", c.requeues)?;
-        d.set_item("panics", c.panics)?;
-    }
-    d.set_item("consecutive_failures", e.consecutive_failures)?;
-    d.set_item("last_error", e.last_error.as_deref())?;
-    d.set_item("last_error_time", e.last_error_time.map(unix_timestamp))?;
-    d.set_item("last_success_time", e.last_success_time.map(unix_timestamp))?;
-    match &e.kind {
-        EntryKind::Controller(c) => {
-            d.set_item("depth", c.depth)?;
-            d.set_item("processing", c.processing)?;
-            d.set_item("waiting", c.waiting)?;
-            d.set_item("parked", c.parked)?;
-            d.set_item("held", c.held)?;
-            d.set_item("superseded", c.superseded)?;
-            d.set_item("hanging_threshold", c.hanging_threshold.map(to_secs))?;
-            let hanging = PyDict::new(py);
-            for h in &c.hanging {
-                hanging.set_item(hanging_key_to_py(py, h)?, to_secs(h.running))?;
-            }
-            d.set_item("hanging", hanging)?;
-            set_scale_out_items(&d, c.store.as_ref(), c.leader.as_ref(), c.shards.as_ref(), c.not_owned)?;
-        }
-        EntryKind::Cache(c) => {
-            d.set_item("synced", c.synced)?;
-            d.set_item("keys", c.keys)?;
-            d.set_item("position", c.position.as_deref())?;
-            d.set_item("relists", c.relists)?;
-        }
-        EntryKind::Periodic(p) => {
-            d.set_item("running", p.running)?;
-            d.set_item("last_duration", p.last_duration.map(to_secs))?;
-            d.set_item("next_run_in", p.next_run_in.map(to_secs))?;
-            if let Some(leader) = &p.leader {
-                super::election::set_leader_items(&d, leader)?;
-            }
-        }
-    }
-    Ok(d)
+/// `shape`'s fields as a dict.
+pub(crate) fn to_py<'py>(py: Python<'py>, shape: &impl Walk) -> PyResult<Bound<'py, PyDict>> {
+    let mut fields = PyFields { dict: PyDict::new(py) };
+    shape.walk(&mut fields)?;
+    Ok(fields.dict)
+}
+
+/// A controller's `stats()`: its name, workers and state, then `stats`
+/// with its `hanging` keys.
+pub(crate) fn stats_to_py<'py>(
+    py: Python<'py>,
+    name: &str,
+    workers: usize,
+    state: RunState,
+    stats: &Stats,
+    hanging: Vec<(PyKey, std::time::Duration)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut fields = PyFields { dict: PyDict::new(py) };
+    fields.field("name", Field::text(name))?;
+    fields.field("workers", Field::size(workers))?;
+    fields.field("state", Field::text(state.as_str()))?;
+    let hanging: Vec<HangingKey> = hanging.into_iter().map(|(key, running)| HangingKey::new(key, running)).collect();
+    stats.walk(&hanging, &mut fields)?;
+    Ok(fields.dict)
 }
 
 /// Every live Controller, every named controller of every live Manager and
@@ -87,7 +96,7 @@ fn status<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
     let entries = py.detach(snapshot);
     let list = PyList::empty(py);
     for e in &entries {
-        list.append(entry_to_py(py, e)?)?;
+        list.append(to_py(py, e)?)?;
     }
     Ok(list)
 }
@@ -110,26 +119,4 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_status, m)?)?;
     // Private: set as an attribute, so it stays out of `__all__`.
     m.as_any().setattr("_after_fork_in_child", wrap_pyfunction!(_after_fork_in_child, m)?)
-}
-
-/// The store, leader-election and sharding fields of a controller's
-/// `stats()` and status entry: each only when the controller uses it.
-pub(crate) fn set_scale_out_items(
-    d: &Bound<'_, PyDict>,
-    store: Option<&crate::StoreStats>,
-    leader: Option<&crate::LeaderStatus>,
-    shards: Option<&crate::ShardStatus>,
-    not_owned: u64,
-) -> PyResult<()> {
-    if let Some(store) = store {
-        super::store::set_store_items(d, store)?;
-    }
-    if let Some(leader) = leader {
-        super::election::set_leader_items(d, leader)?;
-    }
-    if let Some(shards) = shards {
-        d.set_item("not_owned", not_owned)?;
-        super::sharding::set_shard_items(d, shards)?;
-    }
-    Ok(())
 }

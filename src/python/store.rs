@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::duration::positive_secs;
+use super::convert::positive_secs;
 use crate::store::{SqliteStore, StoreError, is_open_in_this_process};
 
 pyo3::create_exception!(
@@ -115,12 +115,4 @@ pub(crate) fn store_from_py(py: Python<'_>, store: &Bound<'_, PyAny>) -> PyResul
     })?;
     guard_against_second_sqlite(py)?;
     py.detach(|| SqliteStore::open_with_flush_interval(path, Duration::from_secs(1))).map_err(|e| store_error(&e))
-}
-
-/// The store fields of `stats()` and `status()` entries: `store_pending`,
-/// `last_flush_time` and `store_error`.
-pub(crate) fn set_store_items(d: &Bound<'_, pyo3::types::PyDict>, store: &crate::StoreStats) -> PyResult<()> {
-    d.set_item("store_pending", store.pending)?;
-    d.set_item("last_flush_time", store.last_flush_time.map(super::duration::unix_timestamp))?;
-    d.set_item("store_error", store.error.as_deref())
 }

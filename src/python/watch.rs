@@ -15,10 +15,10 @@ use pyo3::prelude::*;
 
 use super::attach::attach;
 use super::cache_values::PyObj;
-use super::callables::check_sync_callable;
+use super::convert::{check_sync_callable, positive_from_py};
 use super::errors::describe;
 use super::key::PyKey;
-use super::sources::{AnySource, positive_from_py};
+use super::sources::AnySource;
 use crate::Watch;
 
 fn optional_obj<'py>(py: Python<'py>, obj: Option<&PyObj>) -> Bound<'py, PyAny> {

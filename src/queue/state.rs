@@ -31,133 +31,29 @@
 //! A named queue also records metrics here (see `metrics.rs`): a ready key's
 //! slot keeps its add stamp, a processing key's slot the index of its start
 //! stamp. An unnamed queue stores zeros there and never reads the clock.
+//!
+//! The vocabulary (slots, places, what an operation answers) is in
+//! `slot.rs`. Two optional extensions sit beside the table, each behind an
+//! `Option` and called through a few narrow methods: the holds
+//! (dependencies and batches, `holds.rs`) and the store's stop views
+//! (`stop_views.rs`). A queue with neither pays one predictable branch on
+//! its hot path: [`push_pending`](QueueState::push_pending) tests
+//! `holds` where a key becomes ready, and `done` tests it where a key
+//! finishes or comes back.
 
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::delay_heap::{DelayHeap, Timer};
+use super::holds::{Holds, Table};
 use super::key_index::{KeyIndex, Prefetcher};
 use super::metrics::{Now, QueueSnapshot, Recorder};
 use super::ready::{GroupId, Priority, ReadySet};
-use super::slab::{Keyed, Slab};
-use super::stop_views::{StopViews, View};
-use crate::graph::{Child, Dependencies, KeySlots, Pending, Pendings};
-
-/// Cancels the running reconcile of a key (D3, U1), called under the
-/// queue's lock.
-pub(crate) type CancelHook<K> = Arc<dyn Fn(&K, Cancel) + Send + Sync>;
-
-/// Why the queue cancels a running reconcile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cancel {
-    /// An ancestor became pending (D3).
-    ByAncestor,
-    /// Its key became ready again (U1, `supersede`): a reconcile that
-    /// enqueued its own key is spared.
-    Superseded,
-}
-
-pub(crate) type Hasher = foldhash::fast::RandomState;
-
-/// A known key and where it stands.
-struct Entry<K> {
-    key: K,
-    slot: Slot,
-}
-
-impl<K> Keyed<K> for Entry<K> {
-    fn key(&self) -> &K {
-        &self.key
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    /// In the ready set. `owed` marks a key re-queued by `done` during a
-    /// drain: the drain waits for it to be processed too. `added` is the
-    /// metrics' add stamp.
-    /// `held`: the dependencies hold it (`crate::graph`), so it is not in
-    /// the ready set. `seq`: with dependencies, the order it became ready
-    /// in, so a held key joins the ready set at its place when released
-    /// (0 without dependencies: never read).
-    Ready { owed: bool, held: bool, added: u64, seq: u64, prio: Priority, group: GroupId },
-    /// Waiting in the delay heap.
-    Delayed { timer: Timer, prio: Priority, group: GroupId },
-    /// Handed out to a worker; `then` is what `done` does with it, `run`
-    /// where the metrics keep its start stamp, `again` the priority it comes
-    /// back with if `then` brings it back (while `then` is `Finish`, the
-    /// priority it was handed out with, for a retry: see `retry_priority`).
-    Processing { then: Then, run: u32, group: GroupId, again: Priority },
-}
-
-impl Slot {
-    /// A key just added, ready at `place` (`added`: its add stamp).
-    fn new_ready(added: u64, place: Place) -> Self {
-        Slot::Ready { owed: false, held: false, added, seq: 0, prio: place.prio, group: place.group }
-    }
-}
-
-/// Where an added key goes: its priority and group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Place {
-    pub(crate) prio: Priority,
-    pub(crate) group: GroupId,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Then {
-    /// Forget the key.
-    Finish,
-    /// It was added while processing (dirty): ready again, keeping the add
-    /// stamp of that add.
-    Requeue { added: u64 },
-    /// It was added with a delay while processing: wait for the timer.
-    Wait(Timer),
-}
-
-/// What an add did, so the caller knows whether to wake a getter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Added {
-    /// The key joined the ready set.
-    Ready,
-    /// The key got a (new, earlier) due time.
-    Scheduled(Instant),
-    /// Nothing observable changed: a duplicate, a later due time, a key
-    /// marked to run again after `done`, or the queue is shutting down.
-    Unchanged,
-}
-
-/// What `done` did with the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Finished {
-    /// The key left the queue.
-    Removed,
-    /// The key was dirty and joined the ready set.
-    Requeued,
-    /// The key waits for its due time.
-    Waiting(Instant),
-    /// The key was not being processed: nothing happened.
-    NotProcessing,
-    /// The key left the queue, and keys its dependencies held joined the
-    /// ready set.
-    Released,
-}
-
-/// Where a key stands in the queue, for introspection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyState {
-    /// The queue does not know the key.
-    Absent,
-    /// Waiting in the ready set.
-    Ready,
-    /// Waiting for its due time.
-    Waiting { due: Instant },
-    /// Handed out and not yet done. `again` tells what happens at `done`:
-    /// `Some(None)` ready again, `Some(Some(due))` wait for `due`, `None`
-    /// nothing.
-    Processing { again: Option<Option<Instant>> },
-}
+use super::slab::Slab;
+use super::slot::{Added, Cancel, CancelHook, Entry, Finished, Hasher, KeyState, Place, Slot, Then, View};
+use super::stop_views::StopViews;
+use crate::graph::{Child, Dependencies};
 
 pub(crate) struct QueueState<K> {
     /// Every known key with its slot.
@@ -184,30 +80,17 @@ pub(crate) struct QueueState<K> {
     /// immediate stop), until [`take_dropped`](QueueState::take_dropped):
     /// a stop reports them instead of losing them silently.
     dropped: Vec<K>,
-    /// With a store: what shutdowns dropped or refused, per key.
-    stop_views: Option<StopViews<K>>,
-    /// With a store: the dependents D2 added that its flusher has not
-    /// sampled yet (see [`WorkQueue::take_dependents_views`]).
-    ///
-    /// [`WorkQueue::take_dependents_views`]: super::WorkQueue::take_dependents_views
-    unsampled_dependents: Option<Vec<K>>,
-    /// Dependencies between keys, once a controller set one (`None`: one
-    /// branch per add and `done`, nothing else).
-    deps: Option<Box<Dependencies<K>>>,
-    /// What cancels a running descendant (D3).
-    on_cancel: Option<CancelHook<K>>,
-    /// `supersede` (U1): a key that becomes ready while it is processed
-    /// cancels that reconcile through `on_cancel`, and comes back with the
-    /// higher of the two priorities.
-    supersede: bool,
-    /// Number of `Ready { held: true }` slots.
-    held: usize,
-    /// The last `seq` given to a key that became ready (with dependencies).
-    ready_seq: u64,
-    /// While a batch is open (U3, `Some`): the keys it holds, released when
-    /// it closes unless their dependencies hold them. Opening one turns
-    /// dependencies on, so the plain hot path keeps its one branch.
-    batch: Option<Vec<K>>,
+    /// `supersede` (U1), with what cancels a reconcile: a key that becomes
+    /// ready while it is processed cancels that reconcile, and comes back
+    /// with the higher of the two priorities. A transition of the table
+    /// (an add while processing), so it lives here, not in the holds.
+    supersede: Option<CancelHook<K>>,
+    /// Dependencies and batches, once a controller set an edge or opened a
+    /// batch (`None`: one branch per add and `done`, nothing else).
+    holds: Option<Holds<K>>,
+    /// With a store: what shutdowns dropped or refused, and the dependents
+    /// D2 added, until the store samples them.
+    stop_views: Option<Box<StopViews<K>>>,
 }
 
 impl<K: Eq + Hash + Clone> QueueState<K> {
@@ -227,48 +110,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             shutting_down: false,
             draining: false,
             dropped: Vec::new(),
+            supersede: None,
+            holds: None,
             stop_views: None,
-            unsampled_dependents: None,
-            deps: None,
-            on_cancel: None,
-            supersede: false,
-            held: 0,
-            ready_seq: 0,
-            batch: None,
-        }
-    }
-
-    /// Keeps what shutdowns drop or refuse, so `pending_view` still answers
-    /// for those keys (a controller's store writes them at its last flush),
-    /// and the dependents D2 adds until the store samples them.
-    pub(crate) fn for_store(&mut self) {
-        self.stop_views = Some(StopViews::new());
-        self.unsampled_dependents = Some(Vec::new());
-    }
-
-    /// Adds `key` as a dependent of a finished key (D2), remembering it for
-    /// the store if there is one.
-    pub(crate) fn add_placed_dependent(&mut self, key: K, place: Place, now: &mut Now) {
-        if let Some(unsampled) = &mut self.unsampled_dependents {
-            unsampled.push(key.clone());
-        }
-        self.add(key, place, now);
-    }
-
-    /// The dependents D2 added since the last call, each with its
-    /// [`pending_view`](Self::pending_view) now.
-    pub(crate) fn take_dependents_views(&mut self, out: &mut Vec<(K, Option<View>)>) {
-        let Some(unsampled) = &mut self.unsampled_dependents else { return };
-        let keys = std::mem::take(unsampled);
-        out.extend(keys.into_iter().map(|key| {
-            let view = self.pending_view(&key);
-            (key, view)
-        }));
-    }
-
-    fn keep_stop_view(stop_views: &mut Option<StopViews<K>>, key: &K, view: View) {
-        if let Some(views) = stop_views {
-            views.keep(key.clone(), view);
         }
     }
 
@@ -312,7 +156,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 let again = if let Then::Wait(_) = then {
                     self.timers -= 1;
                     again.max(place.prio)
-                } else if self.supersede {
+                } else if self.supersede.is_some() {
                     again.max(place.prio)
                 } else {
                     place.prio
@@ -352,19 +196,6 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         if !self.shutting_down {
             self.recorder.on_retry();
         }
-    }
-
-    /// A reconcile's retry of `key` at `due`: [`add_at`](Self::add_at), or,
-    /// once shut down, kept in the stop views (a stop must not lose a retry
-    /// from the store, S2).
-    pub(crate) fn retry_at(&mut self, key: K, due: Instant, now: Instant, stamp: &mut Now, place: Place) -> Added {
-        if self.shutting_down {
-            if let Some(views) = &mut self.stop_views {
-                views.keep_retry(key, due, place.prio);
-            }
-            return Added::Unchanged;
-        }
-        self.add_at(key, due, now, stamp, place)
     }
 
     /// Marks `key` as needing processing at `due` (G5): the earliest due time
@@ -559,8 +390,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.ready.finished(group);
         match then {
             Then::Finish => {
-                if self.deps.is_some() {
-                    return self.finish_with_deps(at);
+                if self.holds.is_some() {
+                    return self.finish_held(at);
                 }
                 self.forget(at);
                 self.compact_if_sparse();
@@ -569,9 +400,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Then::Wait(timer) if timer.due > now() => {
                 *slot = Slot::Delayed { timer, prio: again, group };
                 self.delayed += 1;
-                if self.deps.is_some() {
-                    let key = self.entries.get(at).key.clone();
-                    self.deps_left(&key, at);
+                if self.holds.is_some() {
+                    self.wait_held(at);
                 }
                 Finished::Waiting(timer.due)
             }
@@ -590,8 +420,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 let owed = self.draining;
                 self.owed += usize::from(owed);
                 *slot = Slot::Ready { owed, held: false, added, seq: 0, prio: again, group };
-                if self.deps.is_some() {
-                    return self.deps_done(at, again, group);
+                if self.holds.is_some() {
+                    return self.requeue_held(at, again, group);
                 }
                 self.ready.push(at, again, group);
                 Finished::Requeued
@@ -600,254 +430,15 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     /// A key whose slot just became `Ready` (not held): into the ready set,
-    /// unless its dependencies hold it (D1, D3). Without dependencies, one
-    /// branch (the rest is out of line).
+    /// unless the holds keep it (D1, D3, U3). Without holds, one branch
+    /// (the rest is out of line): the plain path's one test.
     #[inline(always)]
     fn push_pending(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
-        if self.deps.is_some() {
-            return self.push_pending_with_deps(at, prio, group);
+        if self.holds.is_some() {
+            return self.push_pending_held(at, prio, group);
         }
         self.ready.push(at, prio, group);
         Added::Ready
-    }
-
-    #[inline(never)]
-    fn push_pending_with_deps(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
-        let key = self.entries.get(at).key.clone();
-        let hold = self.with_deps(|deps, slots| deps.became_pending(&key, at, slots));
-        self.ready_unless_held(at, prio, group, hold)
-    }
-
-    /// The `Ready` slot at `at` joins the ready set at the next place in
-    /// ready order, unless `hold` (its dependencies hold it) or an open
-    /// batch holds it.
-    fn ready_unless_held(&mut self, at: u32, prio: Priority, group: GroupId, hold: bool) -> Added {
-        self.stamp_seq(at);
-        if hold || self.batch_holds(at) {
-            self.hold_new(at);
-            return Added::Unchanged;
-        }
-        self.ready.push(at, prio, group);
-        Added::Ready
-    }
-
-    /// `done`'s `Finish` with dependencies: the key leaves, and keys it held
-    /// may become ready.
-    #[inline(never)]
-    fn finish_with_deps(&mut self, at: u32) -> Finished {
-        let key = self.forget(at);
-        let released = self.deps_left(&key, at);
-        self.compact_if_sparse();
-        if released { Finished::Released } else { Finished::Removed }
-    }
-
-    /// Gives the `Ready` slot at `at` the next place in ready order (D1: a
-    /// released key keeps it).
-    fn stamp_seq(&mut self, at: u32) {
-        self.ready_seq += 1;
-        if let Slot::Ready { seq, .. } = &mut self.entries.get_mut(at).slot {
-            *seq = self.ready_seq;
-        }
-    }
-
-    /// U1: the processing key at `at` became ready again; with
-    /// `supersede`, its running reconcile is cancelled (`done` then brings
-    /// it back, as for any key added while processing).
-    #[inline]
-    fn supersede_run(&self, at: u32) {
-        if let (true, Some(cancel)) = (self.supersede, &self.on_cancel) {
-            cancel(&self.entries.get(at).key, Cancel::Superseded);
-        }
-    }
-
-    /// Turns `supersede` on (U1), with what cancels a running reconcile.
-    pub(crate) fn enable_supersede(&mut self, cancel: CancelHook<K>) {
-        self.supersede = true;
-        self.on_cancel = Some(cancel);
-    }
-
-    /// Whether an open batch holds `key`, which just became ready (U3): it
-    /// keeps it until it closes.
-    fn batch_holds(&mut self, at: u32) -> bool {
-        let Some(held) = &mut self.batch else { return false };
-        held.push(self.entries.get(at).key.clone());
-        true
-    }
-
-    /// Opens the batch (U3; idempotent): from now on every key that becomes
-    /// ready is held until [`close_batch`](Self::close_batch). Dependencies
-    /// must be on.
-    pub(crate) fn open_batch(&mut self) {
-        debug_assert!(self.deps.is_some(), "a batch holds keys through the dependencies' seam");
-        self.batch.get_or_insert_with(Vec::new);
-    }
-
-    /// Closes the batch: every key it held that no dependency holds joins
-    /// the ready set at its place (D1 then orders them). Returns whether
-    /// any did.
-    pub(crate) fn close_batch(&mut self) -> bool {
-        let Some(held) = self.batch.take() else { return false };
-        self.with_deps(|deps, slots| {
-            for key in &held {
-                if !deps.must_hold(key) {
-                    slots.release(key);
-                }
-            }
-            slots.released
-        })
-    }
-
-    /// Marks the `Ready` slot at `at`, not in the ready set, held.
-    fn hold_new(&mut self, at: u32) {
-        if let Slot::Ready { held, .. } = &mut self.entries.get_mut(at).slot {
-            *held = true;
-            self.held += 1;
-        }
-    }
-
-    /// `done` of a key that comes back ready (its slot already `Ready`,
-    /// not held): the keys waiting for its cancelled run are told, then it
-    /// joins the ready set unless held.
-    fn deps_done(&mut self, at: u32, prio: Priority, group: GroupId) -> Finished {
-        let key = self.entries.get(at).key.clone();
-        let hold = self.with_deps(|deps, slots| {
-            deps.returned(&key, at, slots);
-            deps.must_hold(&key)
-        });
-        self.ready_unless_held(at, prio, group, hold);
-        Finished::Requeued
-    }
-
-    /// `done` of a key that is no longer pending (its slot says so).
-    /// Returns whether keys it held became ready.
-    fn deps_left(&mut self, key: &K, at: u32) -> bool {
-        self.with_deps(|deps, slots| {
-            deps.returned(key, at, slots);
-            deps.left_pending(key, at, slots);
-            slots.released
-        })
-    }
-
-    /// Runs `f` with the dependencies and the queue's side of their seam.
-    fn with_deps<R>(&mut self, f: impl FnOnce(&mut Dependencies<K>, &mut Slots<'_, K>) -> R) -> R {
-        let Self { deps, entries, index, ready, held, on_cancel, processing, batch, .. } = self;
-        let deps = deps.as_deref_mut().expect("dependencies are set");
-        let batch = batch.as_mut();
-        let mut slots = Slots {
-            entries,
-            index,
-            ready,
-            held,
-            processing: *processing,
-            cancel: on_cancel.as_ref(),
-            batch,
-            released: false,
-        };
-        f(deps, &mut slots)
-    }
-
-    /// Turns dependencies on with the edges of `deps`, set while no key
-    /// was pending (a controller's first edge, or those set before start).
-    pub(crate) fn enable_dependencies(&mut self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
-        debug_assert!(self.deps.is_none());
-        self.deps = Some(deps);
-        self.on_cancel = Some(cancel);
-    }
-
-    /// Whether dependencies are on.
-    pub(crate) fn has_dependencies(&self) -> bool {
-        self.deps.is_some()
-    }
-
-    /// Replaces `key`'s parents (D4: `Err` with the keys of the cycle it
-    /// would close, nothing changed). Returns whether held keys were
-    /// released.
-    pub(crate) fn set_dependencies(&mut self, key: &K, parents: Vec<K>) -> Result<bool, Vec<K>> {
-        self.with_deps(|deps, slots| deps.set_parents(key, parents, slots).map(|()| slots.released))
-    }
-
-    /// `key`'s direct parents.
-    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
-        self.deps.as_ref().map(|d| d.parents(key)).unwrap_or_default()
-    }
-
-    /// `key`'s direct children.
-    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
-        self.deps.as_ref().map(|d| d.children(key)).unwrap_or_default()
-    }
-
-    /// D2 for a processing `key`, just before its `done`: adds each of its
-    /// direct children at the default place. When that `done` finishes
-    /// `key`, its hold passes to the children at once (`hand_over`);
-    /// otherwise they are added as any enqueue, and held while `key` is
-    /// pending.
-    pub(crate) fn add_dependents(&mut self, key: &K, now: &mut Now) {
-        if self.shutting_down {
-            return;
-        }
-        if let Some(children) = self.hand_over(key) {
-            for child in children {
-                match child {
-                    Child::Handed { key, hold, node } => {
-                        let at = self.add_handed(key, hold, now);
-                        if let Some(deps) = &mut self.deps {
-                            deps.placed(node, at);
-                        }
-                    }
-                    Child::Pending(key) => {
-                        self.add(key, Place::default(), now);
-                    }
-                }
-            }
-            return;
-        }
-        for child in self.dependents(key) {
-            self.add(child, Place::default(), now);
-        }
-    }
-
-    /// `Dependencies::hand_over` of `key`, if its `done` will finish it
-    /// (it leaves pending then).
-    fn hand_over(&mut self, key: &K) -> Option<Vec<Child<K>>> {
-        self.deps.as_ref()?;
-        let at = self.index.find(key, &self.entries)?;
-        if !matches!(self.entries.get(at).slot, Slot::Processing { then: Then::Finish, .. }) {
-            return None;
-        }
-        Some(self.with_deps(|deps, slots| deps.hand_over(key, at, slots)))
-    }
-
-    /// Makes `key` ready, which the graph already counts as pending (`hold`:
-    /// whether it must be held): it was not pending, so the queue does not
-    /// know it or it waits for a due time. Returns its slot.
-    fn add_handed(&mut self, key: K, hold: bool, now: &mut Now) -> u32 {
-        let place = Place::default();
-        let (at, prio, group) = match self.index.entry(&key, &self.entries) {
-            Err(vacant) => {
-                let slot = Slot::new_ready(self.recorder.on_add(now), place);
-                let at = self.entries.insert(Entry { key, slot });
-                vacant.insert(at);
-                (at, place.prio, place.group)
-            }
-            Ok(at) => {
-                let (prio, group) = self.ready_from_delayed(at, place, now);
-                (at, prio, group)
-            }
-        };
-        self.ready_unless_held(at, prio, group, hold);
-        at
-    }
-
-    /// The pending ancestors holding `key` (D1).
-    pub(crate) fn waiting_for(&self, key: &K) -> Vec<K> {
-        let Some(deps) = &self.deps else { return Vec::new() };
-        let slots = SlotsView { entries: &self.entries, index: &self.index };
-        deps.pending_ancestors(key, &slots)
-    }
-
-    /// Number of ready keys their dependencies hold.
-    pub(crate) fn held_len(&self) -> usize {
-        self.held
     }
 
     /// Removes the key at `at` from the queue and returns it. (Indices
@@ -930,9 +521,9 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.requeue_after_done = 0;
     }
 
-    /// Drops every key its dependencies hold (an immediate stop).
+    /// Drops every key the holds keep (an immediate stop).
     fn discard_held(&mut self) {
-        if self.held == 0 {
+        if self.held_len() == 0 {
             return;
         }
         let held: Vec<(u32, Priority)> = self
@@ -948,9 +539,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             let key = self.forget(at);
             self.dropped.push(key);
         }
-        self.held = 0;
-        if let Some(batch) = &mut self.batch {
-            batch.clear();
+        if let Some(holds) = &mut self.holds {
+            holds.dropped_held();
         }
         self.compact_if_sparse();
     }
@@ -980,18 +570,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     pub(crate) fn key_state(&self, key: &K) -> KeyState {
-        match self.slot(key) {
-            None => KeyState::Absent,
-            Some(Slot::Ready { .. }) => KeyState::Ready,
-            Some(Slot::Delayed { timer, .. }) => KeyState::Waiting { due: timer.due },
-            Some(Slot::Processing { then, .. }) => KeyState::Processing {
-                again: match then {
-                    Then::Finish => None,
-                    Then::Requeue { .. } => Some(None),
-                    Then::Wait(timer) => Some(Some(timer.due)),
-                },
-            },
-        }
+        self.slot(key).map_or(KeyState::Absent, Slot::state)
     }
 
     /// The priority a retry of `key` re-adds it with (P3): the one it was
@@ -1009,28 +588,20 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     /// What a store keeps of `key` (see `crate::store`): `None` if the queue
-    /// does not hold it, else its due time if it waits for one, and the
-    /// priority it runs at next. A key in flight with nothing queued after
-    /// it counts as waiting (a crash must not lose it), at the priority it
-    /// would come back with.
-    /// A key a shutdown dropped or refused (with `keep_stop_views`) answers
-    /// with what it was then.
+    /// does not hold it, else its slot's [`view`](Slot::view). A key a
+    /// shutdown dropped or refused (with stop views) answers with what it
+    /// was then.
     #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn pending_view(&self, key: &K) -> Option<View> {
-        let Some(slot) = self.slot(key) else {
-            return self.stop_views.as_ref()?.get(key);
-        };
-        Some(match slot {
-            Slot::Ready { prio, .. } => (None, *prio),
-            Slot::Delayed { timer, prio, .. } => (Some(timer.due), *prio),
-            Slot::Processing { then: Then::Wait(timer), again, .. } => (Some(timer.due), *again),
-            Slot::Processing { again, .. } => (None, *again),
-        })
+        match self.slot(key) {
+            Some(slot) => Some(slot.view()),
+            None => self.stop_views.as_ref()?.get(key),
+        }
     }
 
     /// Nothing ready, processing or waiting for a due time.
     pub(crate) fn is_idle(&self) -> bool {
-        self.ready.is_empty() && self.processing == 0 && self.timers == 0 && self.held == 0
+        self.ready.is_empty() && self.processing == 0 && self.timers == 0 && self.held_len() == 0
     }
 
     /// Whether any key waits for a due time (a cheap check before asking the
@@ -1086,88 +657,225 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 }
 
-/// The queue's side of the dependencies' seam (`crate::graph`).
-struct Slots<'a, K> {
-    entries: &'a mut Slab<Entry<K>>,
-    index: &'a KeyIndex<Hasher>,
-    ready: &'a mut ReadySet<u32>,
-    held: &'a mut usize,
-    /// Keys being reconciled (the queue's count, unchanged by the graph).
-    processing: usize,
-    cancel: Option<&'a CancelHook<K>>,
-    /// The open batch's held keys: what the dependencies release meanwhile
-    /// stays held, for the batch to release when it closes.
-    batch: Option<&'a mut Vec<K>>,
-    /// A held key joined the ready set.
-    released: bool,
-}
-
-/// The read-only side, for `waiting_for`.
-struct SlotsView<'a, K> {
-    entries: &'a Slab<Entry<K>>,
-    index: &'a KeyIndex<Hasher>,
-}
-
-fn pending_of<K: Eq + Hash>(entries: &Slab<Entry<K>>, index: &KeyIndex<Hasher>, key: &K) -> Pending {
-    match index.find(key, entries).map(|at| &entries.get(at).slot) {
-        Some(Slot::Ready { .. }) => Pending::Ready,
-        Some(Slot::Processing { .. }) => Pending::Running,
-        Some(Slot::Delayed { .. }) | None => Pending::No,
-    }
-}
-
-impl<K: Eq + Hash> Pendings<K> for SlotsView<'_, K> {
-    fn pending(&self, key: &K) -> Pending {
-        pending_of(self.entries, self.index, key)
-    }
-}
-
-impl<K: Eq + Hash> Pendings<K> for Slots<'_, K> {
-    fn pending(&self, key: &K) -> Pending {
-        pending_of(self.entries, self.index, key)
-    }
-}
-
-impl<K: Eq + Hash + Clone> KeySlots<K> for Slots<'_, K> {
-    fn any_running(&self) -> bool {
-        self.processing > 0
+/// The doors to the optional extensions: the holds (dependencies and
+/// batches, `holds.rs`), `supersede`, and the store's stop views
+/// (`stop_views.rs`). Each reaches the table only through these methods.
+impl<K: Eq + Hash + Clone> QueueState<K> {
+    /// The holds, if on, and the slot table they act on (the graph's seam).
+    fn holds_and_table(&mut self) -> Option<(&mut Holds<K>, Table<'_, K>)> {
+        let Self { holds, entries, index, ready, processing, .. } = self;
+        let holds = holds.as_mut()?;
+        Some((holds, Table { entries, index, ready, processing: *processing }))
     }
 
-    fn hold(&mut self, key: &K) {
-        let Some(at) = self.index.find(key, self.entries) else { return };
-        if let Slot::Ready { held: held @ false, prio, group, .. } = &mut self.entries.get_mut(at).slot {
-            *held = true;
-            *self.held += 1;
-            self.ready.remove(at, *prio, *group);
+    /// [`push_pending`](Self::push_pending)'s out-of-line half, with holds.
+    #[inline(never)]
+    fn push_pending_held(&mut self, at: u32, prio: Priority, group: GroupId) -> Added {
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        holds.became_ready(&mut table, at, prio, group)
+    }
+
+    /// `done`'s `Finish` with holds: the key leaves, and keys it held may
+    /// become ready.
+    #[inline(never)]
+    fn finish_held(&mut self, at: u32) -> Finished {
+        let key = self.forget(at);
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        let released = holds.left(&mut table, &key, at);
+        self.compact_if_sparse();
+        if released { Finished::Released } else { Finished::Removed }
+    }
+
+    /// `done`'s `Wait` with holds: the key waits for its due time, so it is
+    /// no longer pending, and keys it held may become ready.
+    #[inline(never)]
+    fn wait_held(&mut self, at: u32) {
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        let key = table.entries.get(at).key.clone();
+        holds.left(&mut table, &key, at);
+    }
+
+    /// `done`'s re-queue with holds (the slot already `Ready`): the holds
+    /// place it.
+    #[inline(never)]
+    fn requeue_held(&mut self, at: u32, prio: Priority, group: GroupId) -> Finished {
+        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+        holds.returned_ready(&mut table, at, prio, group);
+        Finished::Requeued
+    }
+
+    /// U1: the processing key at `at` became ready again; with
+    /// `supersede`, its running reconcile is cancelled (`done` then brings
+    /// it back, as for any key added while processing).
+    #[inline]
+    fn supersede_run(&self, at: u32) {
+        if let Some(cancel) = &self.supersede {
+            cancel(&self.entries.get(at).key, Cancel::Superseded);
         }
     }
 
-    fn release(&mut self, key: &K) {
-        if let Some(batch) = &mut self.batch {
-            batch.push(key.clone());
-            return;
-        }
-        let Some(at) = self.index.find(key, self.entries) else { return };
-        let Slot::Ready { held: held @ true, prio, group, seq, .. } = &mut self.entries.get_mut(at).slot else {
-            return;
-        };
-        *held = false;
-        *self.held -= 1;
-        self.released = true;
-        let (prio, group, seq) = (*prio, *group, *seq);
-        // At its place by the time it became ready (G4 per priority): after
-        // every entry that became ready before it. Stale entries answer
-        // with their key's slot; misplacing past one changes no live order.
-        let entries = &*self.entries;
-        let earlier = |e: &u32| {
-            entries.get_live(*e).is_some_and(|entry| matches!(entry.slot, Slot::Ready { seq: s, .. } if s <= seq))
-        };
-        self.ready.insert_by(at, prio, group, earlier);
+    /// Turns `supersede` on (U1), with what cancels a running reconcile.
+    pub(crate) fn enable_supersede(&mut self, cancel: CancelHook<K>) {
+        self.supersede = Some(cancel);
     }
 
-    fn cancel(&mut self, key: &K) {
-        if let Some(cancel) = self.cancel {
-            cancel(key, Cancel::ByAncestor);
+    /// Turns dependencies on with the edges of `deps`, set while no key
+    /// was pending (a controller's first edge, or those set before start).
+    pub(crate) fn enable_dependencies(&mut self, deps: Box<Dependencies<K>>, cancel: CancelHook<K>) {
+        debug_assert!(self.holds.is_none());
+        self.holds = Some(Holds::new(deps, cancel));
+    }
+
+    /// Whether dependencies are on.
+    pub(crate) fn has_dependencies(&self) -> bool {
+        self.holds.is_some()
+    }
+
+    /// Replaces `key`'s parents (D4: `Err` with the keys of the cycle it
+    /// would close, nothing changed). Returns whether held keys were
+    /// released.
+    pub(crate) fn set_dependencies(&mut self, key: &K, parents: Vec<K>) -> Result<bool, Vec<K>> {
+        let (holds, mut table) = self.holds_and_table().expect("dependencies are set");
+        holds.set_parents(&mut table, key, parents)
+    }
+
+    /// `key`'s direct parents.
+    pub(crate) fn dependencies(&self, key: &K) -> Vec<K> {
+        self.holds.as_ref().map(|h| h.parents(key)).unwrap_or_default()
+    }
+
+    /// `key`'s direct children.
+    pub(crate) fn dependents(&self, key: &K) -> Vec<K> {
+        self.holds.as_ref().map(|h| h.children(key)).unwrap_or_default()
+    }
+
+    /// Opens the batch (U3; idempotent): from now on every key that becomes
+    /// ready is held until [`close_batch`](Self::close_batch). Dependencies
+    /// must be on: a batch holds keys through the holds.
+    pub(crate) fn open_batch(&mut self) {
+        self.holds.as_mut().expect("a batch holds keys through the dependencies' seam").open_batch();
+    }
+
+    /// Closes the batch: every key it held that no dependency holds joins
+    /// the ready set at its place (D1 then orders them). Returns whether
+    /// any did.
+    pub(crate) fn close_batch(&mut self) -> bool {
+        let Some((holds, mut table)) = self.holds_and_table() else { return false };
+        holds.close_batch(&mut table)
+    }
+
+    /// D2 for a processing `key`, just before its `done`: adds each of its
+    /// direct children at the default place. When that `done` finishes
+    /// `key`, its hold passes to the children at once (`hand_over`);
+    /// otherwise they are added as any enqueue, and held while `key` is
+    /// pending.
+    pub(crate) fn add_dependents(&mut self, key: &K, now: &mut Now) {
+        if self.shutting_down {
+            return;
+        }
+        if let Some(children) = self.hand_over(key) {
+            for child in children {
+                match child {
+                    Child::Handed { key, hold, node } => {
+                        let (at, place) = self.ready_handed(key, now);
+                        let (holds, mut table) = self.holds_and_table().expect("holds are on");
+                        holds.handed_ready(&mut table, at, place, hold, node);
+                    }
+                    Child::Pending(key) => {
+                        self.add(key, Place::default(), now);
+                    }
+                }
+            }
+            return;
+        }
+        for child in self.dependents(key) {
+            self.add(child, Place::default(), now);
+        }
+    }
+
+    /// The holds' `hand_over` of `key`, if its `done` will finish it (it
+    /// leaves pending then).
+    fn hand_over(&mut self, key: &K) -> Option<Vec<Child<K>>> {
+        self.holds.as_ref()?;
+        let at = self.index.find(key, &self.entries)?;
+        if !matches!(self.entries.get(at).slot, Slot::Processing { then: Then::Finish, .. }) {
+            return None;
+        }
+        let (holds, mut table) = self.holds_and_table()?;
+        Some(holds.hand_over(&mut table, key, at))
+    }
+
+    /// Makes `key` ready, not in the ready set yet, which the graph
+    /// already counts as pending: it was not pending, so the queue does not
+    /// know it or it waits for a due time. Returns its slot, priority and
+    /// group, for the holds to place it.
+    fn ready_handed(&mut self, key: K, now: &mut Now) -> (u32, (Priority, GroupId)) {
+        let place = Place::default();
+        match self.index.entry(&key, &self.entries) {
+            Err(vacant) => {
+                let slot = Slot::new_ready(self.recorder.on_add(now), place);
+                let at = self.entries.insert(Entry { key, slot });
+                vacant.insert(at);
+                (at, (place.prio, place.group))
+            }
+            Ok(at) => (at, self.ready_from_delayed(at, place, now)),
+        }
+    }
+
+    /// The pending ancestors holding `key` (D1).
+    pub(crate) fn waiting_for(&self, key: &K) -> Vec<K> {
+        let Some(holds) = &self.holds else { return Vec::new() };
+        holds.pending_ancestors(&self.entries, &self.index, key)
+    }
+
+    /// Number of ready keys the holds keep.
+    pub(crate) fn held_len(&self) -> usize {
+        self.holds.as_ref().map_or(0, |h| h.held())
+    }
+
+    /// Keeps what shutdowns drop or refuse, so `pending_view` still answers
+    /// for those keys (a controller's store writes them at its last flush),
+    /// and the dependents D2 adds until the store samples them.
+    pub(crate) fn for_store(&mut self) {
+        self.stop_views = Some(Box::new(StopViews::new()));
+    }
+
+    /// Adds `key` as a dependent of a finished key (D2), remembering it for
+    /// the store if there is one.
+    pub(crate) fn add_placed_dependent(&mut self, key: K, place: Place, now: &mut Now) {
+        if let Some(views) = &mut self.stop_views {
+            views.add_dependent(key.clone());
+        }
+        self.add(key, place, now);
+    }
+
+    /// The dependents D2 added since the last call, each with its
+    /// [`pending_view`](Self::pending_view) now.
+    pub(crate) fn take_dependents_views(&mut self, out: &mut Vec<(K, Option<View>)>) {
+        let Some(views) = &mut self.stop_views else { return };
+        let keys = views.take_dependents();
+        out.extend(keys.into_iter().map(|key| {
+            let view = self.pending_view(&key);
+            (key, view)
+        }));
+    }
+
+    /// A reconcile's retry of `key` at `due`: [`add_at`](Self::add_at), or,
+    /// once shut down, kept in the stop views (a stop must not lose a retry
+    /// from the store, S2).
+    pub(crate) fn retry_at(&mut self, key: K, due: Instant, now: Instant, stamp: &mut Now, place: Place) -> Added {
+        if self.shutting_down {
+            if let Some(views) = &mut self.stop_views {
+                views.keep_retry(key, due, place.prio);
+            }
+            return Added::Unchanged;
+        }
+        self.add_at(key, due, now, stamp, place)
+    }
+
+    fn keep_stop_view(stop_views: &mut Option<Box<StopViews<K>>>, key: &K, view: View) {
+        if let Some(views) = stop_views {
+            views.keep(key.clone(), view);
         }
     }
 }
@@ -1179,205 +887,4 @@ fn is_live<K: Eq + Hash>(index: &KeyIndex<Hasher>, entries: &Slab<Entry<K>>, key
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::queue::delay_heap::COMPACT_SLACK;
-    use std::time::Duration;
-
-    const P0: Place = Place { prio: 0, group: 0 };
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    /// A fresh clock reading per call (each test call is its own operation).
-    fn n() -> &'static mut Now {
-        Box::leak(Box::new(Now::new()))
-    }
-
-    #[test]
-    fn a_slot_stays_40_bytes() {
-        // Entries are read on every hand-out and finish: dependencies'
-        // fields must not grow them (see `retry_priority`).
-        assert!(std::mem::size_of::<Slot>() <= 40, "{}", std::mem::size_of::<Slot>());
-    }
-
-    #[test]
-    fn dirty_key_returns_only_after_done() {
-        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
-        assert_eq!(q.add("a", P0, n()), Added::Ready);
-        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
-        assert_eq!(q.add("a", P0, n()), Added::Unchanged);
-        assert_eq!(q.take(n()).map(|t| t.0), None, "a is processing: not handed out twice");
-        let t0 = Instant::now();
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Requeued);
-        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
-        assert_eq!(q.done(&"a", || t0, n()), Finished::NotProcessing);
-        assert_eq!(q.len(), 0);
-    }
-
-    #[test]
-    fn delayed_while_processing_waits_after_done() {
-        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
-        let t0 = Instant::now();
-        q.add("a", P0, n());
-        q.take(n()).map(|t| t.0);
-        assert_eq!(q.add_at("a", t0 + ms(10), t0, n(), P0), Added::Scheduled(t0 + ms(10)));
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Waiting(t0 + ms(10)));
-        assert_eq!(q.delayed_len(), 1);
-        assert_eq!(q.promote_due(t0 + ms(10), n()), 1);
-        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
-    }
-
-    #[test]
-    fn stale_heap_entries_are_compacted() {
-        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
-        let t0 = Instant::now();
-        for i in 0..10_000u64 {
-            // Each earlier due time leaves the previous entry stale.
-            q.add_at("a", t0 + Duration::from_secs(1_000_000 - i), t0, n(), P0);
-        }
-        assert!(q.delays.len() <= 2 * q.timers + COMPACT_SLACK + 1);
-        assert_eq!(q.next_due(), Some(t0 + Duration::from_secs(1_000_000 - 9_999)));
-    }
-
-    #[test]
-    fn metrics_count_adds_like_client_go() {
-        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
-        let t0 = Instant::now();
-        let snap = |q: &QueueState<&str>| {
-            let s = q.metrics_snapshot().expect("named");
-            (s.adds, s.depth, s.queue_duration.count(), s.work_duration.count(), s.retries)
-        };
-        q.add("a", P0, n());
-        q.add("a", P0, n()); // deduplicated
-        assert_eq!(snap(&q), (1, 1, 0, 0, 0));
-        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
-        assert_eq!(snap(&q), (1, 0, 1, 0, 0));
-        q.add("a", P0, n()); // dirty while processing: an add, and depth
-        q.add("a", P0, n()); // deduplicated
-        assert_eq!(snap(&q), (2, 1, 1, 0, 0));
-        assert!(q.metrics_snapshot().unwrap().longest_seconds >= 0.0);
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Requeued);
-        assert_eq!(snap(&q), (2, 1, 1, 1, 0), "requeued by done: still the same add");
-        assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
-        q.count_retry();
-        q.add_at("a", t0 + ms(10), t0, n(), P0); // waits after done: not an add yet
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Waiting(t0 + ms(10)));
-        assert_eq!(snap(&q), (2, 0, 2, 2, 1));
-        assert_eq!(q.promote_due(t0 + ms(10), n()), 1);
-        assert_eq!(snap(&q), (3, 1, 2, 2, 1), "promotion is an add");
-        q.add_at("b", t0 + ms(20), t0, n(), P0);
-        q.add("b", P0, n()); // a plain add of a delayed key makes it ready: an add
-        assert_eq!(snap(&q), (4, 2, 2, 2, 1));
-        q.shut_down(false);
-        q.count_retry();
-        assert_eq!(snap(&q).4, 1, "no retries counted after shutdown");
-    }
-
-    #[test]
-    fn unfinished_work_follows_processing_keys() {
-        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
-        let t0 = Instant::now();
-        for key in ["a", "b", "c"] {
-            q.add(key, P0, n());
-        }
-        q.take(n()).map(|t| t.0);
-        q.take(n()).map(|t| t.0);
-        std::thread::sleep(ms(5));
-        let s = q.metrics_snapshot().unwrap();
-        assert!(s.longest_seconds >= 0.004 && s.unfinished_seconds >= 2.0 * 0.004, "{}", s.unfinished_seconds);
-        assert!(s.unfinished_seconds >= s.longest_seconds);
-        q.done(&"a", || t0, n());
-        q.done(&"b", || t0, n());
-        let s = q.metrics_snapshot().unwrap();
-        assert_eq!((s.longest_seconds, s.unfinished_seconds, s.work_duration.count()), (0.0, 0.0, 2));
-        q.take(n()).map(|t| t.0);
-        assert_eq!(q.recorder.starts_len(), 2, "freed start slots are reused");
-    }
-
-    #[test]
-    fn discarded_keys_stay_counted_as_adds() {
-        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
-        let t0 = Instant::now();
-        for key in ["a", "b", "c"] {
-            q.add(key, P0, n());
-        }
-        q.take(n()).map(|t| t.0);
-        q.add("a", P0, n()); // dirty while processing
-        let adds = |q: &QueueState<&str>| q.metrics_snapshot().unwrap().adds;
-        assert_eq!(adds(&q), 4);
-        q.shut_down(false);
-        q.discard_ready();
-        assert_eq!(q.metrics_snapshot().unwrap().depth, 0);
-        assert_eq!(adds(&q), 4, "dropped keys were still added");
-        assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
-        assert_eq!(adds(&q), 4);
-    }
-
-    #[test]
-    fn compaction_keeps_order_priorities_stale_entries_and_timers() {
-        let mut q = QueueState::new(Recorder::on(), ReadySet::new());
-        let t0 = Instant::now();
-        let prio = |p| Place { prio: p, group: 0 };
-        // 200 keys; every tenth raised (leaving a stale entry behind), two
-        // waiting for a due time, and one processing and dirty.
-        for k in 0..200u32 {
-            q.add(k, P0, n());
-        }
-        for k in (0..200u32).step_by(10) {
-            q.add(k, prio(1), n());
-        }
-        q.add_at(1000, t0 + ms(50), t0, n(), P0);
-        q.add_at(1001, t0 + ms(60), t0, n(), P0);
-        let mut taken = Vec::new();
-        // Take the raised keys, then most of the rest: done frees entries
-        // until the slab is sparse and compacts (more than once).
-        for _ in 0..190 {
-            let (k, _) = q.take(n()).unwrap();
-            taken.push(k);
-            if k != 11 {
-                assert_eq!(q.done(&k, || t0, n()), Finished::Removed);
-            }
-        }
-        assert!(q.entries.len() < 20, "{} entries", q.entries.len());
-        q.add(11, prio(2), n()); // dirty while processing
-        q.add(199, prio(3), n()); // raises a ready key after compaction
-        let raised: Vec<u32> = (0..200).step_by(10).collect();
-        assert_eq!(taken[..20], raised[..], "raised keys first, in FIFO order");
-        assert_eq!(q.done(&11, || t0, n()), Finished::Requeued);
-        let rest: Vec<u32> = std::iter::from_fn(|| q.take(n()).map(|t| t.0)).collect();
-        let mut expected = vec![199, 11];
-        expected.extend((0..200u32).filter(|k| k % 10 != 0 && !taken.contains(k) && *k != 199));
-        assert_eq!(rest, expected);
-        assert_eq!(q.key_state(&1000), KeyState::Waiting { due: t0 + ms(50) });
-        assert_eq!(q.next_due(), Some(t0 + ms(50)));
-        assert_eq!(q.promote_due(t0 + ms(60), n()), 2);
-        assert_eq!(std::iter::from_fn(|| q.take(n()).map(|t| t.0)).collect::<Vec<_>>(), vec![1000, 1001]);
-    }
-
-    #[test]
-    fn an_immediate_stop_drops_every_ready_key_once() {
-        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
-        for k in 0..300u32 {
-            q.add(k, P0, n());
-        }
-        let (processing, _) = q.take(n()).unwrap();
-        q.shut_down(false);
-        q.discard_ready();
-        let mut dropped = q.take_dropped();
-        dropped.sort_unstable();
-        assert_eq!(dropped, (1..300).collect::<Vec<u32>>());
-        assert_eq!(q.key_state(&processing), KeyState::Processing { again: None });
-        assert_eq!(q.done(&processing, Instant::now, n()), Finished::Removed);
-        assert!(q.is_idle() && q.entries.len() == 0);
-    }
-
-    #[test]
-    fn unnamed_queue_records_nothing() {
-        let mut q = QueueState::new(Recorder::off(), ReadySet::new());
-        q.add("a", P0, n());
-        assert!(q.metrics_snapshot().is_none());
-    }
-}
+mod tests;

@@ -1,24 +1,26 @@
-//! What a shutdown took from the queue, per key, for a controller's store
-//! (guarantees §9, S2).
+//! What a controller's store must see that the queue no longer shows: what
+//! a shutdown took from the queue, per key (guarantees §9, S2), and the
+//! dependents D2 added that the store has not sampled yet.
 //!
 //! A stop drops delayed keys (and, at once, ready keys), and refuses the
 //! retries that reconciles finishing during the stop schedule. The store
 //! writes its last flush after the workers exited, so it must still learn
 //! what each of those keys was: this keeps it, and `pending_view` answers
-//! from here for a key the queue no longer holds. Kept only for a queue
-//! built with `keep_stop_views` (a controller with a store); it lives as
-//! long as the stopped queue, and holds at most the keys the stop dropped
-//! or refused.
+//! from here for a key the queue no longer holds.
+//!
+//! Kept only for a queue built `for_store` (a controller with a store), as
+//! the state table's optional `Option<Box<StopViews>>`: a queue without a
+//! store pays a branch at a shutdown, a retry refused by one and a D2 add,
+//! none on its hot path. It lives as long as the queue, and holds at most
+//! the keys the stop dropped or refused, and the dependents not sampled
+//! yet.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Instant;
 
 use super::ready::Priority;
-use super::state::Hasher;
-
-/// A key's due time (`None`: ready) and priority, as `pending_view` gives.
-pub(crate) type View = (Option<Instant>, Priority);
+use super::slot::{Hasher, View};
 
 pub(crate) struct StopViews<K> {
     views: HashMap<K, View, Hasher>,
@@ -26,11 +28,16 @@ pub(crate) struct StopViews<K> {
     /// short): a reconcile finishing now was cut short by the stop, so its
     /// key counts as in flight (ready at restore), not as its retry.
     discarded: bool,
+    /// The dependents D2 added that the store's flusher has not sampled
+    /// yet (see [`WorkQueue::take_dependents_views`]).
+    ///
+    /// [`WorkQueue::take_dependents_views`]: super::WorkQueue::take_dependents_views
+    unsampled_dependents: Vec<K>,
 }
 
 impl<K: Eq + Hash> StopViews<K> {
     pub(crate) fn new() -> Self {
-        Self { views: HashMap::default(), discarded: false }
+        Self { views: HashMap::default(), discarded: false, unsampled_dependents: Vec::new() }
     }
 
     /// Keeps `key` as `view`; a key kept twice keeps the earlier due time
@@ -58,5 +65,16 @@ impl<K: Eq + Hash> StopViews<K> {
     #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
     pub(crate) fn get(&self, key: &K) -> Option<View> {
         self.views.get(key).copied()
+    }
+
+    /// A dependent D2 added, for the store to sample.
+    pub(crate) fn add_dependent(&mut self, key: K) {
+        self.unsampled_dependents.push(key);
+    }
+
+    /// The dependents D2 added since the last call.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))] // only a store asks
+    pub(crate) fn take_dependents(&mut self) -> Vec<K> {
+        std::mem::take(&mut self.unsampled_dependents)
     }
 }

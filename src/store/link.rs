@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use super::StoreError;
+use crate::observe::reports::StoreStats;
 
 /// What a store keeps of one key, in the controller's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,16 +151,4 @@ impl PendingFlush {
         }
         Some(outcome)
     }
-}
-
-/// The store's part of a controller's stats.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Changes not yet written, including those a flush is writing now (a
-    /// key changed twice since the last flush counts twice until then).
-    pub pending: usize,
-    /// When the last flush succeeded.
-    pub last_flush_time: Option<SystemTime>,
-    /// The last flush's error, until a flush succeeds.
-    pub error: Option<String>,
 }

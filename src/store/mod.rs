@@ -34,10 +34,10 @@ mod open_files;
 #[cfg(feature = "store")]
 mod persist;
 
+pub use crate::observe::reports::StoreStats;
 pub(crate) use cache_names::CacheName;
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
-pub use link::StoreStats;
 pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
 #[cfg(feature = "store")]
 pub use lock::StoreClaim;

@@ -41,9 +41,10 @@ use super::cache_rows::{CacheBatch, CacheRows};
 use super::db::StoredParents;
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
-use super::link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink, StoreStats};
+use super::link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
+use crate::observe::reports::StoreStats;
 
 /// A key's encoding and what to keep of it (`None`: delete its row).
 type Row = (Vec<u8>, Option<StoredKey>);

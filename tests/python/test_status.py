@@ -207,6 +207,30 @@ def test_format_status_lists_controllers_and_manager_jobs():
     assert job[header.index("KIND"):].startswith("periodic")
 
 
+def test_stats_and_the_status_entry_share_their_counters():
+    """One walk renders both: the counters both show agree, under one name."""
+    name = unique("status-shared")
+
+    def reconcile(key):
+        if key == "bad":
+            raise ValueError("nope")
+
+    with reconq.Controller(reconcile, name=name, workers=2, hanging_threshold=3600) as c:
+        c.enqueue("ok")
+        c.enqueue("bad")
+        wait_for(lambda: c.stats()["failures"] >= 1 and c.stats()["successes"] == 1, what="both keys to run")
+        assert c.stats()["background_threads"] == 1, "the watchdog"
+        c.stop(drain=False)
+        wait_for(lambda: c.stats()["background_threads"] == 0, what="the watchdog to exit")
+        stats, e = c.stats(), entry(name)
+    shared = set(stats) & set(e)
+    assert shared >= {"name", "workers", "state", "reconciles", "successes", "failures", "requeues", "panics",
+                      "depth", "processing", "waiting", "parked", "held", "superseded", "hanging", "last_error",
+                      "last_error_time"}
+    assert {k: stats[k] for k in shared} == {k: e[k] for k in shared}
+    assert stats["panics"] == 0 and stats["state"] == "stopped"
+
+
 def test_a_dropped_controller_leaves_the_status():
     name = unique("status-drop")
     c = reconq.Controller(lambda key: None, name=name)

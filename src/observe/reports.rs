@@ -1,8 +1,11 @@
-//! What leader election and sharding show in status and stats: plain data,
-//! compiled without the `etcd` feature too, so stats and status entries
-//! have one shape whatever the build.
+//! What leader election, sharding and a controller's store show in status
+//! and stats: plain data, compiled without the `etcd` and `store` features
+//! too, so stats and status entries have one shape whatever the build.
+//! Defined here, in the status vocabulary, so that reporting names no
+//! feature's module; `coordination` and `store` re-export them.
 
 use std::collections::BTreeSet;
+use std::time::SystemTime;
 
 /// A snapshot of a leader election (`LeaderElection`), as status and stats show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,4 +39,16 @@ pub struct ShardStatus {
     pub members: usize,
     /// The last error talking to etcd, if the last attempt failed.
     pub last_error: Option<String>,
+}
+
+/// The store's part of a controller's stats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Changes not yet written, including those a flush is writing now (a
+    /// key changed twice since the last flush counts twice until then).
+    pub pending: usize,
+    /// When the last flush succeeded.
+    pub last_flush_time: Option<SystemTime>,
+    /// The last flush's error, until a flush succeeds.
+    pub error: Option<String>,
 }
