@@ -63,7 +63,7 @@ mod outcome;
 mod persist;
 #[cfg(feature = "etcd")]
 mod replicas;
-mod run_signals;
+pub(crate) mod run_signals;
 mod start;
 mod status;
 mod stopping;
@@ -94,7 +94,6 @@ pub(crate) use groups::GroupFn;
 pub use handle::ControllerHandle;
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
-pub(crate) use run_signals::on_signal;
 pub use start::StartError;
 pub use status::Stats;
 pub use stopping::{StopOptions, StopReport, Stopping};

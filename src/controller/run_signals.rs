@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select};
 
+use super::Controller;
 use super::core::ControllerKey;
-use super::{Controller, ControllerHandle};
+use super::handle::ControllerHandle;
 use crate::logs;
 use crate::signals;
 

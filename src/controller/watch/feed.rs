@@ -15,7 +15,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Attached, Watch, WatchError};
+use super::options::Watch;
+use super::watched::{Attached, WatchError};
 use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;

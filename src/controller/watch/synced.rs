@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::Watched;
+use super::watched::Watched;
 use crate::cache::SyncedHook;
 use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate};

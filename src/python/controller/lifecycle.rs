@@ -17,7 +17,8 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 
-use crate::controller::{Controller, ControllerHandle, StopOptions, StopReport, on_signal};
+use crate::controller::run_signals::on_signal;
+use crate::controller::{Controller, ControllerHandle, StopOptions, StopReport};
 use crate::observe::status::RunState;
 use crate::python::cache::PyCache;
 use crate::python::convert::timeout_from_py;
