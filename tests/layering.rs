@@ -17,6 +17,10 @@
 //!    sits above it; a sibling that takes an item from `mod.rs` would sit
 //!    both above and below).
 //! 3. Across the whole crate, the folders (rooms) have no circle.
+//! 4. Where a folder's `mod.rs` documents its floors (a numbered list of
+//!    its files in backticks: `controller/` from the top, `python/` from
+//!    the bottom), every arrow between two of its files points to the same
+//!    floor or one further from the top, so the written order stays true.
 //!
 //! The parser is deliberately small: it reads Rust as text (rustfmt'd
 //! source, so `use` trees and paths have a regular shape) and needs no
@@ -76,6 +80,68 @@ fn rooms_have_no_import_circle() {
     }
     let circles: Vec<String> = circles_of(&edges).iter().map(|c| describe(c)).collect();
     assert!(circles.is_empty(), "import circles between rooms:\n{}", circles.join("\n"));
+}
+
+#[test]
+fn documented_floors_hold() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let crate_graph = Graph::read(src.clone());
+    let mut upward = Vec::new();
+    for (folder, top_first) in [("controller", true), ("python", false)] {
+        let doc = fs::read_to_string(src.join(folder).join("mod.rs")).expect("read a folder's mod.rs");
+        let floors = documented_floors(&doc, top_first);
+        assert!(floors.len() > 5, "{folder}/mod.rs documents no floors");
+        // `folder::a::b` sits on the floor of `a`; `folder` itself is `mod`.
+        let floor_of = |m: &ModPath| -> Option<usize> {
+            let name = m.get(1).map_or("mod", String::as_str);
+            (m.first().is_some_and(|f| f == folder)).then(|| floors.get(name).copied()).flatten()
+        };
+        for (from, targets) in &crate_graph.edges {
+            let Some(from_floor) = floor_of(from) else { continue };
+            for to in targets {
+                let Some(to_floor) = floor_of(to) else { continue };
+                if to_floor < from_floor && from.get(1) != to.get(1) {
+                    let (from, to) = (from.join("::"), to.join("::"));
+                    upward.push(format!("  {from} (floor {from_floor}) -> {to} (floor {to_floor})"));
+                }
+            }
+        }
+        let files = crate_graph.edges.keys().filter(|m| m.len() == 2 && m[0] == folder);
+        let missing: Vec<&String> = files.map(|m| &m[1]).filter(|name| !floors.contains_key(name.as_str())).collect();
+        assert!(missing.is_empty(), "{folder}/mod.rs's floors do not name {missing:?}");
+    }
+    assert!(upward.is_empty(), "imports that climb against the documented floors:\n{}", upward.join("\n"));
+}
+
+/// The floors a module doc lists: `N. `a`, `b` ...` items, numbered from
+/// the top (`top_first`) or from the bottom; floor 0 is the top.
+fn documented_floors(doc: &str, top_first: bool) -> BTreeMap<String, usize> {
+    let mut numbered: Vec<(usize, Vec<String>)> = Vec::new();
+    for line in doc.lines().take_while(|l| l.starts_with("//!")) {
+        let text = line.trim_start_matches("//!").trim_start();
+        let number = text.split_once(". ").and_then(|(n, _)| n.parse::<usize>().ok());
+        if let Some(n) = number {
+            numbered.push((n, Vec::new()));
+        }
+        if let Some((_, names)) = numbered.last_mut() {
+            // Only the leading name of each backticked item (`watch` of `watch/`).
+            for item in text.split('`').skip(1).step_by(2) {
+                let name = item.trim_end_matches('/');
+                if !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    let last = numbered.iter().map(|(n, _)| *n).max().unwrap_or(0);
+    let mut floors = BTreeMap::new();
+    for (n, names) in numbered {
+        let floor = if top_first { n - 1 } else { last - n };
+        for name in names {
+            floors.entry(name).or_insert(floor);
+        }
+    }
+    floors
 }
 
 /// The file-level import graph of a source tree.

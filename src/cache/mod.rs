@@ -55,7 +55,7 @@ use self::contents::{Contents, IndexFailure, IndexFn};
 pub(crate) use self::stored::Codec;
 use self::stored::Stored;
 use self::subscribers::{CatchUps, Subscriber};
-use crate::StopSignal;
+use crate::context::StopSignal;
 use crate::error::InvalidArgument;
 use crate::logs;
 use crate::source::{Source, Stop};
@@ -172,9 +172,9 @@ pub struct CacheBuilder<S: Source> {
 #[cfg(feature = "store")]
 impl<S: Source> CacheBuilder<S>
 where
-    S::Key: crate::StoreKey,
-    S::Version: crate::Keepable,
-    S::Position: crate::Keepable,
+    S::Key: crate::key_encoding::StoreKey,
+    S::Version: crate::key_encoding::Keepable,
+    S::Position: crate::key_encoding::Keepable,
 {
     /// Keeps the cache's key set, each key's version and its position in
     /// `store` (guarantees E9), so a restart reconciles only what changed
@@ -189,12 +189,12 @@ where
     /// delete found this way reaches `map` and `predicate` with `None` (the
     /// cache keeps versions, not objects). Cache names are unique among a
     /// file's caches: [`build`](Self::build) refuses a second live one.
-    pub fn store(mut self, store: &crate::SqliteStore) -> Self {
+    pub fn store(mut self, store: &crate::store::SqliteStore) -> Self {
         let codec = Codec {
-            key: crate::encode_key::<S::Key>,
-            decode: crate::decode_key::<S::Key>,
-            version: <S::Version as crate::Keepable>::kept_bytes,
-            position: <S::Position as crate::Keepable>::kept_bytes,
+            key: crate::key_encoding::encode_key::<S::Key>,
+            decode: crate::key_encoding::decode_key::<S::Key>,
+            version: <S::Version as crate::key_encoding::Keepable>::kept_bytes,
+            position: <S::Position as crate::key_encoding::Keepable>::kept_bytes,
             digest: None,
         };
         self.store = Some((store.canonical_path().to_path_buf(), codec));

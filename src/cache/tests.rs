@@ -502,7 +502,7 @@ fn a_cache_has_a_status_entry_and_metrics() {
         Cache::builder("status-cache", memory.source()).first_backoff(Duration::from_millis(1)).build().unwrap();
     cache.start().unwrap();
     assert!(cache.wait_synced(Some(PATIENCE)));
-    let entries = crate::status::snapshot();
+    let entries = crate::observe::status::snapshot();
     let entry = entries.iter().find(|e| e.name == "status-cache").expect("an entry");
     let details = entry.cache().expect("a cache entry");
     assert_eq!((details.synced, details.keys, details.position.as_deref()), (true, 1, Some("1")));
@@ -511,10 +511,13 @@ fn a_cache_has_a_status_entry_and_metrics() {
     assert!(text.contains("reconq_cache_keys{cache=\"status-cache\"} 1\n"), "{text}");
     assert!(text.contains("reconq_cache_synced{cache=\"status-cache\"} 1\n"));
     assert!(text.contains("reconq_cache_errors_total{cache=\"status-cache\"} 1\n"));
-    let table = crate::status::format_table(&entries);
+    let table = crate::observe::status::format_table(&entries);
     assert!(table.lines().any(|l| l.starts_with("status-cache") && l.contains("cache")), "{table}");
     cache.stop();
-    assert_eq!(crate::status::snapshot().iter().find(|e| e.name == "status-cache").unwrap().state(), "stopped");
+    assert_eq!(
+        crate::observe::status::snapshot().iter().find(|e| e.name == "status-cache").unwrap().state(),
+        "stopped"
+    );
 }
 
 #[derive(Debug, Clone)]

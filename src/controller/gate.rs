@@ -8,7 +8,7 @@
 use std::any::Any;
 
 use crate::sync::Mutex;
-use crate::{LeaderStatus, ShardStatus};
+use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
 /// What the gate says of a key being handed out.
 pub(crate) enum Admission {

@@ -108,7 +108,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// cache's thread or its catch-up thread.
     pub fn watch_cache<S: crate::source::Source>(
         &self,
-        cache: &crate::Cache<S>,
+        cache: &crate::cache::Cache<S>,
         watch: Watch<S, K>,
     ) -> Result<(), WatchError> {
         self.features.watches.watch(&self.core, cache, watch)

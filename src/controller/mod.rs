@@ -2,7 +2,7 @@
 //! taking keys from a [`WorkQueue`] and calling a [`Reconciler`].
 //!
 //! The folder is layered: each file names only files on its own floor or
-//! below, and no two name each other (`scripts/controller_layers.py`
+//! below, and no two name each other (`tests/layering.rs`
 //! checks it against this order). From the top:
 //!
 //! 1. `mod` (this file): [`Controller`], the builder, and `run_signals`
@@ -427,7 +427,7 @@ impl<K: ControllerKey> Controller<K> {
     /// see [`sync_timeout`](Self::sync_timeout). Watching a stopped cache
     /// makes [`try_start`](Self::try_start) fail with
     /// [`StartError::Watch`], with nothing started.
-    pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::Cache<S>, watch: Watch<S, K>) -> Self {
+    pub fn watch_cache<S: crate::source::Source>(self, cache: &crate::cache::Cache<S>, watch: Watch<S, K>) -> Self {
         self.plan.features.watches.keep_for_start(cache, watch);
         self
     }
@@ -435,7 +435,7 @@ impl<K: ControllerKey> Controller<K> {
     /// While a cache watched at start has not synced, an ERROR (target
     /// `reconq::controller`) every `timeout` names it and its last error
     /// (default 120 s). A zero timeout is refused.
-    pub fn sync_timeout(self, timeout: Duration) -> Result<Self, crate::InvalidArgument> {
+    pub fn sync_timeout(self, timeout: Duration) -> Result<Self, crate::error::InvalidArgument> {
         self.plan.features.watches.set_sync_timeout(timeout)?;
         Ok(self)
     }

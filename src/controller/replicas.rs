@@ -9,7 +9,7 @@ use super::gate::{Admission, Coordinated, Gate};
 use super::start::{Join, Resync};
 use crate::coordination::{LeaderElection, ShardHooks, Sharding, partition_of};
 use crate::key_encoding::StoreKey;
-use crate::{LeaderStatus, ShardStatus};
+use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
 /// Leader election: the leader runs everything, a standby waits.
 pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {

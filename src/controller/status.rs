@@ -53,14 +53,14 @@ pub struct Stats {
     pub last_error_time: Option<SystemTime>,
     /// With a [`store`](crate::Controller::store): keys not yet written,
     /// the last flush, and the last flush error (until one succeeds).
-    pub store: Option<crate::StoreStats>,
+    pub store: Option<crate::observe::reports::StoreStats>,
     /// With a [`leader_election`](crate::Controller::leader_election),
     /// once started: whether this process leads, who does, and the last
     /// error talking to etcd.
-    pub leader: Option<crate::LeaderStatus>,
+    pub leader: Option<crate::observe::reports::LeaderStatus>,
     /// With [`sharding`](crate::Controller::sharding), once started: the
     /// partitions owned, the live replicas, the last error talking to etcd.
-    pub shards: Option<crate::ShardStatus>,
+    pub shards: Option<crate::observe::reports::ShardStatus>,
     /// Keys dropped because another replica owns them (sharding): enqueues
     /// of keys not ours, and keys whose partition moved before their turn.
     pub not_owned: u64,

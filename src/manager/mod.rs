@@ -153,7 +153,7 @@ impl ManagerBuilder {
     /// ever ran, as on a standby, runs neither `do` nor `stop`. The
     /// campaign runs while the manager has controllers.
     #[cfg(feature = "etcd")]
-    pub fn leader_election(mut self, election: crate::LeaderElection) -> Self {
+    pub fn leader_election(mut self, election: crate::coordination::LeaderElection) -> Self {
         self.leader = Some(Arc::new(election));
         self
     }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Context;
+use crate::context::Context;
 
 /// The `do` function of a named controller, given the run's [`Context`].
 pub(crate) type DoFn = Arc<dyn Fn(&Context) -> Result<(), DoError> + Send + Sync>;

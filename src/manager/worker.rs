@@ -18,7 +18,7 @@ use crate::clock::{Clock, deadline_after};
 use crate::coordination::{LeaderSeat, Leading};
 use crate::observe::fields::{Health, with_health};
 use crate::sync::{Condvar, Mutex, MutexGuard};
-use crate::{Context, StopSignal};
+use crate::{context::Context, context::StopSignal};
 use crate::{logs, panics};
 
 pub(crate) struct Ctl {

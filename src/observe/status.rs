@@ -631,7 +631,7 @@ mod tests {
 
     /// Periodic controller `name` of manager "m", not running and never
     /// run, with `leader` as its election's status.
-    fn idle_periodic(name: &str, leader: Option<crate::LeaderStatus>) -> StatusEntry {
+    fn idle_periodic(name: &str, leader: Option<crate::observe::reports::LeaderStatus>) -> StatusEntry {
         StatusEntry {
             name: name.into(),
             kind: EntryKind::Periodic(PeriodicDetails {
@@ -668,13 +668,13 @@ mod tests {
 
     #[test]
     fn readiness_needs_a_running_controller_that_knows_its_leader() {
-        let leader = |token: Option<u64>, leader: Option<&str>| crate::LeaderStatus {
+        let leader = |token: Option<u64>, leader: Option<&str>| crate::observe::reports::LeaderStatus {
             name: "e".into(),
             fencing_token: token,
             leader: leader.map(str::to_owned),
             last_error: leader.is_none().then(|| "connection refused".to_owned()),
         };
-        let periodic = |status: Option<crate::LeaderStatus>| idle_periodic("gc", status);
+        let periodic = |status: Option<crate::observe::reports::LeaderStatus>| idle_periodic("gc", status);
         assert_eq!(periodic(None).not_ready(), None, "no election: nothing to wait for");
         assert_eq!(periodic(Some(leader(Some(3), Some("me")))).not_ready(), None, "the leader");
         assert_eq!(periodic(Some(leader(None, Some("other")))).not_ready(), None, "a standby that knows its leader");

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use pyo3::Python;
 
-use crate::ThreadWrapper;
+use crate::thread::ThreadWrapper;
 
 /// [`Python::try_attach`] (`None` once the interpreter finalizes), with the
 /// thread parked forever rather than unwound if CPython kills it inside `f`.

@@ -31,7 +31,7 @@ use super::signals::{wait_interruptibly, wait_synced_interruptibly};
 use super::sources::{AnySource, SourceSpec};
 use super::store::{store_error, store_from_py};
 use crate::clock::deadline_after;
-use crate::{Cache, CacheError, encode_key};
+use crate::{cache::Cache, cache::CacheError, key_encoding::encode_key};
 
 /// The Rust cache every Python cache is.
 pub(crate) type PyCacheCore = Cache<AnySource>;

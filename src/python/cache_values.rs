@@ -22,7 +22,7 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::attach::attach;
 use super::errors::describe;
-use crate::{Keepable, encode_key};
+use crate::{key_encoding::Keepable, key_encoding::encode_key};
 
 thread_local! {
     /// This thread runs Python code under a cache's write lock.

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::convert::non_negative_from_py;
-use crate::{Clock, FakeClock};
+use crate::{clock::Clock, clock::FakeClock};
 
 /// A clock that moves only when told to. Give it to `Controller(clock=...)`
 /// or `WorkQueue(clock=...)`.

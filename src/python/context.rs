@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 use super::convert::timeout_from_py;
 use super::signals::wait_for_signal;
-use crate::{Context, StopSignal};
+use crate::{context::Context, context::StopSignal};
 
 /// The call in progress on this thread: its key and its Rust [`Context`].
 pub(crate) struct Scope<'a> {

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use super::convert::non_negative_from_py;
-use crate::{LeaderElection, OnLost};
+use crate::{coordination::LeaderElection, coordination::OnLost};
 
 /// A campaign for leadership of `name` among every process with an
 /// election of that name on the same etcd (`endpoints`: one
@@ -35,7 +35,7 @@ impl PyLeaderElection {
             "exit" => OnLost::Exit,
             other => return Err(PyValueError::new_err(format!("on_lost must be 'standby' or 'exit', not {other:?}"))),
         };
-        let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
+        let invalid = |e: crate::error::InvalidArgument| PyValueError::new_err(e.to_string());
         let mut election = LeaderElection::try_new(endpoints, name).map_err(invalid)?.on_lost(on_lost);
         if let Some(ttl) = ttl.filter(|t| !t.is_none()) {
             election = election.try_ttl(non_negative_from_py(ttl, "ttl")?).map_err(invalid)?;

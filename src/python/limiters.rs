@@ -15,7 +15,7 @@ use super::convert::{non_negative_from_py, to_secs, type_name};
 use super::key::PyKey;
 use crate::rate_limit::{self, RateLimiter as _};
 
-pub(crate) type SharedLimiter = Arc<dyn crate::RateLimiter<PyKey>>;
+pub(crate) type SharedLimiter = Arc<dyn crate::rate_limit::RateLimiter<PyKey>>;
 
 /// Base class of the rate limiters; not constructible itself.
 #[pyclass(name = "RateLimiter", module = "reconq", subclass, frozen)]
@@ -184,7 +184,7 @@ impl MaxOf {
         if members.is_empty() {
             return Err(PyValueError::new_err("MaxOf needs at least one limiter"));
         }
-        let mut boxed: Vec<Box<dyn crate::RateLimiter<PyKey>>> = Vec::with_capacity(members.len());
+        let mut boxed: Vec<Box<dyn crate::rate_limit::RateLimiter<PyKey>>> = Vec::with_capacity(members.len());
         let mut reprs = Vec::with_capacity(members.len());
         for m in &members {
             let shared = limiter_from_py(m, "every MaxOf member")?;

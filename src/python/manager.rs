@@ -32,7 +32,9 @@ use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
 use super::logs::log;
-use crate::{Context, ControllerParams, DoError, Manager, UnknownController};
+use crate::{
+    context::Context, manager::ControllerParams, manager::DoError, manager::Manager, manager::UnknownController,
+};
 
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
@@ -156,7 +158,7 @@ impl PyManager {
         };
         let retry_base = match error_retry_base {
             Some(b) if !b.is_none() => non_negative_from_py(b, "error_retry_base")?,
-            _ => crate::DEFAULT_ERROR_RETRY_BASE,
+            _ => crate::manager::DEFAULT_ERROR_RETRY_BASE,
         };
         let max_retry_interval = match max_retry_interval {
             Some(m) if !m.is_none() => Some(non_negative_from_py(m, "max_retry_interval")?),

@@ -2,7 +2,8 @@
 //! `python` feature. `python/reconq/__init__.py` re-exports everything.
 //!
 //! The rooms, floor by floor from the bottom; a room imports only rooms on
-//! lower floors (no circle, no arrow up into a folder's `mod.rs`):
+//! lower floors (no circle, no arrow up into a folder's `mod.rs`;
+//! `tests/layering.rs` checks it):
 //!
 //! 1. `attach` (engine threads attach once for their life), `convert`
 //!    (plain arguments: seconds, timestamps, priorities, callables, type

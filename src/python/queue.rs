@@ -18,7 +18,7 @@ use super::errors::ShutDown;
 use super::key::PyKey;
 use super::limiters::optional_limiter_from_py;
 use super::signals::wait_interruptibly;
-use crate::{GetError, WorkQueue};
+use crate::{queue::GetError, queue::WorkQueue};
 
 /// A deduplicating, delaying, rate-limiting work queue (client-go's
 /// `workqueue` semantics). Keys are str, int, bytes or tuples of these.

@@ -20,7 +20,7 @@ use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
 use super::logs::log;
 use crate::logs::{Loudness, failure_loudness};
-use crate::{Action, Context, ReconcileError, Reconciler};
+use crate::{context::Context, controller::Action, controller::ReconcileError, controller::Reconciler};
 
 /// The Python callable a controller calls; emptied when the controller stops
 /// (or is garbage-collected), which breaks reference cycles through it.

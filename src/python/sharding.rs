@@ -11,7 +11,7 @@ use super::attach::attach;
 use super::convert::non_negative_from_py;
 use super::election::endpoints_from_py;
 use super::key::PyKey;
-use crate::{Sharding, partition_of};
+use crate::{coordination::Sharding, coordination::partition_of};
 
 /// Membership of a group of replicas that split the keys' `partitions`
 /// between them, on the etcd at `endpoints` (one `http://host:port` or a
@@ -33,7 +33,7 @@ impl PySharding {
         ttl: Option<&Bound<'_, PyAny>>,
         identity: Option<String>,
     ) -> PyResult<Self> {
-        let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
+        let invalid = |e: crate::error::InvalidArgument| PyValueError::new_err(e.to_string());
         let partitions = partitions_from_py(partitions)?;
         let mut sharding = Sharding::try_new(endpoints_from_py(endpoints)?, name).map_err(invalid)?;
         sharding = sharding.try_partitions(partitions).map_err(invalid)?;

@@ -28,7 +28,7 @@ use super::errors::describe;
 use super::key::PyKey;
 use super::logs::log;
 use crate::source::{Changes, Event, Item, Listing, ListingOf, Source, SourceError, Stop, StopHook};
-use crate::{EtcdSource, PollingSource};
+use crate::{source::EtcdSource, source::PollingSource};
 
 /// The item, event and listing types of every source a Python cache runs.
 pub(crate) type PyItem = Item<PyKey, PyObj, SourceValue>;
@@ -577,7 +577,7 @@ impl<'py> SourceSpec<'py> {
     /// A new Rust source for the cache named `cache`.
     pub(crate) fn build(&self, py: Python<'py>, cache: &str) -> PyResult<AnySource> {
         let cache: Arc<str> = Arc::from(cache);
-        let invalid = |e: crate::InvalidArgument| PyValueError::new_err(e.to_string());
+        let invalid = |e: crate::error::InvalidArgument| PyValueError::new_err(e.to_string());
         Ok(AnySource(match self {
             SourceSpec::Polling(s) => {
                 let polling = PollingSource::with_items(s.interval, poll_with(cache, s.list_fn.clone_ref(py)));

@@ -14,7 +14,9 @@ use super::convert::{to_secs, unix_timestamp};
 use super::key::PyKey;
 use crate::controller::Stats;
 use crate::observe::fields::{Field, Visit, Walk};
-use crate::status::{HangingKey, RunState, format_table, snapshot};
+use crate::{
+    observe::status::HangingKey, observe::status::RunState, observe::status::format_table, observe::status::snapshot,
+};
 
 /// Renders a walk into a dict: the Python side of `observe::fields`, for
 /// every dict of the status vocabulary (`status()` entries, `stats()`,

@@ -19,7 +19,7 @@ use super::convert::{check_sync_callable, positive_from_py};
 use super::errors::describe;
 use super::key::PyKey;
 use super::sources::AnySource;
-use crate::Watch;
+use crate::controller::Watch;
 
 fn optional_obj<'py>(py: Python<'py>, obj: Option<&PyObj>) -> Bound<'py, PyAny> {
     obj.map_or_else(|| py.None().into_bound(py), |obj| obj.to_py(py))

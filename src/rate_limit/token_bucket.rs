@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::RateLimiter;
-use crate::InvalidArgument;
 use crate::clock::{Clock, SystemClock, duration_from_nanos};
+use crate::error::InvalidArgument;
 
 /// An overall (not per-key) token bucket: `qps` tokens a second, at most
 /// `burst` saved up. Like client-go's `BucketRateLimiter`, every `when` takes
@@ -108,7 +108,7 @@ impl fmt::Debug for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FakeClock;
+    use crate::clock::FakeClock;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

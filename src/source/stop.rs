@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::StopSignal;
+use crate::context::StopSignal;
 use crate::sync::Mutex;
 
 type Hook = Box<dyn FnOnce() + Send>;

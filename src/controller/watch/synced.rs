@@ -19,7 +19,7 @@ use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate};
 use crate::logs;
 use crate::sync::{AtomicBool, Condvar, Mutex};
-use crate::{LeaderStatus, ShardStatus};
+use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
 /// Counts the caches watched at start that have not synced.
 pub(crate) struct SyncLatch {

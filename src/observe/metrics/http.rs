@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
 
 use super::connections::{self, Connection};
-use crate::status;
+use crate::observe::status;
 
 /// Requests with a longer head are answered from what was read.
 const MAX_HEAD: usize = 8 * 1024;
