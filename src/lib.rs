@@ -94,13 +94,13 @@ mod thread;
 pub use cache::{Applied, Cache, CacheBuilder, CacheError, CacheStats, CacheUse, Subscription, UnknownIndex};
 pub use clock::{Clock, FakeClock, SystemClock, Wake};
 pub use controller::{
-    Action, Batch, BoxError, Context, Controller, ControllerHandle, ControllerKey, CycleError, DEFAULT_LIST_PRIORITY,
-    KeyInfo, KeyStatus, ReconcileError, Reconciler, RetryPolicy, StartError, Stats, StopOptions, StopReport,
-    StopSignal, Stopping, TriggerOutcome, Watch, WatchError,
+    Action, Batch, BoxError, Context, Controller, ControllerHandle, ControllerKey, CrossPartitionError, CycleError,
+    DEFAULT_LIST_PRIORITY, DependencyError, KeyInfo, KeyStatus, ReconcileError, Reconciler, RetryPolicy, StartError,
+    Stats, StopOptions, StopReport, StopSignal, Stopping, TriggerOutcome, Watch, WatchError,
 };
 #[cfg(feature = "etcd")]
 pub use coordination::{Endpoints, LeaderElection, OnLost, Sharding};
-pub use coordination::{LeaderStatus, ShardStatus, partition_of};
+pub use coordination::{LeaderStatus, ShardStatus, partition_of, partition_of_by};
 /// The channel crate [`ControllerHandle::watch_channel`] takes receivers of,
 /// re-exported so a program uses the same version.
 pub use crossbeam_channel;

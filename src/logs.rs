@@ -416,6 +416,18 @@ pub(crate) fn group_failed<K: fmt::Debug>(controller: &str, key: &K, error: &str
     );
 }
 
+/// A controller's `partition_by` failed for a key (it panicked, raised,
+/// or named no valid key); the key is partitioned by itself. Logged at the
+/// 1st, 2nd, 4th, ... failure of the controller's function (`failures`
+/// counts them all; call with no lock held).
+pub(crate) fn partition_by_failed<K: fmt::Debug>(controller: &str, key: &K, error: &str, failures: u64) {
+    tracing::error!(
+        target: CONTROLLER,
+        controller = %controller, key = ?Short(key), error, failures,
+        "partition_by failed; the key is partitioned by itself"
+    );
+}
+
 /// Target of caches' and sources' events.
 const CACHE: &str = "reconq::cache";
 

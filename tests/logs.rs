@@ -582,3 +582,37 @@ fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
         }
     );
 }
+
+/// C3's error path: a panicking `partition_by` is an ERROR naming the key
+/// (again only at the 2nd, 4th, ... failure), and the key is partitioned
+/// by itself (here, by C4's check of an edge, which asks the same
+/// function the sharding gate does).
+#[test]
+fn a_failing_partition_by_is_an_error_naming_the_key_partitioned_by_itself() {
+    let logs = Logs::new();
+    let partitions = 64;
+    let c = Controller::new("logs-partition-by", |_: &String, _: &Context| -> Res { Ok(Action::Done) })
+        .sharding(reconq::Sharding::new("http://127.0.0.1:1", "logs-partition-by").partitions(partitions))
+        .partition_by(
+            |key: &String| if key.starts_with("bad") { panic!("no pipeline for {key}") } else { "p".to_string() },
+        );
+    let h = c.handle();
+    let (key, bad) = ("ok".to_string(), "bad-1".to_string());
+    let refused = tracing::dispatcher::with_default(&logs.dispatch, || h.set_dependencies(&key, [bad.clone()]));
+    let Err(reconq::DependencyError::CrossPartition(e)) = refused else { panic!("{refused:?}") };
+    assert_eq!(e.key_partition, reconq::partition_of(&"p".to_string(), partitions));
+    assert_eq!(e.parent_partition, reconq::partition_of(&bad, partitions), "partitioned by itself");
+    let errors = logs.on("reconq::controller");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].level, Level::ERROR);
+    assert_eq!(errors[0].message, "partition_by failed; the key is partitioned by itself");
+    assert_eq!(errors[0].fields["key"], "\"bad-1\"");
+    assert!(errors[0].fields["error"].contains("no pipeline for bad-1"), "{errors:#?}");
+    // Rate-limited: failures 2 and 4 are logged, 3 is not.
+    for n in 2..=4 {
+        let bad = format!("bad-{n}");
+        let _ = tracing::dispatcher::with_default(&logs.dispatch, || h.set_dependencies(&key, [bad]));
+    }
+    let logged: Vec<String> = logs.on("reconq::controller").iter().map(|e| e.fields["key"].clone()).collect();
+    assert_eq!(logged, ["\"bad-1\"", "\"bad-2\"", "\"bad-4\""]);
+}

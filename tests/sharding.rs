@@ -253,7 +253,7 @@ fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
         assert!(Sharding::try_new(bad, "x").is_err(), "{bad}");
     }
     assert!(Sharding::try_new(["http://127.0.0.1:1"], "a/b").is_err(), "no '/' in a name");
-    let sh = Sharding::new("http://127.0.0.1:1", "x");
+    let sh = Sharding::new(etcd::unreachable_endpoint(), "x");
     assert!(sh.clone().try_partitions(0).is_err());
     let too_many = sh.clone().try_partitions(65_537).unwrap_err().to_string();
     assert!(too_many.contains("partitions") && too_many.contains("65536"), "{too_many}");
@@ -279,4 +279,124 @@ fn bad_input_is_an_error_and_an_unreachable_etcd_owns_nothing() {
     assert_eq!(second.err().map(|e| e.kind()), Some(std::io::ErrorKind::InvalidInput));
     h.stop();
     assert!(h.join_timeout(PATIENCE));
+}
+
+/// The pipeline of key `k` in the C3 tests: keys 0-7 are one, 8-15 the
+/// next, and so on.
+fn pipeline(key: &u32) -> u32 {
+    key / 8
+}
+
+/// C3: keys naming one `partition_by` value share a partition, so each
+/// pipeline runs on one replica, the one owning `partition_of_by`'s
+/// partition; its edges are accepted, an edge between pipelines of
+/// different partitions is refused (C4) on a started controller too.
+#[test]
+fn c3_keys_naming_one_partition_by_value_run_on_one_replica() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let pipelined = |who: &str| {
+        let (record, who_owned) = (Arc::clone(&record), who.to_owned());
+        Controller::new(format!("c3-{who}"), move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+            record.lock().push((who_owned.clone(), *key, ctx.fencing_token().unwrap()));
+            Ok(Action::Done)
+        })
+        .workers(2)
+        .sharding(sharding(&etcd, "c3", who))
+        .partition_by(pipeline)
+        .resync(|| 0..KEYS)
+        .start()
+    };
+    let (a, b) = (pipelined("a"), pipelined("b"));
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    for r in [&a, &b] {
+        for key in (0..KEYS).filter(|k| k % 8 != 0) {
+            r.set_dependencies(&key, [key - key % 8]).expect("a pipeline stays in its partition");
+        }
+    }
+    let runs = every_key_to_every_replica(&[&a, &b], &record);
+    let owners: BTreeMap<&str, BTreeSet<u32>> = [("a", a.owned_partitions()), ("b", b.owned_partitions())].into();
+    let mut ran_on: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+    for (who, key, _) in &runs {
+        let partition = reconq::partition_of_by(key, PARTITIONS, pipeline);
+        assert!(owners[who.as_str()].contains(&partition), "C3: {who} ran {key} of partition {partition}");
+        ran_on.entry(pipeline(key)).or_default().insert(who.as_str());
+    }
+    assert_eq!(ran_on.len() as u32, KEYS / 8, "every pipeline ran");
+    assert!(ran_on.values().all(|replicas| replicas.len() == 1), "each pipeline on one replica: {ran_on:?}");
+
+    // C4 on a started controller: pipelines 0 and 1 in different partitions.
+    let (first, other) = (
+        0u32,
+        (1..KEYS / 8).map(|p| p * 8).find(|k| {
+            reconq::partition_of_by(k, PARTITIONS, pipeline) != reconq::partition_of_by(&0, PARTITIONS, pipeline)
+        }),
+    );
+    let other = other.expect("pipelines in two partitions");
+    let refused = a.set_dependencies(&first, [other]);
+    assert!(matches!(refused, Err(reconq::DependencyError::CrossPartition(_))), "{refused:?}");
+    assert!(a.dependencies(&first).is_empty(), "nothing changed");
+    a.stop();
+    b.stop();
+}
+
+/// A controller that is sharded over 8 partitions on an etcd that is
+/// never reached (C4 is checked without it).
+fn unstarted(name: &str) -> Controller<u32> {
+    Controller::new(name, |_: &u32, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
+}
+
+/// Two keys of different partitions, and one in the first one's.
+fn keys_across_partitions() -> (u32, u32, u32) {
+    let a = 0u32;
+    let other = (1..).find(|k| partition_of(k, PARTITIONS) != partition_of(&a, PARTITIONS)).unwrap();
+    let same = (1..).find(|k| partition_of(k, PARTITIONS) == partition_of(&a, PARTITIONS)).unwrap();
+    (a, other, same)
+}
+
+/// C4: with sharding, an edge across partitions is an error naming the
+/// key, the parent and both partitions, and changes nothing (before
+/// start: the partition count is known); one within a partition is kept.
+#[test]
+fn c4_an_edge_across_partitions_is_refused_and_changes_nothing() {
+    let (key, other, same) = keys_across_partitions();
+    let c = unstarted("c4").sharding(Sharding::new(etcd::unreachable_endpoint(), "c4").partitions(PARTITIONS));
+    let h = c.handle();
+    let Err(reconq::DependencyError::CrossPartition(e)) = h.set_dependencies(&key, [same, other]) else {
+        panic!("an edge across partitions is refused");
+    };
+    let (pk, po) = (partition_of(&key, PARTITIONS), partition_of(&other, PARTITIONS));
+    assert_eq!((e.key, e.parent, e.key_partition, e.parent_partition), (key, other, pk, po));
+    let message = e.to_string();
+    for part in [format!("{key} (partition {pk})"), format!("{other} (partition {po})")] {
+        assert!(message.contains(&part), "{message} names {part}");
+    }
+    assert!(h.dependencies(&key).is_empty(), "not even the parent in the same partition");
+    h.set_dependencies(&key, [same]).expect("an edge within a partition");
+    assert_eq!(h.dependencies(&key), [same]);
+
+    // With partition_by naming one value for both, the edge holds.
+    let c = unstarted("c4-by")
+        .sharding(Sharding::new(etcd::unreachable_endpoint(), "c4-by").partitions(PARTITIONS))
+        .partition_by(|_: &u32| "one pipeline".to_string());
+    c.handle().set_dependencies(&key, [other]).expect("one partition_by value, one partition");
+    drop(c);
+}
+
+/// C4 at start: an edge set before the controller was given its sharding
+/// fails `try_start` with an error naming the pair, with nothing started.
+#[test]
+fn c4_an_edge_set_before_sharding_fails_start_naming_the_pair() {
+    let (key, other, _) = keys_across_partitions();
+    let c = unstarted("c4-start");
+    c.handle().set_dependencies(&key, [other]).expect("no sharding yet: any edge");
+    let started =
+        c.sharding(Sharding::new(etcd::unreachable_endpoint(), "c4-start").partitions(PARTITIONS)).try_start();
+    let Err(e) = started else { panic!("an edge across partitions fails start") };
+    assert!(matches!(e, reconq::StartError::CrossPartition(_)), "{e:?}");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let message = e.to_string();
+    for part in [format!("{key} (partition"), format!("{other} (partition")] {
+        assert!(message.contains(&part), "{message} names {part}");
+    }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::core::{ControllerKey, Core, Runtime};
+use super::partitions::{CrossPartitionError, Partitioner};
 use crate::graph::{Dependencies, NothingPending};
 use crate::queue::{Cancel, CancelHook};
 use crate::sync::Mutex;
@@ -32,6 +33,57 @@ impl<K: fmt::Debug> fmt::Display for CycleError<K> {
 
 impl<K: fmt::Debug> std::error::Error for CycleError<K> {}
 
+/// Why `set_dependencies` refused the parents: nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DependencyError<K> {
+    /// They would close a cycle (D4).
+    Cycle(CycleError<K>),
+    /// With sharding, a parent lies in another partition than the key
+    /// (C4): no replica would see both, so the edge could never hold.
+    CrossPartition(CrossPartitionError<K>),
+}
+
+impl<K: fmt::Debug> fmt::Display for DependencyError<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DependencyError::Cycle(e) => e.fmt(f),
+            DependencyError::CrossPartition(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<K: fmt::Debug + 'static> std::error::Error for DependencyError<K> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DependencyError::Cycle(e) => Some(e),
+            DependencyError::CrossPartition(e) => Some(e),
+        }
+    }
+}
+
+impl<K> From<CycleError<K>> for DependencyError<K> {
+    fn from(e: CycleError<K>) -> Self {
+        DependencyError::Cycle(e)
+    }
+}
+
+/// At start (C4): the first edge set before start that crosses
+/// partitions (set before the controller was given its sharding, or
+/// its `partition_by`). The edges are copied out first: `partition_by`
+/// is not called under the lock.
+pub(crate) fn first_edge_across<K: ControllerKey>(
+    before: &Mutex<BeforeStart<K>>,
+    partitions: &Partitioner<K>,
+) -> Option<CrossPartitionError<K>> {
+    let edges: Vec<(K, Vec<K>)> = {
+        let before = before.lock();
+        let deps = before.deps.as_deref()?;
+        before.set.iter().map(|key| (key.clone(), deps.parents(key))).collect()
+    };
+    edges.iter().find_map(|(key, parents)| partitions.check_edges(key, parents).err())
+}
+
 /// Edges set before start (the queue takes them at start).
 pub(crate) struct BeforeStart<K> {
     deps: Option<Box<Dependencies<K>>>,
@@ -47,23 +99,29 @@ impl<K> Default for BeforeStart<K> {
 }
 
 impl<K: ControllerKey> Core<K> {
-    /// Replaces `key`'s parents (D4: a cycle changes nothing); before
+    /// Replaces `key`'s parents (D4: a cycle changes nothing; C4: with
+    /// `partitions`, neither does an edge across partitions); before
     /// start, in `before`.
     pub(crate) fn set_dependencies(
         self: &Arc<Self>,
         before: &Mutex<BeforeStart<K>>,
+        partitions: Option<&Partitioner<K>>,
         key: &K,
         parents: impl IntoIterator<Item = K>,
-    ) -> Result<(), CycleError<K>> {
+    ) -> Result<(), DependencyError<K>> {
         // Repeats collapse in the graph, by node id (D5: O(parents)).
         let parents: Vec<K> = parents.into_iter().collect();
+        // Before any lock: `partition_by` is the user's code.
+        if let Some(partitions) = partitions {
+            partitions.check_edges(key, &parents).map_err(DependencyError::CrossPartition)?;
+        }
         if let Some(rt) = self.rt.get() {
-            return self.set_started(rt, key, parents);
+            return Ok(self.set_started(rt, key, parents)?);
         }
         let mut before = before.lock();
         if let Some(rt) = self.rt.get() {
             drop(before);
-            return self.set_started(rt, key, parents);
+            return Ok(self.set_started(rt, key, parents)?);
         }
         let deps = before.deps.get_or_insert_with(Box::default);
         deps.set_parents(key, parents, &mut NothingPending).map_err(|keys| CycleError { keys })?;

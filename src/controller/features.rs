@@ -6,7 +6,7 @@
 //! * triggers: the live triggers, signalled at stop;
 //! * watches: the caches watched, released at stop;
 //! * dependencies set before start, and batches open (both handed to the
-//!   queue at start);
+//!   queue at start); how keys map to partitions (sharding, C4's check);
 //! * once started: the store (woken at stop, its last flush once stopped),
 //!   the watchdog (shut down at stop) and the coordination (standby
 //!   workers woken at stop, the seat left once the workers exited).
@@ -17,6 +17,7 @@ use super::batch::OpenBatches;
 use super::core::{ControllerKey, Core, Runtime};
 use super::dependencies::BeforeStart;
 use super::life::Event;
+use super::partitions::Partitioner;
 use super::triggers::{self, Triggers};
 use super::watch::Watches;
 use crate::sync::Mutex;
@@ -31,6 +32,9 @@ pub(crate) struct Features<K> {
     pub(crate) deps_before_start: Mutex<BeforeStart<K>>,
     /// Batches open now (see `batch`); their guards hold it too.
     pub(crate) batches: Arc<OpenBatches>,
+    /// How keys map to partitions, once `sharding` or `partition_by` was
+    /// configured (see `partitions`): C4 checks each edge against it.
+    pub(crate) partitioner: Mutex<Option<Partitioner<K>>>,
 }
 
 impl<K: ControllerKey> Features<K> {
@@ -42,6 +46,7 @@ impl<K: ControllerKey> Features<K> {
             watches: Watches::new(),
             deps_before_start: Mutex::new(BeforeStart::default()),
             batches: Arc::new(Mutex::new(0)),
+            partitioner: Mutex::new(None),
         });
         // Held weakly: the hooks live in the core, which outlives them.
         let weak = Arc::downgrade(&features);
@@ -52,6 +57,12 @@ impl<K: ControllerKey> Features<K> {
             }
         });
         features
+    }
+
+    /// How keys map to partitions now (a copy: the caller may call
+    /// `partition_by` with no lock held).
+    pub(crate) fn partitioner(&self) -> Option<Partitioner<K>> {
+        self.partitioner.lock().clone()
     }
 }
 

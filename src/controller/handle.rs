@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::batch::Batch;
 use super::core::{ControllerKey, Core, When};
-use super::dependencies::CycleError;
+use super::dependencies::DependencyError;
 use super::features::Features;
 use super::gate::Gate;
 use super::groups::GroupTable;
@@ -130,9 +130,13 @@ impl<K: ControllerKey> ControllerHandle<K> {
     /// (D1); when a key's run of attempts ends its dependents are enqueued
     /// (D2); a key becoming ready cancels its running descendants and runs
     /// after they returned (D3). Parents that would close a cycle return
-    /// [`CycleError`](super::CycleError) and change nothing (D4).
-    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), CycleError<K>> {
-        self.core.set_dependencies(&self.features.deps_before_start, key, parents)
+    /// [`DependencyError::Cycle`] and change nothing (D4). With
+    /// [`sharding`](super::Controller::sharding), a parent in another
+    /// partition than `key` (after [`partition_by`](super::Controller::partition_by))
+    /// returns [`DependencyError::CrossPartition`] and changes nothing (C4).
+    pub fn set_dependencies(&self, key: &K, parents: impl IntoIterator<Item = K>) -> Result<(), DependencyError<K>> {
+        let partitioner = self.features.partitioner();
+        self.core.set_dependencies(&self.features.deps_before_start, partitioner.as_ref(), key, parents)
     }
 
     /// Opens a batch (guarantees §15, U3): while any batch is open (from any

@@ -27,7 +27,8 @@
 //!     `gate` (the one seam to coordination), `finish` (the after-reconcile
 //!     choice), `groups`, `debounce`, `inspect` (per-key memory, the parked
 //!     set), `metrics` (per-worker counts), `outcome` ([`Action`],
-//!     [`ReconcileError`], [`Reconciler`]), `watchdog` (its thread's timer).
+//!     [`ReconcileError`], [`Reconciler`]), `partitions` (a key's
+//!     partition, `partition_by`), `watchdog` (its thread's timer).
 //!
 //! ```
 //! use reconq::{Action, Context, Controller, ReconcileError};
@@ -60,6 +61,7 @@ mod inspect;
 mod life;
 mod metrics;
 mod outcome;
+mod partitions;
 mod persist;
 #[cfg(feature = "etcd")]
 mod replicas;
@@ -89,11 +91,14 @@ use crate::store::{Persister, SqliteStore, StoreLink};
 pub use crate::context::{Context, StopSignal};
 pub use batch::Batch;
 pub use core::ControllerKey;
-pub use dependencies::CycleError;
+pub use dependencies::{CycleError, DependencyError};
 pub(crate) use groups::GroupFn;
 pub use handle::ControllerHandle;
 pub use inspect::{KeyInfo, KeyStatus};
 pub use outcome::{Action, BoxError, ReconcileError, Reconciler, RetryPolicy};
+pub use partitions::CrossPartitionError;
+#[cfg(feature = "etcd")]
+pub(crate) use partitions::PartitionByFn;
 pub use start::StartError;
 pub use status::Stats;
 pub use stopping::{StopOptions, StopReport, Stopping};
@@ -151,6 +156,12 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// per `Sharding`; starting the controller joins the group and its
     /// stop leaves it.
     ///
+    ///
+    /// With sharding, [`ControllerHandle::set_dependencies`] refuses an
+    /// edge between keys of different partitions (guarantees §17, C4);
+    /// edges set before this call are checked by [`try_start`](Self::try_start)
+    /// ([`StartError::CrossPartition`]).
+    ///
     /// # Panics
     /// If the controller already has a leader election.
     #[cfg(feature = "etcd")]
@@ -160,8 +171,56 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
             "controller {:?}: leader_election or sharding, not both",
             self.plan.core.name
         );
+        let partitions = sharding.partition_count();
+        self.update_partitioner(|p| p.with_partitions(partitions));
         self.plan.coordinate = Some(replicas::shards(sharding));
         self
+    }
+
+    /// With [`sharding`](Self::sharding): a key belongs to the partition
+    /// of the key `partition_by(key)` names (guarantees §17, C3), not of
+    /// itself, so keys naming the same value share a partition, on every
+    /// replica and in both languages (Python's `partition_by=` on
+    /// `Sharding`): a pipeline of [`set_dependencies`](ControllerHandle::set_dependencies)
+    /// whose keys name one value runs on one replica.
+    /// [`partition_of_by`](crate::partition_of_by) computes the same
+    /// partition outside a controller. A panic in `partition_by` is an
+    /// ERROR naming the key (target `reconq::controller`; repeated ones at
+    /// the 1st, 2nd, 4th, ... failure), and the key is then partitioned by
+    /// itself. Keep it quick and pure: it is asked at each enqueue and
+    /// hand-out of a key.
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics if the controller has no sharding.
+    #[cfg(feature = "etcd")]
+    pub fn partition_by<P, F>(self, partition_by: F) -> Self
+    where
+        P: StoreKey,
+        F: Fn(&K) -> P + Send + Sync + 'static,
+    {
+        self.partition_by_fallible(Arc::new(move |key: &K, partitions: u32| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::coordination::partition_of(&partition_by(key), partitions)
+            }))
+            .map_err(|panic| panics::message(&*panic))
+        }))
+    }
+
+    /// [`partition_by`](Self::partition_by) with a function that reports
+    /// its failures (the Python bindings' `Sharding(partition_by=)`).
+    #[cfg(feature = "etcd")]
+    pub(crate) fn partition_by_fallible(self, partition_by: Arc<PartitionByFn<K>>) -> Self {
+        self.update_partitioner(|p| p.with_partition_by(partition_by));
+        self
+    }
+
+    /// Changes how keys map to partitions (`sharding` and `partition_by`
+    /// may come in either order).
+    #[cfg(feature = "etcd")]
+    fn update_partitioner(&self, change: impl FnOnce(partitions::Partitioner<K>) -> partitions::Partitioner<K>) {
+        let mut partitioner = self.plan.features.partitioner.lock();
+        let current = partitioner.take().unwrap_or_else(|| partitions::Partitioner::new(&self.plan.core.name));
+        *partitioner = Some(change(current));
     }
 
     /// Lists every key that should be reconciled (every replica's, as a

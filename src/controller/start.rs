@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use super::core::{ClockRef, ControllerKey, Core, ExitGuard, Runtime, When, WorkerSlot};
 use super::debounce::Debounce;
+use super::dependencies;
 use super::features::{self, Features};
 use super::finish::Finish;
 use super::gate::Coordinated;
 use super::groups::Grouping;
 use super::handle::ControllerHandle;
 use super::outcome::Reconciler;
+use super::partitions::Partitioner;
 use super::watch::{AtStart, WatchError};
 use super::watchdog::Watchdog;
 use super::{hangs, persist, worker};
@@ -60,6 +62,11 @@ pub enum StartError {
     /// The controller was stopped through a handle before start: a
     /// controller runs once.
     StoppedBeforeStart,
+    /// With sharding, an edge set before start (before the controller was
+    /// given its sharding or `partition_by`) joins keys of different
+    /// partitions (guarantees §17, C4); the message names both keys and
+    /// their partitions. Nothing changed.
+    CrossPartition(String),
     /// The OS refused a thread (a thread or memory limit: each worker
     /// needs a stack); `thread` names it.
     Thread { thread: String, error: io::Error },
@@ -72,6 +79,7 @@ impl StartError {
             StartError::Store(e) => e.kind(),
             StartError::Coordination(e) | StartError::Thread { error: e, .. } => e.kind(),
             StartError::Watch(_) | StartError::StoppedBeforeStart => io::ErrorKind::Other,
+            StartError::CrossPartition(_) => io::ErrorKind::InvalidInput,
         }
     }
 
@@ -83,7 +91,7 @@ impl StartError {
             StartError::Watch(e) => Some(e),
             StartError::Coordination(e) => e.get_ref(),
             StartError::Thread { error, .. } => Some(error),
-            StartError::StoppedBeforeStart => None,
+            StartError::StoppedBeforeStart | StartError::CrossPartition(_) => None,
         }
     }
 }
@@ -98,6 +106,7 @@ impl fmt::Display for StartError {
                 f.write_str("was stopped through a handle before start: a controller runs once")
             }
             StartError::Thread { thread, error } => write!(f, "cannot spawn {thread}: {error}"),
+            StartError::CrossPartition(edge) => write!(f, "set_dependencies before start: {edge}"),
         }
     }
 }
@@ -108,7 +117,7 @@ impl Error for StartError {
             StartError::Store(e) => Some(e),
             StartError::Watch(e) => Some(e),
             StartError::Coordination(e) | StartError::Thread { error: e, .. } => Some(e),
-            StartError::StoppedBeforeStart => None,
+            StartError::StoppedBeforeStart | StartError::CrossPartition(_) => None,
         }
     }
 }
@@ -156,8 +165,10 @@ pub(crate) type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, S
 
 /// Joins the coordination a controller was configured with, at its start.
 /// Sharding takes the controller's `resync` (it runs it when partitions are
-/// gained); whatever leaves it runs once at start instead.
-pub(crate) type Join<K> = Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>) -> io::Result<Coordinated<K>> + Send>;
+/// gained; whatever leaves it runs once at start instead) and how keys map
+/// to partitions.
+pub(crate) type Join<K> =
+    Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>, Option<Partitioner<K>>) -> io::Result<Coordinated<K>> + Send>;
 
 /// Lists every key the controller should have (`resync`): enqueued at
 /// start, or with sharding those of partitions just gained.
@@ -167,6 +178,19 @@ pub(crate) type Resync<K> = Arc<dyn Fn() -> Vec<K> + Send + Sync>;
 /// [`Controller::try_start`](super::Controller::try_start)).
 pub(super) fn start<K: ControllerKey>(mut plan: Plan<K>) -> Result<ControllerHandle<K>, StartError> {
     let (core, features) = (Arc::clone(&plan.core), Arc::clone(&plan.features));
+    let partitioner = features.partitioner();
+    if let Some(partitioner) = &partitioner {
+        assert!(
+            partitioner.is_sharded() || !partitioner.has_partition_by(),
+            "controller {:?}: partition_by needs sharding",
+            core.name
+        );
+        // C4, for edges set before sharding was configured (later ones
+        // were checked as they were set); before anything is taken.
+        if let Some(edge) = dependencies::first_edge_across(&features.deps_before_start, partitioner) {
+            return Err(StartError::CrossPartition(edge.to_string()));
+        }
+    }
     let store_file = plan.store.as_ref().map(|(file, _)| file.as_path());
     let watched = features.watches.take_at_start(&core.name, store_file)?;
     let store = match plan.store.take() {
@@ -202,7 +226,7 @@ pub(super) fn start<K: ControllerKey>(mut plan: Plan<K>) -> Result<ControllerHan
         .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &plan.clock));
     let mut resync = plan.resync.take();
     let coordination = match plan.coordinate.take() {
-        Some(join) => Some(join(&core, &mut resync).map_err(StartError::Coordination)?),
+        Some(join) => Some(join(&core, &mut resync, partitioner).map_err(StartError::Coordination)?),
         None => None,
     };
     let coordination = watched.gate(coordination);

@@ -17,7 +17,7 @@ mod sharding;
 pub use crate::observe::reports::{LeaderStatus, ShardStatus};
 #[cfg(feature = "etcd")]
 pub use leader::{LeaderElection, OnLost};
-pub use partition::partition_of;
+pub use partition::{partition_of, partition_of_by};
 #[cfg(feature = "etcd")]
 pub use settings::Endpoints;
 #[cfg(feature = "etcd")]

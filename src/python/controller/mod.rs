@@ -32,7 +32,7 @@ use lifecycle::{Held, Life, refuse_on_own_worker, stop_options, stopping};
 use options::{Built, Options};
 
 use crate::clock::deadline_after;
-use crate::controller::{ControllerHandle, KeyStatus, WatchError};
+use crate::controller::{ControllerHandle, DependencyError, KeyStatus, WatchError};
 use crate::python::cache::PyCache;
 use crate::python::convert::{
     Due, instant_to_wall, non_negative_from_py, optional_callable, priority_from_py, timeout_from_py, type_name,
@@ -391,21 +391,34 @@ impl PyController {
     /// a str, bytes or tuple, which are keys themselves): replaces its
     /// earlier parents (`[]` clears them), enqueues nothing, may be called
     /// before start. Raises `CycleError` (nothing changed) if they would
-    /// close a cycle.
+    /// close a cycle, and `ValueError` (nothing changed) with sharding if a
+    /// parent's partition differs from the key's.
     fn set_dependencies(&self, py: Python<'_>, key: &Bound<'_, PyAny>, parents: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = PyKey::from_py(key)?;
         let parents = parents_from_py(parents)?;
         let handle = &self.handle;
-        py.detach(|| handle.set_dependencies(&key, parents)).map_err(|cycle| {
-            let names = cycle.keys.iter().map(|k| Ok(k.to_py(py)?.str()?.to_string())).collect::<PyResult<Vec<_>>>();
-            match names {
-                Ok(names) => CycleError::new_err(format!(
+        let refused = match py.detach(|| handle.set_dependencies(&key, parents)) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        let name = |k: &PyKey| -> PyResult<String> { Ok(k.to_py(py)?.str()?.to_string()) };
+        Err(match refused {
+            DependencyError::Cycle(cycle) => {
+                let names = cycle.keys.iter().map(name).collect::<PyResult<Vec<_>>>()?;
+                CycleError::new_err(format!(
                     "set_dependencies: these parents would close a cycle: {} -> {}",
                     names.join(" -> "),
                     names[0]
-                )),
-                Err(e) => e,
+                ))
             }
+            DependencyError::CrossPartition(e) => PyValueError::new_err(format!(
+                "set_dependencies: the parent {} (partition {}) of {} (partition {}) lies in another partition: with \
+                 sharding, an edge must stay within one partition (give both keys the same partition_by value)",
+                name(&e.parent)?,
+                e.parent_partition,
+                name(&e.key)?,
+                e.key_partition
+            )),
         })
     }
 

@@ -21,7 +21,7 @@ use crate::python::errors::describe;
 use crate::python::key::PyKey;
 use crate::python::limiters::limiter_from_py;
 use crate::python::reconciler::{CallbackCell, PyReconciler};
-use crate::python::sharding::{PySharding, resync_from_py};
+use crate::python::sharding::{PySharding, partition_by_from_py, resync_from_py};
 use crate::python::store::store_from_py;
 
 /// The most worker threads a Python controller takes. Every worker waiting
@@ -167,6 +167,9 @@ impl Options<'_, '_> {
         }
         if let Some(sharding) = self.sharding {
             builder = builder.sharding(sharding.inner.clone());
+            if let Some(partition_by) = &sharding.partition_by {
+                builder = builder.partition_by_fallible(partition_by_from_py(partition_by.clone_ref(py)));
+            }
         }
         if let Some(resync) = resync {
             builder = builder.resync(resync_from_py(resync));
