@@ -400,3 +400,35 @@ fn c4_an_edge_set_before_sharding_fails_start_naming_the_pair() {
         assert!(message.contains(&part), "{message} names {part}");
     }
 }
+
+/// A `partition_by` that never answers the same twice (the user's code
+/// may not be pure): each reconcile is finished in the partition it was
+/// admitted under, so every partition's count of reconciles in flight
+/// stays true and the replica still hands its partitions over at once.
+#[test]
+fn a_partition_by_that_changes_its_answer_keeps_hand_overs_intact() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (rec, calls_by) = (Arc::clone(&record), Arc::clone(&calls));
+    let a = Controller::new("c3-impure-a", move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
+        rec.lock().push(("a".to_owned(), *key, ctx.fencing_token().unwrap()));
+        Ok(Action::Done)
+    })
+    .workers(2)
+    .sharding(sharding(&etcd, "c3-impure", "a"))
+    .partition_by(move |_: &u32| calls_by.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    .start();
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    for key in 0..KEYS {
+        a.enqueue(key);
+    }
+    assert!(a.wait_idle(PATIENCE));
+    assert_eq!(a.stats().successes, u64::from(KEYS), "{:?}", a.stats());
+    // A second replica gets half the partitions within the TTL's reach:
+    // a's reconciles of them were all counted out.
+    let b = replica(&etcd, "c3-impure", "b", &record);
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    a.stop();
+    b.stop();
+}

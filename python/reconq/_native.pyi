@@ -283,7 +283,14 @@ class Sharding:
     """Membership of a group of replicas that split the keys' ``partitions``
     between them, on the etcd at ``endpoints`` (one ``http://host:port`` or a
     list). Pass it to one ``Controller(sharding=, resync=)``: the controller
-    reconciles only the keys of the partitions this process owns."""
+    reconciles only the keys of the partitions this process owns. With
+    ``partition_by(key) -> key``, a key belongs to the partition of the key it
+    names (guarantees §17, C3): keys naming one value share a partition on
+    every replica and in Rust, so a pipeline of ``set_dependencies`` whose keys
+    name one value runs on one replica. If it raises or returns what is not a
+    key, the controller logs an ERROR naming the key and partitions the key by
+    itself. With sharding, ``set_dependencies`` refuses an edge across
+    partitions (C4)."""
 
     def __new__(
         cls,
@@ -292,6 +299,7 @@ class Sharding:
         partitions: int = 64,
         ttl: Optional[_Seconds] = None,
         identity: Optional[str] = None,
+        partition_by: Optional[Callable[[Any], _Key]] = None,
     ) -> Self: ...
     @property
     def partitions(self) -> int:
@@ -302,8 +310,10 @@ class Sharding:
     def owned_partitions(self) -> Set[int]:
         """The partitions this process owns now."""
 
-def partition_of(key: _Key, partitions: int) -> int:
-    """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust."""
+def partition_of(key: _Key, partitions: int, partition_by: Optional[Callable[[Any], _Key]] = None) -> int:
+    """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust.
+    With ``partition_by``, the partition of the key ``partition_by(key)`` names, as a controller with
+    ``Sharding(partition_by=)`` computes it (Rust's ``partition_of_by``); what it raises propagates."""
 
 # --- Sources and caches (guarantees §13, docs/sources.md) ---
 
@@ -726,7 +736,8 @@ class Controller:
         """Makes ``key`` run after ``parents`` (a list or any iterable of keys but a str, bytes or
         tuple, which are keys themselves): replaces its earlier parents (``[]`` clears them),
         enqueues nothing, may be called before start. Raises ``CycleError`` (nothing changed) if
-        they would close a cycle."""
+        they would close a cycle, and with ``sharding`` ``ValueError`` (nothing changed) naming the
+        key, the parent and both partitions if a parent lies in another partition (C4)."""
     def dependencies(self, key: _Key) -> List[_Key]:
         """``key``'s direct parents (``[]`` if none)."""
     def dependents(self, key: _Key) -> List[_Key]:
