@@ -31,7 +31,7 @@ use super::context::with_scope;
 use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
-use super::logs::log;
+use super::logs::{Fields, log_about};
 use crate::{Context, ControllerParams, DoError, Manager, UnknownController};
 
 /// Named periodic controllers: each runs its `do()` on its own thread until
@@ -62,7 +62,8 @@ fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny
 
 /// Logs a failed `do` / `stop` with its traceback.
 fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr) {
-    log(py, level, ("controller %r: %s raised %s", name, what, describe(py, err)), Some(err));
+    let args = ("controller %r: %s raised %s", name, what, describe(py, err));
+    log_about(py, level, args, Some(err), &Fields::controller(name));
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
