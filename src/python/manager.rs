@@ -101,7 +101,7 @@ impl PyManager {
     /// `leader_election`, `do` functions run only while this process leads
     /// (one election may serve several managers and controllers).
     #[new]
-    #[pyo3(signature = (name="manager", leader_election=None))]
+    #[pyo3(signature = (name="manager", *, leader_election=None))]
     fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> PyResult<Self> {
         let mut builder = Manager::builder()
             .name(name)
@@ -130,8 +130,8 @@ impl PyManager {
     #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §5)
     // `error_retry_base=None` is accepted too and means the default, 1.0.
     #[pyo3(
-        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),
-        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
+        signature = (name, r#do, *, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),
+        text_signature = "($self, name, do, *, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
     )]
     fn update(
         slf: &Bound<'_, Self>,
