@@ -25,7 +25,7 @@ pub(crate) struct PySharding {
 #[pymethods]
 impl PySharding {
     #[new]
-    #[pyo3(signature = (endpoints, name, partitions=64, ttl=None, identity=None))]
+    #[pyo3(signature = (endpoints, name, *, partitions=64, ttl=None, identity=None))]
     fn new(
         endpoints: &Bound<'_, PyAny>,
         name: &str,
