@@ -56,6 +56,7 @@
 // docs.rs (Cargo.toml's `[package.metadata.docs.rs]`) marks each item with
 // the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 // Signal handling (src/signals.rs: sigaction and a self-pipe) and the
 // store's file lock (src/store/lock.rs: flock) are POSIX: say so before the

@@ -64,6 +64,7 @@ use crate::thread::{self, JoinHandle, ThreadWrapper};
 
 /// A change a cache applied, as its subscribers get it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Applied<K, O> {
     pub key: K,
     /// What the cache held before (`None`: the key is new, or deleted
@@ -91,6 +92,7 @@ type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
 
 /// Why a cache cannot start.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CacheError {
     /// It was stopped: a stopped cache never runs again.
     Stopped { cache: String },
@@ -107,10 +109,18 @@ impl fmt::Display for CacheError {
     }
 }
 
-impl std::error::Error for CacheError {}
+impl std::error::Error for CacheError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CacheError::Thread(e) => Some(e),
+            CacheError::Stopped { .. } => None,
+        }
+    }
+}
 
 /// [`Cache::by_index`] was given a name no index has.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnknownIndex {
     pub index: String,
 }
@@ -125,6 +135,7 @@ impl std::error::Error for UnknownIndex {}
 
 /// What [`Cache::stats`] reports.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CacheStats<P> {
     pub name: String,
     /// The first list has been applied.
@@ -155,6 +166,7 @@ impl<S: Source> Clone for Cache<S> {
 }
 
 /// Builds a [`Cache`]: its name and indexes.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct CacheBuilder<S: Source> {
     name: String,
     source: S,

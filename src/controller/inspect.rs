@@ -14,6 +14,7 @@ type Hasher = foldhash::fast::RandomState;
 
 /// Where a key stands, as seen by [`ControllerHandle::inspect`](super::ControllerHandle::inspect).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyStatus {
     /// The controller knows nothing about the key.
     Unknown,

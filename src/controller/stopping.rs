@@ -75,6 +75,7 @@ impl<K> StopReport<K> {
 }
 
 /// A stop under way: [`wait`](Self::wait) drives it to its report.
+#[must_use = "the stop is requested, but only `.wait()` joins the threads and reports what was left"]
 pub struct Stopping<K: ControllerKey> {
     core: Arc<Core<K>>,
     features: Arc<Features<K>>,

@@ -116,6 +116,7 @@ impl fmt::Debug for WeakManager {
 }
 
 /// Builds a [`Manager`] with a non-default name, clock or thread wrapper.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct ManagerBuilder {
     name: String,
     clock: Arc<dyn Clock>,

@@ -135,6 +135,7 @@ impl fmt::Debug for DoError {
 ///     .stop(|| println!("cleaned up"));
 /// assert_eq!(params.get_run_interval(), Some(Duration::from_secs(30)));
 /// ```
+#[must_use = "parameters do nothing until given to `Manager::update`"]
 pub struct ControllerParams {
     pub(crate) do_fn: DoFn,
     pub(crate) stop_fn: Option<StopFn>,

@@ -11,6 +11,7 @@ use crate::observe::fields::{Field, Visit, Walk, health_of};
 /// Times are wall-clock ([`SystemTime`]); durations are measured on the
 /// manager's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ControllerStatus {
     pub name: String,
     /// Runs that returned `Ok` or an exit reason.

@@ -76,6 +76,7 @@ pub struct StatusEntry {
 // (ControllerDetails { .. })` stays the public way to build and match one.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EntryKind {
     /// A [`Controller`](crate::Controller): a pool of workers reconciling
     /// keys from a queue.
@@ -108,6 +109,7 @@ impl EntryKind {
 
 /// What only a [`Cache`](crate::Cache)'s entry has.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheDetails {
     pub state: RunState,
     /// The first list has been applied.
@@ -173,6 +175,7 @@ pub struct ControllerDetails {
 
 /// Where a [`Controller`](crate::Controller) is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RunState {
     /// Built, not started yet (keys enqueued wait for the start).
     NotStarted,

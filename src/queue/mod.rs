@@ -92,6 +92,7 @@ pub struct QueueCounts {
 
 /// Why [`WorkQueue::get_timeout`] returned without a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GetError {
     /// Nothing became ready before the timeout.
     Timeout,
@@ -204,6 +205,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Default for WorkQueue<K> {
 }
 
 /// Builds a [`WorkQueue`] with a non-default limiter or clock.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct WorkQueueBuilder<K> {
     limiter: Option<Box<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,

@@ -147,6 +147,7 @@ pub(crate) enum Finished {
 
 /// Where a key stands in the queue, for introspection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyState {
     /// The queue does not know the key.
     Absent,

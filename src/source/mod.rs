@@ -35,6 +35,7 @@ pub use self::stop::{Stop, StopHook};
 
 /// One change from a source's stream.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Event<K, O, P, V> {
     /// `key` now holds `obj`. `position` (if any) is where the stream is
     /// once this is applied; `version` (if any) identifies this state of

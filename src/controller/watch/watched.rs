@@ -12,6 +12,7 @@ use crate::source::{Source, Stop};
 
 /// Why a controller cannot watch a cache.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum WatchError {
     /// The cache was stopped: a stopped cache never runs again.
     CacheStopped { cache: String },
@@ -37,7 +38,16 @@ impl fmt::Display for WatchError {
     }
 }
 
-impl std::error::Error for WatchError {}
+impl std::error::Error for WatchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WatchError::Thread(e) => Some(e),
+            WatchError::CacheStopped { .. } | WatchError::ControllerStopped { .. } | WatchError::StoreMismatch(_) => {
+                None
+            }
+        }
+    }
+}
 
 impl From<CacheError> for WatchError {
     fn from(e: CacheError) -> Self {
