@@ -152,6 +152,9 @@ impl fmt::Debug for ReconcileError {
 /// argument types (`|key: &String, ctx: &Context| ...`) and, if it only
 /// returns `Ok`, its error type.
 pub trait Reconciler<K>: Send + Sync + 'static {
+    /// Reconciles `key` once. `Ok` says what to do next with the key; an
+    /// `Err` is retried as its [`RetryPolicy`] says. `ctx` tells the
+    /// attempt, the priority and whether this run was cancelled.
     fn reconcile(&self, key: &K, ctx: &Context) -> Result<Action, ReconcileError>;
 }
 

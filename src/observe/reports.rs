@@ -32,6 +32,7 @@ impl LeaderStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardStatus {
+    /// The sharding's name.
     pub name: String,
     /// The number of partitions of the key space.
     pub partitions: u32,

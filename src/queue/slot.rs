@@ -154,9 +154,15 @@ pub enum KeyState {
     /// Waiting in the ready set.
     Ready,
     /// Waiting for its due time.
-    Waiting { due: Instant },
+    Waiting {
+        /// When it becomes ready (on the queue's clock).
+        due: Instant,
+    },
     /// Handed out and not yet done. `again` tells what happens at `done`:
     /// `Some(None)` ready again, `Some(Some(due))` wait for `due`, `None`
     /// nothing.
-    Processing { again: Option<Option<Instant>> },
+    Processing {
+        /// What `done` does with the key (see above).
+        again: Option<Option<Instant>>,
+    },
 }

@@ -15,9 +15,15 @@ use crate::source::{Source, Stop};
 #[non_exhaustive]
 pub enum WatchError {
     /// The cache was stopped: a stopped cache never runs again.
-    CacheStopped { cache: String },
+    CacheStopped {
+        /// The cache's name.
+        cache: String,
+    },
     /// The controller was stopped.
-    ControllerStopped { controller: String },
+    ControllerStopped {
+        /// The controller's name.
+        controller: String,
+    },
     /// The OS refused a thread (the cache's, or its resync's).
     Thread(io::Error),
     /// The cache has a store and the controller has none, or another
