@@ -32,6 +32,8 @@ pub trait StoreKey: Sized {
 /// cannot be kept (a key whose version is not kept counts as changed at a
 /// restart). Every [`StoreKey`] is kept as its encoding.
 pub trait Keepable {
+    /// The bytes kept in the store, or `None` when this value cannot be
+    /// kept.
     fn kept_bytes(&self) -> Option<Vec<u8>>;
 }
 

@@ -56,6 +56,15 @@
 // docs.rs (Cargo.toml's `[package.metadata.docs.rs]`) marks each item with
 // the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+// The docs link to the builder methods of the features they mention
+// (`Controller::store`, `LeaderElection`, ...), which a build without those
+// features does not have. The default build has every feature, so it still
+// checks every link (`.ci/run` builds the docs both ways with `-D warnings`).
+#![cfg_attr(
+    not(all(feature = "store", feature = "etcd", feature = "parallelize")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 // Signal handling (src/signals.rs: sigaction and a self-pipe) and the
 // store's file lock (src/store/lock.rs: flock) are POSIX: say so before the
@@ -157,4 +166,68 @@ mod doc_pages {
         Store = "../docs/store.md",
         Testing = "../docs/testing.md",
     }
+}
+
+/// The Rust API conventions a user's compiler enforces (issue 35), checked
+/// as doc tests: each `compile_fail` example is paired with the same code
+/// written as it should be, which compiles, or pinned to its error code, so
+/// a failure for another reason (a typo, a renamed item) does not pass
+/// unnoticed.
+#[cfg(doctest)]
+mod conventions {
+    /// A builder dropped before `.start()` is a warning (`#[must_use]`):
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// use reconq::{Action, Controller};
+    /// Controller::from_fn("forgotten", |_: &String, _| Ok(Action::Done)).workers(2);
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// use reconq::{Action, Controller};
+    /// let handle = Controller::from_fn("started", |_: &String, _| Ok(Action::Done)).workers(2).start();
+    /// handle.stop();
+    /// ```
+    pub struct BuilderMustBeUsed;
+
+    /// An error enum may grow (`#[non_exhaustive]`): a match outside the
+    /// crate needs a wildcard arm.
+    ///
+    /// ```compile_fail,E0004
+    /// fn why(error: &reconq::StoreError) -> &'static str {
+    ///     match error {
+    ///         reconq::StoreError::Locked(_) => "locked",
+    ///         reconq::StoreError::Invalid(_) => "invalid",
+    ///         reconq::StoreError::Io(_) => "io",
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// ```
+    /// fn why(error: &reconq::StoreError) -> &'static str {
+    ///     match error {
+    ///         reconq::StoreError::Locked(_) => "locked",
+    ///         reconq::StoreError::Invalid(_) => "invalid",
+    ///         reconq::StoreError::Io(_) => "io",
+    ///         _ => "other",
+    ///     }
+    /// }
+    /// assert_eq!(why(&reconq::StoreError::Locked("orders".into())), "locked");
+    /// ```
+    pub struct ErrorEnumsMayGrow;
+
+    /// A report may grow (`#[non_exhaustive]`): it cannot be built by a
+    /// literal outside the crate, only read.
+    ///
+    /// ```compile_fail,E0639
+    /// let _ = reconq::ShardStatus {
+    ///     name: String::new(),
+    ///     partitions: 1,
+    ///     owned: Default::default(),
+    ///     members: 1,
+    ///     last_error: None,
+    /// };
+    /// ```
+    pub struct ReportsMayGrow;
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Options for [`parallelize_with`]: the chunk size and a stop condition.
 #[derive(Clone, Copy, Default)]
+#[must_use = "options do nothing until given to `parallelize_with`"]
 pub struct ParallelizeOptions<'a> {
     chunk_size: usize,
     stop: Stop<'a>,

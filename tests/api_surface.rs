@@ -118,3 +118,30 @@ fn closure_reconciler_and_run() {
     stopper.stop();
     runner.join().unwrap();
 }
+
+/// The cause an error wraps, as `source()` gives it: the `io::Error`'s
+/// message, or `None`.
+fn cause(error: &dyn std::error::Error) -> Option<String> {
+    let source = error.source()?;
+    Some(source.downcast_ref::<std::io::Error>().expect("the cause is the io::Error wrapped").to_string())
+}
+
+#[test]
+fn errors_that_wrap_an_io_error_return_it_from_source() {
+    let refused = || std::io::Error::other("resource temporarily unavailable");
+    assert_eq!(cause(&StoreError::Io(refused())).as_deref(), Some("resource temporarily unavailable"));
+    assert_eq!(cause(&CacheError::Thread(refused())).as_deref(), Some("resource temporarily unavailable"));
+    assert_eq!(cause(&WatchError::Thread(refused())).as_deref(), Some("resource temporarily unavailable"));
+    // Variants that wrap nothing have no source.
+    assert_eq!(cause(&StoreError::Locked("orders".into())), None);
+    assert_eq!(cause(&CacheError::Stopped { cache: "pods".into() }), None);
+    assert_eq!(cause(&WatchError::StoreMismatch("another file".into())), None);
+}
+
+#[test]
+fn start_error_chains_to_the_io_error_at_the_bottom() {
+    let error = StartError::Store(StoreError::Io(std::io::Error::other("disk full")));
+    let store = std::error::Error::source(&error).expect("a start error's source is the store error");
+    assert!(store.is::<StoreError>());
+    assert_eq!(cause(store).as_deref(), Some("disk full"));
+}

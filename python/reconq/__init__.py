@@ -14,7 +14,6 @@ from ._native import (
     Cache,
     Context,
     Controller,
-    CycleError,
     EtcdSource,
     ExponentialBackoff,
     FakeClock,
@@ -26,10 +25,8 @@ from ._native import (
     PollingSource,
     RateLimiter,
     Sharding,
-    ShutDown,
     Source,
     SqliteStore,
-    StoreLocked,
     TokenBucket,
     WithMaxWait,
     WorkQueue,
@@ -42,6 +39,7 @@ from ._native import (
     metrics_text,
     start_http_server,
 )
+from ._errors import CycleError, ReconqError, ShutDown, StoreLocked
 from ._results import PermanentError, Requeue, RetryAfter
 from ._sources import Bookmark, Delete, PositionExpired, Put
 from ._triggers import StopEvent
@@ -51,8 +49,8 @@ from ._types import Key
 # elections, then caches; after os.fork() the child forgets the parent's (reconq._lifecycle).
 #
 # `reconq.status()` and `reconq.format_status()` report every live
-# controller and manager controller; `python -m reconq.status` shows the
-# table for a small demo (reconq/status.py).
+# controller and manager controller; `python -m reconq.status_demo` shows the
+# table for a small demo (reconq/status_demo.py).
 
 __all__ = [
     "Batch",
@@ -76,6 +74,7 @@ __all__ = [
     "PositionExpired",
     "Put",
     "RateLimiter",
+    "ReconqError",
     "Requeue",
     "RetryAfter",
     "Sharding",

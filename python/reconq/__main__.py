@@ -13,7 +13,8 @@ the entries as JSON, as ``reconq.status()`` gives them in the process).
 It exits 1 with a message on stderr when the server cannot be reached or
 answers with an error, and 2 with one when ``URL`` is not an http(s) URL
 of a host (and a port, if any, a number). ``python -m reconq.demo`` runs
-the demo controller.
+the demo controller, ``python -m reconq.status_demo`` prints the status
+table of a demo in its own process.
 """
 
 from __future__ import annotations

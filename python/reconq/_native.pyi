@@ -16,7 +16,6 @@ __all__ = [
     "Cache",
     "Context",
     "Controller",
-    "CycleError",
     "EtcdSource",
     "ExponentialBackoff",
     "FakeClock",
@@ -27,11 +26,9 @@ __all__ = [
     "MetricsServer",
     "PollingSource",
     "RateLimiter",
-    "ShutDown",
     "Sharding",
     "Source",
     "SqliteStore",
-    "StoreLocked",
     "TokenBucket",
     "WithMaxWait",
     "WorkQueue",
@@ -62,20 +59,11 @@ class FakeClock:
     def advance(self, seconds: _Seconds) -> None:
         """Moves forward; returns once what became due is ready."""
 
-class ShutDown(Exception):
-    """Raised by ``WorkQueue.get()`` once the queue is shut down and nothing is ready."""
-
-class CycleError(ValueError):
-    """Raised by ``Controller.set_dependencies()`` when the parents would close a cycle (the message names every key of it); nothing was changed."""
-
-class StoreLocked(Exception):
-    """Raised by ``start()`` when another live controller holds this name in the store file."""
-
 @final
 class SqliteStore:
     """An embedded SQLite file keeping controllers' pending, delayed and parked keys."""
 
-    def __new__(cls, path: Union[str, PathLike[str]], flush_interval: _Seconds = 1.0) -> Self: ...
+    def __new__(cls, path: Union[str, PathLike[str]], *, flush_interval: _Seconds = 1.0) -> Self: ...
     @property
     def path(self) -> str:
         """The database file."""
@@ -137,12 +125,12 @@ class WorkQueue:
     Keys are str, int, bytes or tuples of these."""
 
     def __new__(
-        cls, rate_limiter: Optional[RateLimiter] = None, name: Optional[str] = None, clock: Optional[FakeClock] = None
+        cls, rate_limiter: Optional[RateLimiter] = None, *, name: Optional[str] = None, clock: Optional[FakeClock] = None
     ) -> Self: ...
-    def add(self, key: _Key, priority: int = 0) -> None:
+    def add(self, key: _Key, *, priority: int = 0) -> None:
         """Marks ``key`` as needing processing now, at ``priority`` (higher is handed out first;
         adding a waiting key raises its priority, never lowers it). Ignored once shut down."""
-    def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
+    def add_after(self, key: _Key, seconds: _Seconds, *, priority: int = 0) -> None:
         """Marks ``key`` as needing processing ``seconds`` from now (<= 0: now); it keeps
         ``priority`` when it becomes ready."""
     def add_rate_limited(self, key: _Key) -> None:
@@ -168,6 +156,10 @@ class WorkQueue:
     @property
     def shutting_down(self) -> bool:
         """Whether ``shut_down()`` (or a drain) was called."""
+    def __enter__(self) -> Self:
+        """The queue itself."""
+    def __exit__(self, *_args: object) -> None:
+        """Shuts the queue down: ``shut_down()`` (no drain)."""
 
 # --- Manager (guarantees §5) ---
 
@@ -191,7 +183,7 @@ class Manager:
     it succeeds, then every ``interval`` seconds, retrying failures with linear
     backoff; ``stop()`` runs once when it is removed."""
 
-    def __new__(cls, name: str = "manager", leader_election: Optional[LeaderElection] = None) -> Self: ...
+    def __new__(cls, name: str = "manager", *, leader_election: Optional[LeaderElection] = None) -> Self: ...
     @property
     def name(self) -> str:
         """Labels this manager's controllers in ``reconq.status()``."""
@@ -199,6 +191,7 @@ class Manager:
         self,
         name: str,
         do: Callable[[], None],
+        *,
         stop: Optional[Callable[[], object]] = None,
         interval: Optional[_Seconds] = None,
         error_retry_base: _Seconds = 1.0,
@@ -251,6 +244,7 @@ class LeaderElection:
         cls,
         endpoints: Union[str, List[str]],
         name: str,
+        *,
         ttl: Optional[_Seconds] = None,
         identity: Optional[str] = None,
         on_lost: Literal["standby", "exit"] = "standby",
@@ -273,6 +267,10 @@ class LeaderElection:
         drained."""
     def stop(self) -> None:
         """Gives leadership up at once (a standby takes over) and stops campaigning."""
+    def __enter__(self) -> Self:
+        """The election itself, not started (a controller using it starts it)."""
+    def __exit__(self, *_args: object) -> None:
+        """Gives leadership up: ``stop()``."""
 
 def _after_fork_in_child() -> None: ...
 
@@ -296,6 +294,7 @@ class Sharding:
         cls,
         endpoints: Union[str, List[str]],
         name: str,
+        *,
         partitions: int = 64,
         ttl: Optional[_Seconds] = None,
         identity: Optional[str] = None,
@@ -310,7 +309,7 @@ class Sharding:
     def owned_partitions(self) -> Set[int]:
         """The partitions this process owns now."""
 
-def partition_of(key: _Key, partitions: int, partition_by: Optional[Callable[[Any], _Key]] = None) -> int:
+def partition_of(key: _Key, partitions: int, *, partition_by: Optional[Callable[[Any], _Key]] = None) -> int:
     """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust.
     With ``partition_by``, the partition of the key ``partition_by(key)`` names, as a controller with
     ``Sharding(partition_by=)`` computes it (Rust's ``partition_of_by``); what it raises propagates."""
@@ -330,7 +329,7 @@ class PollingSource:
     ``(key, obj, version)``. ``name`` (default: ``list_fn``'s qualified name)
     names a cache made of it unless the cache is given one."""
 
-    def __new__(cls, list_fn: Callable[[], _Items], interval: _Seconds, name: Optional[str] = None) -> Self: ...
+    def __new__(cls, list_fn: Callable[[], _Items], interval: _Seconds, *, name: Optional[str] = None) -> Self: ...
     @property
     def name(self) -> str:
         """The source's name (the cache's name defaults to it)."""
@@ -354,6 +353,7 @@ class EtcdSource:
         cls,
         endpoints: Union[str, List[str]],
         prefix: str,
+        *,
         decode: Optional[Callable[[bytes], object]] = None,
         name: Optional[str] = None,
         progress_timeout: Optional[_Seconds] = None,
@@ -387,6 +387,7 @@ class Source:
         cls,
         list: Union[Callable[[], Tuple[_Items, Any]], Callable[[Event], Tuple[_Items, Any]]],
         changes: Callable[[Any, Event], Iterable[Union[Put, Delete, Bookmark]]],
+        *,
         name: Optional[str] = None,
     ) -> Self: ...
     @property
@@ -421,6 +422,7 @@ class Cache:
     def __new__(
         cls,
         source: Union[PollingSource, EtcdSource, Source],
+        *,
         name: Optional[str] = None,
         indexes: Optional[Dict[str, Callable[[Any, Any], object]]] = None,
         store: Union[SqliteStore, str, PathLike[str], None] = None,
@@ -453,6 +455,10 @@ class Cache:
     def stop(self, timeout: Optional[_Seconds] = None) -> bool:
         """Whether the cache's thread exited within ``timeout`` (a source that ignores its stop event is left behind)."""
     def _stop_at_exit(self, timeout: float) -> None: ...
+    def __enter__(self) -> Self:
+        """The cache itself, not started (``watch_cache`` or ``start()`` starts it)."""
+    def __exit__(self, *_args: object) -> None:
+        """Stops the cache, waiting for its thread at most ``reconq._lifecycle.WITH_EXIT_TIMEOUT`` seconds."""
 
 # --- The reconcile context (guarantees §7) ---
 
@@ -576,8 +582,8 @@ class Controller:
     ``KeyboardInterrupt`` and ``SystemExit``: a worker never dies. Failures are
     logged on the "reconq" logger.
 
-    Keyword arguments (durations in seconds; docs/guarantees.md has the
-    details):
+    Keyword-only arguments (durations in seconds; docs/guarantees.md has
+    the details):
 
     - ``workers=1``: worker threads, at least 1.
     - ``rate_limiter=None``: the retry back-off (a ``RateLimiter``); None means
@@ -618,6 +624,7 @@ class Controller:
     def __new__(
         cls,
         reconcile: Callable[[Any], Optional[Requeue]],
+        *,
         workers: int = 1,
         rate_limiter: Optional[RateLimiter] = None,
         name: str = "controller",
@@ -642,12 +649,12 @@ class Controller:
     @property
     def workers(self) -> int:
         """The number of worker threads."""
-    def enqueue(self, key: _Key, priority: int = 0) -> None:
+    def enqueue(self, key: _Key, *, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled, at ``priority`` (higher first; an enqueue raises a
         waiting key's priority, never lowers it). Ignored once stopped."""
-    def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
+    def enqueue_after(self, key: _Key, seconds: _Seconds, *, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled ``seconds`` from now (<= 0: now)."""
-    def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None:
+    def enqueue_at(self, key: _Key, t: _Seconds, *, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled at ``t``, a ``time.time()`` timestamp (a time in the
         past means now)."""
     def start(self) -> None:
@@ -664,7 +671,7 @@ class Controller:
         logged. After ``start()``, it only blocks until the controller is stopped; stopped before
         it ever started, it raises RuntimeError, as ``start()`` does. Raises RuntimeError when
         called from one of this controller's reconciles (it would wait for itself)."""
-    def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool:
+    def stop(self, *, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool:
         """Stops the controller; returns whether every worker finished within ``timeout`` seconds
         (None: no limit). With ``drain``, keys ready now are still reconciled and delayed keys
         dropped; without, workers finish their current reconcile and ready keys are abandoned.
@@ -712,6 +719,7 @@ class Controller:
     def watch_cache(
         self,
         cache: Cache,
+        *,
         map: Optional[Callable[[Any, Any], Union[_Key, Iterable[_Key], None]]] = None,
         predicate: Optional[Callable[[Any, Any], object]] = None,
         resync: Optional[_Seconds] = None,

@@ -64,7 +64,9 @@ use crate::thread::{self, JoinHandle, ThreadWrapper};
 
 /// A change a cache applied, as its subscribers get it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Applied<K, O> {
+    /// The key that changed.
     pub key: K,
     /// What the cache held before (`None`: the key is new, or deleted
     /// without the cache ever holding it).
@@ -91,9 +93,13 @@ type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
 
 /// Why a cache cannot start.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CacheError {
     /// It was stopped: a stopped cache never runs again.
-    Stopped { cache: String },
+    Stopped {
+        /// The cache's name.
+        cache: String,
+    },
     /// The OS refused its thread.
     Thread(io::Error),
 }
@@ -107,11 +113,20 @@ impl fmt::Display for CacheError {
     }
 }
 
-impl std::error::Error for CacheError {}
+impl std::error::Error for CacheError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CacheError::Thread(e) => Some(e),
+            CacheError::Stopped { .. } => None,
+        }
+    }
+}
 
 /// [`Cache::by_index`] was given a name no index has.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnknownIndex {
+    /// The name asked for.
     pub index: String,
 }
 
@@ -125,10 +140,13 @@ impl std::error::Error for UnknownIndex {}
 
 /// What [`Cache::stats`] reports.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CacheStats<P> {
+    /// The cache's name (as given to its builder).
     pub name: String,
     /// The first list has been applied.
     pub synced: bool,
+    /// Keys held now.
     pub keys: usize,
     /// The position of the last list or event applied.
     pub position: Option<P>,
@@ -139,7 +157,10 @@ pub struct CacheStats<P> {
     pub events: u64,
     /// Failures of the source (each logged as a WARNING).
     pub errors: u64,
+    /// The message of the last failure, kept after the source recovers
+    /// (`errors` says whether there were more).
     pub last_error: Option<String>,
+    /// When [`last_error`](Self::last_error) happened (wall clock).
     pub last_error_time: Option<SystemTime>,
 }
 
@@ -155,6 +176,7 @@ impl<S: Source> Clone for Cache<S> {
 }
 
 /// Builds a [`Cache`]: its name and indexes.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct CacheBuilder<S: Source> {
     name: String,
     source: S,
@@ -377,6 +399,7 @@ impl<S: Source> Cache<S> {
         }
     }
 
+    /// The name given to [`Cache::builder`]: in logs, metrics and status.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -391,18 +414,25 @@ impl<S: Source> Cache<S> {
         self.inner.state.read().contents.version(key).cloned()
     }
 
+    /// Whether the last state seen has `key` (cheaper than
+    /// [`get`](Self::get): no clone of the `Arc`).
     pub fn contains(&self, key: &S::Key) -> bool {
         self.inner.state.read().contents.get(key).is_some()
     }
 
+    /// Every key held now, in no particular order (a copy: the cache goes
+    /// on changing).
     pub fn keys(&self) -> Vec<S::Key> {
         self.inner.state.read().contents.keys().cloned().collect()
     }
 
+    /// How many keys are held now.
     pub fn len(&self) -> usize {
         self.inner.state.read().contents.len()
     }
 
+    /// Whether no key is held (before the first list, or a source with
+    /// nothing in it).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -509,7 +539,7 @@ impl<S: Source> Cache<S> {
     /// Starts the cache if it is not running, and keeps it running while
     /// the returned guard (or another) lives: when the last guard goes,
     /// a cache never [`start`](Self::start)ed is stopped without waiting
-    /// for its thread ([`wait_exited`](Self::wait_exited) does). How
+    /// for its thread. How
     /// controllers share a cache.
     pub fn acquire(&self) -> Result<CacheUse, CacheError> {
         let mut life = self.inner.life.lock();
@@ -544,6 +574,7 @@ impl<S: Source> Cache<S> {
         self.inner.wait_exited(deadline)
     }
 
+    /// A snapshot of the cache's counters and its last error.
     pub fn stats(&self) -> CacheStats<S::Position> {
         self.inner.stats()
     }
@@ -553,8 +584,8 @@ impl<S: Source> Cache<S> {
     /// pending keys and its copy of the cache's key set, versions and
     /// position (guarantees E9). This is the point to advance a position
     /// kept outside from: after a crash, every change applied before it
-    /// is either reconciled or kept as handled. Without a
-    /// [`store`](CacheBuilder::store), or with no controller watching, it
+    /// is either reconciled or kept as handled. Without a store
+    /// (`CacheBuilder::store`, feature `store`), or with no controller watching, it
     /// returns `Ok` at once (nothing is kept).
     ///
     /// # Errors

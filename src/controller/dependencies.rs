@@ -18,6 +18,9 @@ use crate::queue::{Cancel, CancelHook};
 use crate::sync::Mutex;
 
 /// `set_dependencies` would close a cycle (D4): nothing was changed.
+///
+/// Exhaustive: the cycle is all it says, and `Err(CycleError { keys })` is
+/// how the docs match it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CycleError<K> {
     /// Every key of the cycle, from the key whose parents were set down to

@@ -14,15 +14,22 @@ type Hasher = foldhash::fast::RandomState;
 
 /// Where a key stands, as seen by [`ControllerHandle::inspect`](super::ControllerHandle::inspect).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyStatus {
     /// The controller knows nothing about the key.
     Unknown,
     /// Waiting in the ready queue for a worker.
     Ready,
     /// Waiting for a due time (a retry, a delayed enqueue).
-    Waiting { until: Instant },
+    Waiting {
+        /// The due time (on the controller's clock).
+        until: Instant,
+    },
     /// Being reconciled since `since` (on the controller's clock).
-    Running { since: Instant },
+    Running {
+        /// When its worker took it (on the controller's clock).
+        since: Instant,
+    },
     /// Failed permanently and parked: not retried until
     /// [`requeue_parked`](super::ControllerHandle::requeue_parked) or an
     /// enqueue.
@@ -30,8 +37,12 @@ pub enum KeyStatus {
 }
 
 /// A snapshot of one key's state.
+///
+/// Exhaustive: a model of the controller (as in the tests) builds the
+/// snapshot it expects by literal and compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
+    /// Where the key stands now.
     pub state: KeyStatus,
     /// Tries since the last success or forget (what the next reconcile's
     /// [`Context::attempt`](super::Context::attempt) will be, unless the key

@@ -124,6 +124,7 @@ use start::Plan;
 /// handle.enqueue("default/web".to_string());
 /// controller.run(); // blocks until some handle calls stop()
 /// ```
+#[must_use = "a Controller does nothing until `.start()` or `.run()`"]
 pub struct Controller<K: ControllerKey> {
     plan: Plan<K>,
 }

@@ -11,6 +11,7 @@ use crate::panics;
 
 /// What to do with a key after a successful reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Action {
     /// The key is in its desired state: forget its retry history.
     Done,
@@ -27,6 +28,7 @@ pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// How a failed reconcile is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RetryPolicy {
     /// Retry after the controller's rate limiter's wait (the default).
     RateLimited,
@@ -150,6 +152,9 @@ impl fmt::Debug for ReconcileError {
 /// argument types (`|key: &String, ctx: &Context| ...`) and, if it only
 /// returns `Ok`, its error type.
 pub trait Reconciler<K>: Send + Sync + 'static {
+    /// Reconciles `key` once. `Ok` says what to do next with the key; an
+    /// `Err` is retried as its [`RetryPolicy`] says. `ctx` tells the
+    /// attempt, the priority and whether this run was cancelled.
     fn reconcile(&self, key: &K, ctx: &Context) -> Result<Action, ReconcileError>;
 }
 

@@ -69,7 +69,12 @@ pub enum StartError {
     CrossPartition(String),
     /// The OS refused a thread (a thread or memory limit: each worker
     /// needs a stack); `thread` names it.
-    Thread { thread: String, error: io::Error },
+    Thread {
+        /// The thread's name, as the OS would have shown it.
+        thread: String,
+        /// What the OS said.
+        error: io::Error,
+    },
 }
 
 impl StartError {

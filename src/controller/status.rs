@@ -20,6 +20,7 @@ use crate::observe::{self, Observed};
 /// The counters are final for every reconcile that has returned once
 /// [`ControllerHandle::wait_idle`](super::ControllerHandle::wait_idle) returned true.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Reconcile calls that returned (or panicked).
     pub reconciles: u64,

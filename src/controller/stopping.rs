@@ -16,6 +16,10 @@ use crate::logs;
 const STOP_WAIT_LOG_INTERVAL: Duration = Duration::from_secs(3);
 
 /// How [`ControllerHandle::stop_with`](super::ControllerHandle::stop_with) stops.
+///
+/// Exhaustive, so that a literal names every choice (a caller that takes
+/// the defaults for the rest writes `..StopOptions::default()`, which a
+/// later option will keep working with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StopOptions {
     /// Reconcile the keys ready now first (as
@@ -32,6 +36,9 @@ pub struct StopOptions {
 }
 
 /// What [`ControllerHandle::stop_with_drain_report`](super::ControllerHandle::stop_with_drain_report) found.
+///
+/// Exhaustive: tests compare a stop's whole report with a literal; a new
+/// field is a breaking change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopReport<K> {
     /// Every worker finished before the deadline.
@@ -75,6 +82,7 @@ impl<K> StopReport<K> {
 }
 
 /// A stop under way: [`wait`](Self::wait) drives it to its report.
+#[must_use = "the stop is requested, but only `.wait()` joins the threads and reports what was left"]
 pub struct Stopping<K: ControllerKey> {
     core: Arc<Core<K>>,
     features: Arc<Features<K>>,

@@ -16,6 +16,7 @@ type Hasher = foldhash::fast::RandomState;
 /// `Err` is "the trigger failed": nothing is enqueued). A trigger whose
 /// stop signal was set never enqueues, whatever it returns.
 pub trait TriggerOutcome {
+    /// Whether the trigger's key is enqueued.
     fn should_enqueue(&self) -> bool;
 }
 

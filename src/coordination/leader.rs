@@ -42,6 +42,7 @@ use crate::thread::{JoinHandle, spawn_named};
 
 /// What a leader that loses its leadership does (guarantees §10, L3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnLost {
     /// Become a standby and campaign again (the default).
     #[default]
@@ -59,6 +60,7 @@ const WATCH_REOPEN: Duration = Duration::from_secs(60);
 /// with the same name and endpoints. Cheap to clone: clones share one
 /// campaign, so one election can serve several controllers.
 #[derive(Clone)]
+#[must_use = "a LeaderElection does nothing until given to a controller (`Controller::leader_election`)"]
 pub struct LeaderElection {
     inner: Arc<Election>,
 }

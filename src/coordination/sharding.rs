@@ -70,6 +70,7 @@ const RELEASE_POLL: Duration = Duration::from_millis(20);
 /// ([`Controller::sharding`](crate::Controller::sharding)), which starts it.
 /// Cheap to clone; clones share one membership.
 #[derive(Clone)]
+#[must_use = "a Sharding does nothing until given to a controller (`Controller::sharding`)"]
 pub struct Sharding {
     inner: Arc<Shards>,
 }

@@ -116,6 +116,7 @@ impl fmt::Debug for WeakManager {
 }
 
 /// Builds a [`Manager`] with a non-default name, clock or thread wrapper.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct ManagerBuilder {
     name: String,
     clock: Arc<dyn Clock>,
@@ -173,6 +174,8 @@ impl ManagerBuilder {
         self
     }
 
+    /// The manager, registered for the status page and with no
+    /// controllers yet.
     pub fn build(self) -> Manager {
         Manager {
             inner: Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
@@ -200,6 +203,9 @@ impl Manager {
         Self::builder().build()
     }
 
+    /// A builder for a manager named other than [`DEFAULT_MANAGER_NAME`],
+    /// on another clock (a [`FakeClock`](crate::FakeClock) in tests),
+    /// behind a leader election, or with a thread wrapper.
     pub fn builder() -> ManagerBuilder {
         ManagerBuilder {
             name: DEFAULT_MANAGER_NAME.to_owned(),
@@ -339,6 +345,7 @@ impl Manager {
         self.inner.registry.lock().controllers.keys().cloned().collect()
     }
 
+    /// Whether a controller of this name is registered (and not removed).
     pub fn contains(&self, name: &str) -> bool {
         self.inner.registry.lock().controllers.contains_key(name)
     }
@@ -348,6 +355,7 @@ impl Manager {
         self.inner.registry.lock().controllers.len()
     }
 
+    /// Whether no controller is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

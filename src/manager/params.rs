@@ -135,6 +135,7 @@ impl fmt::Debug for DoError {
 ///     .stop(|| println!("cleaned up"));
 /// assert_eq!(params.get_run_interval(), Some(Duration::from_secs(30)));
 /// ```
+#[must_use = "parameters do nothing until given to `Manager::update`"]
 pub struct ControllerParams {
     pub(crate) do_fn: DoFn,
     pub(crate) stop_fn: Option<StopFn>,
@@ -222,18 +223,23 @@ impl ControllerParams {
         self
     }
 
+    /// What [`run_interval`](Self::run_interval) set (`None`: no interval).
     pub fn get_run_interval(&self) -> Option<Duration> {
         self.run_interval
     }
 
+    /// What [`error_retry_base`](Self::error_retry_base) set (1 s unless set).
     pub fn get_error_retry_base(&self) -> Duration {
         self.error_retry_base
     }
 
+    /// What [`max_retry_interval`](Self::max_retry_interval) set (`None`: no
+    /// cap).
     pub fn get_max_retry_interval(&self) -> Option<Duration> {
         self.max_retry_interval
     }
 
+    /// What [`no_error_retry`](Self::no_error_retry) set.
     pub fn get_no_error_retry(&self) -> bool {
         self.no_error_retry
     }

@@ -11,7 +11,9 @@ use crate::observe::fields::{Field, Visit, Walk, health_of};
 /// Times are wall-clock ([`SystemTime`]); durations are measured on the
 /// manager's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ControllerStatus {
+    /// The name the controller was added under.
     pub name: String,
     /// Runs that returned `Ok` or an exit reason.
     pub successes: u64,
@@ -23,6 +25,7 @@ pub struct ControllerStatus {
     pub last_error: Option<String>,
     /// When `last_error` was recorded; cleared by a success.
     pub last_error_time: Option<SystemTime>,
+    /// When the last success ended.
     pub last_success_time: Option<SystemTime>,
     /// How long the last finished run took.
     pub last_duration: Option<Duration>,
@@ -47,8 +50,11 @@ impl Walk for ControllerStatus {
 }
 
 /// The manager has no controller of this name.
+///
+/// Exhaustive: the name is all it says; tests compare it with a literal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownController {
+    /// The name asked for.
     pub name: String,
 }
 

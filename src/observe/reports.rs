@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 /// A snapshot of a leader election (`LeaderElection`), as status and stats show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaderStatus {
     /// The election's name.
     pub name: String,
@@ -29,7 +30,9 @@ impl LeaderStatus {
 
 /// A snapshot of a sharding (`Sharding`), as status and stats show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShardStatus {
+    /// The sharding's name.
     pub name: String,
     /// The number of partitions of the key space.
     pub partitions: u32,
@@ -43,6 +46,7 @@ pub struct ShardStatus {
 
 /// The store's part of a controller's stats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Changes not yet written, including those a flush is writing now (a
     /// key changed twice since the last flush counts twice until then).

@@ -43,6 +43,10 @@ pub use super::status_json::to_json;
 
 /// One row of the global status: a [`Controller`](crate::Controller), or one
 /// named controller of a [`Manager`](crate::Manager).
+///
+/// Exhaustive, like [`ControllerDetails`] and [`PeriodicDetails`]: a
+/// program's tests build entries by literal to check what it makes of a
+/// status (its own page, probes); a new field is a breaking change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusEntry {
     /// The controller's name (for a periodic controller, its name within
@@ -76,6 +80,7 @@ pub struct StatusEntry {
 // (ControllerDetails { .. })` stays the public way to build and match one.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EntryKind {
     /// A [`Controller`](crate::Controller): a pool of workers reconciling
     /// keys from a queue.
@@ -108,10 +113,14 @@ impl EntryKind {
 
 /// What only a [`Cache`](crate::Cache)'s entry has.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheDetails {
+    /// The cache's thread: not started, running, stopping or stopped
+    /// ([`state`](Self::state) adds "syncing").
     pub state: RunState,
     /// The first list has been applied.
     pub synced: bool,
+    /// Keys held now.
     pub keys: usize,
     /// The position of the last list or event applied (`Debug`-formatted).
     pub position: Option<String>,
@@ -130,6 +139,7 @@ impl CacheDetails {
 /// What only a [`Controller`](crate::Controller)'s entry has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerDetails {
+    /// Where the controller is in its life.
     pub state: RunState,
     /// Worker threads (configured, before start).
     pub workers: usize,
@@ -173,9 +183,11 @@ pub struct ControllerDetails {
 
 /// Where a [`Controller`](crate::Controller) is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RunState {
     /// Built, not started yet (keys enqueued wait for the start).
     NotStarted,
+    /// Started and reconciling (with leader election: leading).
     Running,
     /// Running with leader election, not leading: its queue stays warm,
     /// nothing is reconciled.

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::attach::{attach, python_thread_wrapper};
 use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
-use super::convert::{check_sync_callable, timeout_from_py, type_name, unix_timestamp};
+use super::convert::{check_sync_callable, timeout_from_py, type_name, unix_timestamp, with_exit_timeout};
 use super::errors::describe;
 use super::key::PyKey;
 use super::logs::log;
@@ -140,7 +140,7 @@ impl PyCache {
 #[pymethods]
 impl PyCache {
     #[new]
-    #[pyo3(signature = (source, name=None, indexes=None, store=None))]
+    #[pyo3(signature = (source, *, name=None, indexes=None, store=None))]
     fn new(
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
@@ -279,6 +279,22 @@ impl PyCache {
         let exited =
             wait_interruptibly(py, deadline, |slice| cache.stop_timeout(slice.unwrap_or(Duration::MAX)).then_some(()))?;
         Ok(exited.is_some())
+    }
+
+    /// `with Cache(...) as cache:` gives the cache itself; it is not
+    /// started (a controller's `watch_cache` or `start()` starts it).
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving the block stops the cache, waiting for its thread at most
+    /// `reconq._lifecycle.WITH_EXIT_TIMEOUT` seconds.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let bound = with_exit_timeout(py)?;
+        let cache = &self.cache;
+        py.detach(|| cache.stop_timeout(bound));
+        Ok(())
     }
 
     /// The exit hook's stop (`reconq._lifecycle`): waits at most `timeout`

@@ -94,6 +94,15 @@ pub(crate) fn non_negative_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResu
     from_secs(secs, what)
 }
 
+/// How long leaving a `with` block waits for what it stops
+/// (`reconq._lifecycle.WITH_EXIT_TIMEOUT`, read each time so tests can
+/// lower it): bounded, so an `__exit__` cannot hang on a stuck reconcile
+/// or a source that ignores its stop event.
+pub(crate) fn with_exit_timeout(py: Python<'_>) -> PyResult<Duration> {
+    let bound = py.import("reconq._lifecycle")?.getattr("WITH_EXIT_TIMEOUT")?;
+    non_negative_from_py(&bound, "reconq._lifecycle.WITH_EXIT_TIMEOUT")
+}
+
 /// An optional timeout: `None` is "wait forever".
 pub(crate) fn timeout_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     match obj {

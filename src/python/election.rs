@@ -4,7 +4,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyString, PyTuple};
 
 use super::convert::non_negative_from_py;
 use crate::{coordination::LeaderElection, coordination::OnLost};
@@ -21,7 +21,7 @@ pub(crate) struct PyLeaderElection {
 #[pymethods]
 impl PyLeaderElection {
     #[new]
-    #[pyo3(signature = (endpoints, name, ttl=None, identity=None, on_lost="standby"))]
+    #[pyo3(signature = (endpoints, name, *, ttl=None, identity=None, on_lost="standby"))]
     fn new(
         endpoints: &Bound<'_, PyAny>,
         name: &str,
@@ -84,6 +84,18 @@ impl PyLeaderElection {
     fn stop(&self, py: Python<'_>) {
         let inner = &self.inner;
         py.detach(|| inner.stop());
+    }
+
+    /// `with LeaderElection(...) as election:` gives the election itself;
+    /// it is not started (a controller using it starts it).
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving the block gives leadership up: `stop()`.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        self.stop(py);
     }
 
     fn __repr__(&self) -> String {

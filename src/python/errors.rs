@@ -1,6 +1,7 @@
 //! Exceptions and reconcile results.
 //!
-//! `ShutDown` is defined here. `Requeue`, `RetryAfter` and `PermanentError`
+//! `ShutDown`, `CycleError` and `StoreLocked` are imported here from
+//! `python/reconq/_errors.py`. `Requeue`, `RetryAfter` and `PermanentError`
 //! are plain Python classes (`python/reconq/_results.py`) so users can
 //! subclass and pickle them freely; the Rust side finds them through
 //! [`result_types`] and turns what a reconcile did into an [`Outcome`] with
@@ -15,19 +16,12 @@ use pyo3::types::PyType;
 
 use super::convert::{delay_from_py, type_name};
 
-pyo3::create_exception!(
-    reconq,
-    CycleError,
-    pyo3::exceptions::PyValueError,
-    "Raised by Controller.set_dependencies() when the parents would close a cycle (the message names every key of it); nothing was changed."
-);
-
-pyo3::create_exception!(
-    reconq,
-    ShutDown,
-    PyException,
-    "Raised by WorkQueue.get() once the queue is shut down and nothing is ready."
-);
+// reconq's own exceptions are Python classes (`python/reconq/_errors.py`)
+// under one base, `reconq.ReconqError`, so `CycleError` can also be a
+// `ValueError`; each is imported once, when first raised.
+pyo3::import_exception!(reconq._errors, CycleError);
+pyo3::import_exception!(reconq._errors, ShutDown);
+pyo3::import_exception!(reconq._errors, StoreLocked);
 
 /// The result classes of `reconq._results`, imported once.
 pub(crate) struct ResultTypes {

@@ -40,6 +40,41 @@ use super::attach::attach;
 /// (a reconcile, a trigger, a `do` that raised; a signal's stop) go here.
 static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+/// What a record is about, set as attributes of its `logging.LogRecord`
+/// (`extra=`) so a handler or a JSON formatter reads them without parsing
+/// the message: `record.controller` (its name), `record.key` (the key as
+/// enqueued) and `record.attempt` (tries since the last success, 0 on the
+/// first). Only the fields given are set (docs/logs.md lists which records
+/// carry which); the message text stays as it was.
+#[derive(Default)]
+pub(crate) struct Fields<'a, 'py> {
+    pub(crate) controller: Option<&'a str>,
+    pub(crate) key: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) attempt: Option<u32>,
+}
+
+impl<'a> Fields<'a, '_> {
+    /// A record about the controller `name` as a whole.
+    pub(crate) fn controller(name: &'a str) -> Self {
+        Self { controller: Some(name), ..Self::default() }
+    }
+
+    /// `extra=`: the fields given.
+    fn extra<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let extra = PyDict::new(py);
+        if let Some(controller) = self.controller {
+            extra.set_item("controller", controller)?;
+        }
+        if let Some(key) = self.key {
+            extra.set_item("key", key)?;
+        }
+        if let Some(attempt) = self.attempt {
+            extra.set_item("attempt", attempt)?;
+        }
+        Ok(extra)
+    }
+}
+
 /// Logs to `logging.getLogger("reconq")` at `level` ("error", "warning"...),
 /// `%`-style, with the exception's traceback if given. Errors while logging
 /// are reported as unraisable, never propagated.
@@ -47,14 +82,28 @@ pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&Py
 where
     A: pyo3::call::PyCallArgs<'py>,
 {
-    if let Err(e) = try_log(py, level, args, exc) {
+    log_about(py, level, args, exc, &Fields::default());
+}
+
+/// [`log`] with the record's [`Fields`].
+pub(crate) fn log_about<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>, fields: &Fields<'_, 'py>)
+where
+    A: pyo3::call::PyCallArgs<'py>,
+{
+    if let Err(e) = try_log(py, level, args, exc, fields) {
         e.write_unraisable(py, None);
     }
 }
 
-/// [`log`], returning what the logging call raised: a caller on the main
-/// thread must not swallow a KeyboardInterrupt that landed in it.
-pub(crate) fn try_log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>) -> PyResult<()>
+/// [`log_about`], returning what the logging call raised: a caller on the
+/// main thread must not swallow a KeyboardInterrupt that landed in it.
+pub(crate) fn try_log<'py, A>(
+    py: Python<'py>,
+    level: &str,
+    args: A,
+    exc: Option<&PyErr>,
+    fields: &Fields<'_, 'py>,
+) -> PyResult<()>
 where
     A: pyo3::call::PyCallArgs<'py>,
 {
@@ -74,6 +123,7 @@ where
             return Ok(());
         }
         let kwargs = PyDict::new(py);
+        kwargs.set_item("extra", fields.extra(py)?)?;
         if let Some(exc) = exc {
             // A (type, value, traceback) tuple: on Python < 3.12 the value
             // alone may lack its traceback.

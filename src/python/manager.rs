@@ -31,7 +31,7 @@ use super::context::with_scope;
 use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
-use super::logs::log;
+use super::logs::{Fields, log_about};
 use crate::{
     context::Context, manager::ControllerParams, manager::DoError, manager::Manager, manager::UnknownController,
 };
@@ -64,7 +64,8 @@ fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny
 
 /// Logs a failed `do` / `stop` with its traceback.
 fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr) {
-    log(py, level, ("controller %r: %s raised %s", name, what, describe(py, err)), Some(err));
+    let args = ("controller %r: %s raised %s", name, what, describe(py, err));
+    log_about(py, level, args, Some(err), &Fields::controller(name));
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
@@ -102,7 +103,7 @@ impl PyManager {
     /// `leader_election`, `do` functions run only while this process leads
     /// (one election may serve several managers and controllers).
     #[new]
-    #[pyo3(signature = (name="manager", leader_election=None))]
+    #[pyo3(signature = (name="manager", *, leader_election=None))]
     fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> PyResult<Self> {
         let mut builder = Manager::builder()
             .name(name)
@@ -131,8 +132,8 @@ impl PyManager {
     #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §5)
     // `error_retry_base=None` is accepted too and means the default, 1.0.
     #[pyo3(
-        signature = (name, r#do, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),
-        text_signature = "($self, name, do, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
+        signature = (name, r#do, *, stop=None, interval=None, error_retry_base=None, no_error_retry=false, max_retry_interval=None),
+        text_signature = "($self, name, do, *, stop=None, interval=None, error_retry_base=1.0, no_error_retry=False, max_retry_interval=None)"
     )]
     fn update(
         slf: &Bound<'_, Self>,

@@ -54,9 +54,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install(py)?;
 
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("ShutDown", py.get_type::<errors::ShutDown>())?;
-    m.add("CycleError", py.get_type::<errors::CycleError>())?;
-    m.add("StoreLocked", py.get_type::<store::StoreLocked>())?;
     m.add_class::<store::PySqliteStore>()?;
 
     m.add_class::<queue::PyWorkQueue>()?;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use super::clock::fake_clock_from_py;
 use super::convert::{Due, priority_from_py, timeout_from_py};
@@ -48,7 +49,7 @@ impl PyWorkQueue {
     /// `reconq.metrics_text()`); an unnamed queue records none. With a
     /// `reconq.FakeClock`, delays and back-offs are measured on it.
     #[new]
-    #[pyo3(signature = (rate_limiter=None, name=None, clock=None))]
+    #[pyo3(signature = (rate_limiter=None, *, name=None, clock=None))]
     fn new(
         rate_limiter: Option<&Bound<'_, PyAny>>,
         name: Option<String>,
@@ -69,7 +70,7 @@ impl PyWorkQueue {
     /// Marks `key` as needing processing now, at `priority` (higher is
     /// handed out first; adding a waiting key raises its priority, never
     /// lowers it). Ignored once shut down.
-    #[pyo3(signature = (key, priority=0))]
+    #[pyo3(signature = (key, *, priority=0))]
     fn add(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         self.add_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
@@ -77,7 +78,7 @@ impl PyWorkQueue {
 
     /// Marks `key` as needing processing `seconds` from now (<= 0: now); it
     /// keeps `priority` when it becomes ready.
-    #[pyo3(signature = (key, seconds, priority=0))]
+    #[pyo3(signature = (key, seconds, *, priority=0))]
     fn add_after(
         &self,
         key: &Bound<'_, PyAny>,
@@ -149,6 +150,17 @@ impl PyWorkQueue {
     /// handed out, then `get` raises `ShutDown`. Ends a pending drain.
     fn shut_down(&self) {
         self.queue.shut_down();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving the block shuts the queue down: `shut_down()` (no drain:
+    /// the block's own code decides what to finish).
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) {
+        self.shut_down();
     }
 
     /// `shut_down()`, then blocks until every key handed out is done. With a

@@ -18,7 +18,7 @@ use super::attach::attach;
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
-use super::logs::log;
+use super::logs::{Fields, log_about};
 use crate::logs::{Loudness, failure_loudness};
 use crate::{context::Context, controller::Action, controller::ReconcileError, controller::Reconciler};
 
@@ -109,7 +109,8 @@ impl PyReconciler {
         };
         let shown = key.log_repr(key_obj);
         let args = ("controller %r: reconcile of %s %s (attempt %d): %s", &*self.name, shown, what, attempt, message);
-        log(py, level, args, exc);
+        let fields = Fields { controller: Some(&self.name), key: Some(key_obj), attempt: Some(attempt) };
+        log_about(py, level, args, exc, &fields);
     }
 }
 
@@ -129,7 +130,8 @@ impl Iterator for PyEvents {
             Some(Ok(event)) => Some(event.unbind()),
             Some(Err(e)) => {
                 let message = describe(py, &e);
-                log(py, "error", ("controller %r: watch iterable raised: %s", &*self.name, message), Some(&e));
+                let args = ("controller %r: watch iterable raised: %s", &*self.name, message);
+                log_about(py, "error", args, Some(&e), &Fields::controller(&self.name));
                 None
             }
             None => None,
@@ -178,12 +180,9 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
                 Ok(v) => v,
                 Err(e) => {
                     let message = describe(py, &e);
-                    log(
-                        py,
-                        "error",
-                        ("controller %r: watch transform raised for event %s: %s", name, short_repr(&event), message),
-                        Some(&e),
-                    );
+                    let args =
+                        ("controller %r: watch transform raised for event %s: %s", name, short_repr(&event), message);
+                    log_about(py, "error", args, Some(&e), &Fields::controller(name));
                     return Vec::new();
                 }
             },
@@ -194,7 +193,8 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
             Err(e) => {
                 let message = describe(py, &e);
                 let item = short_repr(item);
-                log(py, "error", ("controller %r: watch produced a bad key %s: %s", name, item, message), None);
+                let args = ("controller %r: watch produced a bad key %s: %s", name, item, message);
+                log_about(py, "error", args, None, &Fields::controller(name));
                 None
             }
         };

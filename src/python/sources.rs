@@ -403,7 +403,7 @@ pub(crate) struct PyPollingSource {
 #[pymethods]
 impl PyPollingSource {
     #[new]
-    #[pyo3(signature = (list_fn, interval, name=None))]
+    #[pyo3(signature = (list_fn, interval, *, name=None))]
     fn new(list_fn: &Bound<'_, PyAny>, interval: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Self> {
         check_sync_callable(list_fn, "list_fn", 0)?;
         let interval = positive_from_py(interval, "interval")?;
@@ -449,7 +449,7 @@ pub(crate) struct PyEtcdSource {
 #[pymethods]
 impl PyEtcdSource {
     #[new]
-    #[pyo3(signature = (endpoints, prefix, decode=None, name=None, progress_timeout=None))]
+    #[pyo3(signature = (endpoints, prefix, *, decode=None, name=None, progress_timeout=None))]
     fn new(
         endpoints: &Bound<'_, PyAny>,
         prefix: &str,
@@ -523,7 +523,7 @@ pub(crate) struct PySource {
 #[pymethods]
 impl PySource {
     #[new]
-    #[pyo3(signature = (list, changes, name=None))]
+    #[pyo3(signature = (list, changes, *, name=None))]
     fn new(list: &Bound<'_, PyAny>, changes: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<Self> {
         let list_takes_stop = check_sync_callable_of(list, "list", &[0, 1])? == 1;
         check_sync_callable(changes, "changes", 2)?;

@@ -4,18 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::Duration;
 
-use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::convert::positive_secs;
+use super::errors::StoreLocked;
 use crate::store::{SqliteStore, StoreError, is_open_in_this_process};
-
-pyo3::create_exception!(
-    reconq,
-    StoreLocked,
-    PyException,
-    "Raised by start() when another live controller holds this name in the store file."
-);
 
 /// The Python exception for a store error: `StoreLocked`, `ValueError`
 /// (not a database, newer schema) or `OSError`.
@@ -76,7 +70,7 @@ pub(crate) struct PySqliteStore {
 #[pymethods]
 impl PySqliteStore {
     #[new]
-    #[pyo3(signature = (path, flush_interval=1.0))]
+    #[pyo3(signature = (path, *, flush_interval=1.0))]
     fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
         let interval = positive_secs(flush_interval, "flush_interval")?;
         guard_against_second_sqlite(py)?;

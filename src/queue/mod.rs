@@ -80,6 +80,9 @@ pub(crate) enum AlsoDone<'a> {
 }
 
 /// The queue's sizes, read together under one lock.
+///
+/// Exhaustive: three counts that are the queue's whole state, compared
+/// with a literal in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueCounts {
     /// Keys ready to be handed out.
@@ -92,6 +95,7 @@ pub struct QueueCounts {
 
 /// Why [`WorkQueue::get_timeout`] returned without a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GetError {
     /// Nothing became ready before the timeout.
     Timeout,
@@ -204,6 +208,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Default for WorkQueue<K> {
 }
 
 /// Builds a [`WorkQueue`] with a non-default limiter or clock.
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct WorkQueueBuilder<K> {
     limiter: Option<Box<dyn RateLimiter<K>>>,
     clock: Arc<dyn Clock>,
@@ -253,6 +258,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueueBuilder<K> {
         self
     }
 
+    /// The queue, empty and running.
     pub fn build(self) -> WorkQueue<K> {
         let recorder = if self.name.is_some() { Recorder::on() } else { Recorder::off() };
         let ready = match self.groups {
@@ -320,6 +326,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         Self::builder().rate_limiter(limiter).build()
     }
 
+    /// A builder for a queue with a rate limiter, a clock or a name (for
+    /// metrics), in any combination.
     pub fn builder() -> WorkQueueBuilder<K> {
         WorkQueueBuilder { limiter: None, clock: Arc::new(SystemClock), name: None, groups: None, for_store: false }
     }
@@ -541,6 +549,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.lock_synced().q.len()
     }
 
+    /// Whether no key is ready (processing and delayed keys do not
+    /// count, as in [`len`](Self::len)).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -657,6 +667,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.lock().q.take_dropped()
     }
 
+    /// Whether a shutdown was asked for: adds are ignored from then on.
     pub fn is_shutting_down(&self) -> bool {
         self.shared.lock().q.is_shutting_down()
     }

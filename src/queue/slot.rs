@@ -147,15 +147,22 @@ pub(crate) enum Finished {
 
 /// Where a key stands in the queue, for introspection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyState {
     /// The queue does not know the key.
     Absent,
     /// Waiting in the ready set.
     Ready,
     /// Waiting for its due time.
-    Waiting { due: Instant },
+    Waiting {
+        /// When it becomes ready (on the queue's clock).
+        due: Instant,
+    },
     /// Handed out and not yet done. `again` tells what happens at `done`:
     /// `Some(None)` ready again, `Some(Some(due))` wait for `due`, `None`
     /// nothing.
-    Processing { again: Option<Option<Instant>> },
+    Processing {
+        /// What `done` does with the key (see above).
+        again: Option<Option<Instant>>,
+    },
 }

@@ -12,6 +12,8 @@ pub struct MaxOf<K> {
 }
 
 impl<K> MaxOf<K> {
+    /// The longest wait of `limiters` (each is asked, so each counts the
+    /// try). With none, no wait.
     pub fn new(limiters: Vec<Box<dyn RateLimiter<K>>>) -> Self {
         Self { limiters }
     }
@@ -39,6 +41,7 @@ pub struct WithMaxWait<L> {
 }
 
 impl<L> WithMaxWait<L> {
+    /// `limiter`'s waits, none longer than `max`.
     pub fn new(limiter: L, max: Duration) -> Self {
         Self { limiter, max }
     }

@@ -26,6 +26,8 @@ pub struct ExponentialBackoff<K> {
 }
 
 impl<K: Eq + Hash + Clone> ExponentialBackoff<K> {
+    /// Waits `base` for a key's first try, doubling with each failure
+    /// until [`forget`](RateLimiter::forget), at most `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
         Self { base, max, failures: FailureCounts::new() }
     }
@@ -73,6 +75,7 @@ pub struct FastSlow<K> {
 }
 
 impl<K: Eq + Hash + Clone> FastSlow<K> {
+    /// Waits `fast` for a key's first `max_fast_attempts` tries, `slow` after.
     pub fn new(fast: Duration, slow: Duration, max_fast_attempts: u32) -> Self {
         Self { fast, slow, max_fast_attempts, failures: FailureCounts::new() }
     }

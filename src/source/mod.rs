@@ -35,23 +35,48 @@ pub use self::stop::{Stop, StopHook};
 
 /// One change from a source's stream.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Event<K, O, P, V> {
     /// `key` now holds `obj`. `position` (if any) is where the stream is
     /// once this is applied; `version` (if any) identifies this state of
     /// the key (etcd: its `mod_revision`).
-    Put { key: K, obj: O, position: Option<P>, version: Option<V> },
+    Put {
+        /// The key that changed.
+        key: K,
+        /// Its new state.
+        obj: O,
+        /// Where the stream is once this is applied.
+        position: Option<P>,
+        /// This state's version.
+        version: Option<V>,
+    },
     /// `key` is gone.
-    Delete { key: K, position: Option<P> },
+    Delete {
+        /// The key deleted.
+        key: K,
+        /// Where the stream is once this is applied.
+        position: Option<P>,
+    },
     /// Nothing changed up to `position` (etcd: a progress notification):
     /// a later resume starts there.
-    Bookmark { position: P },
+    Bookmark {
+        /// Where the stream is.
+        position: P,
+    },
 }
 
 /// One item of a list.
+///
+/// Exhaustive, like [`Listing`]: a [`Source`] builds them by literal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item<K, O, V> {
+    /// The key.
     pub key: K,
+    /// Its state.
     pub obj: O,
+    /// What identifies this state of the key, if the source has versions
+    /// (etcd: its `mod_revision`); a cache with a store compares it at a
+    /// restart (guarantees E9).
     pub version: Option<V>,
 }
 
@@ -72,7 +97,9 @@ impl<K, O, V> From<(K, O, V)> for Item<K, O, V> {
 /// no positions, and is relisted after every break).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listing<K, O, P, V> {
+    /// Every item the source holds.
     pub items: Vec<Item<K, O, V>>,
+    /// Where the stream resumes after this list.
     pub position: Option<P>,
 }
 
@@ -138,6 +165,7 @@ impl SourceError {
         self.expired
     }
 
+    /// What failed, as the cache logs it.
     pub fn message(&self) -> &str {
         &self.message
     }

@@ -17,7 +17,7 @@ use super::open_files::{self, OpenFile};
 
 /// The schema this build writes. A file with a higher `user_version` was
 /// written by a newer reconq and is refused rather than misread; a file
-/// with a lower one is migrated at open (see [`MIGRATIONS`]).
+/// with a lower one is migrated at open.
 pub const SCHEMA_VERSION: i64 = 2;
 
 /// Step `i` takes a file from schema `i` to `i + 1` (a new file is at 0).
@@ -83,13 +83,18 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 const NOT_A_FILE: [&str; 2] = ["", ":memory:"];
 
 /// What the store keeps of one pending or parked key.
+///
+/// Exhaustive, like [`StoredState`]: a row of the schema
+/// ([`SCHEMA_VERSION`]), which changes only with a migration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredKey {
     /// The key in the documented encoding.
     pub key: Vec<u8>,
+    /// Where the key was.
     pub state: StoredState,
     /// The rate limiter's failure count, so back-off continues.
     pub failures: u32,
+    /// The priority it was enqueued with.
     pub priority: i32,
 }
 
@@ -98,14 +103,22 @@ pub struct StoredKey {
 pub(crate) type StoredParents = (Vec<u8>, Vec<Vec<u8>>);
 
 /// Where a stored key was when it was written.
+///
+/// Exhaustive: the states the schema stores (see [`StoredKey`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoredState {
     /// Ready, being reconciled, or dirty: ready again at restore.
     Waiting,
     /// Due at this wall-clock time (milliseconds since the Unix epoch).
-    Delayed { due_unix_ms: i64 },
+    Delayed {
+        /// The due time, in milliseconds since the Unix epoch.
+        due_unix_ms: i64,
+    },
     /// Failed permanently with this error.
-    Parked { error: String },
+    Parked {
+        /// The parking error's message.
+        error: String,
+    },
 }
 
 /// An embedded SQLite store for controllers' pending work (guarantees §9).

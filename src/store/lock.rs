@@ -15,6 +15,7 @@ use super::StoreError;
 
 /// Held while a controller owns its name; released on drop.
 #[derive(Debug)]
+#[must_use = "dropping the claim releases the name"]
 pub struct StoreClaim {
     _file: File,
 }

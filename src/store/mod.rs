@@ -51,6 +51,7 @@ use std::io;
 
 /// Why a store could not be opened, claimed or written.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Another live controller holds this name in this file (S3).
     Locked(String),
@@ -71,7 +72,14 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io(e) => Some(e),
+            StoreError::Locked(_) | StoreError::Invalid(_) => None,
+        }
+    }
+}
 
 impl StoreError {
     /// The `io::ErrorKind` it has inside an `io::Error`.

@@ -8,7 +8,7 @@
 //! succeed: it rebuilds or truncates the shared WAL index under our
 //! connection (SIGBUS in an engine thread), checkpoints and deletes the
 //! WAL on close, and reads half-written pages ("database disk image is
-//! malformed"): https://sqlite.org/howtocorrupt.html §2.2. Another process
+//! malformed"): <https://sqlite.org/howtocorrupt.html> §2.2. Another process
 //! is safe. The Python binding refuses the stdlib's `sqlite3.connect` on a
 //! file listed here (an audit hook: `python::store`).
 

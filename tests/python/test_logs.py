@@ -1,7 +1,7 @@
 """Logs in Python: reconcile failures (logged by the bindings, with
 tracebacks) and the engine's own events (forwarded from Rust through
 pyo3-log) reach `logging` under the "reconq" logger, with the controller
-name and key in the message, and never deadlock a thread holding the GIL."""
+name and key in the message (and as record attributes), and never deadlock a thread holding the GIL."""
 
 from __future__ import annotations
 
@@ -84,6 +84,43 @@ def test_a_raising_reconcile_logs_errors_naming_controller_key_and_attempt(logs)
     # from the engine for the same failure.
     assert records[0].exc_info is not None and records[0].exc_info[0] is RuntimeError
     assert records[1].exc_info is None
+
+
+def test_failure_records_carry_controller_key_and_attempt_as_attributes(logs):
+    """For a JSON formatter or a handler: `record.controller`, `record.key`
+    (the key as enqueued) and `record.attempt`, beside the unchanged message."""
+
+    def reconcile(key):
+        if reconq.context().attempt < 2:
+            raise RuntimeError("backend down")
+
+    with reconq.Controller(reconcile, name="logs-fields", rate_limiter=fast()) as c:
+        c.enqueue(("ns", 1))
+        assert c.wait_idle(PATIENCE)
+    records = logs.about("logs-fields")
+    assert [(r.controller, r.key, r.attempt) for r in records] == [  # type: ignore[attr-defined]
+        ("logs-fields", ("ns", 1), 0),
+        ("logs-fields", ("ns", 1), 1),
+    ]
+    assert records[0].getMessage().startswith("controller 'logs-fields': reconcile of ('ns', 1) failed (attempt 0)")
+
+
+def test_trigger_and_manager_records_carry_their_controller(logs):
+    def failing_trigger(stop_event):
+        raise OSError("no watch")
+
+    def failing_do():
+        raise OSError("job down")
+
+    with reconq.Controller(lambda key: None, name="logs-fields-trigger") as c:
+        c.add_trigger(("ns", 2), failing_trigger)
+        (trigger,) = wait_for(lambda: logs.about("logs-fields-trigger"))
+    assert (trigger.controller, trigger.key) == ("logs-fields-trigger", ("ns", 2))  # type: ignore[attr-defined]
+    assert not hasattr(trigger, "attempt")
+    with reconq.Manager() as m:
+        m.update("logs-fields-job", failing_do, interval=60, error_retry_base=60)
+        job = wait_for(lambda: logs.about("logs-fields-job"))[0]
+    assert job.controller == "logs-fields-job"  # type: ignore[attr-defined]
 
 
 def test_a_key_failing_the_same_way_logs_one_traceback_then_quieter_lines(logs):

@@ -1,6 +1,6 @@
 """reconq.status() and reconq.format_status(): the global status of every
 live Controller and Manager controller, with exact values after known
-sequences; `python -m reconq.status`; fork and re-entrancy safety.
+sequences; `python -m reconq.status_demo`; fork and re-entrancy safety.
 
 The status is process-wide: every test uses names of its own and looks only
 at its entries. Waits are on conditions (tests/python/waiting.py).
@@ -283,8 +283,8 @@ def run_python(source: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_python_m_reconq_status_prints_the_table():
-    proc = run_python("", "-m", "reconq.status")
+def test_python_m_reconq_status_demo_prints_the_table():
+    proc = run_python("", "-m", "reconq.status_demo")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "reconq status: 1 controller, 2 periodic; 2 failing, 1 hanging", proc.stdout
@@ -296,14 +296,18 @@ def test_python_m_reconq_status_prints_the_table():
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_importing_the_status_module_keeps_status_callable():
+def test_importing_the_status_demo_keeps_status_callable():
     proc = run_python(
         textwrap.dedent(
             """
             import reconq
-            import reconq.status
-            from reconq.status import main
+            import reconq.status_demo
+            from reconq.status_demo import main
+            import importlib.util
             assert callable(main)
+            # No `reconq.status` module to shadow the function (or to run
+            # a demo that `reconq status URL` could be mistaken for).
+            assert importlib.util.find_spec("reconq.status") is None
             assert reconq.status() == [], reconq.status()
             assert reconq.format_status().startswith("reconq status: 0 controllers")
             """

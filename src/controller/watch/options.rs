@@ -48,6 +48,7 @@ pub const DEFAULT_LIST_PRIORITY: i32 = -100;
 /// .priority(10);
 /// # let _ = (same, owners);
 /// ```
+#[must_use = "a Watch does nothing until given to `Controller::watch_cache`"]
 pub struct Watch<S: Source, K> {
     pub(crate) map: Arc<MapFn<S, K>>,
     pub(crate) fallback: Arc<FallbackFn<S, K>>,

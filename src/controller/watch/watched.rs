@@ -12,11 +12,18 @@ use crate::source::{Source, Stop};
 
 /// Why a controller cannot watch a cache.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum WatchError {
     /// The cache was stopped: a stopped cache never runs again.
-    CacheStopped { cache: String },
+    CacheStopped {
+        /// The cache's name.
+        cache: String,
+    },
     /// The controller was stopped.
-    ControllerStopped { controller: String },
+    ControllerStopped {
+        /// The controller's name.
+        controller: String,
+    },
     /// The OS refused a thread (the cache's, or its resync's).
     Thread(io::Error),
     /// The cache has a store and the controller has none, or another
@@ -37,7 +44,16 @@ impl fmt::Display for WatchError {
     }
 }
 
-impl std::error::Error for WatchError {}
+impl std::error::Error for WatchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WatchError::Thread(e) => Some(e),
+            WatchError::CacheStopped { .. } | WatchError::ControllerStopped { .. } | WatchError::StoreMismatch(_) => {
+                None
+            }
+        }
+    }
+}
 
 impl From<CacheError> for WatchError {
     fn from(e: CacheError) -> Self {

@@ -21,6 +21,7 @@ const MAX_HEAD: usize = 8 * 1024;
 /// A running metrics endpoint (see [`serve`](crate::metrics::serve)).
 /// Dropping it, or [`close`](Self::close), stops the server thread.
 #[derive(Debug)]
+#[must_use = "dropping the server stops it"]
 pub struct MetricsServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,

@@ -23,7 +23,7 @@ use crate::observe::status::RunState;
 use crate::python::cache::PyCache;
 use crate::python::convert::timeout_from_py;
 use crate::python::key::{PyKey, keys_to_py};
-use crate::python::logs::{log, try_log};
+use crate::python::logs::{Fields, log_about, try_log};
 use crate::python::reconciler::CallbackCell;
 use crate::python::signals::{SigtermAsInterrupt, wait_interruptibly};
 use crate::python::store::store_error;
@@ -191,7 +191,7 @@ impl Life<'_, '_> {
         let py = self.object.py();
         let draining = ("controller %r: stopping on a signal, draining (a second signal stops at once)", self.name);
         // A second signal may land in the logging call itself.
-        let stopped = match try_log(py, "warning", draining, None) {
+        let stopped = match try_log(py, "warning", draining, None, &Fields::controller(self.name)) {
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
             _ => self.stop(StopOptions { aux_grace: Some(AUX_GRACE), ..on_signal::first(stop_timeout) }),
         };
@@ -199,7 +199,8 @@ impl Life<'_, '_> {
             Ok(report) if report.finished => Ok(()),
             Ok(report) => {
                 let left = keys_to_py(py, &report.unfinished)?;
-                log(py, "warning", ("controller %r: stop_timeout passed; left running: %r", self.name, left), None);
+                let args = ("controller %r: stop_timeout passed; left running: %r", self.name, left);
+                log_about(py, "warning", args, None, &Fields::controller(self.name));
                 Ok(())
             }
             Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) => self.second_signal(),
@@ -224,7 +225,7 @@ impl Life<'_, '_> {
         } else {
             "controller %r: second signal; stopped without waiting for running reconciles"
         };
-        log(py, "warning", (what, self.name), None);
+        log_about(py, "warning", (what, self.name), None, &Fields::controller(self.name));
         Ok(())
     }
 }

@@ -35,7 +35,7 @@ use crate::clock::deadline_after;
 use crate::controller::{ControllerHandle, DependencyError, KeyStatus, WatchError};
 use crate::python::cache::PyCache;
 use crate::python::convert::{
-    Due, instant_to_wall, non_negative_from_py, optional_callable, priority_from_py, timeout_from_py, type_name,
+    Due, instant_to_wall, optional_callable, priority_from_py, timeout_from_py, type_name, with_exit_timeout,
 };
 use crate::python::election::PyLeaderElection;
 use crate::python::errors::CycleError;
@@ -56,8 +56,8 @@ use crate::python::watch::watch_from_py;
 /// `KeyboardInterrupt` and `SystemExit`: a worker never dies. Failures are
 /// logged on the "reconq" logger.
 ///
-/// Keyword arguments (durations in seconds; docs/guarantees.md has the
-/// details):
+/// Keyword-only arguments (durations in seconds; docs/guarantees.md has
+/// the details):
 ///
 /// - `workers=1`: worker threads, at least 1.
 /// - `rate_limiter=None`: the retry back-off (a `RateLimiter`); None means
@@ -127,7 +127,7 @@ impl PyController {
 impl PyController {
     #[new]
     #[pyo3(signature = (
-        reconcile, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
+        reconcile, *, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
         leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
         supersede=false, debounce=None,
@@ -193,14 +193,14 @@ impl PyController {
     /// Asks for `key` to be reconciled, at `priority` (higher first; an
     /// enqueue raises a waiting key's priority, never lowers it). Ignored
     /// once stopped.
-    #[pyo3(signature = (key, priority=0))]
+    #[pyo3(signature = (key, *, priority=0))]
     fn enqueue(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         self.enqueue_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
     }
 
     /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
-    #[pyo3(signature = (key, seconds, priority=0))]
+    #[pyo3(signature = (key, seconds, *, priority=0))]
     fn enqueue_after(
         &self,
         key: &Bound<'_, PyAny>,
@@ -213,7 +213,7 @@ impl PyController {
 
     /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
     /// time in the past means now).
-    #[pyo3(signature = (key, t, priority=0))]
+    #[pyo3(signature = (key, t, *, priority=0))]
     fn enqueue_at(
         &self,
         key: &Bound<'_, PyAny>,
@@ -256,7 +256,7 @@ impl PyController {
     /// stop event is set. Stopping twice, or before start, returns True.
     /// Called from a reconcile of this controller, it starts the stop and
     /// returns False at once (it cannot wait for itself).
-    #[pyo3(signature = (drain=true, timeout=None))]
+    #[pyo3(signature = (*, drain=true, timeout=None))]
     fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
         Ok(Self::life(slf).stop(stop_options(drain, timeout))?.finished)
@@ -464,8 +464,8 @@ impl PyController {
     /// a catch-up thread of the cache. RuntimeError if the cache or the
     /// controller was stopped.
     #[pyo3(
-        signature = (cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100),
-        text_signature = "($self, cache, map=None, predicate=None, resync=None, priority=0, list_priority=-100)"
+        signature = (cache, *, map=None, predicate=None, resync=None, priority=0, list_priority=-100),
+        text_signature = "($self, cache, *, map=None, predicate=None, resync=None, priority=0, list_priority=-100)"
     )]
     #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §13)
     fn watch_cache(
@@ -552,9 +552,7 @@ impl PyController {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        // Bounded, so leaving the block cannot hang on a stuck reconcile.
-        let bound = slf.py().import("reconq._lifecycle")?.getattr("WITH_EXIT_TIMEOUT")?;
-        let bound = non_negative_from_py(&bound, "reconq._lifecycle.WITH_EXIT_TIMEOUT")?;
+        let bound = with_exit_timeout(slf.py())?;
         Self::life(slf).stop(stop_options(true, Some(bound))).map(drop)
     }
 

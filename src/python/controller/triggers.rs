@@ -16,7 +16,7 @@ use crate::python::attach::attach;
 use crate::python::convert::{check_sync_callable, delay_from_py};
 use crate::python::errors::describe;
 use crate::python::key::PyKey;
-use crate::python::logs::log;
+use crate::python::logs::{Fields, log_about};
 use crate::python::signals::wait_for_signal;
 
 /// A trigger's [`StopSignal`], for `reconq.StopEvent` to read and set.
@@ -84,9 +84,11 @@ pub(super) fn add_trigger(
                     Ok(_) => true,
                     Err(e) => {
                         let message = describe(py, &e);
-                        let key = trigger_key.to_py(py).map(|obj| trigger_key.log_repr(&obj)).unwrap_or_default();
-                        let args = ("controller %r: trigger for %s raised: %s", &*name, key, message);
-                        log(py, "error", args, Some(&e));
+                        let key_obj = trigger_key.to_py(py).ok();
+                        let shown = key_obj.as_ref().map(|obj| trigger_key.log_repr(obj)).unwrap_or_default();
+                        let args = ("controller %r: trigger for %s raised: %s", &*name, shown, message);
+                        let fields = Fields { key: key_obj.as_ref(), ..Fields::controller(&name) };
+                        log_about(py, "error", args, Some(&e), &fields);
                         false
                     }
                 }

@@ -1,14 +1,15 @@
 """The global status table, shown for a small demo.
 
-    python -m reconq.status
+    python -m reconq.status_demo
 
 ``reconq.status()`` lists every live ``Controller`` and every named
 controller of every live ``Manager`` in the process (counts, consecutive
 failures, last error, hanging keys); ``reconq.format_status()`` prints them
 as a table, like ``cilium status --all-controllers``. A status only sees
 its own process, so this command starts a demo to have something to show
-(for another running process, ``python -m reconq status URL`` reads its
-metrics server's ``/status``):
+(for another running process, ``reconq status URL`` reads its metrics
+server's ``/status``; the demo has a module name of its own so that it is
+not mistaken for that command):
 
 * a ``Controller`` named ``status-demo`` whose keys ``web``, ``api`` and
   ``cache`` succeed, ``db`` always fails (retried with backoff) and
@@ -28,7 +29,6 @@ import logging
 import sys
 import threading
 import time
-import types
 from typing import Any, Callable, Dict, List, Optional, cast
 
 from . import _native
@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv:
-        print(f"usage: python -m reconq.status (no arguments; got {' '.join(argv)})", file=sys.stderr)
+        print(f"usage: python -m reconq.status_demo (no arguments; got {' '.join(argv)})", file=sys.stderr)
         return 2
     # The demo's failures are on purpose: keep their tracebacks off the
     # output (without this, logging's last-resort handler prints them).
@@ -118,19 +118,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         controller.stop(drain=False, timeout=PATIENCE)
         manager.remove_all(wait=True)
 
-
-class _StatusModule(types.ModuleType):
-    """``import reconq.status`` rebinds the package's ``status`` attribute
-    from the function to this module (the import system does that for every
-    submodule); the module stays callable, so ``reconq.status()`` keeps
-    working."""
-
-    def __call__(self) -> List[Any]:
-        return list(_native.status())
-
-
-if __name__ != "__main__":
-    sys.modules[__name__].__class__ = _StatusModule
 
 if __name__ == "__main__":
     sys.exit(main())
