@@ -142,11 +142,7 @@ def test_keys_naming_one_partition_by_value_run_on_one_replica(etcd: Etcd, make:
     wait_for(lambda: balanced([a, b]), what="two-way balance")
     with lock:
         runs.clear()
-    for c in (a, b):
-        for key in range(KEYS):
-            c.enqueue(key)
-    assert a.wait_idle(PATIENCE) and b.wait_idle(PATIENCE)
-    mine: Dict[str, Set[int]] = {"a": a.owned_partitions(), "b": b.owned_partitions()}
+    mine = enqueue_everywhere({"a": a, "b": b})
     ran_on: Dict[int, Set[str]] = {}
     for who, key in runs:
         partition = reconq.partition_of(key, PARTITIONS, partition_by=pipeline)
@@ -154,6 +150,16 @@ def test_keys_naming_one_partition_by_value_run_on_one_replica(etcd: Etcd, make:
         ran_on.setdefault(pipeline(key), set()).add(who)
     assert sorted(ran_on) == list(range(KEYS // 8)), "every pipeline ran"
     assert all(len(replicas) == 1 for replicas in ran_on.values()), ran_on
+
+
+def enqueue_everywhere(replicas: Dict[str, Any]) -> Dict[str, Set[int]]:
+    """Enqueues every key on every replica, waits until each is idle, and
+    returns the partitions each owns then."""
+    for c in replicas.values():
+        for key in range(KEYS):
+            c.enqueue(key)
+    assert all(c.wait_idle(PATIENCE) for c in replicas.values())
+    return {who: c.owned_partitions() for who, c in replicas.items()}
 
 
 def balanced(controllers: List[Any]) -> bool:
@@ -189,11 +195,7 @@ def test_replicas_split_the_partitions_and_each_key_runs_on_its_owner(etcd: Etcd
 
     with lock:
         runs.clear()
-    for c in (a, b):
-        for key in range(KEYS):
-            c.enqueue(key)
-    assert a.wait_idle(PATIENCE) and b.wait_idle(PATIENCE)
-    mine: Dict[str, Set[int]] = {"a": a.owned_partitions(), "b": b.owned_partitions()}
+    mine = enqueue_everywhere({"a": a, "b": b})
     for who, key, _ in runs:
         assert reconq.partition_of(key, PARTITIONS) in mine[who], f"H3: {who} reconciled {key}"
     assert {k for _, k, _ in runs} == set(range(KEYS))
