@@ -587,6 +587,7 @@ fn a_stop_held_up_by_a_reconcile_names_it_every_few_seconds() {
 /// (again only at the 2nd, 4th, ... failure), and the key is partitioned
 /// by itself (here, by C4's check of an edge, which asks the same
 /// function the sharding gate does).
+#[cfg(feature = "etcd")]
 #[test]
 fn a_failing_partition_by_is_an_error_naming_the_key_partitioned_by_itself() {
     let logs = Logs::new();
