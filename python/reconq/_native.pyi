@@ -63,7 +63,7 @@ class FakeClock:
 class SqliteStore:
     """An embedded SQLite file keeping controllers' pending, delayed and parked keys."""
 
-    def __new__(cls, path: Union[str, PathLike[str]], *, flush_interval: _Seconds = 1.0) -> Self: ...
+    def __new__(cls, path: Union[str, PathLike[str]], flush_interval: _Seconds = 1.0) -> Self: ...
     @property
     def path(self) -> str:
         """The database file."""
@@ -127,10 +127,10 @@ class WorkQueue:
     def __new__(
         cls, rate_limiter: Optional[RateLimiter] = None, *, name: Optional[str] = None, clock: Optional[FakeClock] = None
     ) -> Self: ...
-    def add(self, key: _Key, *, priority: int = 0) -> None:
+    def add(self, key: _Key, priority: int = 0) -> None:
         """Marks ``key`` as needing processing now, at ``priority`` (higher is handed out first;
         adding a waiting key raises its priority, never lowers it). Ignored once shut down."""
-    def add_after(self, key: _Key, seconds: _Seconds, *, priority: int = 0) -> None:
+    def add_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
         """Marks ``key`` as needing processing ``seconds`` from now (<= 0: now); it keeps
         ``priority`` when it becomes ready."""
     def add_rate_limited(self, key: _Key) -> None:
@@ -183,7 +183,7 @@ class Manager:
     it succeeds, then every ``interval`` seconds, retrying failures with linear
     backoff; ``stop()`` runs once when it is removed."""
 
-    def __new__(cls, name: str = "manager", *, leader_election: Optional[LeaderElection] = None) -> Self: ...
+    def __new__(cls, name: str = "manager", leader_election: Optional[LeaderElection] = None) -> Self: ...
     @property
     def name(self) -> str:
         """Labels this manager's controllers in ``reconq.status()``."""
@@ -309,7 +309,7 @@ class Sharding:
     def owned_partitions(self) -> Set[int]:
         """The partitions this process owns now."""
 
-def partition_of(key: _Key, partitions: int, *, partition_by: Optional[Callable[[Any], _Key]] = None) -> int:
+def partition_of(key: _Key, partitions: int, partition_by: Optional[Callable[[Any], _Key]] = None) -> int:
     """The key's partition (FNV-1a of its store encoding, modulo ``partitions``), as in every replica and in Rust.
     With ``partition_by``, the partition of the key ``partition_by(key)`` names, as a controller with
     ``Sharding(partition_by=)`` computes it (Rust's ``partition_of_by``); what it raises propagates."""
@@ -649,12 +649,12 @@ class Controller:
     @property
     def workers(self) -> int:
         """The number of worker threads."""
-    def enqueue(self, key: _Key, *, priority: int = 0) -> None:
+    def enqueue(self, key: _Key, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled, at ``priority`` (higher first; an enqueue raises a
         waiting key's priority, never lowers it). Ignored once stopped."""
-    def enqueue_after(self, key: _Key, seconds: _Seconds, *, priority: int = 0) -> None:
+    def enqueue_after(self, key: _Key, seconds: _Seconds, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled ``seconds`` from now (<= 0: now)."""
-    def enqueue_at(self, key: _Key, t: _Seconds, *, priority: int = 0) -> None:
+    def enqueue_at(self, key: _Key, t: _Seconds, priority: int = 0) -> None:
         """Asks for ``key`` to be reconciled at ``t``, a ``time.time()`` timestamp (a time in the
         past means now)."""
     def start(self) -> None:
@@ -671,7 +671,7 @@ class Controller:
         logged. After ``start()``, it only blocks until the controller is stopped; stopped before
         it ever started, it raises RuntimeError, as ``start()`` does. Raises RuntimeError when
         called from one of this controller's reconciles (it would wait for itself)."""
-    def stop(self, *, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool:
+    def stop(self, drain: bool = True, timeout: Optional[_Seconds] = None) -> bool:
         """Stops the controller; returns whether every worker finished within ``timeout`` seconds
         (None: no limit). With ``drain``, keys ready now are still reconciled and delayed keys
         dropped; without, workers finish their current reconcile and ready keys are abandoned.

@@ -103,7 +103,7 @@ impl PyManager {
     /// `leader_election`, `do` functions run only while this process leads
     /// (one election may serve several managers and controllers).
     #[new]
-    #[pyo3(signature = (name="manager", *, leader_election=None))]
+    #[pyo3(signature = (name="manager", leader_election=None))]
     fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> PyResult<Self> {
         let mut builder = Manager::builder()
             .name(name)

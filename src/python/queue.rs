@@ -70,7 +70,7 @@ impl PyWorkQueue {
     /// Marks `key` as needing processing now, at `priority` (higher is
     /// handed out first; adding a waiting key raises its priority, never
     /// lowers it). Ignored once shut down.
-    #[pyo3(signature = (key, *, priority=0))]
+    #[pyo3(signature = (key, priority=0))]
     fn add(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         self.add_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
@@ -78,7 +78,7 @@ impl PyWorkQueue {
 
     /// Marks `key` as needing processing `seconds` from now (<= 0: now); it
     /// keeps `priority` when it becomes ready.
-    #[pyo3(signature = (key, seconds, *, priority=0))]
+    #[pyo3(signature = (key, seconds, priority=0))]
     fn add_after(
         &self,
         key: &Bound<'_, PyAny>,

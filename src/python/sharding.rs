@@ -87,7 +87,7 @@ impl PySharding {
 /// a controller with `Sharding(partition_by=)` computes it; what it raises
 /// propagates.
 #[pyfunction]
-#[pyo3(signature = (key, partitions, *, partition_by=None))]
+#[pyo3(signature = (key, partitions, partition_by=None))]
 fn partition_of_py(key: &Bound<'_, PyAny>, partitions: i64, partition_by: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let partitions = partitions_from_py(partitions)?;
     let key = PyKey::from_py(key)?;

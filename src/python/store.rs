@@ -70,7 +70,7 @@ pub(crate) struct PySqliteStore {
 #[pymethods]
 impl PySqliteStore {
     #[new]
-    #[pyo3(signature = (path, *, flush_interval=1.0))]
+    #[pyo3(signature = (path, flush_interval=1.0))]
     fn new(py: Python<'_>, path: PathBuf, flush_interval: f64) -> PyResult<Self> {
         let interval = positive_secs(flush_interval, "flush_interval")?;
         guard_against_second_sqlite(py)?;

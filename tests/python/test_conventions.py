@@ -16,25 +16,17 @@ from waiting import wait_for
 
 POSITIONAL_MISUSES = {
     "Controller": lambda: reconq.Controller(lambda key: None, 2),
-    "Controller.enqueue": lambda: reconq.Controller(lambda key: None).enqueue("k", 5),
-    "Controller.enqueue_after": lambda: reconq.Controller(lambda key: None).enqueue_after("k", 1, 5),
-    "Controller.enqueue_at": lambda: reconq.Controller(lambda key: None).enqueue_at("k", 1, 5),
-    "Controller.stop": lambda: reconq.Controller(lambda key: None).stop(False),
     "Controller.watch_cache": lambda: reconq.Controller(lambda key: None).watch_cache(
         reconq.Cache(reconq.PollingSource(dict, 1)), lambda key, obj: key
     ),
     "WorkQueue": lambda: reconq.WorkQueue(None, "q"),
-    "WorkQueue.add": lambda: reconq.WorkQueue().add("k", 5),
-    "WorkQueue.add_after": lambda: reconq.WorkQueue().add_after("k", 1, 5),
     "Cache": lambda: reconq.Cache(reconq.PollingSource(dict, 1), "name"),
     "PollingSource": lambda: reconq.PollingSource(dict, 1, "name"),
     "Source": lambda: reconq.Source(lambda: ({}, None), lambda position, stop: iter(()), "name"),
     "EtcdSource": lambda: reconq.EtcdSource("http://127.0.0.1:1", "/p/", None),
     "LeaderElection": lambda: reconq.LeaderElection("http://127.0.0.1:1", "name", 5),
     "Sharding": lambda: reconq.Sharding("http://127.0.0.1:1", "name", 8),
-    "Manager": lambda: reconq.Manager("m", None),
     "Manager.update": lambda: reconq.Manager().update("job", lambda: None, None),
-    "SqliteStore": lambda: reconq.SqliteStore("/nonexistent/reconq-unused.db", 1.0),
 }
 
 
@@ -56,6 +48,22 @@ def test_the_first_arguments_stay_positional():
     ctl.enqueue("k", priority=1)
     ctl.enqueue_after("k", 0.0, priority=1)
     assert ctl.stop(drain=False, timeout=5)
+
+
+def test_what_the_contract_writes_as_plain_parameters_stays_positional():
+    """The public contract writes these as ordinary parameters (guarantees §4, §8, §9, §11):
+    a caller may pass them by position."""
+    queue = reconq.WorkQueue()
+    queue.add("k", 3)
+    queue.add_after("later", 60, 1)
+    assert queue.get(1) == "k"
+    ctl = reconq.Controller(lambda key: None)
+    ctl.enqueue("k", 1)
+    ctl.enqueue_after("k", 0.0, 1)
+    ctl.enqueue_at("k", 0.0, 1)
+    assert ctl.stop(False, 5)
+    assert reconq.Manager("m", None).name == "m"
+    assert reconq.partition_of("k", 8, lambda key: "pipeline") == reconq.partition_of("pipeline", 8)
 
 
 # --- one base class for reconq's own exceptions ---

@@ -193,14 +193,14 @@ impl PyController {
     /// Asks for `key` to be reconciled, at `priority` (higher first; an
     /// enqueue raises a waiting key's priority, never lowers it). Ignored
     /// once stopped.
-    #[pyo3(signature = (key, *, priority=0))]
+    #[pyo3(signature = (key, priority=0))]
     fn enqueue(&self, key: &Bound<'_, PyAny>, #[pyo3(from_py_with = priority_from_py)] priority: i32) -> PyResult<()> {
         self.enqueue_due(PyKey::from_py(key)?, Due::Now, priority);
         Ok(())
     }
 
     /// Asks for `key` to be reconciled `seconds` from now (<= 0: now).
-    #[pyo3(signature = (key, seconds, *, priority=0))]
+    #[pyo3(signature = (key, seconds, priority=0))]
     fn enqueue_after(
         &self,
         key: &Bound<'_, PyAny>,
@@ -213,7 +213,7 @@ impl PyController {
 
     /// Asks for `key` to be reconciled at `t`, a `time.time()` timestamp (a
     /// time in the past means now).
-    #[pyo3(signature = (key, t, *, priority=0))]
+    #[pyo3(signature = (key, t, priority=0))]
     fn enqueue_at(
         &self,
         key: &Bound<'_, PyAny>,
@@ -256,7 +256,7 @@ impl PyController {
     /// stop event is set. Stopping twice, or before start, returns True.
     /// Called from a reconcile of this controller, it starts the stop and
     /// returns False at once (it cannot wait for itself).
-    #[pyo3(signature = (*, drain=true, timeout=None))]
+    #[pyo3(signature = (drain=true, timeout=None))]
     fn stop(slf: &Bound<'_, Self>, drain: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_from_py(timeout)?;
         Ok(Self::life(slf).stop(stop_options(drain, timeout))?.finished)
