@@ -491,15 +491,18 @@ fn pair_cache_timeout() {
     stop(&h);
 }
 
-/// E2 on a FakeClock: cache events are not delays, so they are reconciled
-/// without the clock moving, while an `enqueue_after` waits for it.
+/// E2 + E7 on a FakeClock: cache events are not delays, so they are
+/// reconciled without the clock moving, while an `enqueue_after` and the
+/// watch's `resync` period are measured on the controller's clock.
 #[test]
 fn pair_cache_fake_clock() {
     let (system, rec) = (System::default(), Recorder::default());
+    system.put("listed", 1);
     let cache = system.cache("cache-clock", &rec);
     let clock = FakeClock::new();
-    let h = rec.controller("cache-clock", 1).clock(clock.clone()).watch_cache(&cache, split_map()).start();
-    assert!(h.wait_synced(Some(PATIENCE)));
+    let watch = split_map().resync(secs(60)).unwrap();
+    let h = rec.controller("cache-clock", 1).clock(clock.clone()).watch_cache(&cache, watch).start();
+    wait_for("the listed key", || rec.started("listed") == 1);
     h.enqueue_after(s("later"), secs(10));
     system.put("k", 4);
     wait_for("the change reconciled on a still clock", || rec.started("k") == 1);
@@ -507,6 +510,9 @@ fn pair_cache_fake_clock() {
     assert!(waiting(&h, "later"));
     clock.advance(secs(10));
     wait_for("the delayed key on the fake clock", || rec.started("later") == 1);
+    clock.advance(secs(56)); // the resync period, 60 s ± 10%, has passed
+    wait_for("the resync on the fake clock", || rec.started("listed") == 2 && rec.started("k") == 2);
+    assert_eq!(rec.starts("k")[1].priority, DEFAULT_LIST_PRIORITY);
     stop(&h);
 }
 
