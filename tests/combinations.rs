@@ -173,7 +173,8 @@ fn stop(h: &ControllerHandle<String>) {
 // ---- store × ... -------------------------------------------------------
 
 /// U3 + S2: keys a batch holds at a stop are pending keys: kept, and
-/// reconciled after a restart (nothing ran while the batch was open).
+/// reconciled after a restart (nothing ran while the batch was open); a
+/// batch opened before the restart's start holds them again.
 #[test]
 fn pair_store_batches() {
     let dir = TempDir::new();
@@ -187,8 +188,13 @@ fn pair_store_batches() {
     drop(batch);
     assert!(first.runs().is_empty(), "nothing ran while the batch was open");
 
+    // A batch opened before start holds the restored keys too.
     let second = Recorder::default();
-    let h = second.controller("store-batch", 1).store(open_store(&dir)).start();
+    let c = second.controller("store-batch", 1).store(open_store(&dir));
+    let batch = c.handle().batch();
+    let h = c.start();
+    assert_eq!(h.stats().held, 2, "{:?}", h.stats());
+    drop(batch);
     idle(&h);
     assert_eq!((second.started("a"), second.started("b")), (1, 1));
     stop(&h);
@@ -576,6 +582,30 @@ fn pair_dependencies_fake_clock() {
     clock.advance(secs(10));
     wait_for("the parent, then the child again", || rec.started("child") == 2);
     assert!(rec.at(false, "parent", 0) < rec.at(true, "child", 1));
+    stop(&h);
+}
+
+/// U3 + D3: a parent enqueued inside a batch is pending (held, not
+/// handed out), so it cancels its running child at once; the parent runs
+/// when the batch closes, after the child's run returned, and the child
+/// runs again after it (D2).
+#[test]
+fn pair_dependencies_batches() {
+    let rec = Recorder::default();
+    let c = rec.controller("deps-batch", 2);
+    c.handle().set_dependencies(&s("child"), [s("parent")]).unwrap();
+    let h = c.start();
+    rec.run_blocked(&h, "child", 0);
+    let batch = h.batch();
+    h.enqueue(s("parent"));
+    wait_for("the child's run cancelled by its pending parent", || !rec.running("child"));
+    assert_eq!(rec.started("parent"), 0, "held by the batch");
+    rec.open("child");
+    drop(batch);
+    idle(&h);
+    assert!(rec.at(false, "child", 0) < rec.at(true, "parent", 0));
+    assert!(rec.at(false, "parent", 0) < rec.at(true, "child", 1));
+    assert_eq!(h.stats().superseded, 1);
     stop(&h);
 }
 
