@@ -732,13 +732,13 @@ class Controller:
         or None; an update maps the old object, then the new one, and enqueues both results), if
         ``predicate(old, new)`` accepts it (default: every delete, every put whose object
         differs); at ``priority`` for live changes and ``list_priority`` for lists, relists and
-        the ``resync`` every ``resync`` seconds. A ``map`` or ``predicate`` that raises is logged
-        and counted (``stats()["handler_errors"]``), and the changed key is enqueued. Watched
-        before ``start()``, the cache holds the controller until it has synced and its keys
-        reached the controller (and ``start()`` starts it); after, it is started at once and
-        holds nothing. Returns at once: the keys a synced cache already holds go through ``map``
-        on a catch-up thread of the cache. RuntimeError if the cache or the controller was
-        stopped."""
+        the ``resync`` every ``resync`` seconds (on the controller's ``clock``). A ``map`` or
+        ``predicate`` that raises is logged and counted (``stats()["handler_errors"]``), and the
+        changed key is enqueued. Watched before ``start()``, the cache holds the controller
+        until it has synced and its keys reached the controller (and ``start()`` starts it);
+        after, it is started at once and holds nothing. Returns at once: the keys a synced cache
+        already holds go through ``map`` on a catch-up thread of the cache. RuntimeError if the
+        cache or the controller was stopped."""
     def wait_synced(self, timeout: Optional[_Seconds] = None) -> bool:
         """Waits until every watched cache has synced and its keys reached the controller (True at once if none)."""
     def set_dependencies(self, key: _Key, parents: Iterable[_Key]) -> None:

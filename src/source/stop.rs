@@ -4,10 +4,11 @@
 //! read) registers a hook that unblocks it ([`Stop::on_set`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
 use crate::context::StopSignal;
-use crate::sync::Mutex;
+use crate::sync::{Condvar, Mutex};
 
 type Hook = Box<dyn FnOnce() + Send>;
 
@@ -60,6 +61,37 @@ impl Stop {
     /// set. An interruptible sleep.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         self.inner.signal.wait_timeout(timeout)
+    }
+
+    /// Blocks until `clock` reaches `until` or the stop is set; returns
+    /// whether it is set. On a fake clock time moves only when the test
+    /// advances it, so the wait is woken by each jump of the clock (and by
+    /// the stop) instead of timing out: a period measured on a
+    /// controller's clock (a watch's resync) follows its `FakeClock`.
+    pub(crate) fn wait_until(&self, clock: &dyn Clock, until: Instant) -> bool {
+        if clock.is_real_time() {
+            return self.wait_timeout(until.saturating_duration_since(clock.now()));
+        }
+        let moved = Arc::new((Mutex::new(()), Condvar::new()));
+        let wake: Arc<dyn Fn() + Send + Sync> = {
+            let moved = Arc::clone(&moved);
+            // Taking the lock orders the wake-up after the waiter's check
+            // of the time: none is lost.
+            Arc::new(move || {
+                let _checked = moved.0.lock();
+                moved.1.notify_all();
+            })
+        };
+        clock.subscribe(Arc::downgrade(&wake));
+        let _on_stop = self.on_set({
+            let wake = Arc::clone(&wake);
+            move || wake()
+        });
+        let mut checked = moved.0.lock();
+        while clock.now() < until && !self.is_set() {
+            moved.1.wait(&mut checked);
+        }
+        self.is_set()
     }
 
     /// Runs `hook` when the stop is set (at once, here, if it already

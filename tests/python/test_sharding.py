@@ -237,7 +237,7 @@ def test_more_partitions_than_the_limit_name_the_argument_and_the_limit() -> Non
 def test_sharding_and_leader_election_do_not_mix() -> None:
     sh = reconq.Sharding("http://127.0.0.1:1", "x")
     le = reconq.LeaderElection("http://127.0.0.1:1", "x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="leader_election or sharding, not both"):
         reconq.Controller(lambda key: None, sharding=sh, leader_election=le)
     with pytest.raises(TypeError):
         reconq.Controller(lambda key: None, sharding=sh, resync=5)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ use super::options::Watch;
 use super::regain::{Fate, Regain, Regained, Tombstones};
 use super::watched::{Attached, WatchError};
 use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
+use crate::clock::{Clock, SystemClock};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
@@ -303,19 +304,21 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         }
         let name = format!("reconq-{}-resync", core.name);
         let feed = Arc::clone(&self);
-        if let Err(e) = core.try_spawn_aux(name, move |_| feed.resync_until(&cache, every, &stop)) {
+        let clock: Arc<dyn Clock> =
+            core.rt.get().map_or_else(|| Arc::new(SystemClock) as _, |rt| Arc::clone(&rt.clock));
+        if let Err(e) = core.try_spawn_aux(name, move |_| feed.resync_until(&cache, every, &*clock, &stop)) {
             logs::watch_resync_unavailable(&core.name, &self.cache_name, &e.to_string());
         }
     }
 
-    /// Every `every` (±10%) until `stop`: every cached key through `map`,
-    /// at the list priority (E7).
-    fn resync_until(&self, cache: &Cache<S>, every: Duration, stop: &Stop) {
+    /// Every `every` (±10%) on the controller's `clock` until `stop`:
+    /// every cached key through `map`, at the list priority (E7).
+    fn resync_until(&self, cache: &Cache<S>, every: Duration, clock: &dyn Clock, stop: &Stop) {
         let mut seed = RandomState::new().hash_one(&self.cache_name);
         loop {
             seed = splitmix64(seed);
             let unit = (seed >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-            if stop.wait_timeout(every.mul_f64(0.9 + 0.2 * unit)) {
+            if stop.wait_until(clock, clock.now() + every.mul_f64(0.9 + 0.2 * unit)) {
                 return;
             }
             let Some(core) = self.controller.upgrade() else { return };

@@ -144,8 +144,9 @@ impl<S: Source, K> Watch<S, K> {
 
     /// Enqueues every cached key (through `map`) every `every`, from the
     /// cache's first sync on, each period jittered by ±10% (so controllers
-    /// started together do not resync together), at the list priority.
-    /// Off by default. A zero period is refused (nothing changed).
+    /// started together do not resync together), at the list priority,
+    /// measured on the controller's clock (a [`FakeClock`](crate::FakeClock)
+    /// moves it). Off by default. A zero period is refused (nothing changed).
     pub fn resync(mut self, every: Duration) -> Result<Self, InvalidArgument> {
         if every.is_zero() {
             return Err(InvalidArgument::new("watch_cache: resync must be positive, got 0 s"));
