@@ -14,7 +14,7 @@ use super::partitions::Partitioner;
 use super::persist::StoredKey;
 use super::start::{Join, Resync};
 use super::watch::{DEFAULT_LIST_PRIORITY, Fate};
-use crate::coordination::{LeaderElection, ShardHooks, Sharding};
+use crate::coordination::{LeaderElection, ShardAdmission, ShardHooks, Sharding};
 use crate::key_encoding::StoreKey;
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
@@ -154,15 +154,15 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
         if let Some(admitted) = &self.admitted {
             admitted.0.lock().insert(key.clone(), partition);
         }
-        match self.sharding.admit(partition) {
-            Some(token) => Admission::Run(Some(token)),
-            None => {
-                if let Some(admitted) = &self.admitted {
-                    admitted.0.lock().remove(key);
-                }
-                Admission::Drop
-            }
+        let refused = match self.sharding.admit(partition) {
+            ShardAdmission::Run(token) => return Admission::Run(Some(token)),
+            ShardAdmission::Later => Admission::Wait,
+            ShardAdmission::NotOurs => Admission::Drop,
+        };
+        if let Some(admitted) = &self.admitted {
+            admitted.0.lock().remove(key);
         }
+        refused
     }
 
     fn finished(&self, key: &K, token: u64) {
@@ -176,10 +176,12 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
     }
 
     fn wait(&self, give_up: &dyn Fn() -> bool) -> bool {
-        !give_up()
+        self.sharding.wait_live(give_up)
     }
 
-    fn wake(&self) {}
+    fn wake(&self) {
+        self.sharding.wake();
+    }
 
     fn leader_status(&self) -> Option<LeaderStatus> {
         None

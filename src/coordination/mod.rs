@@ -23,7 +23,7 @@ pub use settings::Endpoints;
 #[cfg(feature = "etcd")]
 pub(crate) use settings::check_endpoints;
 #[cfg(feature = "etcd")]
-pub(crate) use sharding::ShardHooks;
+pub(crate) use sharding::{ShardAdmission, ShardHooks};
 #[cfg(feature = "etcd")]
 pub use sharding::Sharding;
 

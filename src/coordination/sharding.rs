@@ -259,22 +259,53 @@ impl Sharding {
         }
     }
 
-    /// Whether `partition` is ours to reconcile now.
+    /// Whether `partition` is ours to keep keys of: claimed and not being
+    /// given up. A late renewal does not make it another's: only losing
+    /// the lease does (then its keys are refused at [`admit`](Self::admit)
+    /// and its next owner enqueues them, C1). Refusing them while the
+    /// renewal is late would lose them if the renewal then succeeds.
     pub(crate) fn owns(&self, partition: u32) -> bool {
         let st = self.inner.state.lock();
-        self.inner.live(&st) && st.owned.get(&partition).is_some_and(|o| o.releasing.is_none())
+        st.owned.get(&partition).is_some_and(|o| o.releasing.is_none())
     }
 
     /// Lets a reconcile of a key in `partition` run, counted in flight
-    /// until [`finished`](Self::finished): its token, or `None` (not ours).
-    pub(crate) fn admit(&self, partition: u32) -> Option<u64> {
+    /// until [`finished`](Self::finished), if the partition is ours and
+    /// our lease is live.
+    pub(crate) fn admit(&self, partition: u32) -> ShardAdmission {
         let mut st = self.inner.state.lock();
-        if !self.inner.live(&st) {
-            return None;
+        let live = self.inner.live(&st);
+        let Some(owned) = st.owned.get_mut(&partition).filter(|o| o.releasing.is_none()) else {
+            return ShardAdmission::NotOurs;
+        };
+        if !live {
+            return ShardAdmission::Later;
         }
-        let owned = st.owned.get_mut(&partition).filter(|o| o.releasing.is_none())?;
         owned.in_flight += 1;
-        Some(owned.token)
+        ShardAdmission::Run(owned.token)
+    }
+
+    /// Blocks while our lease's renewal is late and we still hold
+    /// partitions: until it is renewed or lost (either notifies), or
+    /// `give_up()` after a [`wake`](Self::wake). `false` if it gave up.
+    pub(crate) fn wait_live(&self, give_up: &dyn Fn() -> bool) -> bool {
+        let mut st = self.inner.state.lock();
+        loop {
+            if give_up() {
+                return false;
+            }
+            if st.owned.is_empty() || self.inner.live(&st) {
+                return true;
+            }
+            self.inner.cv.wait(&mut st);
+        }
+    }
+
+    /// Wakes the threads in [`wait_live`](Self::wait_live) (a controller
+    /// stopping).
+    pub(crate) fn wake(&self) {
+        let _st = self.inner.state.lock();
+        self.inner.cv.notify_all();
     }
 
     /// A reconcile [`admit`](Self::admit)ted under `token` returned.
@@ -347,6 +378,17 @@ impl Sharding {
             }
         }
     }
+}
+
+/// What [`Sharding::admit`] says of a key's partition.
+pub(crate) enum ShardAdmission {
+    /// Ours and live: run under this fencing token.
+    Run(u64),
+    /// Ours, but our lease's renewal is late: keep the key and wait
+    /// ([`Sharding::wait_live`]) until the lease is renewed or lost.
+    Later,
+    /// Not ours (or being given up): its owner reconciles it.
+    NotOurs,
 }
 
 /// A controller's use of its [`Sharding`], dropped once no worker of it is
@@ -466,6 +508,7 @@ impl Shards {
                 st.lease = Some(lease);
                 st.renewed = Some(sent);
                 st.last_error = None;
+                self.cv.notify_all();
             }
             backoff = FIRST_BACKOFF;
             let keeper = Arc::clone(&self);
@@ -523,6 +566,8 @@ impl Shards {
                     if st.lease == Some(lease) {
                         st.renewed = Some(sent);
                         st.last_error = None;
+                        // Workers waiting out a late renewal go on.
+                        self.cv.notify_all();
                     }
                 }
                 // Stop at once; the membership thread does the rest.
@@ -800,6 +845,8 @@ impl Shards {
             for p in partitions {
                 st.owned.remove(p);
             }
+            // Workers waiting out a late renewal find their keys not ours.
+            self.cv.notify_all();
             st.hooks.clone()
         };
         logs::partitions_lost(&self.name, why, partitions);
