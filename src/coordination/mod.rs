@@ -23,9 +23,9 @@ pub use settings::Endpoints;
 #[cfg(feature = "etcd")]
 pub(crate) use settings::check_endpoints;
 #[cfg(feature = "etcd")]
-pub(crate) use sharding::{ShardAdmission, ShardHooks};
-#[cfg(feature = "etcd")]
 pub use sharding::Sharding;
+#[cfg(feature = "etcd")]
+pub(crate) use sharding::{ShardAdmission, ShardHooks};
 
 /// What a [`Manager`](crate::Manager) needs of a leader election: the seam
 /// that keeps the manager free of etcd (implemented by `LeaderElection`

@@ -894,3 +894,50 @@ impl fmt::Debug for Sharding {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sharding holding partition 3 (token 7), last renewed `ago`.
+    fn holding_since(ago: Duration) -> Sharding {
+        let sharding = Sharding::new("http://127.0.0.1:1", "t").partitions(8);
+        let mut st = sharding.inner.state.lock();
+        st.renewed = Some(Instant::now() - ago);
+        st.owned.insert(3, Owned { token: 7, created: 1, releasing: None, cancelled: false, in_flight: 0 });
+        drop(st);
+        sharding
+    }
+
+    /// A renewal late but not lost (a keep-alive answered just past the
+    /// deadline on a loaded machine) keeps the partition's keys: they are
+    /// still ours at enqueue and wait at hand-out, instead of being
+    /// dropped as another replica's while no other replica owns them.
+    #[test]
+    fn a_late_renewal_keeps_the_keys_of_partitions_still_ours() {
+        let fresh = holding_since(Duration::ZERO);
+        assert!(matches!(fresh.admit(3), ShardAdmission::Run(7)));
+        assert!(matches!(fresh.admit(4), ShardAdmission::NotOurs));
+
+        let late = holding_since(Duration::from_secs(4)); // TTL 5 s: deadline 3.33 s
+        assert!(late.owns(3), "a late renewal does not make the partition another's");
+        assert!(!late.owns(4));
+        assert!(matches!(late.admit(3), ShardAdmission::Later));
+        assert!(late.owned_partitions().is_empty(), "no partition is reported ours to act on");
+
+        // A worker waits until the renewal succeeds (or the stop gives up).
+        let waiter = {
+            let late = late.clone();
+            std::thread::spawn(move || late.wait_live(&|| false))
+        };
+        std::thread::sleep(Duration::from_millis(50)); // let it block (not asserted on)
+        {
+            let mut st = late.inner.state.lock();
+            st.renewed = Some(Instant::now());
+            late.inner.cv.notify_all();
+        }
+        assert!(waiter.join().unwrap(), "renewed: the worker goes on");
+        assert!(matches!(late.admit(3), ShardAdmission::Run(7)));
+        assert!(!holding_since(Duration::from_secs(4)).wait_live(&|| true), "a stop gives up the wait");
+    }
+}
