@@ -28,6 +28,9 @@ pub struct Run {
 
 pub type Polled = PollingSource<String, u64>;
 
+/// What a key's next reconciles return, in turn.
+pub type Scripted = VecDeque<Result<Action, ReconcileError>>;
+
 /// A reconcile that records its runs, blocks keys whose gate is closed
 /// until the test opens it or the run is cancelled, and returns what the
 /// test scripted for the key (then `Ok(Done)`).
@@ -36,7 +39,7 @@ pub struct Recorder {
     pub log: Arc<Mutex<Vec<Run>>>,
     /// key → open? Keys not listed do not block.
     pub gates: Arc<(Mutex<HashMap<String, bool>>, Condvar)>,
-    pub results: Arc<Mutex<HashMap<String, VecDeque<Result<Action, ReconcileError>>>>>,
+    pub results: Arc<Mutex<HashMap<String, Scripted>>>,
     pub cache: Arc<OnceLock<Cache<Polled>>>,
 }
 
@@ -150,6 +153,7 @@ pub fn waiting(h: &ControllerHandle<String>, key: &str) -> bool {
 }
 
 /// Keys starting with 'g' form one group, every other key its own.
+#[allow(clippy::ptr_arg)] // a group function of `Controller<String>` takes `&String`
 pub fn by_initial(key: &String) -> String {
     if key.starts_with('g') { s("g") } else { key.clone() }
 }
