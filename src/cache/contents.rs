@@ -174,6 +174,9 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
     /// Takes `key` (whose object was `obj`, no longer in the map) out of
     /// every index; `obj`.
     fn unindex(&mut self, key: &K, obj: Arc<O>) -> Arc<O> {
+        if self.index_fns.is_empty() {
+            return obj; // no index: not even a lookup in the empty side map
+        }
         let Some(indexed) = self.indexed.remove(key) else { return obj };
         for (index, values) in self.indexes.iter_mut().zip(&indexed) {
             for value in values {
