@@ -28,11 +28,13 @@ pub(super) struct IndexFailure<K> {
     pub(super) error: String,
 }
 
+/// What the cache holds for one key: nothing but the object and its
+/// version, since a cache holds millions (docs/sources.md, "What a key
+/// costs"); a key's index values live in `Contents::indexed`, only in a
+/// cache that has indexes.
 struct Entry<O, V> {
     obj: Arc<O>,
     version: Option<V>,
-    /// Per index (in the cache's order), the values the key is under.
-    indexed: Vec<Vec<String>>,
 }
 
 pub(super) struct Contents<K, O, V> {
@@ -40,12 +42,16 @@ pub(super) struct Contents<K, O, V> {
     index_fns: super::Indexes<K, O>,
     /// Per index: value → keys.
     indexes: Vec<HashMap<String, HashSet<K, Hasher>, Hasher>>,
+    /// Per key held, per index (in the cache's order), the values it is
+    /// under. Invariant: with indexes, exactly the keys of `entries`;
+    /// without, empty.
+    indexed: HashMap<K, Box<[Vec<String>]>, Hasher>,
 }
 
 impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
     pub(super) fn new(index_fns: super::Indexes<K, O>) -> Self {
         let indexes = index_fns.iter().map(|_| HashMap::default()).collect();
-        Self { entries: HashMap::default(), index_fns, indexes }
+        Self { entries: HashMap::default(), index_fns, indexes, indexed: HashMap::default() }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -123,13 +129,13 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
                     self.entries.insert(key, entry);
                 }
                 previous => {
-                    let old = previous.map(|entry| self.unindex(&key, entry));
+                    let old = previous.map(|entry| self.unindex(&key, entry.obj));
                     puts.push(self.insert(key, obj, version, old, failures));
                 }
             }
         }
         let gone = before.into_iter().map(|(key, entry)| {
-            let old = self.unindex(&key, entry);
+            let old = self.unindex(&key, entry.obj);
             Applied { key, old: Some(old), new: None, listed: false }
         });
         let mut changes: Vec<Applied<K, O>> = gone.collect();
@@ -151,21 +157,28 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Applied<K, O> {
         let obj = Arc::new(obj);
-        let indexed = self.index(&key, &obj, failures);
-        self.entries.insert(key.clone(), Entry { obj: Arc::clone(&obj), version, indexed });
+        if !self.index_fns.is_empty() {
+            let indexed = self.index(&key, &obj, failures);
+            self.indexed.insert(key.clone(), indexed);
+        }
+        self.entries.insert(key.clone(), Entry { obj: Arc::clone(&obj), version });
         Applied { key, old, new: Some(obj), listed: false }
     }
 
     /// Takes `key` out of the map and every index; its object if it was in.
     fn remove(&mut self, key: &K) -> Option<Arc<O>> {
         let entry = self.entries.remove(key)?;
-        Some(self.unindex(key, entry))
+        Some(self.unindex(key, entry.obj))
     }
 
-    /// Takes `key` (whose entry was `entry`, no longer in the map) out of
-    /// every index; its object.
-    fn unindex(&mut self, key: &K, entry: Entry<O, V>) -> Arc<O> {
-        for (index, values) in self.indexes.iter_mut().zip(&entry.indexed) {
+    /// Takes `key` (whose object was `obj`, no longer in the map) out of
+    /// every index; `obj`.
+    fn unindex(&mut self, key: &K, obj: Arc<O>) -> Arc<O> {
+        if self.index_fns.is_empty() {
+            return obj; // no index: not even a lookup in the empty side map
+        }
+        let Some(indexed) = self.indexed.remove(key) else { return obj };
+        for (index, values) in self.indexes.iter_mut().zip(&indexed) {
             for value in values {
                 if let Some(keys) = index.get_mut(value) {
                     keys.remove(key);
@@ -175,11 +188,11 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
                 }
             }
         }
-        entry.obj
+        obj
     }
 
     /// Puts `key` in every index under the values its functions give.
-    fn index(&mut self, key: &K, obj: &O, failures: &mut Vec<IndexFailure<K>>) -> Vec<Vec<String>> {
+    fn index(&mut self, key: &K, obj: &O, failures: &mut Vec<IndexFailure<K>>) -> Box<[Vec<String>]> {
         let mut indexed = Vec::with_capacity(self.index_fns.len());
         for ((name, index_fn), index) in self.index_fns.iter().zip(&mut self.indexes) {
             let mut values = match catch_unwind(AssertUnwindSafe(|| index_fn(key, obj))) {
@@ -197,7 +210,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
             }
             indexed.push(values);
         }
-        indexed
+        indexed.into_boxed_slice()
     }
 }
 

@@ -409,6 +409,15 @@ impl<S: Source> Cache<S> {
         self.inner.state.read().contents.get(key).cloned()
     }
 
+    /// [`get`](Self::get) if the cache's lock can be had at once; `None`
+    /// while it is held for a change. The Python binding reads with the
+    /// GIL held this way, and waits for the lock without the GIL only
+    /// when it must.
+    #[cfg(feature = "python")]
+    pub(crate) fn try_get(&self, key: &S::Key) -> Option<Option<Arc<S::Object>>> {
+        Some(self.inner.state.try_read()?.contents.get(key).cloned())
+    }
+
     /// The version the source gave with `key`'s last state, if any.
     pub fn version(&self, key: &S::Key) -> Option<S::Version> {
         self.inner.state.read().contents.version(key).cloned()

@@ -119,6 +119,9 @@ impl<S: Source> Inner<S> {
         self.succeeded();
         self.index_failed(failures);
         self.deliver(&subscribers, &changes);
+        // Gone before anyone hears of the sync: a list's changes (one for
+        // each key, holding it and its object) are not kept past it.
+        drop(changes);
         let hooks = {
             let mut synced = self.synced.lock();
             if *synced {

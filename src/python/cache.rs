@@ -4,9 +4,13 @@
 //! * The cache's thread is attached to the interpreter once for its life
 //!   (as a controller's workers) and detached except while it calls Python:
 //!   the source's functions, `decode`, index functions and `==` on a relist.
-//! * Every read takes the cache's lock detached, so the cache's thread,
-//!   which may hold that lock while it waits for the GIL (an index
-//!   function), is never waited for by a thread that holds the GIL.
+//! * Every read waits for the cache's lock detached, so the cache's
+//!   thread, which may hold that lock while it waits for the GIL (an index
+//!   function), is never waited for by a thread that holds the GIL. `get`,
+//!   the read of every reconcile, first tries the lock with the GIL held
+//!   and detaches only if it is taken: each detach is a hand-off of the
+//!   GIL to another thread, and taking it back waits for that thread
+//!   (up to `sys.getswitchinterval()` if it runs Python): issue 36's tail.
 //! * Index values are Python keys (str, int, bytes, tuples of these): the
 //!   Rust index holds each as its key encoding (`crate::key_encoding`), so
 //!   `by_index` finds a value by Python's `==` for those types, with no scan.
@@ -178,7 +182,8 @@ impl PyCache {
         refuse_under_cache_lock()?;
         let key = PyKey::from_py(key)?;
         let cache = &self.cache;
-        Ok(py.detach(|| cache.get(&key)).map(|obj| obj.to_py(py)))
+        let found = cache.try_get(&key).unwrap_or_else(|| py.detach(|| cache.get(&key)));
+        Ok(found.map(|obj| obj.to_py(py)))
     }
 
     /// Every key held now, in no particular order.

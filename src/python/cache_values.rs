@@ -49,33 +49,62 @@ pub(crate) fn refuse_under_cache_lock() -> PyResult<()> {
     Ok(())
 }
 
-/// A Python object kept by a cache. Equal when it is the same object or
-/// Python's `==` says so (an `==` that raises: not equal, a change).
+/// An object kept by a cache: a Python object, or the bytes of an etcd
+/// value with no `decode` kept as Rust bytes (`bytes` to Python when
+/// read).
+///
+/// Why the bytes stay Rust's: the cache's thread then applies an etcd
+/// event and the default predicate compares it with what was held
+/// without taking the GIL at all. Each GIL acquisition on that thread
+/// waits behind whatever Python runs (a reconcile holding the GIL makes
+/// it wait up to `sys.getswitchinterval()`, 5 ms): the put -> reconcile
+/// tail (issue 36). And a short value costs its bytes plus a 16-byte
+/// box instead of an `Arc` and a Python `bytes` object (33 bytes and
+/// more a value): docs/sources.md, "What a key costs".
 #[derive(Clone)]
-pub(crate) struct PyObj(Arc<Py<PyAny>>);
+pub(crate) enum PyObj {
+    Python(Arc<Py<PyAny>>),
+    /// An etcd value (no `decode`): a new `bytes` at each read, equal to
+    /// the last.
+    Bytes(Box<[u8]>),
+}
 
 impl PyObj {
     pub(crate) fn new(obj: Bound<'_, PyAny>) -> Self {
-        Self(Arc::new(obj.unbind()))
+        Self::Python(Arc::new(obj.unbind()))
     }
 
     pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
-        self.0.bind(py).clone()
+        match self {
+            Self::Python(obj) => obj.bind(py).clone(),
+            Self::Bytes(bytes) => PyBytes::new(py, bytes).into_any(),
+        }
     }
 }
 
+/// Equal when it is the same object or Python's `==` says so (an `==`
+/// that raises: not equal, a change); bytes by their contents, without
+/// the interpreter. One source gives one kind: a Python object and bytes
+/// are never compared (unequal).
 impl PartialEq for PyObj {
     fn eq(&self, other: &Self) -> bool {
-        if self.0.as_ptr() == other.0.as_ptr() {
-            return true;
+        match (self, other) {
+            (Self::Bytes(a), Self::Bytes(b)) => a == b,
+            (Self::Python(a), Self::Python(b)) => {
+                a.as_ptr() == b.as_ptr()
+                    || attach(|py| under_cache_lock(|| a.bind(py).eq(b.bind(py)).unwrap_or(false))).unwrap_or(false)
+            }
+            _ => false,
         }
-        attach(|py| under_cache_lock(|| self.0.bind(py).eq(other.0.bind(py)).unwrap_or(false))).unwrap_or(false)
     }
 }
 
 impl fmt::Debug for PyObj {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<Python object>")
+        match self {
+            Self::Python(_) => f.write_str("<Python object>"),
+            Self::Bytes(bytes) => write!(f, "<{} bytes>", bytes.len()),
+        }
     }
 }
 
@@ -83,16 +112,22 @@ impl fmt::Debug for PyObj {
 /// a poll count, a Python `int` that fits in 64 bits), or any other Python
 /// object with its `repr` taken when it arrived (so status tables show it
 /// without the interpreter).
+///
+/// 16 bytes: a cache keeps one for each key (its version), so the rare
+/// object is behind one pointer and the common integer is inline.
 #[derive(Clone)]
 pub(crate) enum SourceValue {
     Int(i64),
-    /// `kept`: a `str` or `bytes` in the key encoding, as a cache with a
-    /// store keeps it (E9); `None` for any other object (not kept).
-    Object {
-        obj: PyObj,
-        repr: Arc<str>,
-        kept: Option<Arc<[u8]>>,
-    },
+    Object(Arc<SourceObject>),
+}
+
+/// A [`SourceValue`] that is not an integer.
+pub(crate) struct SourceObject {
+    obj: PyObj,
+    repr: Box<str>,
+    /// A `str` or `bytes` in the key encoding, as a cache with a store
+    /// keeps it (E9); `None` for any other object (not kept).
+    kept: Option<Box<[u8]>>,
 }
 
 impl SourceValue {
@@ -116,7 +151,8 @@ impl SourceValue {
         } else {
             None
         };
-        SourceValue::Object { obj: PyObj::new(obj.clone()), repr: repr.into(), kept: kept.map(Arc::from) }
+        let kept = kept.map(Vec::into_boxed_slice);
+        SourceValue::Object(Arc::new(SourceObject { obj: PyObj::new(obj.clone()), repr: repr.into(), kept }))
     }
 
     /// `None` (no value) or the value, from Python.
@@ -127,7 +163,7 @@ impl SourceValue {
     pub(crate) fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         Ok(match self {
             SourceValue::Int(i) => i.into_pyobject(py)?.into_any(),
-            SourceValue::Object { obj, .. } => obj.to_py(py),
+            SourceValue::Object(object) => object.obj.to_py(py),
         })
     }
 }
@@ -136,7 +172,7 @@ impl PartialEq for SourceValue {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (SourceValue::Int(a), SourceValue::Int(b)) => a == b,
-            (SourceValue::Object { obj: a, .. }, SourceValue::Object { obj: b, .. }) => a == b,
+            (SourceValue::Object(a), SourceValue::Object(b)) => a.obj == b.obj,
             _ => false,
         }
     }
@@ -146,7 +182,7 @@ impl fmt::Debug for SourceValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SourceValue::Int(i) => write!(f, "{i}"),
-            SourceValue::Object { repr, .. } => f.write_str(repr),
+            SourceValue::Object(object) => f.write_str(&object.repr),
         }
     }
 }
@@ -157,7 +193,7 @@ impl Keepable for SourceValue {
     fn kept_bytes(&self) -> Option<Vec<u8>> {
         match self {
             SourceValue::Int(i) => Some(encode_key(i)),
-            SourceValue::Object { kept, .. } => kept.as_deref().map(<[u8]>::to_vec),
+            SourceValue::Object(object) => object.kept.as_deref().map(<[u8]>::to_vec),
         }
     }
 }

@@ -43,6 +43,11 @@ const MAX_DEPTH: usize = 100;
 /// `obj`'s canonical bytes, or `None` when it has none (see the module
 /// docs).
 pub(crate) fn canonical(obj: &PyObj) -> Option<Vec<u8>> {
+    if let PyObj::Bytes(bytes) = obj {
+        // As `bytes` from Python: the same digest whichever way it came.
+        let mut out = Vec::with_capacity(bytes.len() + 5);
+        return length_prefixed(BYTES, bytes, &mut out).map(|()| out);
+    }
     attach(|py| {
         let mut out = Vec::new();
         encode(&obj.to_py(py), &mut out, MAX_DEPTH).map(|()| out)

@@ -170,8 +170,14 @@ impl Log for Bridge {
 /// extension's `log` crate is its own, so no other module's logger is in
 /// the way).
 pub(crate) fn install(py: Python<'_>) -> PyResult<()> {
+    // Other crates' records below WARNING never reach Python: deciding
+    // whether one is wanted asks the Python logger, so takes the GIL, and
+    // ureq makes five debug records per HTTP request (a cache's list page
+    // and watch, a lease renewal), each a GIL hand-off on an engine
+    // thread that then waits behind whatever Python runs (issue 36).
     let inner = Logger::new(py, Caching::Loggers)?
-        .filter(LevelFilter::Debug)
+        .filter(LevelFilter::Warn)
+        .filter_target("reconq".to_owned(), LevelFilter::Debug)
         .filter_target("tracing".to_owned(), LevelFilter::Off);
     if log::set_boxed_logger(Box::new(Bridge { inner })).is_ok() {
         log::set_max_level(LevelFilter::Debug);

@@ -72,7 +72,7 @@ impl IntPosition for i64 {
     fn from_value(value: &SourceValue) -> Option<Self> {
         match value {
             SourceValue::Int(i) => Some(*i),
-            SourceValue::Object { .. } => None,
+            SourceValue::Object(_) => None,
         }
     }
 }
@@ -351,19 +351,14 @@ fn etcd_key(bytes: &[u8]) -> Result<PyKey, std::convert::Infallible> {
     })
 }
 
-/// An etcd value as the cache's object: `bytes`, or `decode(bytes)`.
+/// An etcd value as the cache's object: its bytes, kept as Rust's (no
+/// GIL taken on the cache's thread: [`PyObj::Bytes`]), or `decode(bytes)`.
 fn etcd_value(decode: Option<Arc<Py<PyAny>>>) -> impl Fn(&[u8]) -> Result<PyObj, String> + Send + Sync + 'static {
     move |bytes: &[u8]| {
+        let Some(decode) = &decode else { return Ok(PyObj::Bytes(bytes.into())) };
         attach(|py| {
             let value = pyo3::types::PyBytes::new(py, bytes).into_any();
-            match &decode {
-                None => Ok(PyObj::new(value)),
-                Some(decode) => decode
-                    .bind(py)
-                    .call1((value,))
-                    .map(PyObj::new)
-                    .map_err(|e| format!("decode raised {}", describe(py, &e))),
-            }
+            decode.bind(py).call1((value,)).map(PyObj::new).map_err(|e| format!("decode raised {}", describe(py, &e)))
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
     }

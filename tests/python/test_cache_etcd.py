@@ -9,6 +9,8 @@ etcd's own listing, never by sleeping."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Dict, List
@@ -241,3 +243,42 @@ def test_an_idle_cache_blocked_on_its_etcd_watch_uses_no_cpu(etcd: Etcd, caches:
     time.sleep(2)  # the window measured, not a wait for a condition
     used = thread_cpu_seconds("reconq-cache-e") - before
     assert used <= 0.02, f"G8: an idle etcd cache used {used} s of CPU in 2 s"
+
+
+PUT_LATER = """
+import base64, json, sys, time, urllib.request
+time.sleep(1.0)
+b64 = lambda text: base64.b64encode(text.encode()).decode()
+body = json.dumps({"key": b64(sys.argv[2]), "value": b64("2")}).encode()
+request = urllib.request.Request(sys.argv[1] + "/v3/kv/put", data=body, method="POST")
+urllib.request.urlopen(request, timeout=10).read()
+"""
+
+
+def test_a_cache_of_raw_etcd_values_applies_a_change_while_python_holds_the_gil(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    """Issue 36's tail: without `decode`, a value stays Rust bytes and the
+    cache's thread applies an etcd change without the GIL, so a change is
+    not held up behind Python code (a reconcile) until the switch interval
+    forces the GIL over. Here this thread keeps the GIL (a switch interval
+    of 1,000 s) while another process puts; `repr` reads the cache
+    without letting the GIL go."""
+    etcd.put(PREFIX + "a", "1")
+    cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX), name="raw")
+    caches.append(cache)
+    cache.start()
+    assert cache.wait_synced(PATIENCE)
+    putter = subprocess.Popen([sys.executable, "-c", PUT_LATER, etcd.endpoint, PREFIX + "b"])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        deadline = time.monotonic() + 2 * PATIENCE
+        while "keys=2" not in repr(cache) and time.monotonic() < deadline:
+            pass
+        applied_while_held = "keys=2" in repr(cache)
+    finally:
+        sys.setswitchinterval(interval)
+    assert putter.wait(PATIENCE) == 0
+    assert applied_while_held, (repr(cache), cache.stats()["last_error"])
+    assert contents(cache) == {"a": b"1", "b": b"2"}

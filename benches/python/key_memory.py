@@ -1,0 +1,139 @@
+"""Memory per cached key (issue 36 item 4): the resident memory a process
+grows by while it lists N short keys of etcd, divided by N; reconq's
+`Cache(EtcdSource)` against a plain dict filled by `etcd3gw`'s
+`get_prefix`.
+
+    python benches/python/key_memory.py                   # 200,000 keys, 2 rounds
+    python benches/python/key_memory.py --keys 1000000 --rounds 3
+
+Build the extension optimised first (`pip install .`); the plain reflector
+needs `etcd3gw` from PyPI (a benchmark-only dependency).
+
+One etcd on loopback (a temporary data directory) is filled with keys
+`k0`.. holding values `v0`.. (short: 2-8 bytes each), through the JSON
+gateway's transactions. Each contender runs in a fresh child process:
+resident memory (`/proc/self/statm`) after its imports, then after the
+list is held (the cache synced; the dict filled and the reply dropped),
+with a `gc.collect()` before each reading; and the bytes glibc's malloc
+has handed out (`mallinfo2`), whose growth leaves out the memory freed
+but kept in its heaps (Python's small objects live in arenas Python maps
+itself, which it does not see: that figure is for reconq's Rust side). The value's own bytes are
+about 7 of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ctypes
+import gc
+import http.client
+import json
+import os
+import subprocess
+import sys
+
+from typing import Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+
+PREFIX = "/memory/"
+TXN_OPS = 128  # etcd's default --max-txn-ops
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def resident() -> Tuple[int, int]:
+    """Resident bytes, and the bytes glibc's malloc has handed out and not
+    had back (`mallinfo2`: in use in its heaps plus its mmapped blocks):
+    the difference is freed memory not given back to the system."""
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return rss, info.uordblks + info.hblkhd
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def fill(endpoint: str, keys: int) -> None:
+    host, port = endpoint.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    for start in range(0, keys, TXN_OPS):
+        ops = [
+            {"request_put": {"key": b64(f"{PREFIX}k{i}"), "value": b64(f"v{i}")}}
+            for i in range(start, min(start + TXN_OPS, keys))
+        ]
+        conn.request("POST", "/v3/kv/txn", body=json.dumps({"success": ops}))
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+    conn.close()
+
+
+def child(contender: str, endpoint: str, keys: int) -> None:
+    if contender == "reconq":
+        import reconq
+
+        before = resident()
+        cache = reconq.Cache(reconq.EtcdSource(endpoint, PREFIX))
+        cache.start()
+        assert cache.wait_synced(600)
+        assert len(cache) == keys, len(cache)
+        after = resident()
+        cache.stop()
+    else:
+        from etcd3gw.client import Etcd3Client
+
+        host, port = endpoint.removeprefix("http://").split(":")
+        client = Etcd3Client(host=host, port=int(port), timeout=600)
+        before = resident()
+        held = {kv[1]["key"]: kv[0] for kv in client.get_prefix(PREFIX)}
+        assert len(held) == keys, len(held)
+        after = resident()
+    print(json.dumps([(a - b) / keys for a, b in zip(after, before)]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", choices=["reconq", "plain"])
+    parser.add_argument("--child", choices=["reconq", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.endpoint, args.keys)
+
+    from etcd_server import Etcd
+
+    etcd = Etcd("--quota-backend-bytes", str(8 << 30))
+    try:
+        fill(etcd.endpoint, args.keys)
+        contenders = [args.only] if args.only else ["reconq", "plain"]
+        for round_ in range(args.rounds):
+            for contender in contenders if round_ % 2 == 0 else contenders[::-1]:
+                command = [sys.executable, __file__, "--child", contender, "--endpoint", etcd.endpoint]
+                out = subprocess.run([*command, "--keys", str(args.keys)], check=True, capture_output=True, text=True)
+                rss, heap = json.loads(out.stdout.strip().splitlines()[-1])
+                print(
+                    f"round {round_} {contender:7} {args.keys} keys: {rss:6.0f} B a key resident, "
+                    f"{heap:6.0f} B of malloc's in use",
+                    flush=True,
+                )
+    finally:
+        etcd.close()
+
+
+if __name__ == "__main__":
+    main()
