@@ -70,6 +70,25 @@ impl StopSignal {
         }
     }
 
+    /// Wakes the threads blocked in [`wait_for`](Self::wait_for) to look at
+    /// their condition again, without setting the signal (the other waits
+    /// here treat it as a spurious wake-up). Lets a waiter block on "set, or
+    /// something else happened" with one condition variable.
+    pub(crate) fn notify(&self) {
+        let _g = self.inner.lock.lock();
+        self.inner.cv.notify_all();
+    }
+
+    /// Blocks until `ready()` holds. `ready` is checked under the signal's
+    /// lock, which [`set`](Self::set) and [`notify`](Self::notify) take
+    /// too: a condition made true before a `notify` is never missed.
+    pub(crate) fn wait_for(&self, ready: impl Fn() -> bool) {
+        let mut g = self.inner.lock.lock();
+        while !ready() {
+            self.inner.cv.wait(&mut g);
+        }
+    }
+
     /// Clears the flag (a worker reuses its signal for its next reconcile).
     pub(crate) fn reset_to(&self, set: bool) {
         if self.is_set() == set {
