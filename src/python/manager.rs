@@ -40,6 +40,14 @@ use crate::{
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
 /// backoff; `stop()` runs once when it is removed.
+///
+/// `do` may be an `async def` function: it then runs as a task on the
+/// asyncio loop `loop` (keyword-only; running, on a thread of the
+/// user's), or on a loop thread of the manager's own
+/// (`reconq-<name>-asyncio`, started at the first coroutine, ended by
+/// `remove_all(wait=True)` and at exit), and is cancelled
+/// (`asyncio.CancelledError`) when its context is. `stop` stays a
+/// plain function.
 #[pyclass(name = "Manager", module = "reconq", frozen, weakref)]
 pub(crate) struct PyManager {
     manager: Manager,
@@ -60,12 +68,14 @@ fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     }
 }
 
-/// `do` (sync or `async def`) or `stop` (sync): called with no arguments.
-fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
-    match what {
-        "do" => check_reconcile_callable(obj, what, 0)?,
-        _ => check_sync_callable(obj, what, 0)?,
-    }
+/// A callable taking no arguments, as `check` accepts it: `do` (sync or
+/// `async def`: `check_reconcile_callable`) or `stop` (sync only).
+fn callable_from_py(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    check: fn(&Bound<'_, PyAny>, &str, usize) -> PyResult<()>,
+) -> PyResult<Arc<Py<PyAny>>> {
+    check(obj, what, 0)?;
     Ok(Arc::new(obj.clone().unbind()))
 }
 
@@ -119,13 +129,6 @@ impl PyManager {
     /// `name` labels its controllers in `reconq.status()`. With
     /// `leader_election`, `do` functions run only while this process leads
     /// (one election may serve several managers and controllers).
-    ///
-    /// `do` may be an `async def` function: it then runs as a task on the
-    /// asyncio loop `loop` (running, on a thread of the user's), or on a
-    /// loop thread of the manager's own (`reconq-<name>-asyncio`, started
-    /// at the first coroutine, ended by `remove_all(wait=True)` and at
-    /// exit), and is cancelled (`asyncio.CancelledError`) when its context
-    /// is.
     #[new]
     #[pyo3(signature = (name="manager", leader_election=None, *, r#loop=None))]
     fn new(
@@ -178,9 +181,9 @@ impl PyManager {
     ) -> PyResult<()> {
         // Check everything before changing anything.
         let name = name_from_py(name)?;
-        let do_fn = callable_from_py(r#do, "do")?;
+        let do_fn = callable_from_py(r#do, "do", check_reconcile_callable)?;
         let stop_fn = match stop {
-            Some(s) if !s.is_none() => Some(callable_from_py(s, "stop")?),
+            Some(s) if !s.is_none() => Some(callable_from_py(s, "stop", check_sync_callable)?),
             _ => None,
         };
         let interval = match interval {
