@@ -209,6 +209,22 @@ def test_cancel_of_a_key_cancels_its_task(make):
     assert blocking.cancelled == [("k", True)]
 
 
+def test_stop_from_inside_an_async_reconcile_returns_and_the_loop_ends_after(make):
+    returned: List[bool] = []
+
+    async def reconcile(key: Any) -> None:
+        # On the loop's thread: waiting for the workers would wait for
+        # this very task, so the stop returns at once (as on a worker).
+        returned.append(c.stop(drain=False))
+
+    c = make(reconcile, name="self-stopping")
+    c.start()
+    c.enqueue("k")
+    wait_for(lambda: returned, what="stop() to return inside the reconcile")
+    assert returned == [False]
+    wait_for(lambda: "reconq-self-stopping-asyncio" not in loop_threads(), what="the loop thread to end")
+
+
 # --- loops ------------------------------------------------------------------------------
 
 
