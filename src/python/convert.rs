@@ -285,7 +285,7 @@ pub(crate) fn check_sync_callable_of(obj: &Bound<'_, PyAny>, what: &str, choices
 }
 
 /// Which kinds of callable an argument takes.
-#[derive(PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum Calls {
     /// Plain functions only: called on engine threads, no event loop.
     Sync,
@@ -293,22 +293,35 @@ enum Calls {
     SyncOrAsync,
 }
 
+impl Calls {
+    /// What the argument must be, and why other kinds are refused.
+    fn rule(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Sync => ("a plain function", "reconq calls it on its own threads, with no event loop"),
+            Self::SyncOrAsync => ("a function or an async def function", "it must return a result or an awaitable"),
+        }
+    }
+}
+
 fn check_callable(obj: &Bound<'_, PyAny>, what: &str, choices: &[usize], calls: Calls) -> PyResult<usize> {
     let py = obj.py();
     if !obj.is_callable() {
         return Err(PyTypeError::new_err(format!("{what} must be callable, not {}", type_name(obj))));
     }
-    let coroutine = (&IS_COROUTINE_FUNCTION, "iscoroutinefunction", "a coroutine function (async def)");
-    let async_generator =
-        (&IS_ASYNC_GENERATOR_FUNCTION, "isasyncgenfunction", "an async generator function (async def with yield)");
-    let refused = if calls == Calls::Sync { vec![coroutine, async_generator] } else { vec![async_generator] };
-    for (cell, check, kind) in refused {
-        if inspect(py, cell, check)?.call1((obj,))?.is_truthy()? {
-            let why = match calls {
-                Calls::Sync => "reconq calls it on its own threads, with no event loop",
-                Calls::SyncOrAsync => "it must return a result or an awaitable",
-            };
-            let must = if calls == Calls::Sync { "a plain function" } else { "a function or an async def function" };
+    // Each kind with the argument that refuses it: a coroutine function
+    // only where no loop runs it, an async generator function everywhere.
+    let refused = [
+        (Calls::Sync, &IS_COROUTINE_FUNCTION, "iscoroutinefunction", "a coroutine function (async def)"),
+        (
+            calls,
+            &IS_ASYNC_GENERATOR_FUNCTION,
+            "isasyncgenfunction",
+            "an async generator function (async def with yield)",
+        ),
+    ];
+    for (refused_by, cell, check, kind) in refused {
+        if refused_by == calls && inspect(py, cell, check)?.call1((obj,))?.is_truthy()? {
+            let (must, why) = calls.rule();
             return Err(PyTypeError::new_err(format!("{what} must be {must}, not {kind}: {why}")));
         }
     }
