@@ -184,3 +184,39 @@ impl fmt::Debug for Context {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::StopSignal;
+
+    /// The wait of an `async def` reconcile's worker (python `awaiting`):
+    /// woken by `notify` for its own condition, which leaves the signal
+    /// unset, or by `set`.
+    #[test]
+    fn wait_for_wakes_on_notify_without_setting_the_signal_and_on_set() {
+        let signal = StopSignal::new();
+        let done = Arc::new(AtomicBool::new(false));
+        let notifier = {
+            let (signal, done) = (signal.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                done.store(true, Ordering::Release);
+                signal.notify();
+            })
+        };
+        signal.wait_for(|| done.load(Ordering::Acquire) || signal.is_set());
+        notifier.join().unwrap();
+        assert!(!signal.is_set());
+
+        let setter = {
+            let signal = signal.clone();
+            std::thread::spawn(move || signal.set())
+        };
+        signal.wait_for(|| signal.is_set());
+        setter.join().unwrap();
+    }
+}
