@@ -70,6 +70,25 @@ impl StopSignal {
         }
     }
 
+    /// Wakes the threads blocked in [`wait_for`](Self::wait_for) to look at
+    /// their condition again, without setting the signal (the other waits
+    /// here treat it as a spurious wake-up). Lets a waiter block on "set, or
+    /// something else happened" with one condition variable.
+    pub(crate) fn notify(&self) {
+        let _g = self.inner.lock.lock();
+        self.inner.cv.notify_all();
+    }
+
+    /// Blocks until `ready()` holds. `ready` is checked under the signal's
+    /// lock, which [`set`](Self::set) and [`notify`](Self::notify) take
+    /// too: a condition made true before a `notify` is never missed.
+    pub(crate) fn wait_for(&self, ready: impl Fn() -> bool) {
+        let mut g = self.inner.lock.lock();
+        while !ready() {
+            self.inner.cv.wait(&mut g);
+        }
+    }
+
     /// Clears the flag (a worker reuses its signal for its next reconcile).
     pub(crate) fn reset_to(&self, set: bool) {
         if self.is_set() == set {
@@ -163,5 +182,41 @@ impl fmt::Debug for Context {
             .field("cancelled", &self.is_cancelled())
             .field("fencing_token", &self.fencing_token)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::StopSignal;
+
+    /// The wait of an `async def` reconcile's worker (python `awaiting`):
+    /// woken by `notify` for its own condition, which leaves the signal
+    /// unset, or by `set`.
+    #[test]
+    fn wait_for_wakes_on_notify_without_setting_the_signal_and_on_set() {
+        let signal = StopSignal::new();
+        let done = Arc::new(AtomicBool::new(false));
+        let notifier = {
+            let (signal, done) = (signal.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                done.store(true, Ordering::Release);
+                signal.notify();
+            })
+        };
+        signal.wait_for(|| done.load(Ordering::Acquire) || signal.is_set());
+        notifier.join().unwrap();
+        assert!(!signal.is_set());
+
+        let setter = {
+            let signal = signal.clone();
+            std::thread::spawn(move || signal.set())
+        };
+        signal.wait_for(|| signal.is_set());
+        setter.join().unwrap();
     }
 }

@@ -5,6 +5,7 @@
     python benches/python/bench.py p1 --n 200000 --workers 1 2 4 8 --repeat 3
     python benches/python/bench.py w6 --n 200000 --workers 1 2 4   # P1 with a store (not in the default set)
     python benches/python/bench.py s1 --n 1000000 --repeat 3        # S1 after a Python burst (not in the default set)
+    python benches/python/bench.py aio --n 100000 --workers 1 4     # P1 and P2 with async def (not in the default set)
 
 Build the extension optimised first (`pip install .`, or
 `RELEASE=1 bash scripts/python-dev.sh --co -q`): a debug build measures
@@ -37,6 +38,8 @@ nothing useful.
   every B key is done, with ``group=`` against without (reconq only: the
   baseline has no groups).
 
+* aio: P1 and P2 with an ``async def`` reconcile (run on the controller's
+  asyncio loop thread) beside the sync one, alternating in one run; ratios.
 * S1 after a Python burst (docs/store.md): N ready keys enqueued from
   Python behind a blocked worker, ``flush_interval`` 1 s; the burst's time,
   the time after it until every key is written, and the largest lag of a
@@ -49,6 +52,7 @@ reconq is better).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import json
 import logging
@@ -193,6 +197,55 @@ def p2(repeat: int) -> Dict[str, float]:
               f"{best[name] / ideal:.2f}x ideal", flush=True)
     print(f"  ratio (pure / reconq wall time): {best['pure'] / best['reconq']:.2f}x")
     return {**best, "ideal": ideal}
+
+
+def aio(n: int, worker_counts: List[int], repeat: int) -> Dict[str, Any]:
+    """P1 and P2 with an ``async def`` reconcile beside the sync one, in one
+    run, alternating: P1 keys/s (a no-op either way) per worker count, and
+    P2 wall time (``await asyncio.sleep(0.005)`` against ``time.sleep``)."""
+
+    def sync_noop(key: Any) -> None:
+        pass
+
+    async def async_noop(key: Any) -> None:
+        pass
+
+    def sync_sleep(key: Any) -> None:
+        time.sleep(0.005)
+
+    async def async_sleep(key: Any) -> None:
+        await asyncio.sleep(0.005)
+
+    print(f"\nP1 async: N={n:,} keys through Controller, no-op reconcile, sync and async def (best of {repeat})")
+    print(f"{'workers':>7} {'sync keys/s':>13} {'async keys/s':>14} {'async/sync':>11}")
+    p1_rates: Dict[str, Dict[int, float]] = {"sync": {}, "async": {}}
+    for w in worker_counts:
+        rates: Dict[str, List[float]] = {"sync": [], "async": []}
+        for _ in range(repeat):
+            for kind, reconcile in (("sync", sync_noop), ("async", async_noop)):
+                c = reconq_controller(reconcile, w)
+                rates[kind].append(n / run_controller(c, n))
+                assert c.stats()["successes"] == n
+        for kind in rates:
+            p1_rates[kind][w] = max(rates[kind])
+        sync, async_ = p1_rates["sync"][w], p1_rates["async"][w]
+        print(f"{w:>7} {sync:>13,.0f} {async_:>14,.0f} {async_ / sync:>10.2f}x", flush=True)
+
+    keys, workers = 2000, 16
+    ideal = keys * 0.005 / workers
+    print(f"\nP2 async: {keys:,} keys, sleep 5 ms, {workers} workers, sync and async def; ideal {ideal:.3f} s "
+          f"(best of {repeat})")
+    times: Dict[str, List[float]] = {"sync": [], "async": []}
+    for _ in range(repeat):
+        for kind, reconcile in (("sync", sync_sleep), ("async", async_sleep)):
+            c = reconq_controller(reconcile, workers)
+            times[kind].append(run_controller(c, keys))
+            assert c.stats()["successes"] == keys
+    p2_best = {kind: min(t) for kind, t in times.items()}
+    for kind, best in p2_best.items():
+        print(f"{kind:>7}: {best:.3f} s (median {statistics.median(times[kind]):.3f} s), {best / ideal:.2f}x ideal")
+    print(f"  ratio (async / sync wall time): {p2_best['async'] / p2_best['sync']:.2f}x", flush=True)
+    return {"p1": p1_rates, "p2": {**p2_best, "ideal": ideal}}
 
 
 def p3(repeat: int) -> Dict[str, float]:
@@ -388,7 +441,7 @@ def s1(n: int, repeat: int) -> Dict[str, List[float]]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", help="p1, p2, p3, w6, w9 and/or s1 (default: p1 p2 p3)")
+    ap.add_argument("which", nargs="*", help="p1, p2, p3, w6, w9, s1 and/or aio (default: p1 p2 p3)")
     ap.add_argument("--w9-a-keys", type=int, default=100_000, help="W9 group A keys (default 100,000)")
     ap.add_argument("--n", type=int, default=200_000, help="P1 keys (default 200,000)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8], help="P1 worker counts")
@@ -396,8 +449,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (for scripts/bench_report.py)")
     args = ap.parse_args(argv)
     args.which = args.which or ["p1", "p2", "p3"]
-    if not set(args.which) <= {"p1", "p2", "p3", "w6", "w9", "s1"}:
-        ap.error("choose from p1, p2, p3, w6, w9, s1")
+    if not set(args.which) <= {"p1", "p2", "p3", "w6", "w9", "s1", "aio"}:
+        ap.error("choose from p1, p2, p3, w6, w9, s1, aio")
     print(f"Python {sys.version.split()[0]}, reconq from {os.path.dirname(reconq.__file__)}, {os.cpu_count()} CPUs")
     results: Dict[str, Any] = {"n": args.n}
     if "p1" in args.which:
@@ -413,6 +466,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         results["w9"] = w9(args.w9_a_keys, args.repeat)
     if "s1" in args.which:
         results["s1"] = s1(args.n, args.repeat)
+    if "aio" in args.which:
+        results["aio"] = aio(args.n, args.workers, args.repeat)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,9 +1,10 @@
 """Type stubs for the Rust extension module ``reconq._native``."""
 
+from asyncio import AbstractEventLoop
 from threading import Event
 from types import TracebackType
 from os import PathLike
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type, TypedDict, Union, final
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type, TypedDict, Union, final
 
 from typing_extensions import NotRequired, Self, TypeAlias, disjoint_base
 
@@ -181,16 +182,30 @@ class _ControllerStatus(TypedDict):
 class Manager:
     """Named periodic controllers: each runs its ``do()`` on its own thread until
     it succeeds, then every ``interval`` seconds, retrying failures with linear
-    backoff; ``stop()`` runs once when it is removed."""
+    backoff; ``stop()`` runs once when it is removed.
 
-    def __new__(cls, name: str = "manager", leader_election: Optional[LeaderElection] = None) -> Self: ...
+    ``do`` may be an ``async def`` function: it then runs as a task on the
+    asyncio loop ``loop`` (keyword-only; running, on a thread of the
+    user's), or on a loop thread of the manager's own
+    (``reconq-<name>-asyncio``, started at the first coroutine, ended by
+    ``remove_all(wait=True)`` and at exit), and is cancelled
+    (``asyncio.CancelledError``) when its context is. ``stop`` stays a
+    plain function."""
+
+    def __new__(
+        cls,
+        name: str = "manager",
+        leader_election: Optional[LeaderElection] = None,
+        *,
+        loop: Optional[AbstractEventLoop] = None,
+    ) -> Self: ...
     @property
     def name(self) -> str:
         """Labels this manager's controllers in ``reconq.status()``."""
     def update(
         self,
         name: str,
-        do: Callable[[], None],
+        do: Callable[[], Optional[Awaitable[None]]],
         *,
         stop: Optional[Callable[[], object]] = None,
         interval: Optional[_Seconds] = None,
@@ -620,11 +635,22 @@ class Controller:
       enqueued its own key.
     - ``debounce=None``: seconds: an enqueue, a watch or cache event or a
       trigger makes the key due this long after the latest of them, but at
-      most 10 times this after the first of the burst."""
+      most 10 times this after the first of the burst.
+    - ``loop=None``: the asyncio event loop ``async def`` reconciles run on
+      (running, on a thread of the user's); None: a loop on a thread of the
+      controller's own (``reconq-<name>-asyncio``), started at the first
+      coroutine and ended by ``stop()`` once the workers exited.
+
+    ``reconcile`` may be an ``async def`` function (or return any awaitable):
+    the worker runs the coroutine as a task on that loop and waits for it
+    with the GIL released; its result or exception counts as a sync
+    reconcile's would. A cancellation (stop, ``cancel(key)``, ``timeout``,
+    ``supersede``, lost leadership or partition) cancels the task, and the
+    coroutine sees ``asyncio.CancelledError``; ``reconq.context()`` works inside."""
 
     def __new__(
         cls,
-        reconcile: Callable[[Any], Optional[Requeue]],
+        reconcile: Callable[[Any], Union[Optional[Requeue], Awaitable[Optional[Requeue]]]],
         *,
         workers: int = 1,
         rate_limiter: Optional[RateLimiter] = None,
@@ -643,6 +669,7 @@ class Controller:
         sync_timeout: float = 120.0,
         supersede: bool = False,
         debounce: Optional[float] = None,
+        loop: Optional[AbstractEventLoop] = None,
     ) -> Self: ...
     @property
     def name(self) -> str:

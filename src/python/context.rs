@@ -13,6 +13,7 @@ use std::ptr;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use super::convert::timeout_from_py;
 use super::signals::wait_for_signal;
@@ -47,24 +48,35 @@ pub(crate) fn with_scope<'a, R>(key: &'a Bound<'a, PyAny>, ctx: &'a Context, cal
     call()
 }
 
-/// The context of the reconcile or Manager `do` running on this thread.
-/// Raises `RuntimeError` anywhere else.
+/// The context of the reconcile or Manager `do` running on this thread,
+/// or of the `async def` one whose task runs here (an event loop's thread:
+/// see `awaiting`). Raises `RuntimeError` anywhere else.
 #[pyfunction]
-pub(crate) fn context(py: Python<'_>) -> PyResult<PyContext> {
+pub(crate) fn context(py: Python<'_>) -> PyResult<Py<PyAny>> {
     let pointer = CURRENT.with(Cell::get);
     if pointer.is_null() {
-        return Err(PyRuntimeError::new_err("reconq.context() called outside a reconcile or a Manager do"));
+        return task_context(py);
     }
     // SAFETY: non-null means a `with_scope` frame on this thread is live
     // (see its invariant), and we are called from inside it.
     let scope = unsafe { &*pointer };
-    Ok(PyContext {
-        key: scope.key.clone().unbind().clone_ref(py),
-        attempt: scope.ctx.attempt(),
-        priority: scope.ctx.priority(),
-        fencing_token: scope.ctx.fencing_token(),
-        signal: scope.ctx.cancel_signal().clone(),
-    })
+    Ok(Py::new(py, PyContext::snapshot(scope.key, scope.ctx))?.into_any())
+}
+
+/// `reconq._aio.CURRENT`, looked up once.
+static TASK_CONTEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The context an asyncio task of an `async def` reconcile runs with (set
+/// in its `contextvars` context by `reconq._aio.Run`); `RuntimeError` when
+/// there is none. Off the sync path: only where no scope is on this thread.
+fn task_context(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let var =
+        TASK_CONTEXT.get_or_try_init(py, || Ok::<_, PyErr>(py.import("reconq._aio")?.getattr("CURRENT")?.unbind()))?;
+    let context = var.bind(py).call_method1("get", (py.None(),))?;
+    if context.is_none() {
+        return Err(PyRuntimeError::new_err("reconq.context() called outside a reconcile or a Manager do"));
+    }
+    Ok(context.unbind())
 }
 
 /// What a reconcile sees besides its key (see `reconq.context()`). Usable
@@ -76,6 +88,19 @@ pub(crate) struct PyContext {
     priority: i32,
     fencing_token: Option<u64>,
     signal: StopSignal,
+}
+
+impl PyContext {
+    /// What `reconq.context()` answers for `key` and `ctx`, copied out.
+    pub(crate) fn snapshot(key: &Bound<'_, PyAny>, ctx: &Context) -> Self {
+        Self {
+            key: key.clone().unbind(),
+            attempt: ctx.attempt(),
+            priority: ctx.priority(),
+            fencing_token: ctx.fencing_token(),
+            signal: ctx.cancel_signal().clone(),
+        }
+    }
 }
 
 #[pymethods]

@@ -265,7 +265,15 @@ pub(crate) fn optional_callable(
 /// names the argument). It must also accept `args` positional arguments
 /// where Python can tell (see [`arguments_taken`]).
 pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
-    check_sync_callable_of(obj, what, &[args]).map(drop)
+    check_callable(obj, what, &[args], Calls::Sync).map(drop)
+}
+
+/// A reconcile or a Manager `do`: as [`check_sync_callable`], except that
+/// an `async def` function is welcome (the binding awaits what it returns
+/// on an event loop: `awaiting`). An async generator function is still
+/// refused: what it returns is neither a result nor an awaitable.
+pub(crate) fn check_reconcile_callable(obj: &Bound<'_, PyAny>, what: &str, args: usize) -> PyResult<()> {
+    check_callable(obj, what, &[args], Calls::SyncOrAsync).map(drop)
 }
 
 /// [`check_sync_callable`] for a callable that may take one of several
@@ -273,19 +281,48 @@ pub(crate) fn check_sync_callable(obj: &Bound<'_, PyAny>, what: &str, args: usiz
 /// which is the number to call it with (`choices[0]` if Python cannot
 /// tell).
 pub(crate) fn check_sync_callable_of(obj: &Bound<'_, PyAny>, what: &str, choices: &[usize]) -> PyResult<usize> {
+    check_callable(obj, what, choices, Calls::Sync)
+}
+
+/// Which kinds of callable an argument takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Calls {
+    /// Plain functions only: called on engine threads, no event loop.
+    Sync,
+    /// Plain or `async def` functions (reconciles and `do`s).
+    SyncOrAsync,
+}
+
+impl Calls {
+    /// What the argument must be, and why other kinds are refused.
+    fn rule(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Sync => ("a plain function", "reconq calls it on its own threads, with no event loop"),
+            Self::SyncOrAsync => ("a function or an async def function", "it must return a result or an awaitable"),
+        }
+    }
+}
+
+fn check_callable(obj: &Bound<'_, PyAny>, what: &str, choices: &[usize], calls: Calls) -> PyResult<usize> {
     let py = obj.py();
     if !obj.is_callable() {
         return Err(PyTypeError::new_err(format!("{what} must be callable, not {}", type_name(obj))));
     }
-    let kinds = [
-        (&IS_COROUTINE_FUNCTION, "iscoroutinefunction", "a coroutine function (async def)"),
-        (&IS_ASYNC_GENERATOR_FUNCTION, "isasyncgenfunction", "an async generator function (async def with yield)"),
+    // Each kind with the argument that refuses it: a coroutine function
+    // only where no loop runs it, an async generator function everywhere.
+    let refused = [
+        (Calls::Sync, &IS_COROUTINE_FUNCTION, "iscoroutinefunction", "a coroutine function (async def)"),
+        (
+            calls,
+            &IS_ASYNC_GENERATOR_FUNCTION,
+            "isasyncgenfunction",
+            "an async generator function (async def with yield)",
+        ),
     ];
-    for (cell, check, kind) in kinds {
-        if inspect(py, cell, check)?.call1((obj,))?.is_truthy()? {
-            return Err(PyTypeError::new_err(format!(
-                "{what} must be a plain function, not {kind}: reconq calls it on its own threads, with no event loop"
-            )));
+    for (refused_by, cell, check, kind) in refused {
+        if refused_by == calls && inspect(py, cell, check)?.call1((obj,))?.is_truthy()? {
+            let (must, why) = calls.rule();
+            return Err(PyTypeError::new_err(format!("{what} must be {must}, not {kind}: {why}")));
         }
     }
     arguments_taken(obj, what, choices)

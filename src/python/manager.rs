@@ -27,8 +27,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
 use super::attach::{attach, python_thread_wrapper};
+use super::awaiting::{EventLoop, is_awaitable};
 use super::context::with_scope;
-use super::convert::{check_sync_callable, non_negative_from_py, type_name};
+use super::convert::{check_reconcile_callable, check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
 use super::logs::{Fields, log_about};
@@ -39,9 +40,20 @@ use crate::{
 /// Named periodic controllers: each runs its `do()` on its own thread until
 /// it succeeds, then every `interval` seconds, retrying failures with linear
 /// backoff; `stop()` runs once when it is removed.
+///
+/// `do` may be an `async def` function: it then runs as a task on the
+/// asyncio loop `loop` (keyword-only; running, on a thread of the
+/// user's), or on a loop thread of the manager's own
+/// (`reconq-<name>-asyncio`, started at the first coroutine, ended by
+/// `remove_all(wait=True)` and at exit), and is cancelled
+/// (`asyncio.CancelledError`) when its context is. `stop` stays a
+/// plain function.
 #[pyclass(name = "Manager", module = "reconq", frozen, weakref)]
 pub(crate) struct PyManager {
     manager: Manager,
+    /// Where `async def` `do` functions run; our loop's thread ends when
+    /// every controller was removed and waited for.
+    event_loop: Arc<EventLoop>,
 }
 
 fn unknown_to_py(e: UnknownController) -> PyErr {
@@ -56,10 +68,21 @@ fn name_from_py(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     }
 }
 
-/// `do` or `stop`: called with no arguments.
-fn callable_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Py<PyAny>>> {
-    check_sync_callable(obj, what, 0)?;
+/// A callable taking no arguments, as `check` accepts it: `do` (sync or
+/// `async def`: `check_reconcile_callable`) or `stop` (sync only).
+fn callable_from_py(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    check: fn(&Bound<'_, PyAny>, &str, usize) -> PyResult<()>,
+) -> PyResult<Arc<Py<PyAny>>> {
+    check(obj, what, 0)?;
     Ok(Arc::new(obj.clone().unbind()))
+}
+
+/// A `do` run: its context, and the loop an `async def` one runs on.
+struct DoRun<'a> {
+    ctx: &'a Context,
+    event_loop: &'a EventLoop,
 }
 
 /// Logs a failed `do` / `stop` with its traceback.
@@ -69,14 +92,18 @@ fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr)
 }
 
 /// Calls `f()`, turning an exception (any `BaseException`) or a Rust panic
-/// into `Err("Type: message")`, logged. With `ctx` (a `do`),
-/// `reconq.context()` inside `f` answers it, keyed by the controller's name.
-fn call_logged(f: &Py<PyAny>, what: &str, name: &str, ctx: Option<&Context>) -> Result<(), String> {
+/// into `Err("Type: message")`, logged. With `run` (a `do`),
+/// `reconq.context()` inside `f` answers its context, keyed by the
+/// controller's name, and an awaitable `f()` returned is awaited on its loop.
+fn call_logged(f: &Py<PyAny>, what: &str, name: &str, run: Option<DoRun<'_>>) -> Result<(), String> {
     attach(|py| {
-        let call = || f.call0(py).map(drop);
-        let call = || match ctx {
-            Some(ctx) => with_scope(PyString::new(py, name).as_any(), ctx, call),
-            None => call(),
+        let call = || match &run {
+            Some(DoRun { ctx, event_loop }) => {
+                let key = PyString::new(py, name);
+                let result = with_scope(key.as_any(), ctx, || f.call1(py, ()))?.into_bound(py);
+                if is_awaitable(&result) { event_loop.run(result, key.as_any(), ctx).map(drop) } else { Ok(()) }
+            }
+            None => f.call0(py).map(drop),
         };
         // A `PanicException` raised from Python turns back into a panic
         // when fetched; catch it here so it is described and logged too.
@@ -103,8 +130,14 @@ impl PyManager {
     /// `leader_election`, `do` functions run only while this process leads
     /// (one election may serve several managers and controllers).
     #[new]
-    #[pyo3(signature = (name="manager", leader_election=None))]
-    fn new(name: &str, leader_election: Option<PyRef<'_, PyLeaderElection>>) -> PyResult<Self> {
+    #[pyo3(signature = (name="manager", leader_election=None, *, r#loop=None))]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        leader_election: Option<PyRef<'_, PyLeaderElection>>,
+        r#loop: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let event_loop = Arc::new(EventLoop::new(py, name, r#loop)?);
         let mut builder = Manager::builder()
             .name(name)
             .thread_wrapper(python_thread_wrapper())
@@ -114,7 +147,7 @@ impl PyManager {
             super::election::hold_until_exit(election.py(), &election)?;
             builder = builder.leader_election(election.inner.clone());
         }
-        Ok(Self { manager: builder.build() })
+        Ok(Self { manager: builder.build(), event_loop })
     }
 
     /// Creates the controller `name`, or replaces its parameters; either way
@@ -148,9 +181,9 @@ impl PyManager {
     ) -> PyResult<()> {
         // Check everything before changing anything.
         let name = name_from_py(name)?;
-        let do_fn = callable_from_py(r#do, "do")?;
+        let do_fn = callable_from_py(r#do, "do", check_reconcile_callable)?;
         let stop_fn = match stop {
-            Some(s) if !s.is_none() => Some(callable_from_py(s, "stop")?),
+            Some(s) if !s.is_none() => Some(callable_from_py(s, "stop", check_sync_callable)?),
             _ => None,
         };
         let interval = match interval {
@@ -167,8 +200,10 @@ impl PyManager {
         };
 
         let do_name = name.clone();
+        let event_loop = Arc::clone(&slf.get().event_loop);
         let mut params = ControllerParams::with_context(move |ctx| -> Result<(), DoError> {
-            call_logged(&do_fn, "do", &do_name, Some(ctx)).map_err(DoError::new)
+            let run = DoRun { ctx, event_loop: &event_loop };
+            call_logged(&do_fn, "do", &do_name, Some(run)).map_err(DoError::new)
         })
         .run_interval(interval)
         .error_retry_base(retry_base)
@@ -212,6 +247,9 @@ impl PyManager {
     fn remove_all(&self, py: Python<'_>, wait: bool) {
         let manager = &self.manager;
         py.detach(|| if wait { manager.remove_all_and_wait() } else { manager.remove_all() });
+        if wait {
+            self.stop_event_loop(py);
+        }
     }
 
     /// One dict per controller, sorted by name: `name`, `successes`,
@@ -266,7 +304,7 @@ impl PyManager {
     fn _stop_at_exit(&self, py: Python<'_>, timeout: f64) {
         let manager = self.manager.clone();
         let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
-        py.detach(move || {
+        let stopped = py.detach(move || {
             let (tx, rx) = crossbeam_channel::bounded::<()>(0);
             let joiner = std::thread::Builder::new().name("reconq-mgr-exit".into()).spawn(move || {
                 manager.remove_all_and_wait();
@@ -275,16 +313,28 @@ impl PyManager {
                 drop(manager);
                 let _ = tx.send(());
             });
-            if joiner.is_ok() {
-                let _ = rx.recv_timeout(timeout);
-            }
+            joiner.is_ok() && rx.recv_timeout(timeout).is_ok()
         });
+        // A `do` still running may wait on a task: the loop stays then.
+        if stopped {
+            self.stop_event_loop(py);
+        }
     }
 
     fn __repr__(&self) -> String {
         let names = self.manager.names();
         let shown: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
         format!("<reconq.Manager name={:?} controllers=[{}]>", self.manager.name(), shown.join(", "))
+    }
+}
+
+impl PyManager {
+    /// Ends the manager's own loop thread once no `do` runs (logged if it
+    /// fails: the removal itself went well).
+    fn stop_event_loop(&self, py: Python<'_>) {
+        if let Err(e) = self.event_loop.stop(py) {
+            log_failure(py, "error", "its asyncio loop thread's stop", self.manager.name(), &e);
+        }
     }
 }
 

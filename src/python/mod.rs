@@ -14,13 +14,15 @@
 //!    `clock`, `election`, `store`.
 //! 3. `cache_values`, `context` (`reconq.context()`), `limiters`,
 //!    `sharding`.
-//! 4. `queue`, `reconciler` (a Python reconcile and watch iterators for the
+//! 4. `awaiting` (`async def` reconciles and `do`s on an asyncio loop),
+//!    `queue`, `reconciler` (a Python reconcile and watch iterators for the
 //!    engine), `manager`, `sources`, `digest`, `status`.
 //! 5. `cache`, `watch` (`watch_cache`'s options).
 //! 6. `controller/`: the class (`mod.rs`) over `options`, `lifecycle`
 //!    (start, stop, run), `triggers` and `batch`.
 
 mod attach;
+mod awaiting;
 mod cache;
 mod cache_values;
 mod clock;

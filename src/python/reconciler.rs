@@ -1,6 +1,8 @@
 //! The glue between the Rust controller and Python callables: the
-//! [`Reconciler`] that calls a Python `reconcile(key)` and maps its result
-//! onto the guarantees §4 table, and Python iterators as watch sources.
+//! [`Reconciler`] that calls a Python `reconcile(key)` (awaiting it on the
+//! controller's event loop when it is `async def`: `awaiting`) and maps its
+//! result onto the guarantees §4 table, and Python iterators as watch
+//! sources.
 //!
 //! GIL discipline: engine threads attach once for their lifetime (see
 //! `attach`) and stay
@@ -15,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyIterator, PyList};
 
 use super::attach::attach;
+use super::awaiting::{EventLoop, is_awaitable};
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
@@ -30,6 +33,8 @@ pub(crate) type CallbackCell = Mutex<Option<Arc<Py<PyAny>>>>;
 pub(crate) struct PyReconciler {
     pub(crate) callback: Arc<CallbackCell>,
     pub(crate) name: Arc<str>,
+    /// Where an `async def` reconcile's coroutine runs.
+    pub(crate) event_loop: Arc<EventLoop>,
 }
 
 impl Reconciler<PyKey> for PyReconciler {
@@ -50,6 +55,12 @@ impl PyReconciler {
             Err(e) => return Err(ReconcileError::new(describe(py, &e))),
         };
         let result = with_scope(&key_obj, ctx, || callback.bind(py).call1((&key_obj,)));
+        // An `async def` reconcile (or one returning an awaitable): its
+        // outcome is what the awaitable gives, classified the same way.
+        let result = match result {
+            Ok(value) if !value.is_none() && is_awaitable(&value) => self.event_loop.run(value, &key_obj, ctx),
+            other => other,
+        };
         let raised = result.as_ref().err().map(|e| e.clone_ref(py));
         let failed = |level: &str, message: &str, exc: Option<&PyErr>| {
             self.log_failure(py, key, &key_obj, ctx, level, message, exc);

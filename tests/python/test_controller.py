@@ -767,14 +767,21 @@ async def async_reconcile(key: Any) -> None:
     pass
 
 
-def test_coroutine_functions_are_refused_with_a_clear_type_error():
-    with pytest.raises(TypeError, match="coroutine function"):
-        reconq.Controller(async_reconcile)
+async def async_generator(key: Any) -> Any:
+    yield key
+
+
+def test_coroutine_functions_are_refused_where_no_loop_runs_them():
+    # A reconcile or a do may be async def (tests/python/test_async.py);
+    # the other callables are called on engine threads, with no loop.
+    reconq.Controller(async_reconcile)
     with pytest.raises(TypeError, match="coroutine function"):
         reconq.Controller(lambda key: None, group=async_reconcile)
+    with pytest.raises(TypeError, match="reconcile must be a function or an async def function, not an async gen"):
+        reconq.Controller(async_generator)
     m = reconq.Manager()
     with pytest.raises(TypeError, match="coroutine function"):
-        m.update("x", async_reconcile)
+        m.update("x", lambda: None, stop=async_reconcile)
     assert len(m) == 0
 
 

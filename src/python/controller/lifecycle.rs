@@ -20,8 +20,11 @@ use pyo3::prelude::*;
 use crate::controller::run_signals::on_signal;
 use crate::controller::{Controller, ControllerHandle, StopOptions, StopReport};
 use crate::observe::status::RunState;
+use crate::python::attach::attach;
+use crate::python::awaiting::EventLoop;
 use crate::python::cache::PyCache;
 use crate::python::convert::timeout_from_py;
+use crate::python::errors::describe;
 use crate::python::key::{PyKey, keys_to_py};
 use crate::python::logs::{Fields, log_about, try_log};
 use crate::python::reconciler::CallbackCell;
@@ -50,11 +53,14 @@ pub(super) struct Held {
     /// The caches it watches, held until it stops: a cache the user
     /// started and let go of must not stop under it (`PyCache`'s drop).
     pub(super) watched: Mutex<Vec<Py<PyCache>>>,
+    /// Where `async def` reconciles run: our loop's thread ends once the
+    /// workers exited (a worker may be waiting on a task until then).
+    pub(super) event_loop: Arc<EventLoop>,
 }
 
 impl Held {
-    pub(super) fn new(builder: Controller<PyKey>, callback: Arc<CallbackCell>) -> Self {
-        Self { builder: Mutex::new(Some(builder)), callback, watched: Mutex::new(Vec::new()) }
+    pub(super) fn new(builder: Controller<PyKey>, callback: Arc<CallbackCell>, event_loop: Arc<EventLoop>) -> Self {
+        Self { builder: Mutex::new(Some(builder)), callback, watched: Mutex::new(Vec::new()), event_loop }
     }
 
     /// Drops the reconcile callable.
@@ -129,10 +135,11 @@ impl Life<'_, '_> {
     pub(super) fn stop(&self, options: StopOptions) -> PyResult<StopReport<PyKey>> {
         let py = self.object.py();
         let handle = self.handle;
-        // Called from a reconcile of this controller, waiting for the
-        // workers would wait for ourselves: the stop is started here and a
-        // drain finishes on a thread of its own, without a deadline.
-        let own_worker = handle.on_own_worker();
+        // Called from a reconcile of this controller (a worker, or a task
+        // of an `async def` one on its loop), waiting for the workers would
+        // wait for ourselves: the stop is started here and finishes on a
+        // thread of its own, without a deadline.
+        let own_worker = handle.on_own_worker() || self.held.event_loop.on_loop_thread(py);
         let options = if own_worker { StopOptions { timeout: None, ..options } } else { options };
         // Detached: a stop lets go of the caches it watched, and stopping
         // one sets its source's stop event, which takes the GIL.
@@ -141,14 +148,25 @@ impl Life<'_, '_> {
         let unstarted = self.held.builder.lock().take();
         drop(unstarted);
         let result = if own_worker {
-            if options.drain {
-                std::thread::spawn(move || while stopping.wait(Duration::MAX).is_none() {});
-            }
+            let event_loop = Arc::clone(&self.held.event_loop);
+            let name = self.name.to_owned();
+            std::thread::spawn(move || {
+                while stopping.wait(Duration::MAX).is_none() {}
+                stop_event_loop(&event_loop, &name);
+            });
             Ok(StopReport { finished: false, ..StopReport::finished_with_nothing_left() })
         } else {
             let stopping = Mutex::new(stopping);
             match wait_interruptibly(py, None, |slice| stopping.lock().wait(slice.unwrap_or(Duration::MAX))) {
-                Ok(report) => Ok(report.expect("a wait without a deadline returns the report")),
+                Ok(report) => {
+                    let report = report.expect("a wait without a deadline returns the report");
+                    // Workers still running (a deadline passed) may wait on
+                    // a task: the loop stays, as they do (a daemon thread).
+                    if report.finished {
+                        stop_event_loop(&self.held.event_loop, self.name);
+                    }
+                    Ok(report)
+                }
                 Err(e) => {
                     // Interrupted (Ctrl-C): give up a drain, stop at once.
                     py.detach(|| handle.stop());
@@ -228,6 +246,17 @@ impl Life<'_, '_> {
         log_about(py, "warning", (what, self.name), None, &Fields::controller(self.name));
         Ok(())
     }
+}
+
+/// Ends the controller's own event loop thread (see `awaiting`), logging
+/// a failure: the stop itself went well.
+fn stop_event_loop(event_loop: &EventLoop, name: &str) {
+    attach(|py| {
+        if let Err(e) = event_loop.stop(py) {
+            let args = ("controller %r: could not stop its asyncio loop thread: %s", name, describe(py, &e));
+            log_about(py, "error", args, Some(&e), &Fields::controller(name));
+        }
+    });
 }
 
 /// `reconq._lifecycle.track(controller)` or `untrack`.

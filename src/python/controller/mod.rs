@@ -95,6 +95,17 @@ use crate::python::watch::watch_from_py;
 /// - `debounce=None`: seconds: an enqueue, a watch or cache event or a
 ///   trigger makes the key due this long after the latest of them, but at
 ///   most 10 times this after the first of the burst.
+/// - `loop=None`: the asyncio event loop `async def` reconciles run on
+///   (running, on a thread of the user's); None: a loop on a thread of the
+///   controller's own (`reconq-<name>-asyncio`), started at the first
+///   coroutine and ended by `stop()` once the workers exited.
+///
+/// `reconcile` may be an `async def` function (or return any awaitable):
+/// the worker runs the coroutine as a task on that loop and waits for it
+/// with the GIL released; its result or exception counts as a sync
+/// reconcile's would. A cancellation (stop, `cancel(key)`, `timeout`,
+/// `supersede`, lost leadership or partition) cancels the task, and the
+/// coroutine sees `asyncio.CancelledError`; `reconq.context()` works inside.
 #[pyclass(name = "Controller", module = "reconq", frozen)]
 pub(crate) struct PyController {
     name: Arc<str>,
@@ -131,7 +142,7 @@ impl PyController {
         reconcile, *, workers=1, rate_limiter=None, name="controller", hanging_threshold=None,
         timeout=None, group=None, max_in_flight_per_group=None, clock=None, jitter=None, parked_capacity=None,
         leader_election=None, store=None, sharding=None, resync=None, sync_timeout=120.0,
-        supersede=false, debounce=None,
+        supersede=false, debounce=None, r#loop=None,
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature (guarantees §4, §7, §8)
     fn new(
@@ -153,6 +164,7 @@ impl PyController {
         sync_timeout: f64,
         supersede: bool,
         debounce: Option<f64>,
+        r#loop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let options = Options {
             reconcile,
@@ -173,10 +185,11 @@ impl PyController {
             sync_timeout,
             supersede,
             debounce,
+            event_loop: r#loop,
         };
-        let Built { name, workers, builder, callback, grouped } = options.build()?;
+        let Built { name, workers, builder, callback, grouped, event_loop } = options.build()?;
         let handle = builder.handle();
-        Ok(Self { name, workers, handle, held: Held::new(builder, callback), grouped })
+        Ok(Self { name, workers, handle, held: Held::new(builder, callback, event_loop), grouped })
     }
 
     /// The controller's name.

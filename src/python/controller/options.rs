@@ -11,9 +11,10 @@ use pyo3::prelude::*;
 
 use crate::controller::{Controller, GroupFn};
 use crate::python::attach::{attach, python_thread_wrapper};
+use crate::python::awaiting::EventLoop;
 use crate::python::clock::fake_clock_from_py;
 use crate::python::convert::{
-    check_sync_callable, jitter_from_py, non_negative_from_py, optional_callable, positive_secs,
+    check_reconcile_callable, jitter_from_py, non_negative_from_py, optional_callable, positive_secs,
     reconcile_timeout_from_py,
 };
 use crate::python::election::{PyLeaderElection, hold_until_exit};
@@ -55,6 +56,8 @@ pub(super) struct Options<'a, 'py> {
     pub(super) sync_timeout: f64,
     pub(super) supersede: bool,
     pub(super) debounce: Option<f64>,
+    /// The asyncio loop `async def` reconciles run on (None: one of ours).
+    pub(super) event_loop: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// A controller built from Python: the engine's builder, and what the
@@ -67,13 +70,15 @@ pub(super) struct Built {
     pub(super) callback: Arc<CallbackCell>,
     /// Built with `group=`: `stats()` reports `in_flight_by_group`.
     pub(super) grouped: bool,
+    /// Where `async def` reconciles run; stopped after the workers.
+    pub(super) event_loop: Arc<EventLoop>,
 }
 
 impl Options<'_, '_> {
     /// Checks every argument, then builds.
     pub(super) fn build(self) -> PyResult<Built> {
         let py = self.reconcile.py();
-        check_sync_callable(self.reconcile, "reconcile", 1)?;
+        check_reconcile_callable(self.reconcile, "reconcile", 1)?;
         let sync_timeout = positive_secs(self.sync_timeout, "sync_timeout")?;
         if !(1..=MAX_WORKERS).contains(&self.workers) {
             return Err(PyValueError::new_err(format!(
@@ -125,9 +130,14 @@ impl Options<'_, '_> {
             return Err(PyValueError::new_err("a controller takes leader_election or sharding, not both"));
         }
         let resync = optional_callable(self.resync, "resync", 0)?;
+        let event_loop = Arc::new(EventLoop::new(py, self.name, self.event_loop)?);
         let name: Arc<str> = Arc::from(self.name);
         let callback: Arc<CallbackCell> = Arc::new(Mutex::new(Some(Arc::new(self.reconcile.clone().unbind()))));
-        let reconciler = PyReconciler { callback: Arc::clone(&callback), name: Arc::clone(&name) };
+        let reconciler = PyReconciler {
+            callback: Arc::clone(&callback),
+            name: Arc::clone(&name),
+            event_loop: Arc::clone(&event_loop),
+        };
         let mut builder = Controller::new(&*name, reconciler)
             .workers(workers)
             .thread_wrapper(python_thread_wrapper())
@@ -179,7 +189,7 @@ impl Options<'_, '_> {
         if let Some(window) = self.debounce {
             builder = builder.debounce(positive_secs(window, "debounce")?);
         }
-        Ok(Built { name, workers, builder, callback, grouped })
+        Ok(Built { name, workers, builder, callback, grouped, event_loop })
     }
 }
 
