@@ -73,7 +73,9 @@ impl StopSignal {
     /// Wakes the threads blocked in [`wait_for`](Self::wait_for) to look at
     /// their condition again, without setting the signal (the other waits
     /// here treat it as a spurious wake-up). Lets a waiter block on "set, or
-    /// something else happened" with one condition variable.
+    /// something else happened" with one condition variable (the
+    /// binding's wait for an async reconcile).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn notify(&self) {
         let _g = self.inner.lock.lock();
         self.inner.cv.notify_all();
@@ -82,6 +84,7 @@ impl StopSignal {
     /// Blocks until `ready()` holds. `ready` is checked under the signal's
     /// lock, which [`set`](Self::set) and [`notify`](Self::notify) take
     /// too: a condition made true before a `notify` is never missed.
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
     pub(crate) fn wait_for(&self, ready: impl Fn() -> bool) {
         let mut g = self.inner.lock.lock();
         while !ready() {

@@ -7,7 +7,7 @@
 
 use std::any::Any;
 
-use super::persist::StoredKey;
+use crate::queue::Place;
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -77,4 +77,14 @@ impl<K> Coordinated<K> {
         let membership = self.membership.lock().take();
         drop(membership);
     }
+}
+
+/// A key the store kept pending, on its way back into the queue (the
+/// store's seam, `persist`, puts it there): the gate may keep it aside
+/// first ([`Gate::hold_stored`]).
+pub(crate) struct StoredKey<K> {
+    pub(crate) key: K,
+    pub(crate) place: Place,
+    /// When it was due (`None`: ready).
+    pub(crate) due: Option<std::time::Instant>,
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 pub(crate) use crate::store::PendingFlush;
 
 use super::core::{ControllerKey, Core, Runtime};
+use super::gate::StoredKey;
 use crate::queue::{Place, Priority};
 use crate::store::{Flush, KeySource, KeyView, StoreLink};
 
@@ -79,14 +80,6 @@ pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &
             stored.queue(rt);
         }
     });
-}
-
-/// A key the store kept pending, on its way back into the queue.
-pub(crate) struct StoredKey<K> {
-    pub(crate) key: K,
-    pub(crate) place: Place,
-    /// When it was due (`None`: ready).
-    pub(crate) due: Option<Instant>,
 }
 
 impl<K: ControllerKey> StoredKey<K> {

@@ -9,9 +9,8 @@ use std::sync::{Arc, Weak};
 
 use super::core::{ControllerKey, Core, When};
 use super::features::Features;
-use super::gate::{Admission, Coordinated, Gate};
+use super::gate::{Admission, Coordinated, Gate, StoredKey};
 use super::partitions::Partitioner;
-use super::persist::StoredKey;
 use super::start::{Join, Resync};
 use super::watch::{DEFAULT_LIST_PRIORITY, Fate};
 use crate::coordination::{LeaderElection, ShardAdmission, ShardHooks, Sharding};
