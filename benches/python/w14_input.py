@@ -15,7 +15,8 @@ alternated round by round:
 etcd is started here (loopback, a temporary data directory, removed at the
 end) with N keys ``/w14/key-0000000`` = ``value-0`` ...; they are loaded
 through the gateway in transactions of 10,000 puts. etcd's CPU is its
-utime + stime from /proc around each reader.
+utime + stime from /proc around each reader; the reader's ("client CPU":
+this process, or etcdctl's) from getrusage.
 
 usage: python benches/python/w14_input.py [--keys 10000 100000 1000000] [--rounds 2]
 
@@ -30,6 +31,7 @@ import base64
 import http.client
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -86,6 +88,12 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client_cpu() -> float:
+    """CPU seconds of this process and its children waited for (etcdctl)."""
+    us, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return us.ru_utime + us.ru_stime + children.ru_utime + children.ru_stime
 
 
 def reconq_reader(etcd: Etcd, n: int) -> Dict[str, float]:
@@ -160,12 +168,12 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = READERS if round_ % 2 == 0 else READERS[::-1]
                 for name, reader in order:
-                    before = cpu_seconds(etcd.proc.pid)
+                    before, ours = cpu_seconds(etcd.proc.pid), client_cpu()
                     times = reader(etcd, n)
-                    etcd_cpu = cpu_seconds(etcd.proc.pid) - before
+                    etcd_cpu, ours = cpu_seconds(etcd.proc.pid) - before, client_cpu() - ours
                     print(
                         f"{n:>9,} keys  round {round_ + 1}  {name:13s} synced {times['synced']:7.2f} s"
-                        f"  reconciled {times['done']:7.2f} s  etcd CPU {etcd_cpu:6.2f} s"
+                        f"  reconciled {times['done']:7.2f} s  etcd CPU {etcd_cpu:6.2f} s  client CPU {ours:6.2f} s"
                         f"  (load {os.getloadavg()[0]:.1f})",
                         flush=True,
                     )
