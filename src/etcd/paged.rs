@@ -15,12 +15,18 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::range_reply::RangeReply;
-use super::{CALL_TIMEOUT, Connection, EtcdClient, EtcdError, RawKeyValue, int_field, prefix_end};
+use super::{Connection, EtcdClient, EtcdError, RawKeyValue, int_field, prefix_end};
 
-/// Time a page may take beyond [`CALL_TIMEOUT`], per 10,000 keys asked
-/// for: etcd builds the gateway's JSON at about 10 µs a key, several
-/// times that on a busy machine.
-const PAGE_TIME_PER_10K_KEYS: Duration = Duration::from_secs(1);
+/// Time any page may take: a first page of 10 keys still has etcd walk
+/// every key of the prefix (to count them), and a list runs beside
+/// whatever else loads the machine; nothing waits on it but the cache.
+const PAGE_TIME: Duration = Duration::from_secs(5);
+
+/// Time a page may take beyond [`PAGE_TIME`], per 10,000 keys asked
+/// for: etcd builds the gateway's JSON at about 15 µs a key, many times
+/// that on a loaded machine (W14 saw pages of 125,000 keys time out at
+/// 1 s per 10,000 under a load of 19 on 2 cores).
+const PAGE_TIME_PER_10K_KEYS: Duration = Duration::from_secs(2);
 
 /// One page of a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +88,7 @@ impl EtcdClient {
 /// How long a page of `limit` keys may take.
 fn page_timeout(limit: usize) -> Duration {
     let tens_of_thousands = u32::try_from(limit.div_ceil(10_000)).unwrap_or(u32::MAX);
-    CALL_TIMEOUT.saturating_add(PAGE_TIME_PER_10K_KEYS.saturating_mul(tens_of_thousands))
+    PAGE_TIME.saturating_add(PAGE_TIME_PER_10K_KEYS.saturating_mul(tens_of_thousands))
 }
 
 /// Runs `pages` on a thread of its own, one page ahead of `read`, which
