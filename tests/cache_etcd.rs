@@ -109,14 +109,14 @@ fn a_cache_lists_in_pages_then_follows_puts_and_deletes_with_versions_and_positi
 #[test]
 fn a_prefix_of_large_values_is_listed_in_smaller_pages() {
     let etcd = Etcd::start();
-    let value = |i: usize| format!("{i:05}{}", "x".repeat(10_000));
+    let value = |i: usize| format!("{i:05}{}", "x".repeat(40_000));
     let kvs: Vec<(String, String)> = (0..1100).map(|i| (format!("{PREFIX}k{i:04}"), value(i))).collect();
-    etcd.put_all(&kvs, 50);
+    etcd.put_all(&kvs, 20);
     let ranges_before = etcd.requests().get("Range").copied().unwrap_or(0);
     let (cache, _heard, _s) = cache_of(&etcd.endpoint, "large");
     assert!(cache.wait_synced(Some(PATIENCE)), "{:?}", cache.stats().last_error);
     assert_eq!(cache.len(), 1100);
-    // 10 keys, then pages of 311 (4 MiB of 13,456 bytes of JSON each).
+    // 10 keys, then pages of about 313 (16 MiB of 53,500 bytes of JSON each).
     let pages = etcd.requests()["Range"] - ranges_before;
     assert!(pages >= 5, "{pages} pages");
     for i in [0, 999, 1000, 1099] {

@@ -16,6 +16,7 @@
 mod fingerprint;
 mod history;
 mod paged;
+mod range_reply;
 mod stream;
 
 use std::fmt;
@@ -30,7 +31,7 @@ use serde_json::{Value, json};
 pub(crate) use self::fingerprint::Fingerprint;
 pub(crate) use self::history::Reset;
 use self::history::{History, Seen};
-pub(crate) use self::paged::key_after;
+pub(crate) use self::paged::{Page, read_ahead};
 pub(crate) use self::stream::WatchItem;
 use crate::sync::Mutex;
 
@@ -173,6 +174,19 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0] // every key
 }
 
+/// What a call's reply is read into: a `Value`, or a type read straight
+/// from the reply's bytes (a list's pages: `range_reply.rs`).
+trait Reply: serde::de::DeserializeOwned {
+    /// The reply, or an object holding its `header`, as `History` reads it.
+    fn headed(&self) -> &Value;
+}
+
+impl Reply for Value {
+    fn headed(&self) -> &Value {
+        self
+    }
+}
+
 /// Which connection a call goes on.
 #[derive(Debug, Clone, Copy)]
 enum Connection {
@@ -253,7 +267,13 @@ impl EtcdClient {
         self.call_on(path, body, CALL_TIMEOUT, Connection::Fresh)
     }
 
-    fn call_on(&self, path: &str, body: &Value, timeout: Duration, connection: Connection) -> Result<Value, EtcdError> {
+    fn call_on<R: Reply>(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        connection: Connection,
+    ) -> Result<R, EtcdError> {
         let before = self.before_request()?;
         let deadline = Instant::now() + timeout;
         let mut last = EtcdError::new("etcd: no endpoint");
@@ -278,14 +298,15 @@ impl EtcdClient {
             match request.send(body.to_string()) {
                 Ok(mut response) => {
                     let status = response.status();
-                    let text = response.body_mut().with_config().limit(MAX_REPLY_BYTES).read_to_string()?;
+                    let bytes = response.body_mut().with_config().limit(MAX_REPLY_BYTES).read_to_vec()?;
                     if !status.is_success() {
-                        last = refused(endpoint, status, &text);
+                        last = refused(endpoint, status, &String::from_utf8_lossy(&bytes));
                         continue;
                     }
-                    let reply = serde_json::from_str(&text)
-                        .map_err(|e| EtcdError::new(format!("etcd: bad reply to {path}: {e}: {text}")))?;
-                    self.observe(&before, &reply)?;
+                    let reply: R = serde_json::from_slice(&bytes).map_err(|e| {
+                        EtcdError::new(format!("etcd: bad reply to {path}: {e}: {}", String::from_utf8_lossy(&bytes)))
+                    })?;
+                    self.observe(&before, reply.headed())?;
                     return Ok(reply);
                 }
                 Err(e) => last = EtcdError::new(format!("etcd at {endpoint}: {e}")),

@@ -17,22 +17,33 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::Shutdown;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Changes, Event, Item, Listing, Source, SourceError, Stop};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, key_after};
+use crate::etcd::{EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead};
 use crate::logs;
 use crate::sync::Mutex;
 
-/// Keys read per call of the list by default, at most. Few and large:
-/// etcd 3.4 walks every key from a page's start to the prefix's end for
-/// each page (to count them), so a list of n keys in pages of p costs it
-/// n²/2p key visits (100,000 keys: 1.8 s through the gateway in pages of
-/// 1,000, 0.9 s in pages of 10,000, 0.8 s in one call; docs/benchmarks.md).
-const DEFAULT_PAGE_SIZE: usize = 10_000;
+/// Keys read per call of the list by default, at most.
+const DEFAULT_PAGE_SIZE: usize = 250_000;
+
+/// The pages a list aims at. Few, because etcd 3.4 walks every key from a
+/// page's start to the prefix's end for each page (to count them): a
+/// list of n keys in k pages costs it n·k/2 index visits on top of
+/// building the JSON of n keys, which costs it about 50 times more a key
+/// (measured: 1,000,000 keys in pages of 10,000 cost etcd more than twice
+/// the CPU of one call; docs/benchmarks.md, W14). In 8 pages that is
+/// about 7%, and the pages read ahead still overlap etcd's work with
+/// ours.
+const LIST_PAGES: usize = 8;
+
+/// Keys of a page at least, however few pages that makes: below this a
+/// call's own cost counts more than the walk.
+const MIN_PAGE: usize = 10_000;
 
 /// Keys of the first page at most, before the size of a key is known:
 /// few, so even keys of etcd's largest values (1.5 MB unless
@@ -40,10 +51,15 @@ const DEFAULT_PAGE_SIZE: usize = 10_000;
 /// any size costs etcd the same walk over the prefix.
 const FIRST_PAGE: usize = 10;
 
+/// How much larger a page may be than the one before: the size of a key
+/// is known from a sample of the page before, so it grows in steps
+/// (10, 1,000, then the rest) rather than trusting 10 keys for 100,000.
+const PAGE_GROWTH: usize = 100;
+
 /// The size of the gateway's reply a page after the first aims at, so
 /// large values come in more pages instead of one reply too large to
-/// read within the client's 2 s call timeout.
-const PAGE_BYTES: usize = 4 << 20;
+/// read (64 MB at most) or to build within the page's timeout.
+const PAGE_BYTES: usize = 16 << 20;
 
 /// etcd's default `--experimental-watch-progress-notify-interval` (10
 /// min) and a minute of slack.
@@ -142,10 +158,12 @@ impl<O, K> EtcdSource<O, K> {
         Ok(self)
     }
 
-    /// Keys read per call of the list at most (positive; default 10,000).
-    /// The first page holds at most 10, the next ones about 4 MB of the
+    /// Keys read per call of the list at most (positive; default
+    /// 250,000). The first page holds at most 10, the next ones an eighth
+    /// of the prefix's keys (10,000 at least) but at most 16 MB of the
     /// gateway's JSON each (by the size of the keys and values read so
-    /// far), so pages of large values stay small without setting this.
+    /// far) and 100 times the page before, so pages of large values stay
+    /// small without setting this.
     pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
         if keys == 0 {
             return Err(InvalidArgument::new("EtcdSource: page_size must be positive, got 0"));
@@ -196,16 +214,18 @@ impl<O, K> EtcdSource<O, K> {
     }
 }
 
-/// The keys of the page after `kvs`: about [`PAGE_BYTES`] of the
-/// gateway's JSON at the size of these (base64 is 4/3 of the bytes; the
-/// revisions and field names about 100 bytes more per key), at most
+/// The keys of the page after `page`, for a prefix of `keys` keys: about
+/// a [`LIST_PAGES`]th of them but [`MIN_PAGE`] at least, and about
+/// [`PAGE_BYTES`] of the gateway's JSON at the size of `page`'s keys
+/// (base64 is 4/3 of the bytes; the revisions and field names about 100
+/// bytes more per key), at most [`PAGE_GROWTH`] times `page`'s and
 /// `page_size`, at least one.
-fn next_page_size(kvs: &[RawKeyValue], page_size: usize) -> usize {
-    let json: usize = kvs.iter().map(|kv| (kv.key.len() + kv.value.len()) * 4 / 3 + 100).sum();
-    match json {
-        0 => page_size,
-        json => (PAGE_BYTES * kvs.len() / json).clamp(1, page_size),
-    }
+fn next_page_size(page: &Page, keys: usize, page_size: usize) -> usize {
+    let by_count = keys.div_ceil(LIST_PAGES).max(MIN_PAGE);
+    let json: usize = page.kvs.iter().map(|kv| (kv.key.len() + kv.value.len()) * 4 / 3 + 100).sum();
+    let by_bytes = (PAGE_BYTES * page.kvs.len()).checked_div(json).unwrap_or(usize::MAX);
+    let growth = page.kvs.len().max(1).saturating_mul(PAGE_GROWTH);
+    by_count.min(by_bytes).min(growth).min(page_size).max(1)
 }
 
 /// Compaction and a reset of etcd's history expire the position.
@@ -243,30 +263,33 @@ where
         self.client.accept_reset();
         let mut items = Vec::new();
         let mut fingerprint = Fingerprint::default();
-        let (mut from, mut revision) = (self.prefix.as_bytes().to_vec(), 0);
-        let mut limit = self.page_size.min(FIRST_PAGE);
-        loop {
+        let mut revision = 0;
+        let page_size = self.page_size;
+        let pages = self
+            .client
+            .pages(&self.prefix, page_size.min(FIRST_PAGE), move |page, keys| next_page_size(page, keys, page_size));
+        let whole = read_ahead(pages, |page| {
             if stop.is_set() {
-                return Err(SourceError::new("stopped"));
+                return ControlFlow::Break(());
             }
-            let page = self.client.range_page(&self.prefix, &from, revision, limit).map_err(source_error)?;
             revision = page.revision;
-            limit = next_page_size(&page.kvs, self.page_size);
+            // Every key left, the first page's count: one allocation.
+            items.reserve(page.count);
             for kv in &page.kvs {
                 fingerprint.listed(kv);
                 if let Some((key, obj)) = self.put(kv) {
                     items.push(Item { key, obj, version: Some(kv.mod_revision) });
                 }
             }
-            match page.kvs.last() {
-                Some(last) if page.more => from = key_after(&last.key),
-                _ => {
-                    fingerprint.listed_at(revision);
-                    *self.fingerprint.get_mut() = fingerprint;
-                    return Ok(Listing { items, position: Some(revision) });
-                }
-            }
+            ControlFlow::Continue(())
+        })
+        .map_err(source_error)?;
+        if !whole {
+            return Err(SourceError::new("stopped"));
         }
+        fingerprint.listed_at(revision);
+        *self.fingerprint.get_mut() = fingerprint;
+        Ok(Listing { items, position: Some(revision) })
     }
 
     fn changes(&mut self, from: Option<&i64>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
@@ -324,16 +347,23 @@ mod tests {
         RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), create_revision: 1, mod_revision }
     }
 
+    fn page(kvs: Vec<RawKeyValue>) -> Page {
+        Page { count: kvs.len(), kvs, more: true, revision: 1 }
+    }
+
     #[test]
-    fn pages_after_the_first_hold_about_four_megabytes() {
-        let small: Vec<RawKeyValue> = (0..1000).map(|i| kv(format!("k{i}").as_bytes(), "v", 1)).collect();
-        assert_eq!(next_page_size(&small, 10_000), 10_000, "small values: the most");
+    fn pages_hold_an_eighth_of_the_keys_and_at_most_sixteen_megabytes() {
+        let small = |n: usize| page((0..n).map(|i| kv(format!("k{i}").as_bytes(), "v", 1)).collect());
+        assert_eq!(next_page_size(&small(2000), 1_000_000, 250_000), 125_000, "an eighth of the keys");
+        assert_eq!(next_page_size(&small(1000), 20_000, 250_000), 10_000, "10,000 at least");
+        assert_eq!(next_page_size(&small(1000), 1_000_000, 5), 5, "page_size at most");
+        assert_eq!(next_page_size(&small(10), 1_000_000, 250_000), 1_000, "100 times the page before");
         let big = "x".repeat(30_000);
-        let large: Vec<RawKeyValue> = (0..10).map(|i| kv(format!("k{i}").as_bytes(), &big, 1)).collect();
-        assert_eq!(next_page_size(&large, 10_000), 104, "4 MiB in keys of 40,106 bytes of JSON");
-        let huge = vec![kv(b"k", &"x".repeat(10 << 20), 1)];
-        assert_eq!(next_page_size(&huge, 10_000), 1, "at least one");
-        assert_eq!(next_page_size(&[], 10_000), 10_000);
+        let large = page((0..10).map(|i| kv(format!("k{i}").as_bytes(), &big, 1)).collect());
+        assert_eq!(next_page_size(&large, 1_000_000, 250_000), 418, "16 MiB in keys of 40,106 bytes of JSON");
+        let huge = page(vec![kv(b"k", &"x".repeat(40 << 20), 1)]);
+        assert_eq!(next_page_size(&huge, 1_000_000, 250_000), 1, "at least one");
+        assert_eq!(next_page_size(&page(Vec::new()), 1_000_000, 250_000), 100, "an empty page: no size known");
     }
 
     /// A resume after any event must not skip the rest of its transaction:
