@@ -428,6 +428,17 @@ pub(crate) fn partition_by_failed<K: fmt::Debug>(controller: &str, key: &K, erro
     );
 }
 
+/// A watch of a sharded controller could not keep the tombstone of a
+/// delete (its set is full, C1): a replica gaining the key's partition
+/// later learns of the delete only through `resync`.
+pub(crate) fn tombstones_full<K: fmt::Debug>(controller: &str, cache: &str, key: &K, bound: usize, overflow: u64) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, cache = %cache, key = ?Short(key), bound, overflow,
+        "tombstones full: a delete of a key another replica owns is not kept for a later gain"
+    );
+}
+
 /// Target of caches' and sources' events.
 const CACHE: &str = "reconq::cache";
 

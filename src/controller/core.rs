@@ -239,11 +239,13 @@ impl<K: ControllerKey> Core<K> {
     /// Routes an enqueue to the queue, or keeps it until start. Ignored
     /// once a stop is requested (one atomic load): between the request and
     /// the queue's shutdown (a stop's hooks run in between) an enqueue
-    /// would still land, and a drain would reconcile it.
+    /// would still land, and a drain would reconcile it. Whether the key
+    /// went into the queue (`false`: kept until start, ignored, or not
+    /// ours: a watch keeps a delete's tombstone then, C1).
     #[inline]
-    pub(crate) fn route(&self, key: K, when: When, priority: Priority) {
+    pub(crate) fn route(&self, key: K, when: When, priority: Priority) -> bool {
         if self.life.is_stopping() {
-            return;
+            return false;
         }
         if let Some(rt) = self.rt.get() {
             return self.apply(rt, key, when, priority);
@@ -257,12 +259,13 @@ impl<K: ControllerKey> Core<K> {
         if !self.life.is_stopping() {
             pending.push((key, when, priority));
         }
+        false
     }
 
     /// Adds an enqueued key to the queue, in its group (asked here, with no
-    /// engine lock held: see `groups`).
-    pub(crate) fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) {
-        let Some(place) = self.place(rt, &key, priority) else { return };
+    /// engine lock held: see `groups`); `false` if it is not ours.
+    pub(crate) fn apply(&self, rt: &Runtime<K>, key: K, when: When, priority: Priority) -> bool {
+        let Some(place) = self.place(rt, &key, priority) else { return false };
         let marked = rt.store.as_ref().map(|store| (store, key.clone()));
         match when {
             When::Now => rt.queue.add_placed(key, place),
@@ -279,6 +282,7 @@ impl<K: ControllerKey> Core<K> {
         if let Some((store, key)) = marked {
             store.mark(&key);
         }
+        true
     }
 
     /// Where an enqueued `key` goes in the queue: its priority and group

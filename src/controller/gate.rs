@@ -7,6 +7,7 @@
 
 use std::any::Any;
 
+use super::persist::StoredKey;
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -36,6 +37,12 @@ pub(crate) trait Gate<K>: Send + Sync {
     fn wake(&self);
     fn leader_status(&self) -> Option<LeaderStatus>;
     fn shard_status(&self) -> Option<ShardStatus>;
+    /// At start, a key the store kept pending: given back to go into the
+    /// queue now, or kept by the gate (sharding keeps those of partitions
+    /// not ours yet, C2).
+    fn hold_stored(&self, stored: StoredKey<K>) -> Option<StoredKey<K>> {
+        Some(stored)
+    }
 }
 
 /// What a started controller holds of its coordination.

@@ -57,7 +57,8 @@ impl<K: ControllerKey> KeySource<K> for Core<K> {
 /// Puts the stored keys back before any worker runs: waiting keys ready,
 /// delayed keys at their due time, parked keys parked, failure counts
 /// replayed into the limiter and the per-key memory (so back-off and
-/// `Context::attempt` continue).
+/// `Context::attempt` continue). A sharded controller's gate keeps aside
+/// the keys of partitions not ours yet (C2: see `replicas`).
 pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &Arc<dyn StoreLink<K>>) {
     link.restore(rt.clock.now(), &mut |key, view| {
         for _ in 0..view.failures {
@@ -69,12 +70,34 @@ pub(super) fn restore<K: ControllerKey>(core: &Core<K>, rt: &Runtime<K>, link: &
             return;
         }
         let group = rt.grouping.as_ref().map_or(0, |grouping| grouping.group_of(&core.name, &key));
-        let place = Place { prio: view.priority, group };
-        match view.due {
-            None => rt.queue.add_placed(key, place),
-            Some(due) => rt.queue.add_at_placed(key, due, place),
+        let stored = StoredKey { key, place: Place { prio: view.priority, group }, due: view.due };
+        let aside = match &rt.coordination {
+            Some(coordination) => coordination.gate.hold_stored(stored),
+            None => Some(stored),
+        };
+        if let Some(stored) = aside {
+            stored.queue(rt);
         }
     });
+}
+
+/// A key the store kept pending, on its way back into the queue.
+pub(crate) struct StoredKey<K> {
+    pub(crate) key: K,
+    pub(crate) place: Place,
+    /// When it was due (`None`: ready).
+    pub(crate) due: Option<Instant>,
+}
+
+impl<K: ControllerKey> StoredKey<K> {
+    /// Into the queue as it was stored (never asking the gate: its
+    /// partition is ours, or coordination is not sharding).
+    pub(crate) fn queue(self, rt: &Runtime<K>) {
+        match self.due {
+            None => rt.queue.add_placed(self.key, self.place),
+            Some(due) => rt.queue.add_at_placed(self.key, due, self.place),
+        }
+    }
 }
 
 /// Asks `core`'s store (if any) for a write of every change so far; an

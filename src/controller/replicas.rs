@@ -1,13 +1,19 @@
 //! The gates of leader election and sharding on etcd (the `etcd`
-//! feature): joined at start, asked through `gate`'s [`Gate`].
+//! feature): joined at start, asked through `gate`'s [`Gate`]. A sharded
+//! controller's gains enqueue the keys of the partitions gained (C1, C2):
+//! from every watched cache, from `resync`, and the stored keys kept aside
+//! at start, in one batch.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use super::core::{ControllerKey, Core, When};
+use super::features::Features;
 use super::gate::{Admission, Coordinated, Gate};
 use super::partitions::Partitioner;
+use super::persist::StoredKey;
 use super::start::{Join, Resync};
+use super::watch::{DEFAULT_LIST_PRIORITY, Fate};
 use crate::coordination::{LeaderElection, ShardHooks, Sharding};
 use crate::key_encoding::StoreKey;
 use crate::sync::Mutex;
@@ -15,7 +21,7 @@ use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
 /// Leader election: the leader runs everything, a standby waits.
 pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {
-    Box::new(move |core: &Arc<Core<K>>, _resync, _partitioner| {
+    Box::new(move |core: &Arc<Core<K>>, _features, _resync, _partitioner| {
         let weak = Arc::downgrade(core);
         let seat = election.join(move || {
             if let Some(core) = weak.upgrade() {
@@ -58,21 +64,31 @@ impl<K> Gate<K> for LeaderGate {
 
 /// Sharding: keys of partitions we own run, the rest are dropped.
 pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K> {
-    Box::new(move |core: &Arc<Core<K>>, resync: &mut Option<Resync<K>>, partitioner: Option<Partitioner<K>>| {
-        let resync = resync.take();
-        let partitioner = partitioner.unwrap_or_else(|| Partitioner::new(&core.name));
-        let partitioner = partitioner.with_partitions(sharding.partition_count());
-        // Kept only with a `partition_by`: see `Admitted`.
-        let admitted = partitioner.has_partition_by().then(|| Arc::new(Admitted::default()));
-        let hooks = Arc::new(ControllerShards {
-            core: Arc::downgrade(core),
-            resync,
-            partitioner: partitioner.clone(),
-            admitted: admitted.clone(),
-        });
-        let seat = sharding.attach(hooks)?;
-        Ok(Coordinated::new(Box::new(ShardGate { sharding, partitioner, admitted }), Box::new(seat)))
-    })
+    Box::new(
+        move |core: &Arc<Core<K>>,
+              features: &Arc<Features<K>>,
+              resync: &mut Option<Resync<K>>,
+              partitioner: Option<Partitioner<K>>| {
+            let resync = resync.take();
+            let partitioner = partitioner.unwrap_or_else(|| Partitioner::new(&core.name));
+            let partitioner = partitioner.with_partitions(sharding.partition_count());
+            // Kept only with a `partition_by`: see `Admitted`.
+            let admitted = partitioner.has_partition_by().then(|| Arc::new(Admitted::default()));
+            let aside = Arc::new(StoredAside::default());
+            let hooks = Arc::new(ControllerShards {
+                core: Arc::downgrade(core),
+                features: Arc::downgrade(features),
+                sharding: sharding.clone(),
+                resync,
+                partitioner: partitioner.clone(),
+                admitted: admitted.clone(),
+                aside: Arc::clone(&aside),
+            });
+            let seat = sharding.attach(hooks)?;
+            let gate = ShardGate { sharding, partitioner, admitted, aside };
+            Ok(Coordinated::new(Box::new(gate), Box::new(seat)))
+        },
+    )
 }
 
 /// The partition each key handed out with a `partition_by` was admitted
@@ -90,10 +106,41 @@ impl<K> Default for Admitted<K> {
     }
 }
 
+/// The keys the store kept pending (section 9) whose partitions were not
+/// ours at start, by partition, until the partition has an owner (C2): a
+/// gain puts them in the queue, another replica's claim drops them (their
+/// rows go at the next flush; C1 brings a cache's keys to that owner).
+/// Before a restarted replica's first claim, its stored keys are all here,
+/// not handed out and dropped as another replica's.
+///
+/// Invariant: a key is put here, or into the queue, under the lock, after
+/// asking `owns` under it; a gain takes its partitions' keys under it,
+/// after they became ours. So no key is put here once its gain took the
+/// rest.
+struct StoredAside<K>(Mutex<HashMap<u32, Vec<StoredKey<K>>>>);
+
+impl<K> Default for StoredAside<K> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K> StoredAside<K> {
+    /// Takes the keys kept for `partitions`.
+    fn take(&self, partitions: &BTreeSet<u32>) -> Vec<StoredKey<K>> {
+        let mut aside = self.0.lock();
+        if aside.is_empty() {
+            return Vec::new();
+        }
+        partitions.iter().filter_map(|p| aside.remove(p)).flatten().collect()
+    }
+}
+
 struct ShardGate<K> {
     sharding: Sharding,
     partitioner: Partitioner<K>,
     admitted: Option<Arc<Admitted<K>>>,
+    aside: Arc<StoredAside<K>>,
 }
 
 impl<K: ControllerKey> Gate<K> for ShardGate<K> {
@@ -141,23 +188,84 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
     fn shard_status(&self) -> Option<ShardStatus> {
         Some(self.sharding.status())
     }
+
+    fn hold_stored(&self, stored: StoredKey<K>) -> Option<StoredKey<K>> {
+        // Asked before the lock: `partition_by` is the user's code.
+        let partition = self.partitioner.of(&stored.key);
+        let mut aside = self.aside.0.lock();
+        if self.sharding.owns(partition) {
+            return Some(stored);
+        }
+        aside.entry(partition).or_default().push(stored);
+        None
+    }
 }
 
 /// What sharding calls into the controller.
 struct ControllerShards<K: ControllerKey> {
     core: Weak<Core<K>>,
+    /// The watches whose caches a gain enqueues from.
+    features: Weak<Features<K>>,
+    /// Which partitions are ours (its seat drops these hooks: no cycle
+    /// outlives the controller's membership).
+    sharding: Sharding,
     resync: Option<Resync<K>>,
     partitioner: Partitioner<K>,
     admitted: Option<Arc<Admitted<K>>>,
+    aside: Arc<StoredAside<K>>,
+}
+
+impl<K: ControllerKey> ControllerShards<K> {
+    /// Where `key` stands now that `gained` became ours.
+    fn fate(&self, key: &K, gained: &BTreeSet<u32>) -> Fate {
+        let partition = self.partitioner.of(key);
+        if gained.contains(&partition) {
+            Fate::Gained
+        } else if self.sharding.owns(partition) {
+            Fate::Owned
+        } else {
+            Fate::Elsewhere
+        }
+    }
 }
 
 impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
+    /// C1, C2: every key of the gained partitions that a watched cache
+    /// maps to (at its watch's `list_priority`), that `resync` lists (at
+    /// the list priority, −100) and that the store kept aside, enqueued in
+    /// one batch (U3), so D1 orders them. Runs on sharding's thread with
+    /// no engine lock held: it calls `map`, `resync` and `partition_by`.
     fn gained(&self, partitions: &BTreeSet<u32>) {
-        let (Some(core), Some(resync)) = (self.core.upgrade(), &self.resync) else { return };
-        for key in resync() {
-            if partitions.contains(&self.partitioner.of(&key)) {
-                core.route(key, When::Now, 0);
-            }
+        let Some(core) = self.core.upgrade() else { return };
+        let features = self.features.upgrade();
+        let mut keys =
+            features.as_ref().map(|f| f.watches.regain(&|key| self.fate(key, partitions))).unwrap_or_default();
+        if let Some(resync) = &self.resync {
+            let listed = resync().into_iter().filter(|key| partitions.contains(&self.partitioner.of(key)));
+            keys.extend(listed.map(|key| (key, DEFAULT_LIST_PRIORITY)));
+        }
+        let stored = self.aside.take(partitions);
+        if keys.is_empty() && stored.is_empty() {
+            return;
+        }
+        let batch = features.as_ref().map(|f| core.open_batch(&f.batches));
+        if let Some(rt) = core.rt.get() {
+            // Stored keys exist only once started (the store restores them).
+            stored.into_iter().for_each(|key| key.queue(rt));
+        }
+        for (key, priority) in keys {
+            core.route(key, When::Now, priority);
+        }
+        drop(batch);
+    }
+
+    /// C2: stored keys kept aside for these partitions are another
+    /// replica's: marked, so the next flush removes their rows.
+    fn owned_elsewhere(&self, partitions: &BTreeSet<u32>) {
+        let dropped = self.aside.take(partitions);
+        let Some(core) = self.core.upgrade() else { return };
+        if let Some(store) = core.rt.get().and_then(|rt| rt.store.as_ref()) {
+            dropped.iter().for_each(|stored| store.mark(&stored.key));
         }
     }
 

@@ -170,10 +170,18 @@ pub(crate) type ClaimFn<K> = dyn FnOnce(&str) -> Result<Arc<dyn StoreLink<K>>, S
 
 /// Joins the coordination a controller was configured with, at its start.
 /// Sharding takes the controller's `resync` (it runs it when partitions are
-/// gained; whatever leaves it runs once at start instead) and how keys map
-/// to partitions.
-pub(crate) type Join<K> =
-    Box<dyn FnOnce(&Arc<Core<K>>, &mut Option<Resync<K>>, Option<Partitioner<K>>) -> io::Result<Coordinated<K>> + Send>;
+/// gained; whatever leaves it runs once at start instead), the features (a
+/// gain enqueues from the watched caches, in a batch) and how keys map to
+/// partitions.
+pub(crate) type Join<K> = Box<
+    dyn FnOnce(
+            &Arc<Core<K>>,
+            &Arc<Features<K>>,
+            &mut Option<Resync<K>>,
+            Option<Partitioner<K>>,
+        ) -> io::Result<Coordinated<K>>
+        + Send,
+>;
 
 /// Lists every key the controller should have (`resync`): enqueued at
 /// start, or with sharding those of partitions just gained.
@@ -231,7 +239,7 @@ pub(super) fn start<K: ControllerKey>(mut plan: Plan<K>) -> Result<ControllerHan
         .then(|| Watchdog::new(config.hanging_threshold, config.timeout, &plan.clock));
     let mut resync = plan.resync.take();
     let coordination = match plan.coordinate.take() {
-        Some(join) => Some(join(&core, &mut resync, partitioner).map_err(StartError::Coordination)?),
+        Some(join) => Some(join(&core, &features, &mut resync, partitioner).map_err(StartError::Coordination)?),
         None => None,
     };
     let coordination = watched.gate(coordination);

@@ -121,8 +121,13 @@ struct Owned {
 /// What sharding calls into its controller (on its own thread, with no
 /// lock of its held).
 pub(crate) trait ShardHooks: Send + Sync {
-    /// These partitions were claimed: enqueue their keys (`resync`).
+    /// These partitions were claimed: enqueue their keys (C1). Called
+    /// once they are ours (`owns` says so): a key refused before the call
+    /// was refused before they were ours.
     fn gained(&self, partitions: &BTreeSet<u32>);
+    /// These partitions have an owner other than us, as last read (C2:
+    /// stored keys kept aside for them may go).
+    fn owned_elsewhere(&self, partitions: &BTreeSet<u32>);
     /// Cancel the running reconciles of keys in these partitions.
     fn cancel(&self, partitions: &BTreeSet<u32>);
 }
@@ -629,6 +634,7 @@ impl Shards {
             self.drop_partitions(&vanished, "their keys were deleted");
         }
         self.finish_hand_overs();
+        self.tell_owned_elsewhere(&holders);
 
         let Some(rank) = members.iter().position(|m| *m == self.identity) else {
             return; // our member key is not visible yet
@@ -678,6 +684,19 @@ impl Shards {
             if let Some(hooks) = hooks {
                 hooks.gained(&gained);
             }
+        }
+    }
+
+    /// Tells the controller which partitions others hold (`holders`: every
+    /// partition key read).
+    fn tell_owned_elsewhere(&self, holders: &BTreeMap<u32, &KeyValue>) {
+        let (elsewhere, hooks) = {
+            let st = self.state.lock();
+            let elsewhere: BTreeSet<u32> = holders.keys().filter(|p| !st.owned.contains_key(p)).copied().collect();
+            (elsewhere, st.hooks.clone())
+        };
+        if let (false, Some(hooks)) = (elsewhere.is_empty(), hooks) {
+            hooks.owned_elsewhere(&elsewhere);
         }
     }
 

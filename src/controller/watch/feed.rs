@@ -1,7 +1,9 @@
 //! A cache's changes turned into a controller's enqueues (E2, E6, E7): the
 //! predicate, the map, the priority of a list or a live change, the
 //! fallback to the changed key when a handler fails, the resync timer, and
-//! for a cache with a store (E9) the restart's difference and the rows kept.
+//! for a cache with a store (E9) the restart's difference and the rows kept;
+//! for a sharded controller, the tombstones and the keys a gain enqueues
+//! (C1, see `regain`).
 //!
 //! Invariant (E9, a delete after a crash): no key a create maps to is
 //! enqueued before the store has written the create's trace (`Kept::held`,
@@ -16,6 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::options::Watch;
+use super::regain::{Fate, Regain, Regained, Tombstones};
 use super::watched::{Attached, WatchError};
 use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
@@ -30,11 +33,15 @@ struct Feed<S: Source, K> {
     /// Weak: the cache holds the subscriber, and must not keep the
     /// controller alive.
     controller: Weak<Core<K>>,
-    /// Only the name: the cache holds this feed (a cycle otherwise).
+    /// Weak, and the name apart: the cache holds this feed (a cycle
+    /// otherwise).
+    cache: WeakCache<S>,
     cache_name: String,
     watch: Watch<S, K>,
     /// A cache with a store: what the controller keeps of it.
     kept: Option<Kept<S, K>>,
+    /// A sharded controller: the deletes of keys it did not own (C1).
+    tombstones: Option<Tombstones<S::Key>>,
 }
 
 /// A stored cache as one watching controller keeps it (E9).
@@ -72,12 +79,14 @@ type Route<K> = (K, When, i32);
 /// controller to it; the returned guard undoes both. Returns at once: the
 /// keys a synced cache holds reach the controller on the cache's catch-up
 /// thread, and then `caught_up` runs (a watch made at start opens the
-/// synced gate with it, E5).
+/// synced gate with it, E5). `register` is given the feed before it hears
+/// of any change (see `regain`'s invariant).
 pub(super) fn attach<S: Source, K: ControllerKey>(
     core: &Arc<Core<K>>,
     cache: &Cache<S>,
     watch: Watch<S, K>,
     caught_up: Option<SyncedHook>,
+    register: impl FnOnce(Arc<dyn Regain<K>>),
 ) -> Result<Attached, WatchError> {
     let used = cache.acquire()?;
     let resync_stop = Stop::new();
@@ -90,7 +99,18 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
         }
         _ => None,
     };
-    let feed = Arc::new(Feed { controller: Arc::downgrade(core), cache_name: cache.name().to_owned(), watch, kept });
+    let sharded = core.gate().is_some_and(|gate| gate.shard_status().is_some());
+    let feed = Arc::new(Feed {
+        controller: Arc::downgrade(core),
+        cache: cache.downgrade(),
+        cache_name: cache.name().to_owned(),
+        watch,
+        kept,
+        tombstones: sharded.then(|| Tombstones::new(&core.name, cache.name())),
+    });
+    if sharded {
+        register(Arc::clone(&feed) as Arc<dyn Regain<K>>);
+    }
     if let Some(every) = feed.watch.resync {
         // The hook's clone of the cache goes when it runs, or when the
         // cache stops unsynced.
@@ -116,7 +136,10 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
     /// its trace to be written, and a held key's changes wait behind it.
     fn changed(self: &Arc<Self>, change: &Applied<S::Key, S::Object>) {
         let Some(core) = self.controller.upgrade() else { return };
-        let Some(kept) = &self.kept else { return self.deliver(&core, change, route_to(&core)) };
+        if let (Some(tombstones), None) = (&self.tombstones, &change.new) {
+            tombstones.deleting(&change.key);
+        }
+        let Some(kept) = &self.kept else { return self.deliver_now(&core, change) };
         let key = (kept.codec.key)(&change.key);
         let created = match kept.since_last_run(&key, change) {
             SinceLastRun::Unchanged => return,
@@ -127,27 +150,51 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         // Only this (delivering) thread adds to `held`: a key not held now
         // is not held until it returns.
         if !created && !kept.held.lock().contains_key(&key) {
-            self.deliver(&core, change, route_to(&core));
+            self.deliver_now(&core, change);
             return kept.mark(&core, key, told);
         }
         let mut routes = Vec::new();
         self.deliver(&core, change, |route| routes.push(route));
         *kept.held.lock().entry(key.clone()).or_default() += 1;
         let trace = created.then(|| (&kept.name, key.clone()));
-        kept.link.after_write(trace, self.release(routes, key, told));
+        let deleted = change.new.is_none().then(|| change.key.clone());
+        kept.link.after_write(trace, self.release(routes, deleted, key, told));
+    }
+
+    /// Delivers `change` straight into the queue; then a put, or a delete
+    /// whose keys all went into it, leaves no tombstone.
+    fn deliver_now(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) {
+        let Some(tombstones) = &self.tombstones else { return self.deliver(core, change, route_to(core)) };
+        let mut all_ours = true;
+        self.deliver(core, change, |(key, when, priority)| all_ours &= core.route(key, when, priority));
+        if change.new.is_some() || all_ours {
+            tombstones.settled(&change.key);
+        }
     }
 
     /// What runs once the write a held change waits for is done: its
     /// enqueues, then its row (after them, as always), then the key is
     /// one change less held (last: a change delivered directly after
     /// that marks its row after this one, and the later row wins).
-    fn release(self: &Arc<Self>, routes: Vec<Route<K>>, key: Vec<u8>, told: KeptChange) -> AfterWrite {
+    /// `deleted`: the cache key of a delete, whose tombstone (if any) goes
+    /// once its keys all went into the queue.
+    fn release(
+        self: &Arc<Self>,
+        routes: Vec<Route<K>>,
+        deleted: Option<S::Key>,
+        key: Vec<u8>,
+        told: KeptChange,
+    ) -> AfterWrite {
         let feed = Arc::downgrade(self);
         Box::new(move || {
             let Some(feed) = feed.upgrade() else { return };
             let (Some(core), Some(kept)) = (feed.controller.upgrade(), &feed.kept) else { return };
+            let mut all_ours = true;
             for (key, when, priority) in routes {
-                core.route(key, when, priority);
+                all_ours &= core.route(key, when, priority);
+            }
+            if let (Some(tombstones), Some(deleted)) = (&feed.tombstones, deleted.filter(|_| all_ours)) {
+                tombstones.settled(&deleted);
             }
             kept.mark(&core, key.clone(), told);
             let mut held = kept.held.lock();
@@ -173,7 +220,10 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             // with its row.
             if let Some(decoded) = (kept.codec.decode)(&key) {
                 let change = Applied { key: decoded, old: None, new: None, listed: true };
-                self.deliver(&core, &change, route_to(&core));
+                if let Some(tombstones) = &self.tombstones {
+                    tombstones.deleting(&change.key);
+                }
+                self.deliver_now(&core, &change);
             }
             kept.mark(&core, key, KeptChange::Delete);
         }
@@ -315,7 +365,37 @@ impl<S: Source, K: ControllerKey> Kept<S, K> {
     }
 }
 
+impl<S: Source, K: ControllerKey> Regain<K> for Feed<S, K> {
+    fn regain(&self, fate: &dyn Fn(&K) -> Fate, out: &mut Vec<Regained<K>>) {
+        let (Some(core), Some(cache)) = (self.controller.upgrade(), self.cache.upgrade()) else { return };
+        let priority = self.watch.list_priority;
+        for key in cache.keys() {
+            let obj = cache.get(&key);
+            self.enqueue(&core, &key, &[obj.as_deref()], When::Now, priority, |(key, _, priority)| {
+                if fate(&key) == Fate::Gained {
+                    out.push((key, priority));
+                }
+            });
+        }
+        let Some(tombstones) = &self.tombstones else { return };
+        for key in tombstones.keys() {
+            let mut all_ours = true;
+            self.enqueue(&core, &key, &[None], When::Now, priority, |(key, _, priority)| match fate(&key) {
+                Fate::Gained => out.push((key, priority)),
+                Fate::Owned => {}
+                Fate::Elsewhere => all_ours = false,
+            });
+            // Enqueued by us, the owner of every key it maps to.
+            if all_ours {
+                tombstones.settled(&key);
+            }
+        }
+    }
+}
+
 /// The plain `route`: straight into the controller's queue.
 fn route_to<K: ControllerKey>(core: &Core<K>) -> impl FnMut(Route<K>) + '_ {
-    |(key, when, priority)| core.route(key, when, priority)
+    |(key, when, priority)| {
+        core.route(key, when, priority);
+    }
 }

@@ -11,12 +11,14 @@
 //! * `options`: [`Watch`], the public options.
 //! * `feed`: a cache's changes (and resyncs) turned into enqueues.
 //! * `synced`: the synced gate and its `sync_timeout` reports.
+//! * `regain`: what a sharded controller's gain enqueues from a watch (C1).
 //! * `watched`: a cache and a watch as the rest of the folder sees them
 //!   ([`WatchError`], the `Watched` cache, an `Attached` watch), below
 //!   every other file of it.
 
 mod feed;
 mod options;
+mod regain;
 mod synced;
 mod watched;
 
@@ -32,6 +34,7 @@ use crate::source::Source;
 use crate::sync::Mutex;
 
 pub use options::{DEFAULT_LIST_PRIORITY, Watch};
+pub(crate) use regain::{Fate, Regain, Regained};
 use synced::Heard;
 pub(crate) use synced::SyncLatch;
 use watched::Attached;
@@ -47,7 +50,12 @@ trait Unattached<K>: Send {
     fn cache(&self) -> Arc<dyn Watched>;
     /// `caught_up`: run once every key the cache holds reached the
     /// controller, as `feed::attach`'s.
-    fn attach(self: Box<Self>, core: &Arc<Core<K>>, caught_up: Option<SyncedHook>) -> Result<Attached, WatchError>;
+    fn attach(
+        self: Box<Self>,
+        core: &Arc<Core<K>>,
+        caught_up: Option<SyncedHook>,
+        watches: &Watches<K>,
+    ) -> Result<Attached, WatchError>;
 }
 
 struct Pending<S: Source, K> {
@@ -61,8 +69,13 @@ impl<S: Source, K: ControllerKey> Unattached<K> for Pending<S, K> {
         Arc::new(self.cache.clone())
     }
 
-    fn attach(self: Box<Self>, core: &Arc<Core<K>>, caught_up: Option<SyncedHook>) -> Result<Attached, WatchError> {
-        feed::attach(core, &self.cache, self.watch, Some(self.heard.hook(caught_up)))
+    fn attach(
+        self: Box<Self>,
+        core: &Arc<Core<K>>,
+        caught_up: Option<SyncedHook>,
+        watches: &Watches<K>,
+    ) -> Result<Attached, WatchError> {
+        feed::attach(core, &self.cache, self.watch, Some(self.heard.hook(caught_up)), |feed| watches.register(feed))
     }
 }
 
@@ -80,6 +93,8 @@ struct State<K> {
     released: bool,
     at_start: Vec<Box<dyn Unattached<K>>>,
     attached: Vec<Attached>,
+    /// The feeds of a sharded controller, for its gains (C1).
+    feeds: Vec<Arc<dyn Regain<K>>>,
     /// Every watch, for `wait_synced`.
     heard: Vec<Arc<Heard>>,
     /// The controller's store file (canonical), once started.
@@ -101,6 +116,7 @@ impl<K: ControllerKey> Watches<K> {
                 released: false,
                 at_start: Vec::new(),
                 attached: Vec::new(),
+                feeds: Vec::new(),
                 heard: Vec::new(),
                 store_file: None,
             }),
@@ -140,7 +156,7 @@ impl<K: ControllerKey> Watches<K> {
         // Outside the lock: attaching may start the cache. It holds nothing
         // back (a later watch does not hold the controller, E5).
         let heard = Heard::new(Arc::new(cache.clone()));
-        let attached = feed::attach(core, cache, watch, Some(heard.hook(None)))?;
+        let attached = feed::attach(core, cache, watch, Some(heard.hook(None)), |feed| self.register(feed))?;
         self.state.lock().heard.push(heard);
         self.keep(attached);
         Ok(())
@@ -156,6 +172,27 @@ impl<K: ControllerKey> Watches<K> {
         let heard = Heard::new(Arc::new(cache.clone()));
         state.heard.push(Arc::clone(&heard));
         state.at_start.push(Box::new(Pending { cache: cache.clone(), watch, heard }));
+    }
+
+    /// Lists a sharded controller's feed for its gains, until stop.
+    fn register(&self, feed: Arc<dyn Regain<K>>) {
+        let mut state = self.state.lock();
+        if !state.released {
+            state.feeds.push(feed);
+        }
+    }
+
+    /// C1: the keys every watched cache maps to (its contents and its
+    /// tombstones) that `fate` says were just gained, each at its watch's
+    /// `list_priority`. Calls user code (`map`, `partition_by`): with no
+    /// engine lock held, and none held here while it runs.
+    pub(crate) fn regain(&self, fate: &dyn Fn(&K) -> Fate) -> Vec<Regained<K>> {
+        let feeds = self.state.lock().feeds.clone();
+        let mut gained = Vec::new();
+        for feed in feeds {
+            feed.regain(fate, &mut gained);
+        }
+        gained
     }
 
     /// Keeps `attached` until stop (dropped at once if it came meanwhile).
@@ -201,6 +238,7 @@ impl<K: ControllerKey> Watches<K> {
         let attached = {
             let mut state = self.state.lock();
             state.released = true;
+            state.feeds.clear();
             std::mem::take(&mut state.attached)
         };
         drop(attached);
@@ -274,7 +312,7 @@ impl<K: ControllerKey> AtStart<K> {
                 let latch = Arc::clone(latch);
                 Box::new(move || latch.one_synced()) as SyncedHook
             });
-            let attached = watch.attach(core, caught_up)?;
+            let attached = watch.attach(core, caught_up, watches)?;
             watches.keep(attached);
         }
         Ok(())

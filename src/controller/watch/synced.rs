@@ -17,6 +17,7 @@ use super::watched::Watched;
 use crate::cache::SyncedHook;
 use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate};
+use crate::controller::persist::StoredKey;
 use crate::logs;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
@@ -144,6 +145,13 @@ impl<K> Gate<K> for SyncedGate<K> {
 
     fn shard_status(&self) -> Option<ShardStatus> {
         self.inner.as_ref().and_then(|gate| gate.shard_status())
+    }
+
+    fn hold_stored(&self, stored: StoredKey<K>) -> Option<StoredKey<K>> {
+        match &self.inner {
+            Some(gate) => gate.hold_stored(stored),
+            None => Some(stored),
+        }
     }
 }
 
