@@ -19,7 +19,9 @@ take-over. What may never happen (replica_record.py):
   order.
 
 How fast a take-over is W13's business (docs/benchmarks.md), not a test's:
-every wait has a generous deadline. Each test takes 15 to 40 s.
+every wait has a generous deadline. The five take 30 to 50 s together on
+the project's shared 2-core VM (under four more busy loops, up to 2 min);
+.ci/run runs them once.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import pytest
 
 from cache_replicas import CacheReplicas, EtcdBatch
 from etcd_server import Etcd
-from replica_record import Record
+from replica_record import ABSENT, Record, append, fencing_violations, open_for_append, overlaps, unreconciled
 from replicas import balanced
 from restarts import Writer
 from waiting import PATIENCE, wait_for
@@ -192,3 +194,24 @@ def test_etcd_restarting_during_a_take_over(chaos: Chaos) -> None:
     c.etcd.restart()  # before the victim's lease expires: its partitions wait for the restarted etcd
     c.change(1000)
     c.check()
+
+
+def test_the_record_checks_see_what_they_look_for(tmp_path: Path) -> None:
+    """The checks above would fail: on a record written by hand, each
+    flags what it looks for, and a SIGKILL ends its victim's reconciles."""
+    record = Record(str(tmp_path / "record"))
+    fd = open_for_append(record.path)
+    append(fd, "begin", 3, 10, "a", "v1", pid=1)
+    append(fd, "begin", 3, 10, "b", "v2", pid=1)
+    append(fd, "kill", pid=1)
+    append(fd, "begin", 3, 12, "a", "v1", pid=2)  # after the kill: not at once
+    append(fd, "end", 3, 12, "a", "v1", pid=2)
+    append(fd, "begin", 3, 12, "b", "v2", pid=2)
+    append(fd, "begin", 3, 14, "b", "v3", pid=3)  # pid 2 runs b still, and is alive
+    append(fd, "end", 3, 12, "b", "v2", pid=2)  # token 12 after 14 on partition 3
+    os.close(fd)
+    lines = record.read()
+    assert len(overlaps(lines)) == 1 and "pid=3" in overlaps(lines)[0]
+    assert len(fencing_violations(lines)) == 1 and "token 14" in fencing_violations(lines)[0]
+    state = {"a": "v1", "b": "v4"}  # c deleted, never seen absent
+    assert unreconciled(record, state, ["a", "b", "c"]) == {"b": "v4", "c": ABSENT}
