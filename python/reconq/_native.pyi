@@ -608,9 +608,10 @@ class Controller:
     - ``store=None``: a ``SqliteStore`` or a path: pending and parked keys and
       failure counts survive a restart.
     - ``sharding=None``: a ``Sharding``: reconcile only the keys of the
-      partitions this replica owns.
+      partitions this replica owns; on gaining partitions, the keys of those
+      partitions that the watched caches map to are enqueued (deletes too).
     - ``resync=None``: with ``sharding``, a callable listing every key; called
-      when partitions are gained.
+      when partitions are gained (for keys no watched cache maps to).
     - ``sync_timeout=120.0``: while a cache watched at start has not synced,
       an ERROR every this many seconds names it and its last error.
     - ``supersede=False``: a key that becomes ready while it is reconciled

@@ -150,7 +150,9 @@ impl<K: ControllerKey + StoreKey> Controller<K> {
     /// Reconciles only the keys of the partitions this replica owns in
     /// `sharding`'s group (guarantees §11): an enqueue of another key drops
     /// it (counted in [`Stats::not_owned`]); when partitions are gained,
-    /// [`resync`](Self::resync)'s keys of those partitions are enqueued;
+    /// the keys of those partitions that the watched caches map to (their
+    /// deletes applied meanwhile included) and [`resync`](Self::resync)'s
+    /// are enqueued, in one batch (guarantees §17, C1);
     /// before a partition is given up its keys stop being handed out and
     /// their reconciles return. Each reconcile's
     /// [`Context::fencing_token`] is its partition's token. One controller

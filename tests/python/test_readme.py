@@ -100,7 +100,7 @@ def run_etcd_example(
 def test_the_cache_example_follows_etcd() -> None:
     """The README's cache example reconciles what etcd holds, and then each
     change: an update, a new key and a delete."""
-    (block,) = [b for page, b in EXAMPLES if page == "README.md" and "EtcdSource(" in b]
+    (block,) = [b for page, b in EXAMPLES if page == "README.md" and "EtcdSource(" in b and "Sharding(" not in b]
     namespace: Dict[str, Any] = {"__name__": "readme_example"}
 
     def change_the_desired_state(etcd: Etcd) -> None:
@@ -113,6 +113,20 @@ def test_the_cache_example_follows_etcd() -> None:
 
     run_etcd_example("README.md", block, namespace, change_the_desired_state)
     assert namespace["replicas"].stats()["synced"]
+
+
+def test_the_sharded_example_reconciles_its_cache() -> None:
+    """The README's sharded example (Scaling out) reconciles the cached key,
+    then a key put while it runs."""
+    (block,) = [b for page, b in EXAMPLES if page == "README.md" and "Sharding(" in b and "EtcdSource(" in b]
+    namespace: Dict[str, Any] = {"__name__": "readme_example"}
+
+    def put_a_key(etcd: Etcd) -> None:
+        etcd.put("/apps/team/api", "v1")
+        wait_for(lambda: namespace["c"].stats()["successes"] >= 2, what="the put to be reconciled")
+
+    run_etcd_example("README.md", block, namespace, put_a_key)
+    assert namespace["c"].stats()["owned_partitions"] == 0, "partitions handed over at the stop"
 
 
 def test_the_first_example_counts_its_work(capsys: pytest.CaptureFixture[str]) -> None:

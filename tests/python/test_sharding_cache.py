@@ -199,3 +199,40 @@ def test_gained_keys_run_parents_first(etcd: Etcd) -> None:
     finally:
         a.controller.stop()
         b.controller.stop()
+
+
+def test_stored_keys_wait_for_their_partition_after_a_restart(etcd: Etcd, tmp_path: Path) -> None:
+    """C2 with a store: keys stored pending come back at a restart and are
+    reconciled once their partitions are claimed, not dropped as another
+    replica's before the first claim."""
+    calls: List[str] = []
+
+    def controller(block: bool, identity: str) -> reconq.Controller:
+        def reconcile(key: str) -> None:
+            calls.append(key)
+            if block and key == "block":
+                reconq.context().wait_cancelled()
+
+        sharding = reconq.Sharding(etcd.endpoint, "stored", partitions=PARTITIONS, ttl=2.0, identity=identity)
+        store = reconq.SqliteStore(str(tmp_path / "store.db"))
+        return reconq.Controller(reconcile, name="stored", workers=1, store=store, sharding=sharding)
+
+    # A restarted process has another identity (the default has its pid).
+    first = controller(block=True, identity="first")
+    first.start()
+    wait_for(lambda: len(first.owned_partitions()) == PARTITIONS, timeout=PATIENCE + 10, what="every partition")
+    first.enqueue("block")
+    wait_for(lambda: "block" in calls, what="the one worker busy")
+    waiting = [f"w{i}" for i in range(8)]
+    for key in waiting:
+        first.enqueue(key)
+    first.stop(drain=False)
+    calls.clear()
+    again = controller(block=False, identity="again")
+    again.start()
+    try:
+        # (`block` returned once cancelled: done, not pending.)
+        wait_for(lambda: set(calls) >= set(waiting), timeout=PATIENCE + 10,
+                 what="every stored key reconciled after the restart")
+    finally:
+        again.stop()

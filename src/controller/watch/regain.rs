@@ -29,6 +29,7 @@ pub(crate) const MAX_TOMBSTONES: usize = 100_000;
 
 /// Where a key stands after a gain.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding gains partitions
 pub(crate) enum Fate {
     /// In a partition just gained: enqueue it.
     Gained,
@@ -40,6 +41,7 @@ pub(crate) enum Fate {
 
 /// An enqueue a gain makes: the key and its priority (the watch's
 /// `list_priority`).
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding gains partitions
 pub(crate) type Regained<K> = (K, i32);
 
 /// A watch, as a gain sees it.
@@ -48,6 +50,7 @@ pub(crate) trait Regain<K>: Send + Sync {
     /// whose `fate` is [`Fate::Gained`]; drops the tombstones whose keys
     /// are all ours now. Calls the user's `map` and, through `fate`,
     /// `partition_by`: no engine lock may be held.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding gains partitions
     fn regain(&self, fate: &dyn Fn(&K) -> Fate, out: &mut Vec<Regained<K>>);
 }
 
@@ -94,6 +97,7 @@ impl<Key: Clone + Eq + Hash + std::fmt::Debug> Tombstones<Key> {
     }
 
     /// A copy of the keys kept (the caller maps them with no lock held).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding gains partitions
     pub(crate) fn keys(&self) -> Vec<Key> {
         self.keys.lock().iter().cloned().collect()
     }
