@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import urllib.request
 
-from typing import Dict
+from typing import Dict, Iterable
 
 from waiting import wait_for
 
@@ -99,8 +99,15 @@ class Etcd:
         etcd refuses more than 128 operations in one)."""
         pairs = list(items.items())
         for start in range(0, len(pairs), per_txn):
-            puts = [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in pairs[start : start + per_txn]]
-            self._call("kv/txn", {"success": puts})
+            self.txn(dict(pairs[start : start + per_txn]))
+
+    def txn(self, puts: Dict[str, str], deletes: Iterable[str] = ()) -> None:
+        """Puts and deletes in one transaction: one revision (no key twice;
+        etcd refuses more than 128 operations unless started with
+        ``--max-txn-ops``)."""
+        ops = [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in puts.items()]
+        ops += [{"request_delete_range": {"key": b64(k)}} for k in deletes]
+        self._call("kv/txn", {"success": ops})
 
     def put_bytes(self, key: bytes, value: bytes) -> None:
         """A put of raw bytes (keys that are not UTF-8)."""

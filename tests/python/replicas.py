@@ -54,6 +54,12 @@ class Replicas:
         #: (pid, the token it led with when paused, when it was woken)
         self.paused: List[Tuple[int, int, float]] = []
 
+    def command(self, identity: str) -> List[str]:
+        """The command line of the replica named `identity` (a child that
+        prints ``ready`` once started; cache_replicas.py runs another)."""
+        return [sys.executable, str(HERE / "chaos_child.py"), self.etcd.endpoint, self.record.path,
+                str(self.ttl), identity, str(self.keys), *self.args]
+
     def spawn(self, n: int = 1) -> None:
         """Starts `n` replicas and waits until each has asked etcd for a
         lease (campaigned, or joined): from then on it has seen etcd's
@@ -63,9 +69,7 @@ class Replicas:
         for _ in range(n):
             identity = f"replica-{self.spawned}"
             proc = subprocess.Popen(
-                [sys.executable, str(HERE / "chaos_child.py"), self.etcd.endpoint, self.record.path,
-                 str(self.ttl), identity, str(self.keys), *self.args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(HERE),
+                self.command(identity), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(HERE)
             )
             self.spawned += 1
             started.append((proc, identity))
