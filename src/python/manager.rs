@@ -31,6 +31,7 @@ use super::context::with_scope;
 use super::convert::{check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
+use super::killable_call;
 use super::logs::{Fields, log_about};
 use crate::{
     context::Context, manager::ControllerParams, manager::DoError, manager::Manager, manager::UnknownController,
@@ -73,7 +74,7 @@ fn log_failure(py: Python<'_>, level: &str, what: &str, name: &str, err: &PyErr)
 /// `reconq.context()` inside `f` answers it, keyed by the controller's name.
 fn call_logged(f: &Py<PyAny>, what: &str, name: &str, ctx: Option<&Context>) -> Result<(), String> {
     attach(|py| {
-        let call = || f.call0(py).map(drop);
+        let call = || killable_call::call(f.bind(py), ()).map(drop);
         let call = || match ctx {
             Some(ctx) => with_scope(PyString::new(py, name).as_any(), ctx, call),
             None => call(),
