@@ -31,13 +31,15 @@ use super::attach::hang_if_killed;
 /// from our call too, and the optimizer sees through a plain function
 /// pointer to the same declaration; `black_box` keeps the pointer opaque.
 fn py_object_call() -> PyObjectCall {
-    let c_abi: unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject =
-        ffi::PyObject_Call;
+    let declared: DeclaredPyObjectCall = ffi::PyObject_Call;
     // SAFETY: the same function; "C" and "C-unwind" are the same calling
     // convention, the latter only allows the callee to unwind.
-    std::hint::black_box(unsafe { std::mem::transmute::<_, PyObjectCall>(c_abi) })
+    std::hint::black_box(unsafe { std::mem::transmute::<DeclaredPyObjectCall, PyObjectCall>(declared) })
 }
 
+/// `PyObject_Call` as PyO3 declares it.
+type DeclaredPyObjectCall =
+    unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
 type PyObjectCall =
     unsafe extern "C-unwind" fn(*mut ffi::PyObject, *mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
 

@@ -667,7 +667,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 None => depth.push((prio, keys)),
             }
         }
-        depth.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        depth.sort_unstable_by_key(|&(prio, _)| std::cmp::Reverse(prio));
         depth
     }
 
