@@ -35,11 +35,29 @@ export PATH="$TOOLS/bin:$PATH"
 
 # Only this build's files in OUT: a stale wheel would be checked instead.
 rm -f "$OUT"/reconq-*.whl "$OUT"/reconq-*.tar.gz
-args=(--release --features pyo3/abi3-py39 --out "$OUT" ${TARGET:+--target "$TARGET"})
+# `--features` replaces pyproject.toml's list: name `python` (the extension
+# module) again, or the wheel's library has no PyInit__native.
+args=(--release --features python,pyo3/abi3-py39 --out "$OUT" ${TARGET:+--target "$TARGET"})
+rustc_args=()
 if [ "$(uname -s)" = Linux ]; then
     args+=(--zig --compatibility manylinux2014)
+    # zig turns the `-lgcc_s` Rust links with into its own static unwinder.
+    # But CPython < 3.14 ends a thread that wants the GIL while the
+    # interpreter finalizes with pthread_exit, whose forced unwind runs on
+    # glibc's libgcc_s and calls our frames' personality routine: with zig's
+    # unwinder answering that routine, the process crashes (SIGSEGV; see
+    # docs/benchmarks.md, "The abi3 wheel"). Naming the file links
+    # libgcc_s.so.1 itself (manylinux allows it, and every glibc system has
+    # it), so the whole unwind runs on one unwinder; check_dist.py checks.
+    libgcc_s=$("${CC:-cc}" -print-file-name=libgcc_s.so.1)
+    if [ ! -e "$libgcc_s" ]; then
+        echo "build-wheel.sh: libgcc_s.so.1 not found (${CC:-cc} -print-file-name)" >&2
+        exit 1
+    fi
+    rustc_args=(-- -C "link-arg=$libgcc_s")
 fi
-maturin build "${args[@]}"
+# (`${a[@]+...}`: bash 3.2, macOS's, calls an empty array unbound.)
+maturin build "${args[@]}" ${rustc_args[@]+"${rustc_args[@]}"}
 maturin sdist --out "$OUT"
 
 python "$ROOT/scripts/check_dist.py" "$OUT"/reconq-*.whl "$OUT"/reconq-*.tar.gz

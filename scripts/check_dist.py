@@ -5,7 +5,8 @@ need abi3audit and, for a Linux wheel, auditwheel on PATH):
 - a wheel is abi3 (one wheel for every CPython >= 3.9) and abi3audit
   finds no symbol outside the stable ABI of its baseline;
 - a Linux wheel runs on manylinux2014 (glibc 2.17) or older, as auditwheel
-  reads its symbol versions;
+  reads its symbol versions, and links libgcc_s.so.1 (build-wheel.sh says
+  why);
 - each carries LICENSE and the PEP 639 licence field, a wheel the `reconq`
   console script, an sdist what building from it needs.
 
@@ -74,6 +75,9 @@ def check_wheel(wheel: pathlib.Path) -> None:
         entry_points = configparser.ConfigParser(delimiters=("=",))
         if f"{dist_info}/entry_points.txt" in names:
             entry_points.read_string(archive.read(f"{dist_info}/entry_points.txt").decode())
+        extension = next((archive.read(n) for n in names if n.startswith("reconq/_native.")), b"")
+    # abi3audit passes a library without the module's init function too.
+    check(b"PyInit__native" in extension, "the wheel's reconq/_native library defines PyInit__native")
     check(f"{dist_info}/licenses/LICENSE" in names, f"the wheel has {dist_info}/licenses/LICENSE")
     expression = metadata["License-Expression"]
     check(expression == LICENSE_EXPRESSION, f"the wheel's METADATA says License-Expression: {LICENSE_EXPRESSION}")
@@ -89,6 +93,13 @@ def check_wheel(wheel: pathlib.Path) -> None:
         check(
             code == 0 and glibc <= OLDEST_GLIBC,
             f"auditwheel show: manylinux_2_17 (manylinux2014) or older; it says glibc {glibc[0]}.{glibc[1]}",
+            report,
+        )
+        # build-wheel.sh: one unwinder for CPython's pthread_exit and our
+        # frames (zig's static one crashes a thread CPython ends at exit).
+        check(
+            "libgcc_s.so.1" in report,
+            "the extension takes its unwinder from the system's libgcc_s.so.1 (auditwheel show lists it)",
             report,
         )
 

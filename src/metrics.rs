@@ -3,13 +3,13 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `workqueue_depth` | gauge | `name` |
-//! | `workqueue_adds_total` | counter | `name` |
-//! | `workqueue_queue_duration_seconds` | histogram | `name` |
-//! | `workqueue_work_duration_seconds` | histogram | `name` |
-//! | `workqueue_unfinished_work_seconds` | gauge | `name` |
-//! | `workqueue_longest_running_processor_seconds` | gauge | `name` |
-//! | `workqueue_retries_total` | counter | `name` |
+//! | `workqueue_depth` | gauge | `name`, `controller`, `priority` |
+//! | `workqueue_adds_total` | counter | `name`, `controller` |
+//! | `workqueue_queue_duration_seconds` | histogram | `name`, `controller` |
+//! | `workqueue_work_duration_seconds` | histogram | `name`, `controller` |
+//! | `workqueue_unfinished_work_seconds` | gauge | `name`, `controller` |
+//! | `workqueue_longest_running_processor_seconds` | gauge | `name`, `controller` |
+//! | `workqueue_retries_total` | counter | `name`, `controller` |
 //! | `controller_runtime_reconcile_total` | counter | `controller`, `result` = `success` \| `error` \| `requeue` \| `requeue_after` |
 //! | `controller_runtime_reconcile_errors_total` | counter | `controller` |
 //! | `controller_runtime_terminal_reconcile_errors_total` | counter | `controller` |
@@ -17,6 +17,19 @@
 //! | `controller_runtime_reconcile_time_seconds` | histogram | `controller` |
 //! | `controller_runtime_active_workers` | gauge | `controller` |
 //! | `controller_runtime_max_concurrent_reconciles` | gauge | `controller` |
+//! | `controller_runtime_reconcile_timeouts_total` | counter | `controller` (with a reconcile timeout) |
+//! | `reconq_held_keys` | gauge | `controller` |
+//! | `reconq_superseded_reconciles_total` | counter | `controller` |
+//! | `reconq_cache_events_total` | counter | `cache`, `kind` = `put` \| `delete` \| `bookmark` |
+//! | `reconq_cache_relists_total`, `reconq_cache_errors_total` | counter | `cache` |
+//! | `reconq_cache_synced`, `reconq_cache_keys` | gauge | `cache` |
+//! | `leader_election_master_status` | gauge | `name` |
+//! | `reconq_shard_owned_partitions` | gauge | `name` |
+//!
+//! The `workqueue_*` labels are controller-runtime's: `name` and
+//! `controller` are both the queue's name, `priority` the priority keys
+//! wait at (`"0"` always present; at most 25 series, past which one series
+//! `"exceeded_cardinality_limit"` has the whole depth).
 //!
 //! Only *named* queues record (as in client-go, a queue without a name has
 //! no metrics and does no timing): name one with
@@ -34,8 +47,8 @@
 //! q.add(1);
 //! q.add(1); // deduplicated: not an add
 //! let text = reconq::metrics::render(); // Prometheus text format 0.0.4
-//! assert!(text.contains("workqueue_adds_total{name=\"doc-example\"} 1\n"));
-//! assert!(text.contains("workqueue_depth{name=\"doc-example\"} 1\n"));
+//! assert!(text.contains("workqueue_adds_total{name=\"doc-example\",controller=\"doc-example\"} 1\n"));
+//! assert!(text.contains("workqueue_depth{name=\"doc-example\",controller=\"doc-example\",priority=\"0\"} 1\n"));
 //!
 //! let mut server = reconq::metrics::serve("127.0.0.1:0").unwrap(); // GET /metrics
 //! println!("scrape http://{}/metrics", server.local_addr());

@@ -130,14 +130,26 @@ fn get(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
     value(samples, name, labels).unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
 }
 
-/// The queue metrics of `name` that count things: adds, depth, retries,
-/// queue-duration count, work-duration count.
+/// The labels of queue `name`'s series, as controller-runtime labels them:
+/// `name`, and `controller` (the same name).
+fn queue(name: &str) -> [(&str, &str); 2] {
+    [("name", name), ("controller", name)]
+}
+
+/// The labels of queue `name`'s depth at `priority`.
+fn depth_at<'a>(name: &'a str, priority: &'a str) -> [(&'a str, &'a str); 3] {
+    [("name", name), ("controller", name), ("priority", priority)]
+}
+
+/// The queue metrics of `name` that count things: adds, depth (of
+/// priority 0, the only one used), retries, queue-duration count,
+/// work-duration count.
 fn queue_counts(name: &str) -> (f64, f64, f64, f64, f64) {
     let s = scrape();
-    let l = [("name", name)];
+    let l = queue(name);
     (
         get(&s, "workqueue_adds_total", &l),
-        get(&s, "workqueue_depth", &l),
+        get(&s, "workqueue_depth", &depth_at(name, "0")),
         get(&s, "workqueue_retries_total", &l),
         get(&s, "workqueue_queue_duration_seconds_count", &l),
         get(&s, "workqueue_work_duration_seconds_count", &l),
@@ -147,8 +159,8 @@ fn queue_counts(name: &str) -> (f64, f64, f64, f64, f64) {
 fn processing_gauges(name: &str) -> (f64, f64) {
     let s = scrape();
     (
-        get(&s, "workqueue_unfinished_work_seconds", &[("name", name)]),
-        get(&s, "workqueue_longest_running_processor_seconds", &[("name", name)]),
+        get(&s, "workqueue_unfinished_work_seconds", &queue(name)),
+        get(&s, "workqueue_longest_running_processor_seconds", &queue(name)),
     )
 }
 
@@ -217,7 +229,9 @@ fn histograms_have_client_go_buckets_and_measure_real_time() {
     let text = reconq::metrics::render();
     let les: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with(&format!("workqueue_queue_duration_seconds_bucket{{name=\"{name}\"")))
+        .filter(|l| {
+            l.starts_with(&format!("workqueue_queue_duration_seconds_bucket{{name=\"{name}\",controller=\"{name}\""))
+        })
         .map(|l| l.split("le=\"").nth(1).unwrap().split('"').next().unwrap())
         .collect();
     assert_eq!(
@@ -237,11 +251,78 @@ fn histograms_have_client_go_buckets_and_measure_real_time() {
         ]
     );
     let s = parse(&text);
-    let l = |le: &'static str| [("name", name), ("le", le)];
+    let l = |le: &'static str| [("name", name), ("controller", name), ("le", le)];
     assert_eq!(get(&s, "workqueue_queue_duration_seconds_bucket", &l("0.01")), 0.0, "waited >= 20 ms");
     assert_eq!(get(&s, "workqueue_queue_duration_seconds_bucket", &l("+Inf")), 1.0);
-    let sum = get(&s, "workqueue_queue_duration_seconds_sum", &[("name", name)]);
+    let sum = get(&s, "workqueue_queue_duration_seconds_sum", &queue(name));
     assert!((0.019..PATIENCE.as_secs_f64()).contains(&sum), "queue duration {sum} s");
+}
+
+/// The `workqueue_*` families of queue `name` in `samples`, each with the
+/// label names of its series (without histograms' `le`).
+fn workqueue_label_names(samples: &Samples, name: &str) -> BTreeMap<String, Vec<Vec<String>>> {
+    let mut families: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
+    for (metric, labels) in samples.keys() {
+        if metric.starts_with("workqueue_") && labels.iter().any(|(k, v)| k == "name" && v == name) {
+            let names = labels.iter().map(|(k, _)| k.clone()).filter(|k| k != "le").collect();
+            families.entry(metric.clone()).or_default().push(names);
+        }
+    }
+    families
+}
+
+#[test]
+fn workqueue_series_carry_controller_runtime_labels() {
+    let name = "t_queue_labels";
+    let q = WorkQueue::<&str>::builder().name(name).build();
+    q.add_with_priority("high", 10);
+    q.add_with_priority("also-high", 10);
+    q.add("plain");
+    q.add_with_priority("low", -1);
+    let s = scrape();
+    let families = workqueue_label_names(&s, name);
+    assert_eq!(families.len(), 11, "every workqueue_* sample (histograms' _bucket, _sum, _count): {families:?}");
+    for (family, series) in &families {
+        for labels in series {
+            let expected = if family == "workqueue_depth" {
+                ["controller", "name", "priority"].as_slice()
+            } else {
+                ["controller", "name"].as_slice()
+            };
+            assert_eq!(labels, expected, "{family}");
+        }
+    }
+    assert_eq!(get(&s, "workqueue_adds_total", &[("name", name), ("controller", name)]), 4.0);
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "10")), 2.0);
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "0")), 1.0);
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "-1")), 1.0);
+    let key = q.get().unwrap();
+    q.add_with_priority(key, 3); // being processed, back at 3 after done
+    let s = scrape();
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "10")), 1.0);
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "3")), 1.0, "{key} comes back at 3");
+    q.done(&key);
+    for _ in 0..4 {
+        // The three others, and the first again (`get` waits when empty).
+        let key = q.get().unwrap();
+        q.done(&key);
+    }
+    let s = scrape();
+    assert_eq!(get(&s, "workqueue_depth", &depth_at(name, "0")), 0.0, "priority 0's series stays");
+    assert_eq!(value(&s, "workqueue_depth", &depth_at(name, "10")), None, "drained priorities leave");
+}
+
+#[test]
+fn a_controllers_queue_is_labelled_with_its_name_as_the_controller() {
+    let name = "t_ctl_queue_labels";
+    let h = Controller::new(name, scripted(CallCounts::default())).workers(1).start();
+    h.enqueue("s1".to_owned());
+    assert!(h.wait_idle(PATIENCE));
+    let s = scrape();
+    assert_eq!(get(&s, "workqueue_adds_total", &[("name", name), ("controller", name)]), 1.0);
+    assert_eq!(get(&s, "workqueue_work_duration_seconds_count", &[("name", name), ("controller", name)]), 1.0);
+    assert_eq!(get(&s, "controller_runtime_reconcile_total", &[("controller", name), ("result", "success")]), 1.0);
+    assert!(h.stop_with_drain(PATIENCE));
 }
 
 #[test]
@@ -249,8 +330,10 @@ fn label_values_are_escaped() {
     let name = "t_queue \"quoted\" \\ back\nslash";
     let q = WorkQueue::<u32>::builder().name(name).build();
     q.add(7);
-    assert!(reconq::metrics::render().contains(r#"workqueue_adds_total{name="t_queue \"quoted\" \\ back\nslash"} 1"#));
-    assert_eq!(get(&scrape(), "workqueue_adds_total", &[("name", name)]), 1.0);
+    assert!(reconq::metrics::render().contains(
+        r#"workqueue_adds_total{name="t_queue \"quoted\" \\ back\nslash",controller="t_queue \"quoted\" \\ back\nslash"} 1"#
+    ));
+    assert_eq!(get(&scrape(), "workqueue_adds_total", &queue(name)), 1.0);
 }
 
 #[test]
@@ -258,12 +341,12 @@ fn dropped_queues_disappear() {
     let name = "t_queue_dropped";
     let q = WorkQueue::<u32>::builder().name(name).build();
     q.add(1);
-    assert_eq!(value(&scrape(), "workqueue_depth", &[("name", name)]), Some(1.0));
+    assert_eq!(value(&scrape(), "workqueue_depth", &depth_at(name, "0")), Some(1.0));
     drop(q);
     // A scrape running meanwhile in another test holds every live queue for
     // its duration, so the dropped queue may outlive `drop` by that long.
     wait_for("the dropped queue's series to disappear", || {
-        value(&scrape(), "workqueue_depth", &[("name", name)]).is_none()
+        value(&scrape(), "workqueue_depth", &depth_at(name, "0")).is_none()
     });
 }
 
@@ -422,7 +505,7 @@ fn same_named_controllers_are_summed_into_one_series() {
     assert_eq!(get(&s, "controller_runtime_reconcile_total", &[("controller", name), ("result", "success")]), 4.0);
     assert_eq!(get(&s, "controller_runtime_reconcile_total", &[("controller", name), ("result", "error")]), 2.0);
     assert_eq!(get(&s, "controller_runtime_reconcile_time_seconds_count", &c), 6.0);
-    assert_eq!(get(&s, "workqueue_adds_total", &[("name", name)]), 6.0);
+    assert_eq!(get(&s, "workqueue_adds_total", &queue(name)), 6.0);
     let text = reconq::metrics::render();
     let series = format!("controller_runtime_max_concurrent_reconciles{{controller=\"{name}\"}} ");
     assert_eq!(text.matches(&series).count(), 1);
@@ -509,7 +592,7 @@ fn serve_answers_get_metrics_and_404s_the_rest() {
     assert!(head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"), "{head}");
     let length: usize = head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).unwrap().parse().unwrap();
     assert_eq!(length, body.len());
-    assert_eq!(get(&parse(body), "workqueue_depth", &[("name", name)]), 1.0);
+    assert_eq!(get(&parse(body), "workqueue_depth", &depth_at(name, "0")), 1.0);
 
     let response = http_get(addr, "/metrics?x=1");
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"));

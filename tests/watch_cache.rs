@@ -207,7 +207,7 @@ fn recorded(memory: &Memory, name: &str) -> (Cache<MemorySource>, Seen, Controll
 /// `workqueue_adds_total` of controller `name`: a worker that the synced
 /// gate makes put a key back adds it again.
 fn queue_adds(name: &str) -> u64 {
-    let prefix = format!("workqueue_adds_total{{name=\"{name}\"}} ");
+    let prefix = format!("workqueue_adds_total{{name=\"{name}\",controller=\"{name}\"}} ");
     let text = reconq::metrics::render();
     text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |n| n.parse().unwrap())
 }

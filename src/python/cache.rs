@@ -30,6 +30,7 @@ use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
 use super::convert::{check_sync_callable, timeout_from_py, type_name, unix_timestamp, with_exit_timeout};
 use super::errors::describe;
 use super::key::PyKey;
+use super::killable_call::call;
 use super::logs::log;
 use super::signals::{wait_interruptibly, wait_synced_interruptibly};
 use super::sources::{AnySource, SourceSpec};
@@ -83,7 +84,7 @@ fn index_fn(
     move |key, obj| {
         attach(|py| {
             under_cache_lock(|| {
-                let values = key.to_py(py).and_then(|k| function.bind(py).call1((k, obj.to_py(py))));
+                let values = key.to_py(py).and_then(|k| call(function.bind(py), (k, obj.to_py(py))));
                 match values.and_then(|values| index_values(&values)) {
                     Ok(values) => values,
                     Err(e) => {

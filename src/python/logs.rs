@@ -31,10 +31,11 @@
 use log::{LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 use pyo3_log::{Caching, Logger};
 
 use super::attach::attach;
+use super::killable_call::call_kw;
 
 /// `logging.getLogger("reconq")`, looked up once: the binding's records
 /// (a reconcile, a trigger, a `do` that raised; a signal's stop) go here.
@@ -80,7 +81,7 @@ impl<'a> Fields<'a, '_> {
 /// are reported as unraisable, never propagated.
 pub(crate) fn log<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>)
 where
-    A: pyo3::call::PyCallArgs<'py>,
+    A: IntoPyObject<'py, Target = PyTuple>,
 {
     log_about(py, level, args, exc, &Fields::default());
 }
@@ -88,7 +89,7 @@ where
 /// [`log`] with the record's [`Fields`].
 pub(crate) fn log_about<'py, A>(py: Python<'py>, level: &str, args: A, exc: Option<&PyErr>, fields: &Fields<'_, 'py>)
 where
-    A: pyo3::call::PyCallArgs<'py>,
+    A: IntoPyObject<'py, Target = PyTuple>,
 {
     if let Err(e) = try_log(py, level, args, exc, fields) {
         e.write_unraisable(py, None);
@@ -105,7 +106,7 @@ pub(crate) fn try_log<'py, A>(
     fields: &Fields<'_, 'py>,
 ) -> PyResult<()>
 where
-    A: pyo3::call::PyCallArgs<'py>,
+    A: IntoPyObject<'py, Target = PyTuple>,
 {
     (|| -> PyResult<()> {
         let logger = LOGGER.get_or_try_init(py, || {
@@ -129,7 +130,7 @@ where
             // alone may lack its traceback.
             kwargs.set_item("exc_info", (exc.get_type(py), exc.value(py), exc.traceback(py)))?;
         }
-        logger.call_method(level, args, Some(&kwargs))?;
+        call_kw(&logger.getattr(level)?, args, Some(&kwargs))?;
         Ok(())
     })()
 }

@@ -32,6 +32,7 @@ use super::context::with_scope;
 use super::convert::{check_reconcile_callable, check_sync_callable, non_negative_from_py, type_name};
 use super::election::PyLeaderElection;
 use super::errors::describe;
+use super::killable_call;
 use super::logs::{Fields, log_about};
 use crate::{
     context::Context, manager::ControllerParams, manager::DoError, manager::Manager, manager::UnknownController,
@@ -100,10 +101,10 @@ fn call_logged(f: &Py<PyAny>, what: &str, name: &str, run: Option<DoRun<'_>>) ->
         let call = || match &run {
             Some(DoRun { ctx, event_loop }) => {
                 let key = PyString::new(py, name);
-                let result = with_scope(key.as_any(), ctx, || f.call1(py, ()))?.into_bound(py);
+                let result = with_scope(key.as_any(), ctx, || killable_call::call(f.bind(py), ()))?;
                 if is_awaitable(&result) { event_loop.run(result, key.as_any(), ctx).map(drop) } else { Ok(()) }
             }
-            None => f.call0(py).map(drop),
+            None => killable_call::call(f.bind(py), ()).map(drop),
         };
         // A `PanicException` raised from Python turns back into a panic
         // when fetched; catch it here so it is described and logged too.

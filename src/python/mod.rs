@@ -33,6 +33,7 @@ mod digest;
 mod election;
 mod errors;
 mod key;
+mod killable_call;
 mod limiters;
 mod logs;
 mod manager;

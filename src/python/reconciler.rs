@@ -21,6 +21,7 @@ use super::awaiting::{EventLoop, is_awaitable};
 use super::context::with_scope;
 use super::errors::{Outcome, classify, describe};
 use super::key::PyKey;
+use super::killable_call::call;
 use super::logs::{Fields, log_about};
 use crate::logs::{Loudness, failure_loudness};
 use crate::{context::Context, controller::Action, controller::ReconcileError, controller::Reconciler};
@@ -54,7 +55,7 @@ impl PyReconciler {
             Ok(k) => k,
             Err(e) => return Err(ReconcileError::new(describe(py, &e))),
         };
-        let result = with_scope(&key_obj, ctx, || callback.bind(py).call1((&key_obj,)));
+        let result = with_scope(&key_obj, ctx, || call(callback.bind(py), (&key_obj,)));
         // An `async def` reconcile (or one returning an awaitable): its
         // outcome is what the awaitable gives, classified the same way.
         let result = match result {
@@ -187,7 +188,7 @@ pub(crate) fn keys_from_event(name: &str, transform: Option<&Py<PyAny>>, event: 
     attach(|py| {
         let event = event.into_bound(py);
         let value = match transform {
-            Some(t) => match t.bind(py).call1((&event,)) {
+            Some(t) => match call(t.bind(py), (&event,)) {
                 Ok(v) => v,
                 Err(e) => {
                     let message = describe(py, &e);

@@ -11,6 +11,7 @@ use super::attach::attach;
 use super::convert::{non_negative_from_py, optional_callable};
 use super::election::endpoints_from_py;
 use super::key::PyKey;
+use super::killable_call::call;
 use crate::controller::PartitionByFn;
 use crate::{coordination::Sharding, coordination::partition_of};
 
@@ -100,7 +101,7 @@ fn partition_of_py(key: &Bound<'_, PyAny>, partitions: i64, partition_by: Option
 /// The partition of the key `partition_by` names for `key`: what it raises
 /// (or a value that is not a key: `TypeError`) is the error.
 fn partition_by_py(partition_by: &Bound<'_, PyAny>, key: &PyKey, partitions: u32) -> PyResult<u32> {
-    let named = partition_by.call1((key.to_py(partition_by.py())?,))?;
+    let named = call(partition_by, (key.to_py(partition_by.py())?,))?;
     Ok(partition_of(&PyKey::from_py(&named)?, partitions))
 }
 
@@ -131,7 +132,7 @@ pub(crate) fn resync_from_py(resync: Py<PyAny>) -> impl Fn() -> Vec<PyKey> + Sen
     let resync = Arc::new(resync);
     move || {
         attach(|py| {
-            let listed = resync.bind(py).call0().and_then(|keys| {
+            let listed = call(resync.bind(py), ()).and_then(|keys| {
                 keys.try_iter()?.map(|key| key.and_then(|k| PyKey::from_py(&k))).collect::<PyResult<Vec<_>>>()
             });
             listed.unwrap_or_else(|e| {

@@ -26,6 +26,7 @@ use super::convert::{check_sync_callable, check_sync_callable_of, positive_from_
 use super::election::endpoints_from_py;
 use super::errors::describe;
 use super::key::PyKey;
+use super::killable_call::call;
 use super::logs::log;
 use crate::source::{Changes, Event, Item, Listing, ListingOf, Source, SourceError, Stop, StopHook};
 use crate::{source::EtcdSource, source::PollingSource};
@@ -247,7 +248,7 @@ impl PythonSource {
     /// `list()`, or `list(stop)` if it takes the stop event.
     fn call_list<'py>(&self, stop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let list = self.list.bind(stop.py());
-        if self.list_takes_stop { list.call1((stop,)) } else { list.call0() }
+        if self.list_takes_stop { call(list, (stop,)) } else { call(list, ()) }
     }
 
     /// A Python event as the cache's; `None` (logged) for what cannot be
@@ -310,7 +311,7 @@ impl Source for PythonSource {
                     Some(from) => from.to_py(py)?,
                     None => py.None().into_bound(py),
                 };
-                Ok(self.changes.bind(py).call1((from, event))?.try_iter()?.unbind())
+                Ok(call(self.changes.bind(py), (from, event))?.try_iter()?.unbind())
             });
             stream.map_err(|e| source_error(py, &e))
         })
@@ -336,7 +337,7 @@ impl Source for PythonSource {
 fn poll_with(cache: Arc<str>, list_fn: Py<PyAny>) -> impl FnMut() -> Result<Vec<PyItem>, String> + Send + 'static {
     move || {
         attach(|py| {
-            let items = list_fn.bind(py).call0().and_then(|items| items_from_py(&cache, "list_fn", &items));
+            let items = call(list_fn.bind(py), ()).and_then(|items| items_from_py(&cache, "list_fn", &items));
             items.map_err(|e| describe(py, &e))
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
@@ -358,7 +359,7 @@ fn etcd_value(decode: Option<Arc<Py<PyAny>>>) -> impl Fn(&[u8]) -> Result<PyObj,
         let Some(decode) = &decode else { return Ok(PyObj::Bytes(bytes.into())) };
         attach(|py| {
             let value = pyo3::types::PyBytes::new(py, bytes).into_any();
-            decode.bind(py).call1((value,)).map(PyObj::new).map_err(|e| format!("decode raised {}", describe(py, &e)))
+            call(decode.bind(py), (value,)).map(PyObj::new).map_err(|e| format!("decode raised {}", describe(py, &e)))
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
     }

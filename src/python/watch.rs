@@ -18,6 +18,7 @@ use super::cache_values::PyObj;
 use super::convert::{check_sync_callable, positive_from_py};
 use super::errors::describe;
 use super::key::PyKey;
+use super::killable_call::call;
 use super::sources::AnySource;
 use crate::controller::Watch;
 
@@ -56,7 +57,7 @@ pub(crate) fn watch_from_py(
         None => Watch::new(),
         Some(map) => Watch::with_fallible_map(move |key: &PyKey, obj: Option<&PyObj>| {
             attach(|py| {
-                let keys = key.to_py(py).and_then(|k| map.bind(py).call1((k, optional_obj(py, obj))));
+                let keys = key.to_py(py).and_then(|k| call(map.bind(py), (k, optional_obj(py, obj))));
                 keys.and_then(|keys| PyKey::one_or_many(&keys)).map_err(|e| describe(py, &e))
             })
             .unwrap_or_else(|| Err(interpreter_gone()))
@@ -65,7 +66,7 @@ pub(crate) fn watch_from_py(
     if let Some(predicate) = predicate {
         watch = watch.fallible_predicate(move |old: Option<&PyObj>, new: Option<&PyObj>| {
             attach(|py| {
-                let accepted = predicate.bind(py).call1((optional_obj(py, old), optional_obj(py, new)));
+                let accepted = call(predicate.bind(py), (optional_obj(py, old), optional_obj(py, new)));
                 accepted.and_then(|a| a.is_truthy()).map_err(|e| describe(py, &e))
             })
             .unwrap_or_else(|| Err(interpreter_gone()))

@@ -7,7 +7,8 @@
 //! * an *add* is an add that was not deduplicated: the key became ready, or
 //!   was marked to run again after `done`; a delayed key counts when its
 //!   due time makes it ready (client-go's delaying queue adds it then);
-//! * *depth* is the number of keys waiting to be handed out: ready ones and
+//! * *depth* is the number of keys waiting to be handed out (per priority,
+//!   as controller-runtime's priority queue counts it): ready ones and
 //!   ones marked to run again after `done` (client-go counts both);
 //! * *queue duration* is from that add to the `get` that hands the key out;
 //!   *work duration* from that `get` to `done`;
@@ -21,6 +22,7 @@
 
 use crossbeam_utils::CachePadded;
 
+use super::ready::Priority;
 use crate::observe::metrics::histogram::{HistogramSnapshot, TickBounds, TickCounts, WORKQUEUE_BUCKETS, WORKQUEUE_N};
 use crate::observe::metrics::{MetricFamilies, ticks};
 
@@ -112,7 +114,8 @@ const NO_RUN: u32 = u32::MAX;
 
 /// A named queue's values at one moment.
 pub(crate) struct QueueSnapshot {
-    pub(crate) depth: usize,
+    /// Keys waiting per priority, highest first (no priority with none).
+    pub(crate) depth: Vec<(Priority, usize)>,
     pub(crate) adds: u64,
     pub(crate) retries: u64,
     pub(crate) queue_duration: HistogramSnapshot,
@@ -203,11 +206,13 @@ impl Recorder {
         self.0.as_ref().map_or(0, |m| m.hot.starts.len())
     }
 
-    /// `depth` is the number of added keys not handed out yet: every add
-    /// ends up handed out (counted by the queue-duration histogram),
+    /// `depth` gives the added keys not handed out yet, per priority: every
+    /// add ends up handed out (counted by the queue-duration histogram),
     /// dropped, or still waiting, so that is also how adds are counted.
-    pub(crate) fn snapshot(&self, depth: usize) -> Option<QueueSnapshot> {
+    pub(crate) fn snapshot(&self, depth: impl FnOnce() -> Vec<(Priority, usize)>) -> Option<QueueSnapshot> {
         let m = self.0.as_deref()?;
+        let depth = depth();
+        let waiting: usize = depth.iter().map(|(_, keys)| keys).sum();
         let now = ticks::now();
         let (mut total, mut longest) = (0u128, 0u64);
         for &start in m.hot.starts.iter().filter(|&&s| s & FREE == 0) {
@@ -216,8 +221,8 @@ impl Recorder {
             longest = longest.max(age);
         }
         Some(QueueSnapshot {
+            adds: m.hot.queue_duration.count() + waiting as u64 + m.discarded,
             depth,
-            adds: m.hot.queue_duration.count() + depth as u64 + m.discarded,
             retries: m.retries,
             queue_duration: m.hot.queue_duration.snapshot(&m.bounds),
             work_duration: m.hot.work_duration.snapshot(&m.bounds),
@@ -227,11 +232,40 @@ impl Recorder {
     }
 }
 
+/// At most this many `priority` series per queue, as controller-runtime
+/// (`maxRecommendedUniquePriorities`): a program that uses more puts its
+/// whole depth in one series labelled [`PRIORITIES_EXCEEDED`].
+const MAX_PRIORITY_SERIES: usize = 25;
+const PRIORITIES_EXCEEDED: &str = "exceeded_cardinality_limit";
+
+/// The `(priority label, keys)` series of `workqueue_depth`: always one for
+/// priority 0 (so a queue's depth is there from its creation, as before any
+/// priority is used), one more for each other priority with keys waiting
+/// now. A priority whose keys are all gone leaves the exposition (its
+/// series goes stale), where controller-runtime keeps it at 0.
+fn depth_series(depth: &[(Priority, usize)]) -> Vec<(String, usize)> {
+    let mut series: Vec<(String, usize)> = depth.iter().map(|(prio, keys)| (prio.to_string(), *keys)).collect();
+    if !depth.iter().any(|(prio, _)| *prio == 0) {
+        let at = depth.iter().position(|(prio, _)| *prio < 0).unwrap_or(depth.len());
+        series.insert(at, ("0".to_string(), 0));
+    }
+    if series.len() > MAX_PRIORITY_SERIES {
+        let total = series.iter().map(|(_, keys)| keys).sum();
+        series = vec![(PRIORITIES_EXCEEDED.to_string(), total)];
+    }
+    series
+}
+
 impl QueueSnapshot {
-    /// Adds this queue's samples, labelled `name`.
+    /// Adds this queue's samples, labelled as controller-runtime labels a
+    /// queue's: `name` and `controller` both the queue's name (a
+    /// controller's queue is named after it), and `priority` on the depth.
     pub(crate) fn collect(self, name: &str, out: &mut MetricFamilies) {
-        let labels = [("name", name)];
-        out.gauge("workqueue_depth", "Current depth of workqueue", &labels, self.depth as f64);
+        let labels = [("name", name), ("controller", name)];
+        for (priority, keys) in depth_series(&self.depth) {
+            let labels = [("name", name), ("controller", name), ("priority", &priority)];
+            out.gauge("workqueue_depth", "Current depth of workqueue by workqueue and priority", &labels, keys as f64);
+        }
         out.counter("workqueue_adds_total", "Total number of adds handled by workqueue", &labels, self.adds as f64);
         out.histogram(
             "workqueue_queue_duration_seconds",
@@ -265,5 +299,31 @@ impl QueueSnapshot {
             &labels,
             self.retries as f64,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(series: &[(String, usize)]) -> Vec<(&str, usize)> {
+        series.iter().map(|(label, keys)| (label.as_str(), *keys)).collect()
+    }
+
+    #[test]
+    fn depth_has_a_priority_0_series_and_one_per_priority_waiting() {
+        assert_eq!(labels(&depth_series(&[])), [("0", 0)]);
+        assert_eq!(labels(&depth_series(&[(3, 2), (-1, 4)])), [("3", 2), ("0", 0), ("-1", 4)]);
+        assert_eq!(labels(&depth_series(&[(0, 5)])), [("0", 5)]);
+    }
+
+    #[test]
+    fn too_many_priorities_share_one_series() {
+        let depth: Vec<(Priority, usize)> = (1..MAX_PRIORITY_SERIES as Priority).rev().map(|p| (p, 1)).collect();
+        assert_eq!(depth_series(&depth).len(), MAX_PRIORITY_SERIES, "24 priorities and 0");
+        let mut more = depth.clone();
+        more.push((0, 1));
+        more.insert(0, (100, 1));
+        assert_eq!(labels(&depth_series(&more)), [(PRIORITIES_EXCEEDED, MAX_PRIORITY_SERIES + 1)]);
     }
 }

@@ -30,6 +30,7 @@
 //!   An idle queue therefore has no thread waking up at all (G8), and a
 //!   delayed key is handed out within a wake-up latency of its due time.
 
+mod again_counts;
 mod delay_heap;
 mod extensions;
 mod holds;

@@ -45,6 +45,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::again_counts::AgainCounts;
 use super::delay_heap::{DelayHeap, Timer};
 use super::holds::{Holds, Table};
 use super::key_index::{KeyIndex, Prefetcher};
@@ -70,9 +71,9 @@ pub(crate) struct QueueState<K> {
     processing: usize,
     /// Number of `Ready { owed: true }` slots.
     owed: usize,
-    /// Number of `Processing { then: Requeue }` slots (dirty keys being
-    /// processed: part of the metrics' depth).
-    requeue_after_done: usize,
+    /// The `Processing { then: Requeue }` slots (dirty keys being
+    /// processed: part of the metrics' depth) by their `again` priority.
+    requeue_after_done: AgainCounts,
     recorder: Recorder,
     shutting_down: bool,
     draining: bool,
@@ -105,7 +106,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             delayed: 0,
             processing: 0,
             owed: 0,
-            requeue_after_done: 0,
+            requeue_after_done: AgainCounts::default(),
             recorder,
             shutting_down: false,
             draining: false,
@@ -147,6 +148,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             }
             Slot::Ready { .. } => Added::Unchanged,
             Slot::Processing { then: then @ Then::Requeue { .. }, run, group, again } => {
+                self.requeue_after_done.moved(again, again.max(place.prio));
                 *slot = Slot::Processing { then, run, group, again: again.max(place.prio) };
                 Added::Unchanged
             }
@@ -162,7 +164,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                     place.prio
                 };
                 let added = self.recorder.on_add(now);
-                self.requeue_after_done += 1;
+                self.requeue_after_done.add(again);
                 *slot = Slot::Processing { then: Then::Requeue { added }, run, group, again };
                 self.supersede_run(at);
                 Added::Unchanged
@@ -297,7 +299,11 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 *prio = to;
             }
             Slot::Delayed { prio, .. } => *prio = (*prio).max(to),
-            Slot::Processing { then: Then::Wait(_) | Then::Requeue { .. }, again, .. } => *again = (*again).max(to),
+            Slot::Processing { then: Then::Wait(_), again, .. } => *again = (*again).max(to),
+            Slot::Processing { then: Then::Requeue { .. }, again, .. } => {
+                self.requeue_after_done.moved(*again, (*again).max(to));
+                *again = (*again).max(to);
+            }
             Slot::Ready { .. } | Slot::Processing { then: Then::Finish, .. } => {}
         }
     }
@@ -324,7 +330,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
                 Slot::Processing { then: Then::Wait(live), run, group, again } if live == timer => {
                     let then = Then::Requeue { added: self.recorder.on_add(stamp) };
                     *slot = Slot::Processing { then, run, group, again };
-                    self.requeue_after_done += 1;
+                    self.requeue_after_done.add(again);
                     self.timers -= 1;
                     self.supersede_run(at);
                 }
@@ -408,7 +414,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             Then::Wait(_) | Then::Requeue { .. } => {
                 let added = match then {
                     Then::Requeue { added } => {
-                        self.requeue_after_done -= 1;
+                        self.requeue_after_done.remove(again);
                         added
                     }
                     // Due while processing (not promoted yet): an add now.
@@ -495,7 +501,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     /// Drops every ready key as well (an immediate stop). Keys being processed
     /// are untouched; `done` will finish them without re-queueing.
     pub(crate) fn discard_ready(&mut self) {
-        self.recorder.on_discard(self.ready.len() + self.requeue_after_done);
+        self.recorder.on_discard(self.ready.len() + self.requeue_after_done.total());
         if let Some(views) = &mut self.stop_views {
             views.set_discarded();
         }
@@ -518,7 +524,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             }
         }
         self.owed = 0;
-        self.requeue_after_done = 0;
+        self.requeue_after_done.clear();
     }
 
     /// Drops every key the holds keep (an immediate stop).
@@ -648,7 +654,21 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// The metrics of a named queue (`None` for an unnamed one).
     pub(crate) fn metrics_snapshot(&self) -> Option<QueueSnapshot> {
-        self.recorder.snapshot(self.ready.len() + self.requeue_after_done)
+        self.recorder.snapshot(|| self.depth_by_priority())
+    }
+
+    /// The metrics' depth (ready keys and keys marked to be ready again at
+    /// `done`) per priority, highest first, no priority with 0 keys.
+    fn depth_by_priority(&self) -> Vec<(Priority, usize)> {
+        let mut depth = self.ready.by_priority();
+        for &(prio, keys) in self.requeue_after_done.by_priority() {
+            match depth.iter_mut().find(|(p, _)| *p == prio) {
+                Some((_, n)) => *n += keys,
+                None => depth.push((prio, keys)),
+            }
+        }
+        depth.sort_unstable_by_key(|&(prio, _)| std::cmp::Reverse(prio));
+        depth
     }
 
     fn compact_delays(&mut self) {

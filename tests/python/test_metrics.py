@@ -42,11 +42,23 @@ def value(metric: str, samples: Optional[Samples] = None, /, **labels: str) -> O
     return samples.get((metric, tuple(sorted(labels.items()))))
 
 
+def queue(name: str) -> Dict[str, str]:
+    """The labels of queue ``name``'s series, as controller-runtime labels
+    them: ``name``, and ``controller`` (the same name)."""
+    return {"name": name, "controller": name}
+
+
+def depth_at(name: str, priority: str = "0") -> Dict[str, str]:
+    """The labels of queue ``name``'s depth at ``priority``."""
+    return {**queue(name), "priority": priority}
+
+
 def queue_counts(name: str) -> Tuple[Optional[float], ...]:
-    """adds, depth, retries, queue-duration count, work-duration count."""
+    """adds, depth (at priority 0), retries, queue-duration count,
+    work-duration count."""
     s = parse(reconq.metrics_text())
     return tuple(
-        value(metric, s, name=name)
+        value(metric, s, **(depth_at(name) if metric == "workqueue_depth" else queue(name)))
         for metric in (
             "workqueue_adds_total",
             "workqueue_depth",
@@ -76,17 +88,48 @@ def test_named_queue_counts_like_client_go():
         keys = [q.get(), q.get()]
         assert keys == [("ns", 1), "a"]
         wait_for(
-            lambda: (value("workqueue_longest_running_processor_seconds", name=name) or 0) > 0,
+            lambda: (value("workqueue_longest_running_processor_seconds", **queue(name)) or 0) > 0,
             what="the longest running processor to show",
         )
         for k in keys:
             q.done(k)
         s = parse(reconq.metrics_text())
-        assert value("workqueue_unfinished_work_seconds", s, name=name) == 0
-        assert value("workqueue_longest_running_processor_seconds", s, name=name) == 0
+        assert value("workqueue_unfinished_work_seconds", s, **queue(name)) == 0
+        assert value("workqueue_longest_running_processor_seconds", s, **queue(name)) == 0
         assert queue_counts(name) == (3, 0, 2, 3, 3)
     finally:
         q.shut_down()
+
+
+def test_queue_series_carry_controller_runtime_labels():
+    name = "py_queue_labels"
+    q = reconq.WorkQueue(name=name)
+    q.add("high", 10)
+    q.add("plain")
+    q.add("low", -1)
+    s = parse(reconq.metrics_text())
+    label_names = {
+        metric: tuple(k for k, _ in labels if k != "le")
+        for metric, labels in s
+        if metric.startswith("workqueue_") and ("name", name) in labels
+    }
+    assert len(label_names) == 11, label_names
+    for metric, names in label_names.items():
+        expected = ("controller", "name", "priority") if metric == "workqueue_depth" else ("controller", "name")
+        assert names == expected, metric
+    assert [value("workqueue_depth", s, **depth_at(name, p)) for p in ("10", "0", "-1")] == [1, 1, 1]
+    q.shut_down()
+
+
+def test_a_controllers_queue_is_labelled_with_its_name_as_the_controller():
+    name = "py_controller_queue_labels"
+    with reconq.Controller(lambda k: None, workers=1, name=name) as c:
+        c.enqueue("a", 5)
+        assert c.wait_idle(timeout=PATIENCE)
+        s = parse(reconq.metrics_text())
+        assert value("workqueue_adds_total", s, **queue(name)) == 1
+        assert value("workqueue_depth", s, **depth_at(name)) == 0
+        assert value("workqueue_depth", s, **depth_at(name, "5")) is None, "no key waits at 5 any more"
 
 
 def test_unnamed_queue_has_no_metrics():
@@ -188,8 +231,8 @@ def test_active_workers_and_unfinished_work_while_blocked():
 
         def held() -> bool:
             s = parse(reconq.metrics_text())
-            unfinished = value("workqueue_unfinished_work_seconds", s, name=name) or 0
-            longest = value("workqueue_longest_running_processor_seconds", s, name=name) or 0
+            unfinished = value("workqueue_unfinished_work_seconds", s, **queue(name)) or 0
+            longest = value("workqueue_longest_running_processor_seconds", s, **queue(name)) or 0
             return longest > 0 and unfinished == longest
 
         wait_for(held, what="unfinished work of the blocked key")
@@ -197,7 +240,7 @@ def test_active_workers_and_unfinished_work_while_blocked():
         assert c.wait_idle(timeout=PATIENCE)
         s = parse(reconq.metrics_text())
         assert value("controller_runtime_active_workers", s, controller=name) == 0
-        assert value("workqueue_unfinished_work_seconds", s, name=name) == 0
+        assert value("workqueue_unfinished_work_seconds", s, **queue(name)) == 0
         assert value("controller_runtime_reconcile_time_seconds_count", s, controller=name) == 2
 
 
@@ -212,7 +255,7 @@ def test_same_named_controllers_are_summed():
             s = parse(reconq.metrics_text())  # fails on duplicate series
             assert value("controller_runtime_max_concurrent_reconciles", s, controller=name) == 3
             assert value("controller_runtime_reconcile_total", s, controller=name, result="success") == 4
-            assert value("workqueue_adds_total", s, name=name) == 4
+            assert value("workqueue_adds_total", s, **queue(name)) == 4
 
 
 def test_collector_in_a_fresh_registry():
@@ -229,17 +272,17 @@ def test_collector_in_a_fresh_registry():
     registry = CollectorRegistry()
     registry.register(Collector())
     get = registry.get_sample_value
-    assert get("workqueue_adds_total", {"name": name}) == 3
-    assert get("workqueue_depth", {"name": name}) == 1
-    assert get("workqueue_queue_duration_seconds_count", {"name": name}) == 2
-    assert get("workqueue_work_duration_seconds_count", {"name": name}) == 2
-    assert get("workqueue_queue_duration_seconds_bucket", {"name": name, "le": "+Inf"}) == 2
-    assert get("workqueue_queue_duration_seconds_bucket", {"name": name, "le": "1e-08"}) is not None
+    assert get("workqueue_adds_total", queue(name)) == 3
+    assert get("workqueue_depth", depth_at(name)) == 1
+    assert get("workqueue_queue_duration_seconds_count", queue(name)) == 2
+    assert get("workqueue_work_duration_seconds_count", queue(name)) == 2
+    assert get("workqueue_queue_duration_seconds_bucket", {**queue(name), "le": "+Inf"}) == 2
+    assert get("workqueue_queue_duration_seconds_bucket", {**queue(name), "le": "1e-08"}) is not None
     text = generate_latest(registry).decode()
-    assert f'workqueue_adds_total{{name="{name}"}} 3.0' in text
+    assert f'workqueue_adds_total{{controller="{name}",name="{name}"}} 3.0' in text
     assert "# TYPE workqueue_queue_duration_seconds histogram" in text
     q.add(9)
-    assert get("workqueue_adds_total", {"name": name}) == 4, "each collect reads current values"
+    assert get("workqueue_adds_total", queue(name)) == 4, "each collect reads current values"
     q.shut_down()
 
 
@@ -255,7 +298,7 @@ def test_http_endpoint():
             assert response.status == 200
             assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
             body = response.read().decode()
-        assert value("workqueue_depth", parse(body), name=name) == 1
+        assert value("workqueue_depth", parse(body), **depth_at(name)) == 1
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{url}/other", timeout=PATIENCE)
         assert e.value.code == 404
@@ -314,7 +357,7 @@ def test_metrics_text_from_many_threads():
     for t in threads:
         t.join(PATIENCE)
     assert not errors
-    assert value("workqueue_adds_total", name=name) == 2000
+    assert value("workqueue_adds_total", **queue(name)) == 2000
     q.shut_down()
 
 

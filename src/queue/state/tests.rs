@@ -69,7 +69,13 @@ fn metrics_count_adds_like_client_go() {
     let t0 = Instant::now();
     let snap = |q: &QueueState<&str>| {
         let s = q.metrics_snapshot().expect("named");
-        (s.adds, s.depth, s.queue_duration.count(), s.work_duration.count(), s.retries)
+        (
+            s.adds,
+            s.depth.iter().map(|(_, keys)| keys).sum::<usize>(),
+            s.queue_duration.count(),
+            s.work_duration.count(),
+            s.retries,
+        )
     };
     q.add("a", P0, n());
     q.add("a", P0, n()); // deduplicated
@@ -119,6 +125,33 @@ fn unfinished_work_follows_processing_keys() {
 }
 
 #[test]
+fn depth_counts_keys_by_the_priority_they_wait_or_come_back_with() {
+    let mut q = QueueState::new(Recorder::on(), ReadySet::new());
+    let t0 = Instant::now();
+    let prio = |p| Place { prio: p, group: 0 };
+    let depth = |q: &QueueState<&str>| q.metrics_snapshot().unwrap().depth;
+    q.add("a", prio(1), n());
+    q.add("b", P0, n());
+    q.add("c", prio(-2), n());
+    assert_eq!(depth(&q), [(1, 1), (0, 1), (-2, 1)]);
+    assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
+    q.add("a", prio(-2), n()); // dirty while processing: back at -2
+    assert_eq!(depth(&q), [(0, 1), (-2, 2)]);
+    q.add("a", prio(4), n()); // raised while dirty
+    assert_eq!(depth(&q), [(4, 1), (0, 1), (-2, 1)]);
+    assert_eq!(q.done(&"a", || t0, n()), Finished::Requeued);
+    assert_eq!(depth(&q), [(4, 1), (0, 1), (-2, 1)], "the same key, now ready");
+    assert_eq!(q.take(n()).map(|t| t.0), Some("a"));
+    q.add_at("a", t0 + ms(10), t0, n(), P0); // waits after done: not in the depth
+    assert_eq!(depth(&q), [(0, 1), (-2, 1)]);
+    assert_eq!(q.promote_due(t0 + ms(10), n()), 0, "due while processing: marked to come back");
+    assert_eq!(depth(&q), [(0, 2), (-2, 1)]);
+    q.shut_down(false);
+    q.discard_ready();
+    assert_eq!(depth(&q), []);
+}
+
+#[test]
 fn discarded_keys_stay_counted_as_adds() {
     let mut q = QueueState::new(Recorder::on(), ReadySet::new());
     let t0 = Instant::now();
@@ -131,7 +164,7 @@ fn discarded_keys_stay_counted_as_adds() {
     assert_eq!(adds(&q), 4);
     q.shut_down(false);
     q.discard_ready();
-    assert_eq!(q.metrics_snapshot().unwrap().depth, 0);
+    assert_eq!(q.metrics_snapshot().unwrap().depth, []);
     assert_eq!(adds(&q), 4, "dropped keys were still added");
     assert_eq!(q.done(&"a", || t0, n()), Finished::Removed);
     assert_eq!(adds(&q), 4);
