@@ -215,9 +215,20 @@ impl<K: ControllerKey> ControllerHandle<K> {
                 return false;
             }
         }
-        match self.core.rt.get() {
-            Some(rt) => rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())),
-            None => true,
+        let Some(rt) = self.core.rt.get() else { return true };
+        loop {
+            if !rt.queue.wait_idle(deadline.saturating_duration_since(Instant::now())) {
+                return false;
+            }
+            // A watched cache's changes held until the store writes their
+            // trace (E9) are not in the queue yet, but they are work: wait
+            // for the write that releases them into it, then look again.
+            let Some(link) = rt.store.as_ref().filter(|link| link.holds_changes()) else { return true };
+            let released = persist::ask_flush(&self.core)
+                .map(|pending| pending.wait(Some(deadline.saturating_duration_since(Instant::now()))).is_some());
+            if !matches!(released, Ok(true)) && link.holds_changes() {
+                return false;
+            }
         }
     }
 

@@ -81,6 +81,10 @@ pub(crate) trait StoreLink<K>: Flush {
     /// stats: a failing store does not stop reconciles), and is dropped if
     /// the controller stopped first.
     fn after_write(&self, created: Option<(&Arc<str>, Vec<u8>)>, then: AfterWrite);
+    /// Whether an [`after_write`](Self::after_write) has not run yet: a
+    /// watched cache's change held until its trace is written is work the
+    /// controller has (`wait_idle` waits for it).
+    fn holds_changes(&self) -> bool;
 }
 
 /// What waits for a write ([`StoreLink::after_write`]).

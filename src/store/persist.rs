@@ -101,6 +101,9 @@ pub(crate) struct Persister<K> {
     caches: CacheRows,
     /// Run after the next write (`StoreLink::after_write`), in order.
     after_write: Mutex<Vec<AfterWrite>>,
+    /// How many of those have not run yet: pushed, or taken by the
+    /// flusher and not run (`StoreLink::holds_changes`).
+    after_write_left: AtomicUsize,
 }
 
 impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
@@ -128,6 +131,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
             flushes: FlushRequests::default(),
             caches,
             after_write: Mutex::new(Vec::new()),
+            after_write_left: AtomicUsize::new(0),
         })
     }
 
@@ -196,6 +200,8 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
         if !waiting.is_empty() {
             for then in waiting {
                 then();
+                // After it ran: its enqueues are in the queue by now.
+                self.after_write_left.fetch_sub(1, Ordering::AcqRel);
             }
             // A ticket also covers the enqueues (and rows) those just made.
             if upto.is_some() {
@@ -482,7 +488,8 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         // The controller stopped: an enqueue now would be dropped anyway,
         // and a restart delivers those creates again (their traces, just
         // written, count as changed; a trace not written: not kept).
-        self.after_write.lock().clear();
+        let dropped = std::mem::take(&mut *self.after_write.lock()).len();
+        self.after_write_left.fetch_sub(dropped, Ordering::AcqRel);
         // Best effort: the next start compacts too, once it has written.
         self.store.compact();
         self.claim.lock().take();
@@ -508,6 +515,10 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         StoreStats { pending, last_flush_time, error }
     }
 
+    fn holds_changes(&self) -> bool {
+        self.after_write_left.load(Ordering::Acquire) > 0
+    }
+
     fn take_kept(&self, cache: &str) -> KeptSet {
         self.caches.take_kept(cache)
     }
@@ -524,6 +535,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         }
         let mut waiting = self.after_write.lock();
         let was_empty = waiting.is_empty();
+        self.after_write_left.fetch_add(1, Ordering::AcqRel);
         waiting.push(then);
         drop(waiting);
         // One wake per batch, not a syscall per create of a list: the

@@ -314,3 +314,33 @@ def test_a_failed_write_raises_from_cache_flush_and_keeps_the_rows_for_the_next(
     listed = [(f"{i:0>100}", i, 1) for i in range(3000)]
     again = Run(db, reconq.Source(lambda: (listed, 1), quiet_changes)).stop()
     assert again.mapped == [] and len(again.reconciled) == 3000
+
+
+def test_wait_idle_waits_for_the_creates_held_until_their_trace_is_written(tmp_path: Path) -> None:
+    """With a store, a watched cache's creates reach the queue only once
+    their trace is written (E9); until then they are work the controller
+    has, so `wait_idle` after `wait_synced` returns once they ran (it used
+    to return at once, before the first write: 46 of 60 runs)."""
+    for run in range(10):
+        state = str(tmp_path / f"state-{run}.db")
+        desired = {f"k{i}": i for i in range(20)}
+        cache = reconq.Cache(reconq.PollingSource(lambda: dict(desired), 0.05), name="held", store=state)
+        ran: Set[str] = set()
+        lock = threading.Lock()
+
+        def reconcile(key: str) -> None:
+            with lock:
+                ran.add(key)
+
+        c = reconq.Controller(reconcile, workers=2, name="held", store=state)
+        c.watch_cache(cache)
+        c.set_dependencies("report", ["k0"])  # enqueued when k0's run ends (D2)
+        c.start()
+        try:
+            assert c.wait_synced(PATIENCE)
+            assert c.wait_idle(PATIENCE)
+            with lock:
+                assert ran == {*desired, "report"}, (run, sorted(ran))
+        finally:
+            c.stop()
+            cache.stop(PATIENCE)

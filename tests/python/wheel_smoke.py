@@ -16,7 +16,6 @@ import pathlib
 import sys
 import tempfile
 import threading
-import time
 from typing import List
 
 import reconq
@@ -49,12 +48,6 @@ def main() -> None:
         c.start()
         try:
             assert c.wait_synced(TIMEOUT)
-            # Polled, not `wait_idle` alone: once in 5 runs on a loaded
-            # machine wait_idle returned after "web" but before "report"
-            # had run (reported to the lead; this program checks the wheel).
-            deadline = time.monotonic() + TIMEOUT
-            while len(ran) < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
             assert c.wait_idle(TIMEOUT)
             cache.flush()
         finally:
