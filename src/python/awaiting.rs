@@ -32,8 +32,11 @@ pub(crate) fn is_awaitable(result: &Bound<'_, PyAny>) -> bool {
 
 /// The event loop of one controller or manager: a
 /// `reconq._aio.EventLoopThread` (ours, started lazily, or the user's).
+/// Made at the first awaitable unless the user passed a loop, so a
+/// program whose reconciles are all sync never imports asyncio.
 pub(crate) struct EventLoop {
-    runner: Py<PyAny>,
+    name: String,
+    runner: PyOnceLock<Py<PyAny>>,
 }
 
 /// `reconq._aio`, imported once.
@@ -48,21 +51,38 @@ impl EventLoop {
     /// None), else a thread `reconq-<name>-asyncio` started when first
     /// needed. `TypeError` if `user_loop` is not an asyncio event loop.
     pub(crate) fn new(py: Python<'_>, name: &str, user_loop: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let user_loop = user_loop.filter(|l| !l.is_none());
-        let runner = aio(py)?.getattr("EventLoopThread")?.call1((name, user_loop))?;
-        Ok(Self { runner: runner.unbind() })
+        let event_loop = Self { name: name.to_owned(), runner: PyOnceLock::new() };
+        if let Some(user_loop) = user_loop.filter(|l| !l.is_none()) {
+            // Checked now: a wrong `loop=` is the constructor's error.
+            let runner = aio(py)?.getattr("EventLoopThread")?.call1((name, user_loop))?.unbind();
+            let _ = event_loop.runner.set(py, runner);
+        }
+        Ok(event_loop)
+    }
+
+    /// The runner, ours made (not started: its thread starts at the first
+    /// task) on first use.
+    fn runner<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyAny>> {
+        let runner = self.runner.get_or_try_init(py, || {
+            Ok::<_, PyErr>(aio(py)?.getattr("EventLoopThread")?.call1((&self.name, py.None()))?.unbind())
+        })?;
+        Ok(runner.bind(py))
     }
 
     /// Ends our loop's thread (never the user's loop). Only once no worker
     /// waits on it: the owner's workers have exited.
     pub(crate) fn stop(&self, py: Python<'_>) -> PyResult<()> {
-        self.runner.call_method0(py, "stop").map(drop)
+        match self.runner.get(py) {
+            Some(runner) => runner.call_method0(py, "stop").map(drop),
+            None => Ok(()),
+        }
     }
 
     /// Whether the caller is a task on this loop: a blocking call from
     /// there (a stop waiting for the workers) would wait for itself.
     pub(crate) fn on_loop_thread(&self, py: Python<'_>) -> bool {
-        self.runner.call_method0(py, "on_loop_thread").and_then(|b| b.is_truthy(py)).unwrap_or(false)
+        let Some(runner) = self.runner.get(py) else { return false };
+        runner.call_method0(py, "on_loop_thread").and_then(|b| b.is_truthy(py)).unwrap_or(false)
     }
 
     /// Runs `awaitable` as a task on the loop, with `reconq.context()`
@@ -79,7 +99,7 @@ impl EventLoop {
         let signal = ctx.cancel_signal();
         let finished = Arc::new(AtomicBool::new(false));
         let done = TaskDone { finished: Arc::clone(&finished), signal: signal.clone() };
-        let loop_ = self.runner.call_method0(py, "loop")?;
+        let loop_ = self.runner(py)?.call_method0("loop")?;
         let context = PyContext::snapshot(key, ctx);
         let run = aio(py)?.getattr("Run")?.call1((loop_, awaitable, context, done))?;
         let is_finished = || finished.load(Ordering::Acquire);

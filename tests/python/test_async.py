@@ -373,3 +373,18 @@ def test_exit_with_async_reconciles_still_running_is_clean(tmp_path):
     # raised CancelledError); nothing is left pending or never awaited.
     for unclean in ("never awaited", "Task was destroyed", "Exception ignored", "Fatal Python error", "leaked"):
         assert unclean not in done.stderr, done.stderr
+
+
+def test_a_program_of_sync_reconciles_never_imports_asyncio() -> None:
+    """The loop's machinery is made at the first awaitable: a sync program
+    pays neither asyncio's import nor a loop object (it did: 52 modules)."""
+    program = (
+        "import sys, reconq\n"
+        "c = reconq.Controller(lambda key: None, name='sync-only')\n"
+        "c.start(); c.enqueue(1); assert c.wait_idle(60); c.stop()\n"
+        "m = reconq.Manager('sync-only-jobs'); m.update('job', do=lambda: None); m.remove_all(wait=True)\n"
+        "print('asyncio' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout
