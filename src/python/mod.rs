@@ -5,9 +5,10 @@
 //! lower floors (no circle, no arrow up into a folder's `mod.rs`;
 //! `tests/layering.rs` checks it):
 //!
-//! 1. `attach` (engine threads attach once for their life), `convert`
-//!    (plain arguments: seconds, timestamps, priorities, callables, type
-//!    names), `metrics`.
+//! 1. `attach` (engine threads attach once for their life),
+//!    `killable_call` (engine threads call user code so that Python's exit
+//!    can end them, beside `attach`'s guard), `convert` (plain arguments:
+//!    seconds, timestamps, priorities, callables, type names), `metrics`.
 //! 2. `key` (Python keys as a GIL-free Rust value), `errors` (exceptions,
 //!    reconcile results), `logs` (the one `reconq` logger; the engine's
 //!    events to Python `logging`), `signals` (waits Ctrl-C gets through),
