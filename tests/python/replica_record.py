@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from appended import AppendedLines
+
 ABSENT = "-"
 
 
@@ -61,18 +63,10 @@ class Record:
         self.lines: List[Line] = []
         #: (key, value seen) of every reconcile that returned
         self.reconciled: Set[Tuple[str, str]] = set()
-        self._offset = 0
+        self._appended = AppendedLines(path)
 
     def read(self) -> List[Line]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.lines
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for text in complete.decode().splitlines():
+        for text in self._appended.new():
             phase, pid, partition, token, key, seen, at = text.split()
             self.lines.append(Line(phase, int(pid), int(partition), int(token), key, seen, float(at)))
             if phase == "end":

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Set, Tuple
 
+from appended import AppendedLines
 from cache_child import ABSENT, FLUSH_MARK, PREFIX
 from etcd_server import Etcd
 from waiting import PATIENCE
@@ -180,18 +181,10 @@ class Record:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lines: List[Reconcile] = []
-        self._offset = 0
+        self._appended = AppendedLines(path)
 
     def read(self) -> List[Reconcile]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.lines
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode().splitlines():
+        for line in self._appended.new():
             run, key, seen, started, ended = line.split()
             self.lines.append(Reconcile(int(run), key, seen, float(started), float(ended)))
         return self.lines
