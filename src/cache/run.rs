@@ -153,7 +153,7 @@ impl<S: Source> Inner<S> {
                     self.counters.deletes.fetch_add(1, Relaxed);
                     (Some(state.contents.delete(key)), position)
                 }
-                Event::Bookmark { position } => {
+                Event::Bookmark { position } | Event::CaughtUp { position } => {
                     self.counters.bookmarks.fetch_add(1, Relaxed);
                     (None, Some(position))
                 }

@@ -127,6 +127,7 @@ where
                 },
                 Event::Delete { key, position } => Event::Delete { key, position: position.map(IntPosition::to_value) },
                 Event::Bookmark { position } => Event::Bookmark { position: position.to_value() },
+                Event::CaughtUp { position } => Event::CaughtUp { position: position.to_value() },
             })
         })))
     }

@@ -63,6 +63,16 @@ pub enum Event<K, O, P, V> {
         /// Where the stream is.
         position: P,
     },
+    /// The stream of a source restored at a kept position
+    /// ([`Source::restore`]) has sent every change up to `position`, where
+    /// the system was when the stream resumed: the restarted cache holds
+    /// the system's state as of then, and is synced once it applied this
+    /// (Kubernetes' watch-list ends its initial events with a bookmark
+    /// the same way). A stream that was not restored never sends it.
+    CaughtUp {
+        /// Where the system was when the stream resumed.
+        position: P,
+    },
 }
 
 /// One item of a list.
@@ -136,7 +146,33 @@ pub trait Source: Send + 'static {
     /// error (expired: relist; otherwise a break) or by returning `None`
     /// (a break, or `stop` was set).
     fn changes(&mut self, from: Option<&Self::Position>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError>;
+
+    /// How to keep what this source needs, beside a position, to resume
+    /// from it in a later process (etcd: its fingerprint of the prefix at
+    /// that position, guarantees E1): a function the cache calls right
+    /// after it applied a list or an event with a position (so it must
+    /// describe the last position the source gave, and must not block).
+    /// `None` (the default): this source cannot resume after a restart,
+    /// and a restarted cache with a store relists (E9).
+    fn resume_state(&self) -> Option<ResumeState> {
+        None
+    }
+
+    /// A restarted cache holds what the system held at `position`, which
+    /// [`resume_state`](Self::resume_state) described as `state` then.
+    /// `true`: the next [`changes`](Self::changes) from `position`
+    /// resumes there and sends [`Event::CaughtUp`] once it has sent every
+    /// change up to where the system is at that call; `false` (the
+    /// default, or a `state` this source cannot read): the cache relists.
+    fn restore(&mut self, position: &Self::Position, state: &[u8]) -> bool {
+        let _ = (position, state);
+        false
+    }
 }
+
+/// What [`Source::resume_state`] gives: the source's state at its last
+/// position, as bytes kept in the store beside that position.
+pub type ResumeState = std::sync::Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 /// Why a list or a stream failed. An expired one means the position is
 /// gone (etcd: compacted, or etcd's history was reset): the cache relists
