@@ -149,6 +149,24 @@ fn a_new_source_restored_at_a_kept_revision_replays_what_changed_then_is_caught_
     }
 }
 
+/// After a's change the prefix holds as many keys as etcd does now, yet
+/// m's delete and z's create are still to come: the key changed last
+/// since the kept revision (z, etcd's answer) says so.
+#[test]
+fn an_equal_count_before_the_key_changed_last_is_not_caught_up() {
+    let etcd = Etcd::start();
+    put(&etcd, "a", "a");
+    put(&etcd, "m", "m");
+    let kept = listed(&etcd);
+    put(&etcd, "a", "changed");
+    delete(&etcd, "m");
+    put(&etcd, "z", "z");
+    let events = until_caught_up(&mut restored(&etcd, &kept), kept.position);
+    assert_eq!(events.len(), 4, "a's put, m's delete, z's put, then caught up: {events:?}");
+    assert_eq!(events[3], Event::CaughtUp { position: etcd.revision() });
+    assert_eq!(applied(kept.items, &events), etcd.list(PREFIX));
+}
+
 #[test]
 fn a_source_restored_where_nothing_changed_is_caught_up_at_once() {
     let etcd = Etcd::start();
