@@ -382,7 +382,8 @@ where
             self.client.check_prefix(&self.prefix, &fingerprint).map_err(source_error)?;
         }
         let catch_up = if self.restored.load(Relaxed) {
-            // Its count is where the catch-up counts from.
+            // The catch-up counts the keys from the fingerprint's count at
+            // `from`: with none there, it could not tell when it is over.
             if !described {
                 let restored = fingerprint.revision().unwrap_or(0);
                 return Err(SourceError::expired(format!(
