@@ -167,7 +167,7 @@ impl PyCache {
         }
         if let Some(store) = &store {
             // A source without versions keeps digests of its objects.
-            builder = builder.store(store).digest(super::digest::canonical);
+            builder = builder.store(store).digest(super::digest::canonical).keep_objects();
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self { cache, started_by: AtomicU32::new(0) })
@@ -246,6 +246,7 @@ impl PyCache {
         d.set_item("keys", stats.keys)?;
         d.set_item("position", stats.position.map(|p| p.to_py(py)).transpose()?)?;
         d.set_item("relists", stats.relists)?;
+        d.set_item("resumed", stats.resumed)?;
         d.set_item("events", stats.events)?;
         d.set_item("errors", stats.errors)?;
         d.set_item("last_error", stats.last_error)?;
