@@ -472,7 +472,7 @@ pub(crate) fn cache_not_resumed(cache: &str, why: &str) {
 /// A stored cache stopped keeping its snapshot for this run (an object
 /// or a position it cannot keep): its next restart relists.
 pub(crate) fn cache_snapshot_dropped(cache: &str, why: &str) {
-    tracing::warn!(target: CACHE, cache = %cache, why, "cache keeps no snapshot; its next restart relists");
+    tracing::info!(target: CACHE, cache = %cache, why, "cache keeps no snapshot; its next restart relists");
 }
 
 /// A cache's index function panicked: the key is left out of that index
