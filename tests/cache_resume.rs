@@ -139,9 +139,10 @@ fn a_cache_that_does_not_keep_its_objects_relists_as_before() {
     let etcd = seeded(20);
     let dir = TempDir::new();
     run(&etcd, &dir.db(), false);
-    let changed = change_while_down(&etcd);
+    let mut changed = change_while_down(&etcd);
     let second = run(&etcd, &dir.db(), false);
     assert_eq!(resumed(&second), (false, 0), "listed");
+    changed.insert("k01".to_owned()); // its version differs from the kept one
     assert_eq!(second.reconciled, changed);
     let conn = rusqlite::Connection::open(dir.db()).unwrap();
     let values: i64 = conn.query_row("SELECT count(*) FROM cache_values", [], |row| row.get(0)).unwrap();
