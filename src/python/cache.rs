@@ -51,6 +51,10 @@ pub(crate) type PyCacheCore = Cache<AnySource>;
 /// set and versions (for a key without one, a digest of its object, if it
 /// is plain data) with their pending keys, so a restart reconciles only
 /// what changed while down (E9); `flush()` waits for them to be on disk.
+/// An `EtcdSource` without `decode` also keeps its values there, so a
+/// restart loads them and resumes etcd's stream from the kept revision
+/// instead of listing the prefix again (it relists only if that revision
+/// was compacted).
 #[pyclass(name = "Cache", module = "reconq", frozen, weakref)]
 pub(crate) struct PyCache {
     pub(crate) cache: PyCacheCore,
