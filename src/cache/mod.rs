@@ -228,10 +228,7 @@ where
             version_from: <S::Version as crate::key_encoding::Keepable>::from_kept_bytes,
             position_from: <S::Position as crate::key_encoding::Keepable>::from_kept_bytes,
             object: None,
-            load: {
-                let store = store.clone();
-                Arc::new(move |cache: &str| store.load_snapshot(cache).map_err(|e| e.to_string()))
-            },
+            file: Arc::new(store.clone()),
         };
         self.store = Some((store.canonical_path().to_path_buf(), codec));
         self

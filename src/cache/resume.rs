@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::stored::{Codec, ObjectCodec, Stored};
 use crate::source::{Item, Listing, ListingOf, ResumeState, Source};
-use crate::store::{CacheSnapshot, LoadedSnapshot, SnapshotRow};
+use crate::store::{CacheSnapshot, SnapshotRow};
 
 /// A key's snapshot row, encoded.
 pub(super) type Row = (Vec<u8>, SnapshotRow);
@@ -72,12 +72,18 @@ impl<S: Source> Keeping<S> {
         Some((rows?, at))
     }
 
-    /// The snapshot the store kept for cache `name`, read back as a list
-    /// at its position, with the source's state there; `Err`: why it
-    /// cannot be (none kept, or not readable by this build).
-    pub(super) fn load(&self, name: &str) -> Result<(ListingOf<S>, Vec<u8>), String> {
-        let LoadedSnapshot { position, state, rows } = (self.codec.load)(name)?.ok_or("no snapshot kept")?;
+    /// The position the store kept for cache `name` and the source's
+    /// state there; `Err`: why there is none to resume from.
+    pub(super) fn kept_at(&self, name: &str) -> Result<(S::Position, Vec<u8>), String> {
+        let (position, state) = self.codec.file.snapshot_at(name)?.ok_or("no snapshot kept")?;
         let position = (self.codec.position_from)(&position).ok_or("a position this source cannot read")?;
+        Ok((position, state))
+    }
+
+    /// The contents the store kept for cache `name`, as a list at
+    /// `position`; `Err`: why they cannot be read back.
+    pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<ListingOf<S>, String> {
+        let rows = self.codec.file.snapshot_rows(name)?;
         let mut items = Vec::with_capacity(rows.len());
         for (key, version, value) in rows {
             let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
@@ -88,6 +94,6 @@ impl<S: Source> Keeping<S> {
             let obj = (self.objects.decode)(&value).ok_or_else(unreadable)?;
             items.push(Item { key: (self.codec.decode)(&key).ok_or_else(unreadable)?, obj, version });
         }
-        Ok((Listing { items, position: Some(position) }, state))
+        Ok(Listing { items, position: Some(position) })
     }
 }

@@ -108,24 +108,29 @@ impl<S: Source> Inner<S> {
     /// Loads the contents the store kept and prepares `source` to resume
     /// from their position; returns whether it will (else the cache
     /// lists). Not synced yet: the resumed stream's `CaughtUp` syncs it.
+    /// The source hears of the position first, so its catch-up (etcd: a
+    /// read of what changed since) overlaps the load of the rows.
     fn resume(&self, source: &mut S, keeping: &Keeping<S>) -> bool {
-        let (listing, state) = match keeping.load(&self.name) {
-            Ok(loaded) => loaded,
+        let restored = keeping.kept_at(&self.name).and_then(|(position, state)| {
+            if source.restore(&position, &state) {
+                Ok(position)
+            } else {
+                Err("the source cannot resume from the kept position".to_owned())
+            }
+        });
+        match restored.and_then(|position| keeping.kept_contents(&self.name, position)) {
+            Ok(listing) => {
+                logs::cache_resumed(&self.name, listing.items.len());
+                self.counters.resumed.store(true, Relaxed);
+                let _delivering = self.delivery.lock();
+                self.replace_contents(listing);
+                true
+            }
             Err(why) => {
                 logs::cache_not_resumed(&self.name, &why);
-                return false;
+                false
             }
-        };
-        let Some(position) = listing.position.as_ref() else { return false };
-        if !source.restore(position, &state) {
-            logs::cache_not_resumed(&self.name, "the source cannot resume from the kept position");
-            return false;
         }
-        logs::cache_resumed(&self.name, listing.items.len());
-        self.counters.resumed.store(true, Relaxed);
-        let _delivering = self.delivery.lock();
-        self.replace_contents(listing);
-        true
     }
 
     /// Replaces the contents with `listing`; the first list syncs the

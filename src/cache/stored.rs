@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use crate::source::Source;
-use crate::store::{CacheName, CacheSnapshot, Flush, LoadedSnapshot};
+use crate::store::{CacheName, CacheSnapshot, Flush, SnapshotFile};
 use crate::sync::Mutex;
 
 /// What a stored cache keeps of an object in place of a version (see
@@ -34,14 +34,14 @@ pub(crate) struct Codec<S: Source> {
     /// How objects are kept (`CacheBuilder::keep_objects`); `None`: they
     /// are not, and a restart relists.
     pub(crate) object: Option<ObjectCodec<S::Object>>,
-    /// Reads the snapshot kept under a cache's name in the file.
-    pub(crate) load: LoadSnapshot,
+    /// The file a restart reads the snapshot back from.
+    pub(crate) file: Arc<dyn SnapshotFile>,
 }
 
 impl<S: Source> Clone for Codec<S> {
     fn clone(&self) -> Self {
-        let Self { key, decode, version, position, ref digest, version_from, position_from, object, ref load } = *self;
-        Self { key, decode, version, position, digest: digest.clone(), version_from, position_from, object, load: load.clone() }
+        let Self { key, decode, version, position, ref digest, version_from, position_from, object, ref file } = *self;
+        Self { key, decode, version, position, digest: digest.clone(), version_from, position_from, object, file: file.clone() }
     }
 }
 
@@ -59,9 +59,6 @@ impl<O> Clone for ObjectCodec<O> {
 }
 
 impl<O> Copy for ObjectCodec<O> {}
-
-/// Reads the snapshot a cache of this name kept in the store file.
-pub(crate) type LoadSnapshot = Arc<dyn Fn(&str) -> Result<Option<LoadedSnapshot>, String> + Send + Sync>;
 
 /// Marks a digest's bytes: no key encoding starts with it, so a digest
 /// never equals a kept version (a key listed with a version at one run

@@ -130,13 +130,17 @@ impl CacheSnapshot {
     }
 }
 
-/// A snapshot as a restart reads it back.
-#[derive(Debug, Default)]
-pub(crate) struct LoadedSnapshot {
-    /// The encoded position and the source's state there.
-    pub(crate) position: Vec<u8>,
-    pub(crate) state: Vec<u8>,
-    /// Every key (encoded), its version (encoded, `None`: none kept) and
-    /// its object's bytes.
-    pub(crate) rows: Vec<(Vec<u8>, Option<Vec<u8>>, Vec<u8>)>,
+/// Where a restart reads a cache's snapshot back (the store file), in two
+/// steps: the position first, so the source can start its catch-up
+/// (`Source::restore`) while the rows load.
+pub(crate) trait SnapshotFile: Send + Sync {
+    /// The kept position and the source's state there, both encoded;
+    /// `None`: no snapshot kept for `cache`.
+    fn snapshot_at(&self, cache: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>, String>;
+    /// Every key kept for `cache` (encoded), its version (encoded; `None`:
+    /// none kept) and its object's bytes.
+    fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String>;
 }
+
+/// A key's row as [`SnapshotFile::snapshot_rows`] reads it.
+pub(crate) type SnapshotFileRow = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use super::StoreError;
 use super::cache_rows::CacheBatch;
-use super::cache_snapshot::LoadedSnapshot;
+use super::cache_snapshot::{SnapshotFile, SnapshotFileRow};
 use super::link::KeptSet;
 use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
@@ -371,27 +371,6 @@ impl SqliteStore {
         Ok(caches)
     }
 
-    /// The snapshot kept for cache `cache` (E9), if whole: its position,
-    /// the source's state and every key's row.
-    pub(crate) fn load_snapshot(&self, cache: &str) -> Result<Option<LoadedSnapshot>, StoreError> {
-        let conn = self.inner.conn.lock();
-        let path = &self.inner.path;
-        let at = conn
-            .query_row("SELECT position, state FROM cache_snapshots WHERE cache = ?1", params![cache], |row| {
-                Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))
-            })
-            .optional()
-            .map_err(|e| sql_err(path, e))?;
-        let Some((position, state)) = at else { return Ok(None) };
-        let mut stmt =
-            conn.prepare_cached("SELECT key, version, value FROM cache_values WHERE cache = ?1").map_err(|e| sql_err(path, e))?;
-        let rows = stmt
-            .query_map(params![cache], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
-            .and_then(Iterator::collect)
-            .map_err(|e| sql_err(path, e))?;
-        Ok(Some(LoadedSnapshot { position, state, rows }))
-    }
-
     /// Runs `sql` (its one parameter: the controller `name`) and hands each
     /// row, as `read` reads it, to `each`. A row `read` fails on is an
     /// error naming the file, the controller and `what` the row is.
@@ -514,5 +493,27 @@ impl SqliteStore {
             let _ = incremental_vacuum(&conn);
         }
         Ok(())
+    }
+}
+
+/// A cache's snapshot (E9), read back by its restart.
+impl SnapshotFile for SqliteStore {
+    fn snapshot_at(&self, cache: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>, String> {
+        let conn = self.inner.conn.lock();
+        conn.query_row("SELECT position, state FROM cache_snapshots WHERE cache = ?1", params![cache], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()
+        .map_err(|e| sql_err(&self.inner.path, e).to_string())
+    }
+
+    fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String> {
+        let conn = self.inner.conn.lock();
+        let read = || -> rusqlite::Result<Vec<SnapshotFileRow>> {
+            let mut stmt = conn.prepare_cached("SELECT key, version, value FROM cache_values WHERE cache = ?1")?;
+            let rows = stmt.query_map(params![cache], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
+            rows.collect()
+        };
+        read().map_err(|e| sql_err(&self.inner.path, e).to_string())
     }
 }
