@@ -64,7 +64,8 @@ impl<S: Source> Keeping<S> {
 
     /// The rows of a whole list; `None`: an object cannot be kept.
     pub(super) fn list(&self, listing: &ListingOf<S>) -> Option<(HashMap<Vec<u8>, SnapshotRow>, Option<At>)> {
-        let rows: Option<HashMap<_, _>> = listing.items.iter().map(|item| self.put(&item.key, &item.obj, item.version.as_ref())).collect();
+        let rows: Option<HashMap<_, _>> =
+            listing.items.iter().map(|item| self.put(&item.key, &item.obj, item.version.as_ref())).collect();
         let at = match &listing.position {
             Some(position) => Some(self.at(position)?),
             None => None,

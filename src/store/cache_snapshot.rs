@@ -6,25 +6,26 @@
 //!
 //! One copy per cache, unlike `cache_rows` (one per watching controller).
 //! The cache's thread marks each change here right after applying it and
-//! *before* delivering it, and a flusher takes the marks *before* its
-//! controller's cache rows: so every controller row on disk has its change
-//! in the snapshot in the same write or an earlier one. A snapshot ahead
-//! of a controller's rows is harmless (that controller's restart
-//! difference delivers what it had not recorded); behind, it would deliver
-//! a change twice.
+//! *before* delivering it (the feed marks a controller's row after that),
+//! and a flusher takes the marks *after* its controller's cache rows and
+//! writes them in the same transaction: so every controller row on disk
+//! has its change in the snapshot in the same write or an earlier one. A
+//! snapshot ahead of a controller's rows is harmless (that controller's
+//! restart difference delivers what it had not recorded); behind, it
+//! would hand that controller an older object than it was told of, and
+//! the change again from the stream.
 //!
 //! Any flusher of the cache's controllers may write the marks, one batch
-//! at a time ([`CacheSnapshot::take`] hands out nothing while a batch is
-//! in flight), so batches reach the file in the order they were taken.
-//! A flusher that finds a batch in flight writes its rows without one: in
-//! that rare window its rows may get ahead of the file's snapshot, which
-//! costs a change delivered twice after a crash, never one missed.
+//! at a time: [`CacheSnapshot::take`] waits while another flusher's batch
+//! is in flight (taken, not yet committed or put back), so batches reach
+//! the file in the order they were taken. A flusher takes the snapshots
+//! of its caches in name order, so two flushers sharing two caches never
+//! wait for each other in a circle; it takes them before its transaction
+//! begins, so no flusher waits for one while holding SQLite's write lock.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use parking_lot::Mutex;
 
 /// A key's kept state: its version (`None`: none kept) and its object's
 /// bytes; `None`: deleted.
@@ -67,14 +68,36 @@ impl SnapshotBatch {
 /// flushers of the controllers that watch it (which take and write).
 pub(crate) struct CacheSnapshot {
     cache: Arc<str>,
-    dirty: Mutex<SnapshotBatch>,
-    /// A taken batch is not written yet: the next take waits for it.
-    in_flight: AtomicBool,
+    dirty: Mutex<Marks>,
+    /// Signalled when a batch in flight is written or put back.
+    landed: Condvar,
+}
+
+/// The marks not taken yet, and whether a taken batch is in flight.
+#[derive(Default)]
+struct Marks {
+    batch: SnapshotBatch,
+    /// Taken by a flusher, not committed or put back yet: the next take
+    /// waits for it.
+    in_flight: bool,
+}
+
+impl std::ops::Deref for Marks {
+    type Target = SnapshotBatch;
+    fn deref(&self) -> &SnapshotBatch {
+        &self.batch
+    }
+}
+
+impl std::ops::DerefMut for Marks {
+    fn deref_mut(&mut self) -> &mut SnapshotBatch {
+        &mut self.batch
+    }
 }
 
 impl CacheSnapshot {
     pub(crate) fn new(cache: &str) -> Self {
-        Self { cache: Arc::from(cache), dirty: Mutex::default(), in_flight: AtomicBool::new(false) }
+        Self { cache: Arc::from(cache), dirty: Mutex::default(), landed: Condvar::new() }
     }
 
     pub(crate) fn cache(&self) -> &Arc<str> {
@@ -96,37 +119,45 @@ impl CacheSnapshot {
 
     /// A list replaced the contents with `rows`, at `at`.
     pub(crate) fn replace(&self, rows: HashMap<Vec<u8>, SnapshotRow>, at: Option<(Vec<u8>, Vec<u8>)>) {
-        *self.dirty.lock() = SnapshotBatch { reset: true, rows, at, ..SnapshotBatch::default() };
+        self.dirty.lock().batch = SnapshotBatch { reset: true, rows, at, ..SnapshotBatch::default() };
     }
 
     /// The snapshot cannot be kept: the file forgets it.
     pub(crate) fn forget(&self) {
-        *self.dirty.lock() = SnapshotBatch { forget: true, ..SnapshotBatch::default() };
+        self.dirty.lock().batch = SnapshotBatch { forget: true, ..SnapshotBatch::default() };
     }
 
-    /// The marks to write, unless there are none or another batch is
-    /// still being written. Pair with [`written`](Self::written) or
+    /// The marks to write (`None`: there are none), once no other batch
+    /// is in flight (waits for it). Call it before the transaction
+    /// begins, and pair a batch with [`written`](Self::written) or
     /// [`unwritten`](Self::unwritten).
     pub(crate) fn take(&self) -> Option<SnapshotBatch> {
         let mut dirty = self.dirty.lock();
-        if dirty.is_empty() || self.in_flight.swap(true, Ordering::AcqRel) {
+        while dirty.in_flight {
+            self.landed.wait(&mut dirty);
+        }
+        if dirty.is_empty() {
             return None;
         }
-        Some(std::mem::take(&mut *dirty))
+        dirty.in_flight = true;
+        Some(std::mem::take(&mut dirty.batch))
     }
 
     /// The batch taken last is in the file.
     pub(crate) fn written(&self) {
-        self.in_flight.store(false, Ordering::Release);
+        self.dirty.lock().in_flight = false;
+        self.landed.notify_all();
     }
 
     /// The batch taken last failed to reach the file: marked again, before
     /// the later marks.
     pub(crate) fn unwritten(&self, mut failed: SnapshotBatch) {
         let mut dirty = self.dirty.lock();
-        failed.append(std::mem::take(&mut *dirty));
-        *dirty = failed;
-        self.in_flight.store(false, Ordering::Release);
+        failed.append(std::mem::take(&mut dirty.batch));
+        dirty.batch = failed;
+        dirty.in_flight = false;
+        drop(dirty);
+        self.landed.notify_all();
     }
 }
 
