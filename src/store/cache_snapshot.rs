@@ -175,3 +175,47 @@ pub(crate) trait SnapshotFile: Send + Sync {
 
 /// A key's row as [`SnapshotFile::snapshot_rows`] reads it.
 pub(crate) type SnapshotFileRow = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn put(value: &[u8]) -> SnapshotRow {
+        Some((None, value.to_vec()))
+    }
+
+    #[test]
+    fn a_failed_write_puts_its_batch_back_before_the_later_marks() {
+        let snapshot = CacheSnapshot::new("c");
+        snapshot.mark(Some((b"a".to_vec(), put(b"1"))), Some((b"p1".to_vec(), b"s".to_vec())));
+        snapshot.mark(Some((b"b".to_vec(), put(b"1"))), None);
+        let failed = snapshot.take().unwrap();
+        snapshot.mark(Some((b"a".to_vec(), put(b"2"))), Some((b"p2".to_vec(), b"s".to_vec())));
+        snapshot.unwritten(failed);
+        let again = snapshot.take().unwrap();
+        assert_eq!(again.rows[&b"a".to_vec()], put(b"2"), "the later change of a key wins");
+        assert_eq!(again.rows[&b"b".to_vec()], put(b"1"), "nothing of the failed batch is lost");
+        assert_eq!(again.at, Some((b"p2".to_vec(), b"s".to_vec())));
+        snapshot.written();
+        assert!(snapshot.take().is_none(), "nothing left");
+    }
+
+    #[test]
+    fn a_take_waits_for_the_batch_in_flight() {
+        let snapshot = Arc::new(CacheSnapshot::new("c"));
+        snapshot.mark(Some((b"a".to_vec(), put(b"1"))), None);
+        let first = snapshot.take().unwrap();
+        snapshot.mark(Some((b"a".to_vec(), put(b"2"))), None);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = Arc::clone(&snapshot);
+        let waiter = std::thread::spawn(move || tx.send(other.take()).unwrap());
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no second batch while one is in flight");
+        snapshot.unwritten(first);
+        let second = rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap();
+        assert_eq!(second.rows[&b"a".to_vec()], put(b"2"), "taken after the first landed, with it");
+        waiter.join().unwrap();
+    }
+}
