@@ -183,9 +183,11 @@ struct Setup {
     /// The second controller attaches after the cache loaded its
     /// snapshot and before its stream caught up (a resume only).
     late_second: bool,
+    /// `CacheBuilder::keep_objects`.
+    keep: bool,
 }
 
-const ONE: Setup = Setup { controllers: 1, late_second: false };
+const ONE: Setup = Setup { controllers: 1, late_second: false, keep: true };
 
 /// Starts a controller watching `cache`; records what it sees in slot
 /// `slot` of `seen`.
@@ -218,7 +220,8 @@ fn run(system: &System, path: &Path, setup: Setup) -> Run {
     let store = SqliteStore::open(path).unwrap();
     let release = Arc::new(AtomicBool::new(!setup.late_second));
     let source = HistorySource { system: Arc::clone(system), restored: false, release: Arc::clone(&release) };
-    let cache = Cache::builder("history", source).store(&store).keep_objects().build().unwrap();
+    let builder = Cache::builder("history", source).store(&store);
+    let cache = if setup.keep { builder.keep_objects() } else { builder }.build().unwrap();
     let seen = Arc::new(Mutex::new(Run {
         reconciled: vec![BTreeSet::new(); setup.controllers],
         deleted: vec![BTreeMap::new(); setup.controllers],
@@ -316,7 +319,7 @@ fn a_compaction_while_down_relists_and_reconciles_exactly_the_changes() {
 fn two_controllers_on_one_resumed_cache_each_get_exactly_the_changes() {
     let system = seeded(12);
     let dir = TempDir::new();
-    let two = Setup { controllers: 2, late_second: false };
+    let two = Setup { controllers: 2, ..ONE };
     run(&system, &dir.db(), two);
     let changed = change_while_down(&system);
     // The second attaches after the load, before CaughtUp: it catches up
@@ -348,4 +351,34 @@ fn a_cache_whose_objects_cannot_be_kept_relists_as_before() {
     assert_eq!((second.lists, resumed(&second)), (2, (false, 0)), "listed");
     assert_eq!(second.reconciled[0], changed, "the kept key set still gives exactly the changes");
     assert_eq!(second.held, system.lock().listing());
+}
+
+/// What keeping the objects costs on disk, and what a restart reads: not
+/// a check (run it by name with `--ignored --nocapture`; the figures are
+/// in docs/store.md).
+#[test]
+#[ignore]
+fn measure_what_keeping_objects_costs() {
+    const KEYS: usize = 100_000;
+    for keep in [false, true] {
+        let system = seeded(KEYS);
+        let dir = TempDir::new();
+        let setup = Setup { keep, ..ONE };
+        let started = std::time::Instant::now();
+        run(&system, &dir.db(), setup);
+        let first = started.elapsed();
+        let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        let after_first = size(&dir.db());
+        system.lock().put("k00", "changed");
+        let started = std::time::Instant::now();
+        let second = run(&system, &dir.db(), setup);
+        println!(
+            "keep_objects={keep}: {KEYS} keys, file {after_first} B after the first run ({} B a key); first run {first:?}, \
+             restart after one change {:?} (lists {}, resumed {:?})",
+            after_first / KEYS as u64,
+            started.elapsed(),
+            second.lists,
+            resumed(&second),
+        );
+    }
 }

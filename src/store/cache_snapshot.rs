@@ -43,7 +43,7 @@ pub(crate) struct SnapshotBatch {
     pub(crate) rows: HashMap<Vec<u8>, SnapshotRow>,
     /// The position of the last change and the source's state there,
     /// both encoded.
-    pub(crate) at: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) at: Option<KeptAt>,
 }
 
 impl SnapshotBatch {
@@ -107,7 +107,7 @@ impl CacheSnapshot {
     /// A change applied: `row` (a key, encoded, and its state), then the
     /// stream at `at` (position and source state, encoded), in one step so
     /// a write never holds one without the other.
-    pub(crate) fn mark(&self, row: Option<(Vec<u8>, SnapshotRow)>, at: Option<(Vec<u8>, Vec<u8>)>) {
+    pub(crate) fn mark(&self, row: Option<(Vec<u8>, SnapshotRow)>, at: Option<KeptAt>) {
         let mut dirty = self.dirty.lock();
         if let Some((key, row)) = row {
             dirty.rows.insert(key, row);
@@ -118,7 +118,7 @@ impl CacheSnapshot {
     }
 
     /// A list replaced the contents with `rows`, at `at`.
-    pub(crate) fn replace(&self, rows: HashMap<Vec<u8>, SnapshotRow>, at: Option<(Vec<u8>, Vec<u8>)>) {
+    pub(crate) fn replace(&self, rows: HashMap<Vec<u8>, SnapshotRow>, at: Option<KeptAt>) {
         self.dirty.lock().batch = SnapshotBatch { reset: true, rows, at, ..SnapshotBatch::default() };
     }
 
@@ -167,11 +167,14 @@ impl CacheSnapshot {
 pub(crate) trait SnapshotFile: Send + Sync {
     /// The kept position and the source's state there, both encoded;
     /// `None`: no snapshot kept for `cache`.
-    fn snapshot_at(&self, cache: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>, String>;
+    fn snapshot_at(&self, cache: &str) -> Result<Option<KeptAt>, String>;
     /// Every key kept for `cache` (encoded), its version (encoded; `None`:
     /// none kept) and its object's bytes.
     fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String>;
 }
+
+/// A position and the source's resume state there, both encoded.
+pub(crate) type KeptAt = (Vec<u8>, Vec<u8>);
 
 /// A key's row as [`SnapshotFile::snapshot_rows`] reads it.
 pub(crate) type SnapshotFileRow = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);

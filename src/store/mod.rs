@@ -40,7 +40,7 @@ mod persist;
 
 pub use crate::observe::reports::StoreStats;
 pub(crate) use cache_names::CacheName;
-pub(crate) use cache_snapshot::{CacheSnapshot, SnapshotFile, SnapshotRow};
+pub(crate) use cache_snapshot::{CacheSnapshot, KeptAt, SnapshotFile, SnapshotRow};
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
