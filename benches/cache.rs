@@ -16,7 +16,9 @@
 //! W11: the same cache of the same keys with a store: a first run to a
 //! clean stop, then 100 keys changed and 100 deleted in etcd, and a
 //! restart: the time from `start()` until synced, and the reconciles the
-//! restart runs (E9: the 200 changes, not every key).
+//! restart runs (E9: the 200 changes, not every key). Twice, side by side:
+//! a cache that keeps only its key set (the restart relists) and one that
+//! keeps its objects too (`keep_objects`: the restart resumes the stream).
 //!
 //! `cargo bench --bench cache` (`W10_KEYS=20000` for a shorter run; `W11_ONLY=1`
 //! for W11 alone). Rounds
@@ -296,10 +298,11 @@ fn main() {
 /// One run of W11's controller watching its stored cache until its
 /// reconciles are done; returns the time from `start()` to synced and to the reconciles done,
 /// and how many ran. Stops cleanly (a drain, then the last flush).
-fn w11_run(etcd: &Etcd, path: &std::path::Path) -> (Duration, Duration, u64) {
+fn w11_run(etcd: &Etcd, path: &std::path::Path, keep_objects: bool) -> (Duration, Duration, u64) {
     let store = SqliteStore::open(path).unwrap();
     let source = EtcdSource::new(&etcd.endpoint, PREFIX).unwrap();
-    let cache = Cache::builder("w11", source).store(&store).build().unwrap();
+    let builder = Cache::builder("w11", source).store(&store);
+    let cache = if keep_objects { builder.keep_objects() } else { builder }.build().unwrap();
     let controller =
         Controller::new("w11", |_: &String, _: &Context| -> Result<Action, ReconcileError> { Ok(Action::Done) })
             .workers(2)
@@ -320,26 +323,31 @@ fn w11_run(etcd: &Etcd, path: &std::path::Path) -> (Duration, Duration, u64) {
     (synced, reconciled, ran)
 }
 
-/// W11 (docs/benchmarks.md): a restart after 100 changes and 100 deletes.
+/// W11 (docs/benchmarks.md): a restart after 100 changes and 100 deletes,
+/// of a cache that relists and of one that resumes, side by side.
 fn w11(etcd: &Etcd, n: usize) {
     let dir = std::env::temp_dir().join(format!("reconq-w11-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("w11.db");
-    let (synced, reconciled, listed) = w11_run(etcd, &path);
-    println!(
-        "W11 first run: {listed} keys, start() to synced {:.2} s, to every key reconciled {:.2} s",
-        synced.as_secs_f64(),
-        reconciled.as_secs_f64()
-    );
+    let kinds = [("relists", false), ("resumes", true)];
+    for (kind, keep_objects) in kinds {
+        let (synced, reconciled, listed) = w11_run(etcd, &dir.join(kind), keep_objects);
+        println!(
+            "W11 first run ({kind}): {listed} keys, start() to synced {:.2} s, to every key reconciled {:.2} s",
+            synced.as_secs_f64(),
+            reconciled.as_secs_f64()
+        );
+    }
     etcd.load("k", 100, "w11-changed");
     etcd.delete("k", 100..200);
-    let (synced, reconciled, ran) = w11_run(etcd, &path);
-    println!(
-        "W11 restart: {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s, \
-         {ran} reconciles (done at {:.2} s)",
-        synced.as_secs_f64(),
-        reconciled.as_secs_f64()
-    );
+    for (kind, keep_objects) in kinds {
+        let (synced, reconciled, ran) = w11_run(etcd, &dir.join(kind), keep_objects);
+        println!(
+            "W11 restart ({kind}): {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s, \
+             {ran} reconciles (done at {:.2} s)",
+            synced.as_secs_f64(),
+            reconciled.as_secs_f64()
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
