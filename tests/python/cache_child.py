@@ -17,13 +17,22 @@ reconciled, then each line read from stdin is a position: once the cache
 has applied it, the line ``RUN !flush - T T`` goes to the record,
 then ``cache.flush()`` runs, then ``flushed`` is printed.
 
+With ``--maps PATH``, the controller watches the cache through a ``map``
+that appends ``RUN KEY OBJ`` to PATH for each call (OBJ ``-`` for None;
+one ``write`` a line, as the record). With ``--dump PATH``, a clean stop
+writes ``{"stats": cache.stats(), "contents": {key: object}}`` to PATH as
+JSON once the controller stopped (the cache's own view, to compare with
+the system's).
+
 usage: cache_child.py STORE RECORD RUN (etcd ENDPOINT | table PATH)
            [--flush-interval SECONDS] [--work SECONDS] [--flush-on-stdin]
+           [--maps PATH] [--dump PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -53,6 +62,8 @@ def main() -> None:
     parser.add_argument("--flush-interval", type=float, default=0.1)
     parser.add_argument("--work", type=float, default=0.005)
     parser.add_argument("--flush-on-stdin", action="store_true")
+    parser.add_argument("--maps")
+    parser.add_argument("--dump")
     args = parser.parse_args()
     store = reconq.SqliteStore(args.store, flush_interval=args.flush_interval)
     cache = reconq.Cache(source(args.kind, args.where), name="items", store=store)
@@ -71,7 +82,16 @@ def main() -> None:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     controller = reconq.Controller(reconcile, name="sync", workers=2, store=store)
-    controller.watch_cache(cache)
+    if args.maps is None:
+        controller.watch_cache(cache)
+    else:
+        maps = os.open(args.maps, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def mapped(key: str, obj: Any) -> "list[str]":
+            os.write(maps, f"{args.run} {key} {ABSENT if obj is None else obj}\n".encode())
+            return [key]
+
+        controller.watch_cache(cache, map=mapped)
     controller.start()
     controller.wait_synced()
     print("synced", flush=True)
@@ -84,6 +104,9 @@ def main() -> None:
         threading.Thread(target=flush_on_stdin, args=(cache, line), daemon=True).start()
     terminated.wait()
     controller.stop()
+    if args.dump is not None:
+        with open(args.dump, "w") as f:
+            json.dump({"stats": cache.stats(), "contents": {key: cache.get(key) for key in cache.keys()}}, f)
 
 
 def flush_on_stdin(cache: reconq.Cache, line: Any) -> None:

@@ -65,6 +65,14 @@ class System:
     items: Items
 
 
+def seeded(items: Items, seed: int) -> "Tuple[random.Random, Writer]":
+    """A test's random moments and sizes, and a writer with its own random
+    changes (it runs on a thread of its own), from `seed` (printed, to
+    run a failure again)."""
+    print(f"RECONQ_CHAOS_SEED={seed}")
+    return random.Random(seed), Writer(items, random.Random(seed + 1))
+
+
 class Writer:
     """Creates, changes and deletes items: called directly, or from a thread
     (``start``) until ``pause``. Each value written is new (``v1``, ``v2``,
@@ -271,7 +279,11 @@ class Runs:
     def wait_reconciled(self, items: Items, written: Set[str], what: str) -> None:
         """Waits until every key's last reconcile saw its state in `items`
         (which must not change meanwhile)."""
-        state = items.state()
+        self.wait_state_reconciled(items.state(), written, what)
+
+    def wait_state_reconciled(self, state: Dict[str, str], written: Set[str], what: str) -> None:
+        """Waits until every key's last reconcile saw its value in `state`
+        (read from the system before: this reads nothing from it)."""
         deadline = time.monotonic() + PATIENCE * 3
         while (owed := self.unreconciled(state, written)) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -26,7 +26,6 @@ How fast a restart catches up is the W11 benchmark's business, not a test's.
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,7 +35,7 @@ import pytest
 
 from cache_child import ABSENT
 from etcd_server import Etcd
-from restarts import EtcdItems, Items, Runs, System, Writer
+from restarts import EtcdItems, Runs, System, seeded
 from table_source import Table
 from waiting import PATIENCE
 
@@ -63,17 +62,10 @@ def system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[System]:
         yield System("table", path, Table(path))
 
 
-def seeded(items: Items) -> "tuple[random.Random, Writer]":
-    """The test's random moments and sizes, and a writer with its own
-    random changes (it runs on a thread of its own)."""
-    print(f"RECONQ_CHAOS_SEED={SEED}")
-    return random.Random(SEED), Writer(items, random.Random(SEED + 1))
-
-
 def test_sigkill_at_random_moments_loses_no_change_and_repeats_no_settled_reconcile(
     system: System, tmp_path: Path
 ) -> None:
-    rng, writer = seeded(system.items)
+    rng, writer = seeded(system.items, SEED)
     for _ in range(KEYS):
         writer.create()
     runs = Runs(system, tmp_path / "runs")
@@ -123,7 +115,7 @@ def test_a_delete_while_down_of_a_key_created_just_before_a_sigkill_is_delivered
     appends one ``write`` per line). Before the fix, none was: the keys
     reached the store's kept set only at the next flush, which the kill
     came before."""
-    rng, writer = seeded(system.items)
+    rng, writer = seeded(system.items, SEED)
     for _ in range(10):
         writer.create()
     runs = Runs(system, tmp_path / "runs")
@@ -157,7 +149,7 @@ def deletes_delivered(runs: Runs, deleted: "list[str]") -> int:
 
 
 def test_clean_stops_reconcile_exactly_the_keys_changed_while_down(system: System, tmp_path: Path) -> None:
-    rng, writer = seeded(system.items)
+    rng, writer = seeded(system.items, SEED)
     for _ in range(KEYS):
         writer.create()
     runs = Runs(system, tmp_path / "runs")
@@ -210,7 +202,7 @@ def test_cache_flush_then_sigkill_loses_nothing_applied_before_it(system: System
     still queued: each reconcile works 20 ms), ``cache.flush()``, then
     SIGKILL. The restart reconciles every key changed whose reconcile had
     not ended, and none that was unchanged since before the flush."""
-    rng, writer = seeded(system.items)
+    rng, writer = seeded(system.items, SEED)
     for round in range(5):
         while len(writer.live) < KEYS:
             writer.create()
