@@ -27,19 +27,34 @@
 //! writes. A revision the new history has not reached (etcd: "a future
 //! revision") is a reset too; a compacted one expires the position as any
 //! compaction does.
+//!
+//! A resume in a later process ([`Source::restore`]) checks the same way:
+//! the fingerprint is kept beside the position ([`Fingerprint::kept`]) in
+//! a format that reads the same in every process and release (the values'
+//! hashes are XXH3, fixed by its specification, not std's hasher).
+//!
+//! [`Source::restore`]: crate::Source::restore
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::{EtcdClient, EtcdError, RawKeyValue, int_field, prefix_end, raw_key_value};
+use crate::key_encoding::{
+    TAG_BYTES, decode_int, decode_len_prefixed, decode_tuple_header, encode_int, encode_len_prefixed,
+    encode_tuple_header,
+};
 
 /// Keys whose state a fingerprint keeps: those changed last, the ones a
 /// new history is least likely to have written the same way.
 const WITNESSES: usize = 4;
 
-/// One key's state at a revision, with its value as a hash.
+/// The format of [`Fingerprint::kept`]'s bytes; bytes of any other are
+/// not read (the cache relists).
+const KEPT_FORMAT: i64 = 1;
+
+/// One key's state at a revision, with its value as a hash (XXH3-64: the
+/// same in every process, so a kept state compares in the next one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct KeyState {
     create_revision: i64,
@@ -49,9 +64,8 @@ struct KeyState {
 
 impl KeyState {
     fn of(kv: &RawKeyValue) -> Self {
-        let mut hasher = DefaultHasher::new();
-        kv.value.hash(&mut hasher);
-        Self { create_revision: kv.create_revision, mod_revision: kv.mod_revision, value: hasher.finish() }
+        let value = xxhash_rust::xxh3::xxh3_64(&kv.value);
+        Self { create_revision: kv.create_revision, mod_revision: kv.mod_revision, value }
     }
 }
 
@@ -71,6 +85,11 @@ impl Fingerprint {
     /// The revision it describes, if any.
     pub(crate) fn revision(&self) -> Option<i64> {
         self.revision
+    }
+
+    /// How many keys the prefix held.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
     }
 
     /// Takes in one key of a list (at a revision [`listed_at`](Self::listed_at) gives).
@@ -117,6 +136,50 @@ impl Fingerprint {
         }
     }
 
+    /// This fingerprint as bytes to keep beside its revision, for
+    /// [`from_kept`](Self::from_kept) in a later process: in the crate's
+    /// key encoding (src/key_encoding.rs), a tuple of [`KEPT_FORMAT`], the
+    /// revision (0: none), the count, and a tuple of the witnesses, each a
+    /// tuple of the key's bytes and, if the key was present, its create
+    /// and mod revisions and its value's hash.
+    pub(crate) fn kept(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        encode_tuple_header(4, &mut out);
+        encode_int(KEPT_FORMAT, &mut out);
+        encode_int(self.revision.unwrap_or(0), &mut out);
+        encode_int(i64::try_from(self.count).unwrap_or(i64::MAX), &mut out);
+        encode_tuple_header(self.witnesses.len(), &mut out);
+        for (key, state) in &self.witnesses {
+            encode_tuple_header(if state.is_some() { 4 } else { 1 }, &mut out);
+            encode_len_prefixed(TAG_BYTES, key, &mut out);
+            if let Some(s) = state {
+                encode_int(s.create_revision, &mut out);
+                encode_int(s.mod_revision, &mut out);
+                // Wraps, and wraps back in `from_kept`.
+                encode_int(s.value as i64, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The fingerprint [`kept`](Self::kept) at `revision`; `None` for
+    /// bytes of another format, of another revision, or not a fingerprint.
+    pub(crate) fn from_kept(revision: i64, mut bytes: &[u8]) -> Option<Self> {
+        let input = &mut bytes;
+        // etcd's revisions start at 1; 0 is kept for none.
+        (revision > 0).then_some(())?;
+        (decode_tuple_header(input)? == 4).then_some(())?;
+        (decode_int(input)? == KEPT_FORMAT).then_some(())?;
+        (decode_int(input)? == revision).then_some(())?;
+        let count = u64::try_from(decode_int(input)?).ok()?;
+        let witnesses = decode_tuple_header(input)?;
+        if witnesses > WITNESSES {
+            return None;
+        }
+        let witnesses = (0..witnesses).map(|_| kept_witness(input)).collect::<Option<_>>()?;
+        input.is_empty().then_some(Self { revision: Some(revision), count, witnesses })
+    }
+
     /// How `prefix` at this revision, as etcd `replied`, differs from
     /// this (`None`: it does not).
     fn differs(&self, replied: &Value) -> Result<Option<String>, EtcdError> {
@@ -135,6 +198,22 @@ impl Fingerprint {
         }
         Ok(None)
     }
+}
+
+/// One witness of a kept fingerprint, read from the front of `input`.
+fn kept_witness(input: &mut &[u8]) -> Option<(Vec<u8>, Option<KeyState>)> {
+    let arity = decode_tuple_header(input)?;
+    let key = decode_len_prefixed(TAG_BYTES, input)?.to_vec();
+    let state = match arity {
+        1 => None,
+        4 => Some(KeyState {
+            create_revision: decode_int(input)?,
+            mod_revision: decode_int(input)?,
+            value: decode_int(input)? as u64,
+        }),
+        _ => return None,
+    };
+    Some((key, state))
 }
 
 fn describe(state: Option<KeyState>) -> String {
@@ -241,5 +320,36 @@ mod tests {
         assert!(f.differs(&reply("1", a("other", "2"))).unwrap().is_some(), "another value");
         assert!(f.differs(&reply("1", a("1", "3"))).unwrap().unwrap().contains("created at 3"));
         assert!(f.differs(&reply("1", json!([]))).unwrap().unwrap().contains("absent"));
+    }
+
+    #[test]
+    fn a_kept_fingerprint_reads_back_at_its_revision_only() {
+        let mut f = Fingerprint::default();
+        f.listed(&kv("a", "1", 2, 4));
+        f.listed(&kv("b", "2", 3, 3));
+        f.listed_at(5);
+        f.changed(true, &RawKeyValue { key: "b".into(), value: vec![], create_revision: 0, mod_revision: 6 }, true);
+        let kept = f.kept();
+        assert_eq!(Fingerprint::from_kept(6, &kept), Some(f.clone()));
+        assert_eq!(Fingerprint::from_kept(5, &kept), None, "another revision");
+        let mut trailing = kept.clone();
+        trailing.push(0);
+        for garbage in [&b""[..], b"garbage", &kept[..kept.len() - 1], &trailing] {
+            assert_eq!(Fingerprint::from_kept(6, garbage), None, "{garbage:?}");
+        }
+        let mut other_format = kept.clone();
+        other_format[5 + 8] = 2; // the format's last byte (after the tuple's header and the int's tag)
+        assert_eq!(Fingerprint::from_kept(6, &other_format), None, "another format");
+        let mut none = Fingerprint::default();
+        none.listed(&kv("a", "1", 2, 4));
+        assert_eq!(Fingerprint::from_kept(0, &none.kept()), None, "no revision");
+    }
+
+    /// A kept fingerprint is compared in a later process, maybe built by
+    /// another Rust release: a value's hash is XXH3-64, fixed by its
+    /// specification (std's `DefaultHasher` promises no such thing).
+    #[test]
+    fn a_value_hashes_the_same_in_every_process() {
+        assert_eq!(KeyState::of(&kv("a", "value", 1, 1)).value, 0x87d57e269b9df0f0);
     }
 }

@@ -13,6 +13,7 @@
 //! from a reset history fails the call with [`EtcdError::reset`] set, once,
 //! so whoever acts on what etcd said can stop first (see `history.rs`).
 
+mod catch_up;
 mod fingerprint;
 mod history;
 mod paged;
@@ -28,6 +29,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
+pub(crate) use self::catch_up::CatchUp;
 pub(crate) use self::fingerprint::Fingerprint;
 pub(crate) use self::history::Reset;
 use self::history::{History, Seen};

@@ -13,18 +13,27 @@
 //! holds (a [`Fingerprint`] of the list and the changes since, compared
 //! in one request: `src/etcd/fingerprint.rs`). Once per (re)connect, never
 //! while a watch runs, so an idle cache still only blocks on its stream.
+//!
+//! A restarted cache resumes from the revision it kept
+//! ([`Source::restore`]), with the fingerprint kept beside it
+//! ([`Source::resume_state`]): checked the same way, then the watch
+//! replays what changed meanwhile, deletes included, and says when the
+//! cache holds what the prefix held when it resumed ([`Event::CaughtUp`],
+//! `src/etcd/catch_up.rs`).
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::Shutdown;
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::{Changes, Event, Item, Listing, Source, SourceError, Stop};
+use super::{Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead};
+use crate::etcd::{CatchUp, EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead};
 use crate::logs;
 use crate::sync::Mutex;
 
@@ -81,9 +90,30 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     progress_timeout: Duration,
     page_size: usize,
     /// What the prefix held at the last position handed to the cache,
-    /// checked before a watch resumes there. Behind a lock because the
-    /// stream, which borrows the source, keeps it up to date.
-    fingerprint: Mutex<Fingerprint>,
+    /// checked before a watch resumes there, and kept beside that position
+    /// for a resume in a later process. Behind a lock because the stream,
+    /// which borrows the source, keeps it up to date, and the cache's
+    /// [`ResumeState`] reads it.
+    fingerprint: Arc<Mutex<Fingerprint>>,
+    /// Restored at a kept position and not caught up yet: each stream
+    /// opened reads where it will be ([`CatchUp`]). A list ends it, or the
+    /// stream's [`Event::CaughtUp`].
+    restored: AtomicBool,
+}
+
+/// What a stream of changes keeps between the events it hands out.
+#[derive(Debug, Default)]
+struct StreamState {
+    /// Changes read and not handed out yet: the rest of a revision's at
+    /// least (one message of the watch holds whole revisions).
+    pending: VecDeque<(bool, RawKeyValue)>,
+    /// A restored stream's catch-up, until it is over.
+    catch_up: Option<CatchUp>,
+    /// Changes and progress notifications up to this revision are not
+    /// handed out: after a catch-up that ended at `R`, the changes up to
+    /// `R` still to come net to nothing (`src/etcd/catch_up.rs`), and the
+    /// position never goes back.
+    handed_through: i64,
 }
 
 impl EtcdSource<Vec<u8>> {
@@ -104,7 +134,8 @@ impl EtcdSource<Vec<u8>> {
             decode: Arc::new(|bytes: &[u8]| Ok(bytes.to_vec())),
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             page_size: DEFAULT_PAGE_SIZE,
-            fingerprint: Mutex::default(),
+            fingerprint: Arc::default(),
+            restored: AtomicBool::new(false),
         })
     }
 }
@@ -124,6 +155,7 @@ impl<O, K> EtcdSource<O, K> {
             progress_timeout: self.progress_timeout,
             page_size: self.page_size,
             fingerprint: self.fingerprint,
+            restored: self.restored,
         }
     }
 
@@ -142,6 +174,7 @@ impl<O, K> EtcdSource<O, K> {
             progress_timeout: self.progress_timeout,
             page_size: self.page_size,
             fingerprint: self.fingerprint,
+            restored: self.restored,
         }
     }
 
@@ -185,6 +218,41 @@ impl<O, K> EtcdSource<O, K> {
     /// A put's key and object, or `None` (logged) if either cannot be had.
     fn put(&self, kv: &RawKeyValue) -> Option<(K, O)> {
         self.skipping(kv, || Ok((self.key(kv)?, (self.decode)(&kv.value)?)))
+    }
+
+    /// The next event of a stream (`None` when no change is pending): the
+    /// end of its catch-up once reached, or its next change, if any is
+    /// pending after `handed_through`.
+    fn next_event(&self, state: &mut StreamState) -> Option<Option<Event<K, O, i64, i64>>> {
+        if let Some(catch_up) = state.catch_up {
+            let next = state.pending.front().map(|(_, kv)| kv.mod_revision);
+            let mut fingerprint = self.fingerprint.lock();
+            if catch_up.reached(&fingerprint, next) {
+                // The prefix at R is the state it describes (the same keys,
+                // and as many): it describes R too, the cache keeps it there.
+                fingerprint.moved_to(catch_up.revision());
+                self.restored.store(false, Relaxed);
+                state.catch_up = None;
+                state.handed_through = catch_up.revision();
+                return Some(Some(Event::CaughtUp { position: catch_up.revision() }));
+            }
+        }
+        while state.pending.front().is_some_and(|(_, kv)| kv.mod_revision <= state.handed_through) {
+            state.pending.pop_front();
+        }
+        self.next_change(&mut state.pending)
+    }
+
+    /// What a progress notification at `revision` is for the cache: a
+    /// bookmark, unless the stream is catching up (it may then come before
+    /// the changes it covers: etcd#15220, fixed in 3.4.24 and 3.5.8) or it
+    /// would move the position back.
+    fn progress(&self, state: &StreamState, revision: i64) -> Option<Event<K, O, i64, i64>> {
+        if state.catch_up.is_some() || revision <= state.handed_through {
+            return None;
+        }
+        self.fingerprint.lock().moved_to(revision);
+        Some(Event::Bookmark { position: revision })
     }
 
     /// The next of the watched changes `pending` (`None` when there is
@@ -288,18 +356,32 @@ where
             return Err(SourceError::new("stopped"));
         }
         fingerprint.listed_at(revision);
-        *self.fingerprint.get_mut() = fingerprint;
+        *self.fingerprint.lock() = fingerprint;
+        self.restored.store(false, Relaxed);
         Ok(Listing { items, position: Some(revision) })
     }
 
     fn changes(&mut self, from: Option<&i64>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
         let from = *from.ok_or_else(|| SourceError::expired("etcd: no revision to watch from"))?;
-        let fingerprint = self.fingerprint.get_mut();
+        let fingerprint = self.fingerprint.lock().clone();
         // A position the fingerprint does not describe (none since the
         // process started) cannot be checked: there is nothing to compare.
-        if fingerprint.revision() == Some(from) {
-            self.client.check_prefix(&self.prefix, fingerprint).map_err(source_error)?;
+        let described = fingerprint.revision() == Some(from);
+        if described {
+            self.client.check_prefix(&self.prefix, &fingerprint).map_err(source_error)?;
         }
+        let catch_up = if self.restored.load(Relaxed) {
+            // Its count is where the catch-up counts from.
+            if !described {
+                let restored = fingerprint.revision().unwrap_or(0);
+                return Err(SourceError::expired(format!(
+                    "etcd: a resume from revision {from} cannot tell when it caught up: the state restored is at {restored}"
+                )));
+            }
+            Some(self.client.catch_up(&self.prefix, from).map_err(source_error)?)
+        } else {
+            None
+        };
         let mut stream = self.client.watch_prefix(&self.prefix, from, self.progress_timeout).map_err(source_error)?;
         let closer = stream.closer().map_err(|e| SourceError::new(format!("etcd watch: {e}")))?;
         let hook = stop.on_set(move || {
@@ -307,23 +389,24 @@ where
         });
         let stop = stop.clone();
         let this = &*self;
-        let mut pending: VecDeque<(bool, RawKeyValue)> = VecDeque::new();
+        let mut state = StreamState { catch_up, handed_through: from, ..StreamState::default() };
         Ok(Box::new(std::iter::from_fn(move || {
             let _unblocks_the_read = &hook;
             loop {
                 if stop.is_set() {
                     return None;
                 }
-                match this.next_change(&mut pending) {
+                match this.next_event(&mut state) {
                     Some(Some(event)) => return Some(Ok(event)),
                     Some(None) => continue,
                     None => {}
                 }
                 match stream.next() {
-                    Ok(WatchItem::Events(events)) => pending.extend(events),
+                    Ok(WatchItem::Events(events)) => state.pending.extend(events),
                     Ok(WatchItem::Progress(revision)) => {
-                        this.fingerprint.lock().moved_to(revision);
-                        return Some(Ok(Event::Bookmark { position: revision }));
+                        if let Some(bookmark) = this.progress(&state, revision) {
+                            return Some(Ok(bookmark));
+                        }
                     }
                     Ok(WatchItem::Quiet) => {
                         let quiet = this.progress_timeout;
@@ -336,6 +419,18 @@ where
                 }
             }
         })))
+    }
+
+    fn resume_state(&self) -> Option<ResumeState> {
+        let fingerprint = Arc::clone(&self.fingerprint);
+        Some(Arc::new(move || fingerprint.lock().kept()))
+    }
+
+    fn restore(&mut self, position: &i64, state: &[u8]) -> bool {
+        let Some(fingerprint) = Fingerprint::from_kept(*position, state) else { return false };
+        *self.fingerprint.lock() = fingerprint;
+        self.restored.store(true, Relaxed);
+        true
     }
 }
 
@@ -390,5 +485,152 @@ mod tests {
                 Event::Bookmark { position: 9 },
             ]
         );
+    }
+
+    type TextEvent = Event<String, String, i64, i64>;
+
+    /// A put of `key` = `value` at `revision`, of a key created at `created`.
+    fn put(key: &str, value: &str, created: i64, revision: i64) -> (bool, RawKeyValue) {
+        let key = format!("/p/{key}").into_bytes();
+        (false, RawKeyValue { key, value: value.into(), create_revision: created, mod_revision: revision })
+    }
+
+    /// A delete of `key` at `revision`.
+    fn delete(key: &str, revision: i64) -> (bool, RawKeyValue) {
+        let key = format!("/p/{key}").into_bytes();
+        (true, RawKeyValue { key, value: Vec::new(), create_revision: 0, mod_revision: revision })
+    }
+
+    /// A source of `/p/` restored at revision `from`, where it held `keys`.
+    fn restored(from: i64, keys: &[&str]) -> EtcdSource<String> {
+        let mut fingerprint = Fingerprint::default();
+        for key in keys {
+            fingerprint.listed(&put(key, "v", 2, 2).1);
+        }
+        fingerprint.listed_at(from);
+        let source = EtcdSource::new("http://127.0.0.1:1", "/p/").unwrap();
+        let mut source = source.decode(|v: &[u8]| std::str::from_utf8(v).map(str::to_owned));
+        assert!(source.restore(&from, &fingerprint.kept()));
+        source
+    }
+
+    /// What a stream resumed after `from` and catching up to `catch_up`
+    /// hands out when the watch sends `messages`, one after the other
+    /// (looking once before the first, as a stream does); and its state.
+    fn catching_up(
+        source: &EtcdSource<String>,
+        from: i64,
+        catch_up: CatchUp,
+        messages: Vec<Vec<(bool, RawKeyValue)>>,
+    ) -> (Vec<TextEvent>, StreamState) {
+        let mut state = StreamState { catch_up: Some(catch_up), handed_through: from, ..StreamState::default() };
+        let mut events = Vec::new();
+        for message in std::iter::once(Vec::new()).chain(messages) {
+            state.pending.extend(message);
+            while let Some(event) = source.next_event(&mut state) {
+                events.extend(event);
+            }
+        }
+        (events, state)
+    }
+
+    fn put_event(key: &str, value: &str, position: Option<i64>, version: i64) -> TextEvent {
+        Event::Put { key: key.into(), obj: value.into(), position, version: Some(version) }
+    }
+
+    /// The state the cache keeps after the last event, read back at `position`.
+    fn kept_at(source: &EtcdSource<String>, position: i64) -> Option<Fingerprint> {
+        Fingerprint::from_kept(position, &source.resume_state().unwrap()())
+    }
+
+    #[test]
+    fn a_restored_stream_with_nothing_to_catch_up_is_caught_up_at_once() {
+        let source = restored(10, &["a", "b", "c"]);
+        // Etcd is at 12 (writes elsewhere); the prefix is as it was at 10.
+        let (events, _) = catching_up(&source, 10, CatchUp::at(12, 3, 10), vec![vec![put("z", "1", 13, 13)]]);
+        assert_eq!(events, [Event::CaughtUp { position: 12 }, put_event("z", "1", Some(13), 13)]);
+        assert!(!source.restored.load(Relaxed), "a later stream has no catch-up");
+    }
+
+    #[test]
+    fn a_restored_stream_is_caught_up_once_every_key_changed_since_was_sent() {
+        let source = restored(10, &["a", "b", "c"]);
+        // d and e created at 11 (one transaction), a changed at 12.
+        let messages = vec![vec![put("d", "4", 11, 11), put("e", "5", 11, 11)], vec![put("a", "2", 2, 12)]];
+        let (events, _) = catching_up(&source, 10, CatchUp::at(12, 5, 12), messages);
+        let expected = [
+            put_event("d", "4", None, 11),
+            put_event("e", "5", Some(11), 11),
+            put_event("a", "2", Some(12), 12),
+            Event::CaughtUp { position: 12 },
+        ];
+        assert_eq!(events, expected);
+        let kept = kept_at(&source, 12).expect("the state kept at the end describes R");
+        assert_eq!(kept.count(), 5);
+    }
+
+    #[test]
+    fn a_restored_stream_is_caught_up_once_it_holds_as_many_keys_as_etcd() {
+        let source = restored(10, &["a", "b", "c"]);
+        // a and b deleted: no key present at R changed, only the count says.
+        let messages = vec![vec![delete("a", 11)], vec![delete("b", 12)]];
+        let (events, _) = catching_up(&source, 10, CatchUp::at(15, 1, 10), messages);
+        let expected = [
+            Event::Delete { key: "a".into(), position: Some(11) },
+            Event::Delete { key: "b".into(), position: Some(12) },
+            Event::CaughtUp { position: 15 },
+        ];
+        assert_eq!(events, expected);
+        assert_eq!(kept_at(&source, 15).map(|f| f.count()), Some(1));
+    }
+
+    /// A key created and deleted while the reader was down: the reader
+    /// holds etcd's state at R before it hears of it, and what comes of
+    /// it after, up to R, nets to nothing and is not handed out (nor a
+    /// progress notification there: the position never goes back).
+    #[test]
+    fn changes_up_to_r_after_the_catch_up_net_to_nothing_and_are_skipped() {
+        let source = restored(10, &["a", "b", "c"]);
+        let messages = vec![vec![put("x", "1", 11, 11)], vec![delete("x", 12)], vec![put("a", "2", 2, 13)]];
+        let (events, state) = catching_up(&source, 10, CatchUp::at(12, 3, 10), messages);
+        assert_eq!(events, [Event::CaughtUp { position: 12 }, put_event("a", "2", Some(13), 13)]);
+        assert_eq!(source.progress(&state, 12), None);
+        assert_eq!(source.progress(&state, 14), Some(Event::Bookmark { position: 14 }));
+    }
+
+    #[test]
+    fn a_change_past_r_ends_the_catch_up_before_it() {
+        let source = restored(10, &["a", "b", "c"]);
+        // A count etcd's R never reaches in this stream: the change after
+        // R says every change up to R was sent all the same.
+        let messages = vec![vec![put("d", "4", 11, 11), put("a", "2", 2, 13)]];
+        let (events, _) = catching_up(&source, 10, CatchUp::at(12, 9, 11), messages);
+        let expected =
+            [put_event("d", "4", Some(11), 11), Event::CaughtUp { position: 12 }, put_event("a", "2", Some(13), 13)];
+        assert_eq!(events, expected);
+    }
+
+    #[test]
+    fn a_progress_notification_during_a_catch_up_is_no_position() {
+        let source = restored(10, &["a"]);
+        let (events, state) = catching_up(&source, 10, CatchUp::at(12, 2, 12), Vec::new());
+        assert_eq!(events, []);
+        assert_eq!(source.progress(&state, 20), None, "etcd#15220: it may come before the changes it covers");
+        assert_eq!(kept_at(&source, 10).map(|f| f.count()), Some(1), "still at the restored position");
+    }
+
+    #[test]
+    fn a_kept_state_restores_at_its_position_only_and_garbage_does_not() {
+        let source = restored(10, &["a", "b"]);
+        let kept = source.resume_state().unwrap()();
+        let mut fresh = EtcdSource::new("http://127.0.0.1:1", "/p/").unwrap();
+        assert!(!fresh.restore(&11, &kept), "another position");
+        assert!(!fresh.restore(&10, b"garbage"));
+        assert!(!fresh.restore(&10, &[]));
+        assert!(!fresh.restore(&10, &kept[..kept.len() - 1]), "cut short");
+        assert!(!fresh.restored.load(Relaxed));
+        assert!(fresh.restore(&10, &kept));
+        assert!(fresh.restored.load(Relaxed));
+        assert_eq!(kept_at(&source, 10).as_ref(), Some(&*fresh.fingerprint.lock()));
     }
 }
