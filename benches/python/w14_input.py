@@ -201,10 +201,13 @@ class Restarter:
             stdout=subprocess.PIPE, text=True, cwd=str(HERE),
         )
         got: Dict[str, float] = {}
-        for word in ("synced", "done", "idle"):
+        # "done" may come before "synced" (a reconcile can run before
+        # wait_synced returns to the child's main thread); "idle" is last.
+        while "count" not in got:
             assert self.proc.stdout is not None
             line = self.proc.stdout.readline().split()
-            assert line and line[0] == word, f"expected {word!r}, got {line!r} (exit {self.proc.poll()})"
+            assert line, f"the run ended (exit {self.proc.poll()})"
+            word = line[0]
             if word == "synced":
                 got["synced"] = float(line[1]) - started
             elif word == "done":
@@ -212,7 +215,9 @@ class Restarter:
                 got["etcd_cpu"] = cpu_seconds(self.etcd.proc.pid) - before
                 got["client_cpu"] = float(line[2])
             else:
+                assert word == "idle", line
                 got["count"] = int(line[1])
+        assert "done" in got, f"idle after {got['count']} reconciles, fewer than {expect}"
         return got
 
     def reconciled(self) -> List[str]:

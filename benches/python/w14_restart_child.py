@@ -26,6 +26,7 @@ usage: w14_restart_child.py STORE ENDPOINT PREFIX EXPECT [--record PATH]
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import signal
 import threading
@@ -33,6 +34,12 @@ import time
 from typing import List
 
 import reconq
+
+
+def say(line: str) -> None:
+    """One line to stdout in one write: lines from the reconcile's thread
+    and the main thread never interleave."""
+    os.write(1, f"{line}\n".encode())
 
 
 def main() -> None:
@@ -56,13 +63,13 @@ def main() -> None:
             reconciled.append(key)
             if len(reconciled) == args.expect:
                 usage = resource.getrusage(resource.RUSAGE_SELF)
-                print(f"done {time.monotonic()} {usage.ru_utime + usage.ru_stime}", flush=True)
+                say(f"done {time.monotonic()} {usage.ru_utime + usage.ru_stime}")
 
     controller = reconq.Controller(reconcile, name="w14", workers=2, store=store)
     controller.watch_cache(cache)
     controller.start()
     assert controller.wait_synced(timeout=3600)
-    print(f"synced {time.monotonic()}", flush=True)
+    say(f"synced {time.monotonic()}")
     assert controller.wait_idle(timeout=3600)
     cache.flush()
     assert controller.wait_idle(timeout=3600)
@@ -70,7 +77,7 @@ def main() -> None:
         if args.record is not None:
             with open(args.record, "w") as f:
                 f.writelines(f"{key}\n" for key in reconciled)
-        print(f"idle {len(reconciled)}", flush=True)
+        say(f"idle {len(reconciled)}")
     terminated.wait()
     controller.stop()
     cache.stop()
