@@ -149,6 +149,43 @@ fn a_new_source_restored_at_a_kept_revision_replays_what_changed_then_is_caught_
     }
 }
 
+/// After a's change the prefix holds as many keys as etcd does now, yet
+/// m's delete and z's create are still to come: the key changed last
+/// since the kept revision (z, etcd's answer) says so.
+#[test]
+fn an_equal_count_before_the_key_changed_last_is_not_caught_up() {
+    let etcd = Etcd::start();
+    put(&etcd, "a", "a");
+    put(&etcd, "m", "m");
+    let kept = listed(&etcd);
+    put(&etcd, "a", "changed");
+    delete(&etcd, "m");
+    put(&etcd, "z", "z");
+    let events = until_caught_up(&mut restored(&etcd, &kept), kept.position);
+    assert_eq!(events.len(), 4, "a's put, m's delete, z's put, then caught up: {events:?}");
+    assert_eq!(events[3], Event::CaughtUp { position: etcd.revision() });
+    assert_eq!(applied(kept.items, &events), etcd.list(PREFIX));
+}
+
+/// etcd sends a catch-up in batches of at most 1,000 revisions, each
+/// headed with its revision now: more than that were written while down.
+#[test]
+fn a_catch_up_of_more_than_a_thousand_revisions_ends_once_all_are_sent() {
+    let etcd = Etcd::start();
+    put(&etcd, "a", "a");
+    let kept = listed(&etcd);
+    for i in 0..1200 {
+        put(&etcd, &format!("k{i:04}"), "v");
+    }
+    for i in 0..100 {
+        delete(&etcd, &format!("k{:04}", i * 3));
+    }
+    let events = until_caught_up(&mut restored(&etcd, &kept), kept.position);
+    assert_eq!(events.len(), 1301, "1,200 puts, 100 deletes, then caught up");
+    assert_eq!(events[1300], Event::CaughtUp { position: etcd.revision() });
+    assert_eq!(applied(kept.items, &events), etcd.list(PREFIX));
+}
+
 #[test]
 fn a_source_restored_where_nothing_changed_is_caught_up_at_once() {
     let etcd = Etcd::start();

@@ -5,8 +5,9 @@
 //! not return before the changes made while it was down are reconciled.
 //!
 //! Neither of etcd's own marks says so safely. A progress notification
-//! may come before the events it covers in etcd before 3.4.24 and 3.5.8
-//! (etcd#15220), and the header of a watch response during a catch-up
+//! asked for may come before the events it covers in etcd before 3.4.24
+//! and 3.5.8 (etcd#15220; timed ones go to synced watches only, every 10
+//! minutes by default), and the header of a watch response during a catch-up
 //! carries the store's revision even when the batch was cut (1,000
 //! revisions at a time), so neither is a position the stream reached.
 //! So before the watch opens, one transaction reads the prefix at the
@@ -33,9 +34,9 @@
 //! Then the changes after `p` up to `R` net to nothing, and are not handed
 //! out (so the position never goes back below `R`): a key changed after
 //! `p` and present at `R` would have a mod revision above `p`, against
-//! (b); a key present at `p` is in `S_R` (`S_p = S_R`), so one deleted
-//! after `p` would be absent at `R`, which it is not. What is left are
-//! keys absent at `p` and at `R`, created and deleted again in between.
+//! (b), and a key present at `p` is present at `R` (`S_p = S_R`). So each
+//! key changed after `p` is absent at `p` and at `R`: created and deleted
+//! again in between.
 //!
 //! (b) is "every key changed after `from` and present at `R` was sent at
 //! its mod revision at `R`" told with one number: the watch sends every

@@ -28,7 +28,7 @@ use super::errors::describe;
 use super::key::PyKey;
 use super::killable_call::call;
 use super::logs::log;
-use crate::source::{Changes, Event, Item, Listing, ListingOf, Source, SourceError, Stop, StopHook};
+use crate::source::{Changes, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook};
 use crate::{source::EtcdSource, source::PollingSource};
 
 /// The item, event and listing types of every source a Python cache runs.
@@ -52,6 +52,14 @@ impl Source for AnySource {
 
     fn changes(&mut self, from: Option<&SourceValue>, stop: &Stop) -> Result<Changes<'_, Self>, SourceError> {
         self.0.changes(from, stop)
+    }
+
+    fn resume_state(&self) -> Option<ResumeState> {
+        self.0.resume_state()
+    }
+
+    fn restore(&mut self, position: &SourceValue, state: &[u8]) -> bool {
+        self.0.restore(position, state)
     }
 }
 
@@ -130,6 +138,15 @@ where
                 Event::CaughtUp { position } => Event::CaughtUp { position: position.to_value() },
             })
         })))
+    }
+
+    fn resume_state(&self) -> Option<ResumeState> {
+        self.0.resume_state()
+    }
+
+    /// A position that is not one of this source's restores nothing.
+    fn restore(&mut self, position: &SourceValue, state: &[u8]) -> bool {
+        S::Position::from_value(position).is_some_and(|position| self.0.restore(&position, state))
     }
 }
 

@@ -109,11 +109,13 @@ struct StreamState {
     pending: VecDeque<(bool, RawKeyValue)>,
     /// A restored stream's catch-up, until it is over.
     catch_up: Option<CatchUp>,
-    /// Changes and progress notifications up to this revision are not
-    /// handed out: after a catch-up that ended at `R`, the changes up to
-    /// `R` still to come net to nothing (`src/etcd/catch_up.rs`), and the
-    /// position never goes back.
-    handed_through: i64,
+    /// `R` of the catch-up this stream ended: the changes up to it still
+    /// to come net to nothing (`src/etcd/catch_up.rs`) and are not handed
+    /// out, so the position never goes back.
+    caught_up_at: Option<i64>,
+    /// The last position handed out (the stream's `from` at first): a
+    /// progress notification before it is not.
+    position: i64,
 }
 
 impl EtcdSource<Vec<u8>> {
@@ -222,7 +224,7 @@ impl<O, K> EtcdSource<O, K> {
 
     /// The next event of a stream (`None` when no change is pending): the
     /// end of its catch-up once reached, or its next change, if any is
-    /// pending after `handed_through`.
+    /// pending after the catch-up's end.
     fn next_event(&self, state: &mut StreamState) -> Option<Option<Event<K, O, i64, i64>>> {
         if let Some(catch_up) = state.catch_up {
             let next = state.pending.front().map(|(_, kv)| kv.mod_revision);
@@ -233,35 +235,44 @@ impl<O, K> EtcdSource<O, K> {
                 fingerprint.moved_to(catch_up.revision());
                 self.restored.store(false, Relaxed);
                 state.catch_up = None;
-                state.handed_through = catch_up.revision();
+                state.caught_up_at = Some(catch_up.revision());
+                state.position = catch_up.revision();
                 return Some(Some(Event::CaughtUp { position: catch_up.revision() }));
             }
         }
-        while state.pending.front().is_some_and(|(_, kv)| kv.mod_revision <= state.handed_through) {
+        let up_to = state.caught_up_at.unwrap_or(i64::MIN);
+        while state.pending.front().is_some_and(|(_, kv)| kv.mod_revision <= up_to) {
             state.pending.pop_front();
         }
-        self.next_change(&mut state.pending)
+        self.next_change(state)
     }
 
     /// What a progress notification at `revision` is for the cache: a
-    /// bookmark, unless the stream is catching up (it may then come before
+    /// bookmark (one at the stream's position too: it keeps a quiet stream
+    /// alive), unless the stream is catching up (it may then come before
     /// the changes it covers: etcd#15220, fixed in 3.4.24 and 3.5.8) or it
     /// would move the position back.
-    fn progress(&self, state: &StreamState, revision: i64) -> Option<Event<K, O, i64, i64>> {
-        if state.catch_up.is_some() || revision <= state.handed_through {
+    fn progress(&self, state: &mut StreamState, revision: i64) -> Option<Event<K, O, i64, i64>> {
+        if state.catch_up.is_some() || revision < state.position {
             return None;
         }
+        state.position = revision;
         self.fingerprint.lock().moved_to(revision);
         Some(Event::Bookmark { position: revision })
     }
 
-    /// The next of the watched changes `pending` (`None` when there is
+    /// The next of a stream's pending changes (`None` when there is
     /// none): what it is for the cache, if anything, once taken into the
-    /// fingerprint. The changes of one revision come in one message of
-    /// the watch, so `pending` holds the rest of its revision.
-    fn next_change(&self, pending: &mut VecDeque<(bool, RawKeyValue)>) -> Option<Option<Event<K, O, i64, i64>>> {
+    /// fingerprint and the stream's position. The changes of one revision
+    /// come in one message of the watch, so the rest of its revision is
+    /// pending.
+    fn next_change(&self, state: &mut StreamState) -> Option<Option<Event<K, O, i64, i64>>> {
+        let pending = &mut state.pending;
         let (deleted, kv) = pending.pop_front()?;
         let last = pending.front().is_none_or(|(_, next)| next.mod_revision != kv.mod_revision);
+        if last {
+            state.position = kv.mod_revision;
+        }
         self.fingerprint.lock().changed(deleted, &kv, last);
         Some(self.event(deleted, kv, last))
     }
@@ -371,7 +382,8 @@ where
             self.client.check_prefix(&self.prefix, &fingerprint).map_err(source_error)?;
         }
         let catch_up = if self.restored.load(Relaxed) {
-            // Its count is where the catch-up counts from.
+            // The catch-up counts the keys from the fingerprint's count at
+            // `from`: with none there, it could not tell when it is over.
             if !described {
                 let restored = fingerprint.revision().unwrap_or(0);
                 return Err(SourceError::expired(format!(
@@ -389,7 +401,7 @@ where
         });
         let stop = stop.clone();
         let this = &*self;
-        let mut state = StreamState { catch_up, handed_through: from, ..StreamState::default() };
+        let mut state = StreamState { catch_up, position: from, ..StreamState::default() };
         Ok(Box::new(std::iter::from_fn(move || {
             let _unblocks_the_read = &hook;
             loop {
@@ -404,7 +416,7 @@ where
                 match stream.next() {
                     Ok(WatchItem::Events(events)) => state.pending.extend(events),
                     Ok(WatchItem::Progress(revision)) => {
-                        if let Some(bookmark) = this.progress(&state, revision) {
+                        if let Some(bookmark) = this.progress(&mut state, revision) {
                             return Some(Ok(bookmark));
                         }
                     }
@@ -474,8 +486,8 @@ mod tests {
             (false, kv(b"c", "3", 8)),
             (false, kv(b"\xff", "4", 9)),
         ];
-        let mut pending = VecDeque::from(batch);
-        let events: Vec<_> = std::iter::from_fn(|| source.next_change(&mut pending)).flatten().collect();
+        let mut state = StreamState { pending: VecDeque::from(batch), ..StreamState::default() };
+        let events: Vec<_> = std::iter::from_fn(|| source.next_change(&mut state)).flatten().collect();
         assert_eq!(
             events,
             [
@@ -523,7 +535,7 @@ mod tests {
         catch_up: CatchUp,
         messages: Vec<Vec<(bool, RawKeyValue)>>,
     ) -> (Vec<TextEvent>, StreamState) {
-        let mut state = StreamState { catch_up: Some(catch_up), handed_through: from, ..StreamState::default() };
+        let mut state = StreamState { catch_up: Some(catch_up), position: from, ..StreamState::default() };
         let mut events = Vec::new();
         for message in std::iter::once(Vec::new()).chain(messages) {
             state.pending.extend(message);
@@ -592,10 +604,10 @@ mod tests {
     fn changes_up_to_r_after_the_catch_up_net_to_nothing_and_are_skipped() {
         let source = restored(10, &["a", "b", "c"]);
         let messages = vec![vec![put("x", "1", 11, 11)], vec![delete("x", 12)], vec![put("a", "2", 2, 13)]];
-        let (events, state) = catching_up(&source, 10, CatchUp::at(12, 3, 10), messages);
+        let (events, mut state) = catching_up(&source, 10, CatchUp::at(12, 3, 10), messages);
         assert_eq!(events, [Event::CaughtUp { position: 12 }, put_event("a", "2", Some(13), 13)]);
-        assert_eq!(source.progress(&state, 12), None);
-        assert_eq!(source.progress(&state, 14), Some(Event::Bookmark { position: 14 }));
+        assert_eq!(source.progress(&mut state, 12), None);
+        assert_eq!(source.progress(&mut state, 13), Some(Event::Bookmark { position: 13 }), "a quiet stream's");
     }
 
     #[test]
@@ -613,10 +625,22 @@ mod tests {
     #[test]
     fn a_progress_notification_during_a_catch_up_is_no_position() {
         let source = restored(10, &["a"]);
-        let (events, state) = catching_up(&source, 10, CatchUp::at(12, 2, 12), Vec::new());
+        let (events, mut state) = catching_up(&source, 10, CatchUp::at(12, 2, 12), Vec::new());
         assert_eq!(events, []);
-        assert_eq!(source.progress(&state, 20), None, "etcd#15220: it may come before the changes it covers");
+        assert_eq!(source.progress(&mut state, 20), None, "etcd#15220: it may come before the changes it covers");
         assert_eq!(kept_at(&source, 10).map(|f| f.count()), Some(1), "still at the restored position");
+    }
+
+    /// etcd#15220: a progress notification may come before a change of its
+    /// revision. Outside a catch-up it is a bookmark, and the change still
+    /// reaches the cache.
+    #[test]
+    fn a_change_after_a_progress_notification_of_its_revision_is_handed_out() {
+        let source = restored(10, &["a"]);
+        let mut state = StreamState { position: 10, ..StreamState::default() };
+        assert_eq!(source.progress(&mut state, 12), Some(Event::Bookmark { position: 12 }));
+        state.pending.push_back(put("b", "2", 12, 12));
+        assert_eq!(source.next_event(&mut state), Some(Some(put_event("b", "2", Some(12), 12))));
     }
 
     #[test]
