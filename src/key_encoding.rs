@@ -35,11 +35,70 @@ pub trait Keepable {
     /// The bytes kept in the store, or `None` when this value cannot be
     /// kept.
     fn kept_bytes(&self) -> Option<Vec<u8>>;
+
+    /// The value `kept_bytes` gave `bytes` for, read back at a restart
+    /// that resumes from the kept position; `None` (the default): it
+    /// cannot be read back, and the restart relists.
+    fn from_kept_bytes(bytes: &[u8]) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = bytes;
+        None
+    }
 }
 
 impl<T: StoreKey> Keepable for T {
     fn kept_bytes(&self) -> Option<Vec<u8>> {
         Some(encode_key(self))
+    }
+
+    fn from_kept_bytes(bytes: &[u8]) -> Option<Self> {
+        decode_key(bytes)
+    }
+}
+
+/// An object a cache with a store can keep whole
+/// ([`CacheBuilder::keep_objects`](crate::CacheBuilder::keep_objects)), so
+/// a restart loads it from the file and resumes the source's stream
+/// instead of listing again: raw bytes and text, as an `EtcdSource`
+/// without `decode` gives them.
+pub trait KeptObject: Sized {
+    /// The bytes kept, or `None` when this object cannot be kept (the
+    /// cache then keeps no snapshot, and its next restart relists).
+    fn kept_object(&self) -> Option<Vec<u8>>;
+    /// The object read back from what [`kept_object`](Self::kept_object)
+    /// gave.
+    fn from_kept_object(bytes: &[u8]) -> Option<Self>;
+}
+
+impl KeptObject for Vec<u8> {
+    fn kept_object(&self) -> Option<Vec<u8>> {
+        Some(self.clone())
+    }
+
+    fn from_kept_object(bytes: &[u8]) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
+}
+
+impl KeptObject for Box<[u8]> {
+    fn kept_object(&self) -> Option<Vec<u8>> {
+        Some(self.to_vec())
+    }
+
+    fn from_kept_object(bytes: &[u8]) -> Option<Self> {
+        Some(bytes.into())
+    }
+}
+
+impl KeptObject for String {
+    fn kept_object(&self) -> Option<Vec<u8>> {
+        Some(self.clone().into_bytes())
+    }
+
+    fn from_kept_object(bytes: &[u8]) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
     }
 }
 

@@ -116,7 +116,7 @@ pub use crossbeam_channel;
 pub use error::InvalidArgument;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdError;
-pub use key_encoding::{Keepable, StoreKey, decode_key, encode_key};
+pub use key_encoding::{Keepable, KeptObject, StoreKey, decode_key, encode_key};
 pub use manager::{
     ControllerParams, ControllerStatus, DEFAULT_ERROR_RETRY_BASE, DEFAULT_MANAGER_NAME, DoError, Manager,
     ManagerBuilder, UnknownController, WeakManager,

@@ -457,6 +457,24 @@ pub(crate) fn cache_expired(cache: &str, error: &str) {
     tracing::info!(target: CACHE, cache = %cache, error, "cache position expired; relisting");
 }
 
+/// A stored cache that keeps its objects restarted from its snapshot
+/// and resumes its source's stream (E9).
+pub(crate) fn cache_resumed(cache: &str, keys: usize) {
+    tracing::info!(target: CACHE, cache = %cache, keys, "cache loaded from its store; resuming the source's stream");
+}
+
+/// A stored cache cannot resume from its snapshot (none kept, unreadable,
+/// or the source refused its position): it lists.
+pub(crate) fn cache_not_resumed(cache: &str, why: &str) {
+    tracing::info!(target: CACHE, cache = %cache, why, "cache not resumed from its store; listing");
+}
+
+/// A stored cache stopped keeping its snapshot for this run (an object
+/// or a position it cannot keep): its next restart relists.
+pub(crate) fn cache_snapshot_dropped(cache: &str, why: &str) {
+    tracing::info!(target: CACHE, cache = %cache, why, "cache keeps no snapshot; its next restart relists");
+}
+
 /// A cache's index function panicked: the key is left out of that index
 /// (call with no lock held).
 pub(crate) fn cache_index_failed<K: fmt::Debug>(cache: &str, index: &str, key: &K, error: &str) {

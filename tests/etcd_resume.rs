@@ -12,7 +12,7 @@ mod etcd;
 
 use std::collections::BTreeMap;
 
-use common::PATIENCE;
+use common::{PATIENCE, wait_for};
 use etcd::Etcd;
 use reconq::EtcdSource;
 use reconq::source::{Event, Source, SourceError, Stop};
@@ -184,6 +184,24 @@ fn a_catch_up_of_more_than_a_thousand_revisions_ends_once_all_are_sent() {
     assert_eq!(events.len(), 1301, "1,200 puts, 100 deletes, then caught up");
     assert_eq!(events[1300], Event::CaughtUp { position: etcd.revision() });
     assert_eq!(applied(kept.items, &events), etcd.list(PREFIX));
+}
+
+/// The catch-up read starts at `restore`, so it overlaps what a restarted
+/// cache does before it resumes (loading what it kept); the stream then
+/// takes it, and reads no second one.
+#[test]
+fn the_catch_up_read_starts_at_restore() {
+    let etcd = Etcd::start();
+    put(&etcd, "a", "a");
+    let kept = listed(&etcd);
+    put(&etcd, "b", "b");
+    let txns = || etcd.requests().get("Txn").copied().unwrap_or(0);
+    let before = txns();
+    let mut source = restored(&etcd, &kept);
+    wait_for("the catch-up read", || txns() == before + 1);
+    let events = until_caught_up(&mut source, kept.position);
+    assert_eq!(events.len(), 2, "b's put, then caught up: {events:?}");
+    assert_eq!(txns(), before + 2, "the check of the kept revision, and no second catch-up read");
 }
 
 #[test]

@@ -416,6 +416,8 @@ class _CacheStats(TypedDict):
     position: Any
     """The position of the last list or event applied (etcd: its revision; a poll count)."""
     relists: int
+    resumed: bool
+    """This run started from the contents its store kept and resumed the stream there (E9)."""
     events: int
     errors: int
     last_error: Optional[str]
@@ -432,7 +434,11 @@ class Cache:
     ``store=`` (a path or ``SqliteStore``, its controllers' file) keeps its key
     set and versions (for a key without one, a digest of its object, if it
     is plain data) with their pending keys, so a restart reconciles only
-    what changed while down (E9); ``flush()`` waits for them to be on disk."""
+    what changed while down (E9); ``flush()`` waits for them to be on disk.
+    An ``EtcdSource`` without ``decode`` also keeps its values there, so a
+    restart loads them and resumes etcd's stream from the kept revision
+    instead of listing the prefix again (it relists only if that revision
+    was compacted)."""
 
     def __new__(
         cls,
@@ -460,7 +466,7 @@ class Cache:
         """Waits (GIL released) until the first list has been applied; returns whether it was, False
         at once if the cache is stopped unsynced, or after ``timeout`` seconds (None: no limit)."""
     def stats(self) -> _CacheStats:
-        """A dict: name, synced, keys, position, relists, events, errors, last_error,
+        """A dict: name, synced, keys, position, relists, resumed, events, errors, last_error,
         last_error_time."""
     def flush(self) -> None:
         """Blocks until every change applied before the call is on disk with what it enqueued (E9)."""

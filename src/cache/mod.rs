@@ -37,6 +37,7 @@
 mod backoff;
 mod contents;
 mod observe;
+mod resume;
 mod run;
 mod stored;
 mod subscribers;
@@ -45,7 +46,7 @@ mod tests;
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -153,6 +154,10 @@ pub struct CacheStats<P> {
     /// Lists after the first (the position expired, or the source has no
     /// positions).
     pub relists: u64,
+    /// This run started from the contents its store kept and resumed the
+    /// source's stream there instead of listing (E9,
+    /// [`CacheBuilder::keep_objects`]).
+    pub resumed: bool,
     /// Stream events applied (puts, deletes, bookmarks).
     pub events: u64,
     /// Failures of the source (each logged as a WARNING).
@@ -189,6 +194,8 @@ pub struct CacheBuilder<S: Source> {
     /// `digest`: what `store` keeps of an object the source gave no
     /// version for.
     digest: Option<stored::Digest<S::Object>>,
+    /// `keep_objects`: how `store` keeps objects whole.
+    objects: Option<stored::ObjectCodec<S::Object>>,
 }
 
 #[cfg(feature = "store")]
@@ -218,8 +225,33 @@ where
             version: <S::Version as crate::key_encoding::Keepable>::kept_bytes,
             position: <S::Position as crate::key_encoding::Keepable>::kept_bytes,
             digest: None,
+            version_from: <S::Version as crate::key_encoding::Keepable>::from_kept_bytes,
+            position_from: <S::Position as crate::key_encoding::Keepable>::from_kept_bytes,
+            object: None,
+            file: Arc::new(store.clone()),
         };
         self.store = Some((store.canonical_path().to_path_buf(), codec));
+        self
+    }
+
+    /// With [`store`](Self::store): keeps each object whole too, with the
+    /// source's position and its state there, so that a restart loads
+    /// them from the file and resumes the source's stream from the kept
+    /// position instead of listing everything again (E9; a source that
+    /// can, as `EtcdSource`, says so with
+    /// [`Source::resume_state`]). It relists only when the position
+    /// expired (etcd compacted it, or its history was reset). Each change
+    /// then writes its object to the file as well (docs/store.md: what it
+    /// costs). An object that [`KeptObject::kept_object`] cannot keep
+    /// makes the cache forget its snapshot: its next restart relists.
+    ///
+    /// [`KeptObject::kept_object`]: crate::key_encoding::KeptObject::kept_object
+    pub fn keep_objects(mut self) -> Self
+    where
+        S::Object: crate::key_encoding::KeptObject,
+    {
+        use crate::key_encoding::KeptObject;
+        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: S::Object::from_kept_object });
         self
     }
 
@@ -284,7 +316,7 @@ impl<S: Source> CacheBuilder<S> {
         }
         let stored = match self.store {
             Some((file, codec)) => {
-                let codec = Codec { digest: self.digest, ..codec };
+                let codec = Codec { digest: self.digest, object: self.objects, ..codec };
                 Some(Stored::new(file, &self.name, codec).map_err(InvalidArgument::new)?)
             }
             None => None,
@@ -347,6 +379,7 @@ struct Counters {
     deletes: AtomicU64,
     bookmarks: AtomicU64,
     relists: AtomicU64,
+    resumed: AtomicBool,
     errors: AtomicU64,
     /// Failures since the last list or event applied.
     consecutive_failures: AtomicU64,
@@ -396,6 +429,7 @@ impl<S: Source> Cache<S> {
             thread_wrapper: None,
             store: None,
             digest: None,
+            objects: None,
         }
     }
 
@@ -623,6 +657,12 @@ impl<S: Source> Cache<S> {
     /// How a cache with a store keeps its keys, versions and positions.
     pub(crate) fn codec(&self) -> Option<Codec<S>> {
         self.inner.stored.as_ref().map(|stored| stored.codec.clone())
+    }
+
+    /// What the cache keeps of its own contents (E9), if it keeps its
+    /// objects: its watching controllers' flushers write it.
+    pub(crate) fn snapshot(&self) -> Option<Arc<crate::store::CacheSnapshot>> {
+        self.inner.stored.as_ref()?.snapshot.clone()
     }
 
     /// A watching controller's flusher joins `flush()`.

@@ -23,6 +23,7 @@ impl<S: Source> Inner<S> {
             keys,
             position,
             relists: c.relists.load(Relaxed),
+            resumed: c.resumed.load(Relaxed),
             events: c.puts.load(Relaxed) + c.deletes.load(Relaxed) + c.bookmarks.load(Relaxed),
             errors: c.errors.load(Relaxed),
             last_error,

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Instant, SystemTime};
 
 use super::backoff::{Backoff, RESET_AFTER};
+use super::resume::{At, Keeping, Row};
 use super::{Applied, Inner};
 use crate::logs;
 use crate::source::{Event, EventOf, ListingOf, Source, SourceError};
@@ -25,14 +26,18 @@ impl<S: Source> Inner<S> {
     /// The thread's body: runs until the cache stops.
     pub(super) fn keep(self: Arc<Self>, mut source: S) {
         let mut backoff = Backoff::new(self.first_backoff);
-        let mut listed = false;
-        let mut need_list = true;
+        let mut keeping = Keeping::new(self.stored.as_ref(), &source);
+        // A restart that resumes starts from the kept contents, as from a
+        // list (so a later list is a relist).
+        let resumed = keeping.as_ref().is_some_and(|keeping| self.resume(&mut source, keeping));
+        let mut listed = resumed;
+        let mut need_list = !resumed;
         let mut last_end = LastEnd::Other;
         while !self.stop.is_set() {
             if need_list {
                 match source.list(&self.stop) {
                     Ok(listing) if !self.stop.is_set() => {
-                        self.apply_list(listing, listed);
+                        self.apply_list(listing, listed, &mut keeping);
                         listed = true;
                     }
                     Ok(_) => return,
@@ -54,7 +59,7 @@ impl<S: Source> Inner<S> {
                     match stream.next() {
                         None => break None,
                         Some(Ok(_)) if self.stop.is_set() => break None,
-                        Some(Ok(event)) => progressed |= self.apply_event(event),
+                        Some(Ok(event)) => progressed |= self.apply_event(event, &mut keeping),
                         Some(Err(e)) => break Some(e),
                     }
                 },
@@ -100,12 +105,61 @@ impl<S: Source> Inner<S> {
         }
     }
 
+    /// Loads the contents the store kept and prepares `source` to resume
+    /// from their position; returns whether it will (else the cache
+    /// lists). Not synced yet: the resumed stream's `CaughtUp` syncs it.
+    /// The source hears of the position first, so its catch-up (etcd: a
+    /// read of what changed since) overlaps the load of the rows.
+    fn resume(&self, source: &mut S, keeping: &Keeping<S>) -> bool {
+        let restored = keeping.kept_at(&self.name).and_then(|(position, state)| {
+            if source.restore(&position, &state) {
+                Ok(position)
+            } else {
+                Err("the source cannot resume from the kept position".to_owned())
+            }
+        });
+        match restored.and_then(|position| keeping.kept_contents(&self.name, position)) {
+            Ok(listing) => {
+                logs::cache_resumed(&self.name, listing.items.len());
+                self.counters.resumed.store(true, Relaxed);
+                let _delivering = self.delivery.lock();
+                self.replace_contents(listing);
+                true
+            }
+            Err(why) => {
+                logs::cache_not_resumed(&self.name, &why);
+                false
+            }
+        }
+    }
+
     /// Replaces the contents with `listing`; the first list syncs the
     /// cache once its changes are delivered.
-    fn apply_list(&self, listing: ListingOf<S>, relist: bool) {
+    fn apply_list(&self, listing: ListingOf<S>, relist: bool, keeping: &mut Option<Keeping<S>>) {
         // Through the synced hooks: a stored cache's watches find the
         // deletes of a restart there, and `flush()` waits for them.
         let _delivering = self.delivery.lock();
+        let kept = keeping.as_ref().map(|keeping| keeping.list(&listing));
+        if relist {
+            self.counters.relists.fetch_add(1, Relaxed);
+        }
+        self.succeeded();
+        self.replace_contents_then(listing, || match kept {
+            Some(Some((rows, at))) => keeping.as_ref().map_or((), |k| k.snapshot().replace(rows, at)),
+            Some(None) => self.stop_keeping(keeping, "an object or a position it cannot keep"),
+            None => {}
+        });
+        self.became_synced();
+    }
+
+    /// Replaces the contents with `listing` and delivers the changes.
+    fn replace_contents(&self, listing: ListingOf<S>) {
+        self.replace_contents_then(listing, || {});
+    }
+
+    /// [`replace_contents`](Self::replace_contents), running `applied`
+    /// after the contents changed and before anyone hears of it.
+    fn replace_contents_then(&self, listing: ListingOf<S>, applied: impl FnOnce()) {
         let mut failures = Vec::new();
         let (changes, subscribers) = {
             let mut state = self.state.write();
@@ -113,15 +167,17 @@ impl<S: Source> Inner<S> {
             state.position = listing.position;
             (changes, Arc::clone(&state.subscribers))
         };
-        if relist {
-            self.counters.relists.fetch_add(1, Relaxed);
-        }
-        self.succeeded();
+        applied();
         self.index_failed(failures);
         self.deliver(&subscribers, &changes);
         // Gone before anyone hears of the sync: a list's changes (one for
         // each key, holding it and its object) are not kept past it.
         drop(changes);
+    }
+
+    /// The cache holds the source's state (a list, or a resumed stream
+    /// caught up): synced, once; runs the synced hooks.
+    fn became_synced(&self) {
         let hooks = {
             let mut synced = self.synced.lock();
             if *synced {
@@ -136,10 +192,23 @@ impl<S: Source> Inner<S> {
         }
     }
 
+    /// The snapshot cannot be kept (`why`): the file forgets it, and this
+    /// run keeps no more.
+    fn stop_keeping(&self, keeping: &mut Option<Keeping<S>>, why: &str) {
+        if let Some(keeping) = keeping.take() {
+            keeping.snapshot().forget();
+            logs::cache_snapshot_dropped(&self.name, why);
+        }
+    }
+
     /// Applies `event`; returns whether it changed the contents (a put,
-    /// or a delete of a key held) or the position.
-    fn apply_event(&self, event: EventOf<S>) -> bool {
+    /// or a delete of a key held) or the position. A resumed stream's
+    /// `CaughtUp` syncs the cache.
+    fn apply_event(&self, event: EventOf<S>, keeping: &mut Option<Keeping<S>>) -> bool {
         let _delivering = self.delivery.lock();
+        let caught_up = matches!(event, Event::CaughtUp { .. });
+        // Before the object moves into the contents.
+        let kept = keeping.as_ref().map(|keeping| kept(keeping, &event));
         let mut failures = Vec::new();
         let progressed;
         let (change, subscribers) = {
@@ -167,10 +236,33 @@ impl<S: Source> Inner<S> {
             }
             (change, Arc::clone(&state.subscribers))
         };
+        match (kept, keeping.as_ref()) {
+            (Some(Some((row, at))), Some(keeping)) => keeping.snapshot().mark(row, at),
+            (Some(None), _) => self.stop_keeping(keeping, "an object or a position it cannot keep"),
+            _ => {}
+        }
         self.succeeded();
         let changes: Vec<Applied<S::Key, S::Object>> = change.into_iter().collect();
         self.index_failed(failures);
         self.deliver(&subscribers, &changes);
+        if caught_up {
+            self.became_synced();
+        }
         progressed
     }
+}
+
+/// What the snapshot keeps of `event`: a key's row and the position with
+/// the source's state there; `None`: something it cannot keep.
+fn kept<S: Source>(keeping: &Keeping<S>, event: &EventOf<S>) -> Option<(Option<Row>, Option<At>)> {
+    let (row, position) = match event {
+        Event::Put { key, obj, position, version } => (Some(keeping.put(key, obj, version.as_ref())?), position),
+        Event::Delete { key, position } => (Some(keeping.delete(key)), position),
+        Event::Bookmark { position } | Event::CaughtUp { position } => (None, &Some(position.clone())),
+    };
+    let at = match position {
+        Some(position) => Some(keeping.at(position)?),
+        None => None,
+    };
+    Some((row, at))
 }

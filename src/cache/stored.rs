@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use crate::source::Source;
-use crate::store::{CacheName, Flush};
+use crate::store::{CacheName, CacheSnapshot, Flush, SnapshotFile};
 use crate::sync::Mutex;
 
 /// What a stored cache keeps of an object in place of a version (see
@@ -28,14 +28,37 @@ pub(crate) struct Codec<S: Source> {
     /// (`CacheBuilder::digest`): without it such a key counts as changed
     /// at every restart.
     pub(crate) digest: Option<Digest<S::Object>>,
+    /// How versions and positions read back (a restart that resumes).
+    pub(crate) version_from: fn(&[u8]) -> Option<S::Version>,
+    pub(crate) position_from: fn(&[u8]) -> Option<S::Position>,
+    /// How objects are kept (`CacheBuilder::keep_objects`); `None`: they
+    /// are not, and a restart relists.
+    pub(crate) object: Option<ObjectCodec<S::Object>>,
+    /// The file a restart reads the snapshot back from.
+    pub(crate) file: Arc<dyn SnapshotFile>,
 }
 
 impl<S: Source> Clone for Codec<S> {
     fn clone(&self) -> Self {
-        let Self { key, decode, version, position, ref digest } = *self;
-        Self { key, decode, version, position, digest: digest.clone() }
+        let Self { key, decode, version, position, ref digest, version_from, position_from, object, ref file } = *self;
+        Self { key, decode, version, position, digest: digest.clone(), version_from, position_from, object, file: file.clone() }
     }
 }
+
+/// How a stored cache keeps its objects whole: to bytes (`None`: this one
+/// cannot be) and back.
+pub(crate) struct ObjectCodec<O> {
+    pub(crate) encode: fn(&O) -> Option<Vec<u8>>,
+    pub(crate) decode: fn(&[u8]) -> Option<O>,
+}
+
+impl<O> Clone for ObjectCodec<O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O> Copy for ObjectCodec<O> {}
 
 /// Marks a digest's bytes: no key encoding starts with it, so a digest
 /// never equals a kept version (a key listed with a version at one run
@@ -64,6 +87,9 @@ pub(crate) struct Stored<S: Source> {
     pub(crate) codec: Codec<S>,
     /// The flushers of the controllers it feeds: its `flush()` is theirs.
     flushers: Mutex<Vec<Weak<dyn Flush>>>,
+    /// What it keeps of its own contents to resume after a restart, if it
+    /// keeps its objects (written by those flushers).
+    pub(crate) snapshot: Option<Arc<CacheSnapshot>>,
 }
 
 impl<S: Source> Stored<S> {
@@ -71,7 +97,8 @@ impl<S: Source> Stored<S> {
     /// this process has it.
     pub(crate) fn new(file: PathBuf, name: &str, codec: Codec<S>) -> Result<Self, String> {
         let held = CacheName::reserve(&file, name).map_err(|e| e.to_string())?;
-        Ok(Self { file, name: Mutex::new(Some(held)), codec, flushers: Mutex::new(Vec::new()) })
+        let snapshot = codec.object.is_some().then(|| Arc::new(CacheSnapshot::new(name)));
+        Ok(Self { file, name: Mutex::new(Some(held)), codec, flushers: Mutex::new(Vec::new()), snapshot })
     }
 
     pub(crate) fn file(&self) -> &Path {

@@ -44,8 +44,11 @@
 //! up to `p`. (a) is the fingerprint's count (`fingerprint.rs`), kept
 //! with the position and moved by every create and delete since.
 
+use std::time::Duration;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{Value, json};
 
 use super::{EtcdClient, EtcdError, Fingerprint, READ_TIMEOUT, int_field, prefix_end, raw_key_value};
@@ -99,6 +102,42 @@ impl EtcdClient {
         let changed = response(1).get("kvs").and_then(Value::as_array).and_then(|kvs| kvs.first());
         let last_changed = changed.map(raw_key_value).transpose()?.map_or(from, |kv| kv.mod_revision);
         Ok(CatchUp { revision, count: u64::try_from(count).unwrap_or(0), last_changed })
+    }
+}
+
+/// How often a wait for an [`EarlyCatchUp`] looks at its stop.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// A catch-up read started before the watch opens, on a thread of its
+/// own: a restarted cache restores its source before it resumes, so the
+/// read (a walk over the prefix, in etcd) overlaps what the cache does
+/// until then (loading what it kept) and the check of the kept revision.
+pub(crate) struct EarlyCatchUp(Receiver<Result<CatchUp, EtcdError>>);
+
+impl EarlyCatchUp {
+    /// Starts reading where a watch of `prefix` resumed after `from` is
+    /// caught up; `None` if no thread could be started (the watch reads
+    /// it when it opens).
+    pub(crate) fn start(client: &EtcdClient, prefix: &str, from: i64) -> Option<Self> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (client, prefix) = (client.clone(), prefix.to_owned());
+        std::thread::Builder::new()
+            .name("reconq-etcd-catch-up".to_owned())
+            .spawn(move || drop(tx.send(client.catch_up(&prefix, from))))
+            .ok()?;
+        Some(Self(rx))
+    }
+
+    /// What it read, once read; `None` if `stopped()` turned true first
+    /// (or its thread is gone).
+    pub(crate) fn wait(self, stopped: impl Fn() -> bool) -> Option<Result<CatchUp, EtcdError>> {
+        loop {
+            match self.0.recv_timeout(STOP_POLL) {
+                Ok(read) => return Some(read),
+                Err(RecvTimeoutError::Timeout) if !stopped() => {}
+                Err(_) => return None,
+            }
+        }
     }
 }
 

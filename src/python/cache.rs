@@ -51,6 +51,10 @@ pub(crate) type PyCacheCore = Cache<AnySource>;
 /// set and versions (for a key without one, a digest of its object, if it
 /// is plain data) with their pending keys, so a restart reconciles only
 /// what changed while down (E9); `flush()` waits for them to be on disk.
+/// An `EtcdSource` without `decode` also keeps its values there, so a
+/// restart loads them and resumes etcd's stream from the kept revision
+/// instead of listing the prefix again (it relists only if that revision
+/// was compacted).
 #[pyclass(name = "Cache", module = "reconq", frozen, weakref)]
 pub(crate) struct PyCache {
     pub(crate) cache: PyCacheCore,
@@ -167,7 +171,7 @@ impl PyCache {
         }
         if let Some(store) = &store {
             // A source without versions keeps digests of its objects.
-            builder = builder.store(store).digest(super::digest::canonical);
+            builder = builder.store(store).digest(super::digest::canonical).keep_objects();
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self { cache, started_by: AtomicU32::new(0) })
@@ -246,6 +250,7 @@ impl PyCache {
         d.set_item("keys", stats.keys)?;
         d.set_item("position", stats.position.map(|p| p.to_py(py)).transpose()?)?;
         d.set_item("relists", stats.relists)?;
+        d.set_item("resumed", stats.resumed)?;
         d.set_item("events", stats.events)?;
         d.set_item("errors", stats.errors)?;
         d.set_item("last_error", stats.last_error)?;

@@ -22,7 +22,7 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::attach::attach;
 use super::errors::describe;
-use crate::{key_encoding::Keepable, key_encoding::encode_key};
+use crate::key_encoding::{Keepable, KeptObject, decode_key, encode_key};
 
 thread_local! {
     /// This thread runs Python code under a cache's write lock.
@@ -195,6 +195,29 @@ impl Keepable for SourceValue {
             SourceValue::Int(i) => Some(encode_key(i)),
             SourceValue::Object(object) => object.kept.as_deref().map(<[u8]>::to_vec),
         }
+    }
+
+    /// Only an `int` reads back without the interpreter (etcd's revisions
+    /// and versions): a restart resumes only a source whose positions are
+    /// ints (`EtcdSource`).
+    fn from_kept_bytes(bytes: &[u8]) -> Option<Self> {
+        decode_key::<i64>(bytes).map(SourceValue::Int)
+    }
+}
+
+/// An etcd value without `decode` is kept whole, so a restart resumes
+/// (`CacheBuilder::keep_objects`); a Python object is not (its cache
+/// relists at a restart, as before).
+impl KeptObject for PyObj {
+    fn kept_object(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Bytes(bytes) => Some(bytes.to_vec()),
+            Self::Python(_) => None,
+        }
+    }
+
+    fn from_kept_object(bytes: &[u8]) -> Option<Self> {
+        Some(Self::Bytes(bytes.into()))
     }
 }
 

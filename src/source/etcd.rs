@@ -33,7 +33,9 @@ use std::time::Duration;
 use super::{Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{CatchUp, EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead};
+use crate::etcd::{
+    CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead,
+};
 use crate::logs;
 use crate::sync::Mutex;
 
@@ -99,6 +101,8 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     /// opened reads where it will be ([`CatchUp`]). A list ends it, or the
     /// stream's [`Event::CaughtUp`].
     restored: AtomicBool,
+    /// The first stream's catch-up, read from `restore` on.
+    early_catch_up: Mutex<Option<EarlyCatchUp>>,
 }
 
 /// What a stream of changes keeps between the events it hands out.
@@ -138,6 +142,7 @@ impl EtcdSource<Vec<u8>> {
             page_size: DEFAULT_PAGE_SIZE,
             fingerprint: Arc::default(),
             restored: AtomicBool::new(false),
+            early_catch_up: Mutex::default(),
         })
     }
 }
@@ -158,6 +163,7 @@ impl<O, K> EtcdSource<O, K> {
             page_size: self.page_size,
             fingerprint: self.fingerprint,
             restored: self.restored,
+            early_catch_up: self.early_catch_up,
         }
     }
 
@@ -177,6 +183,7 @@ impl<O, K> EtcdSource<O, K> {
             page_size: self.page_size,
             fingerprint: self.fingerprint,
             restored: self.restored,
+            early_catch_up: self.early_catch_up,
         }
     }
 
@@ -245,6 +252,21 @@ impl<O, K> EtcdSource<O, K> {
             state.pending.pop_front();
         }
         self.next_change(state)
+    }
+
+    /// Where a restored stream from `from` is caught up: as read from
+    /// `restore` on (waiting for that read if need be), or read now.
+    fn catch_up(&mut self, from: i64, stop: &Stop) -> Result<CatchUp, SourceError> {
+        let early = self.early_catch_up.get_mut().take().and_then(|read| read.wait(|| stop.is_set()));
+        if stop.is_set() {
+            return Err(SourceError::new("stopped"));
+        }
+        match early {
+            // Read before `from` was checked: a revision below it would
+            // come from a history reset since, which the check saw.
+            Some(Ok(catch_up)) if catch_up.revision() >= from => Ok(catch_up),
+            _ => self.client.catch_up(&self.prefix, from).map_err(source_error),
+        }
     }
 
     /// What a progress notification at `revision` is for the cache: a
@@ -369,6 +391,7 @@ where
         fingerprint.listed_at(revision);
         *self.fingerprint.lock() = fingerprint;
         self.restored.store(false, Relaxed);
+        *self.early_catch_up.get_mut() = None;
         Ok(Listing { items, position: Some(revision) })
     }
 
@@ -390,7 +413,7 @@ where
                     "etcd: a resume from revision {from} cannot tell when it caught up: the state restored is at {restored}"
                 )));
             }
-            Some(self.client.catch_up(&self.prefix, from).map_err(source_error)?)
+            Some(self.catch_up(from, stop)?)
         } else {
             None
         };
@@ -442,6 +465,7 @@ where
         let Some(fingerprint) = Fingerprint::from_kept(*position, state) else { return false };
         *self.fingerprint.lock() = fingerprint;
         self.restored.store(true, Relaxed);
+        *self.early_catch_up.get_mut() = EarlyCatchUp::start(&self.client, &self.prefix, *position);
         true
     }
 }

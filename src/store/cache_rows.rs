@@ -25,11 +25,12 @@
 //! delivers its delete (E9).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use rusqlite::{Transaction, params};
 
+use super::cache_snapshot::{CacheSnapshot, SnapshotBatch};
 use super::link::{KeptChange, KeptSet};
 
 #[derive(Debug, Clone)]
@@ -40,8 +41,10 @@ pub(crate) struct CacheRow {
 }
 
 /// The cache rows one write carries.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct CacheBatch {
+    /// The caches' own snapshots (`cache_snapshot`), taken before the rows.
+    snapshots: Vec<(Arc<CacheSnapshot>, SnapshotBatch)>,
     rows: Vec<CacheRow>,
     /// The last position told, per cache.
     positions: HashMap<Arc<str>, Option<Vec<u8>>>,
@@ -49,22 +52,34 @@ pub(crate) struct CacheBatch {
 
 impl CacheBatch {
     pub(crate) fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.positions.is_empty()
+        self.snapshots.is_empty() && self.rows.is_empty() && self.positions.is_empty()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.rows.len() + self.positions.len()
+        self.snapshots.len() + self.rows.len() + self.positions.len()
     }
 
     /// Adds `later` after these rows (a later change of a key wins).
     pub(crate) fn append(&mut self, later: CacheBatch) {
+        self.snapshots.extend(later.snapshots);
         self.rows.extend(later.rows);
         self.positions.extend(later.positions);
     }
 
-    /// Writes the rows for controller `name` in `tx`: of a key changed
-    /// several times, the last change.
+    /// The write that carried this batch committed: its snapshots are in
+    /// the file, and the next ones may be taken.
+    pub(crate) fn committed(self) {
+        for (snapshot, _) in self.snapshots {
+            snapshot.written();
+        }
+    }
+
+    /// Writes the snapshots, then the rows for controller `name`, in `tx`:
+    /// of a key changed several times, the last change.
     pub(crate) fn write(&self, tx: &Transaction<'_>, name: &str) -> rusqlite::Result<()> {
+        for (snapshot, batch) in &self.snapshots {
+            write_snapshot(tx, snapshot.cache(), batch)?;
+        }
         let mut upsert = tx.prepare_cached(
             "INSERT OR REPLACE INTO cache_keys (controller, cache, key, version) VALUES (?1, ?2, ?3, ?4)",
         )?;
@@ -90,10 +105,38 @@ impl CacheBatch {
     }
 }
 
+/// Writes `batch`, the changes to `cache`'s snapshot, in `tx`.
+fn write_snapshot(tx: &Transaction<'_>, cache: &str, batch: &SnapshotBatch) -> rusqlite::Result<()> {
+    if batch.reset || batch.forget {
+        tx.execute("DELETE FROM cache_values WHERE cache = ?1", params![cache])?;
+        tx.execute("DELETE FROM cache_snapshots WHERE cache = ?1", params![cache])?;
+    }
+    let mut upsert =
+        tx.prepare_cached("INSERT OR REPLACE INTO cache_values (cache, key, version, value) VALUES (?1, ?2, ?3, ?4)")?;
+    let mut delete = tx.prepare_cached("DELETE FROM cache_values WHERE cache = ?1 AND key = ?2")?;
+    // In key order: the rows go into the table's b-tree page after page.
+    let mut rows: Vec<_> = batch.rows.iter().collect();
+    rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (key, row) in rows {
+        match row {
+            Some((version, value)) => upsert.execute(params![cache, key, version, value])?,
+            None => delete.execute(params![cache, key])?,
+        };
+    }
+    if let Some((position, state)) = &batch.at {
+        tx.prepare_cached("INSERT OR REPLACE INTO cache_snapshots (cache, position, state) VALUES (?1, ?2, ?3)")?
+            .execute(params![cache, position, state])?;
+    }
+    Ok(())
+}
+
 /// A controller's cache rows: read at its claim, handed to each watch at
 /// attach; marked by the watches, taken by the flusher.
 #[derive(Default)]
 pub(crate) struct CacheRows {
+    /// The snapshots of the caches it watches that keep one: each write
+    /// takes their marks first.
+    snapshots: Mutex<Vec<Weak<CacheSnapshot>>>,
     /// Until each watch takes its cache's.
     loaded: Mutex<HashMap<String, KeptSet>>,
     /// Marked since the last take.
@@ -106,6 +149,21 @@ pub(crate) struct CacheRows {
 impl CacheRows {
     pub(crate) fn new(loaded: HashMap<String, KeptSet>) -> Self {
         Self { loaded: Mutex::new(loaded), ..Self::default() }
+    }
+
+    /// A watched cache keeps `snapshot`: every write of this controller
+    /// carries its marks, taken before the rows.
+    pub(crate) fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>) {
+        let mut snapshots = self.snapshots.lock();
+        snapshots.retain(|s| s.strong_count() > 0);
+        snapshots.push(Arc::downgrade(snapshot));
+    }
+
+    /// The snapshots' marks, taken before any row (see `cache_snapshot`).
+    fn take_snapshots(&self) -> CacheBatch {
+        let snapshots = self.snapshots.lock().iter().filter_map(Weak::upgrade).collect::<Vec<_>>();
+        let snapshots = snapshots.into_iter().filter_map(|s| s.take().map(|batch| (s, batch))).collect();
+        CacheBatch { snapshots, ..CacheBatch::default() }
     }
 
     /// The key set kept for `cache` at the last run (empty if none), once.
@@ -143,28 +201,37 @@ impl CacheRows {
         self.dirty.lock().len() + self.aged.lock().len()
     }
 
-    /// A tick: the aged rows to write now; the marks become the aged.
+    /// A tick: the snapshots and the aged rows to write now; the marks
+    /// become the aged.
     pub(crate) fn take_tick(&self) -> CacheBatch {
+        let mut taken = self.take_snapshots();
         let marked = std::mem::take(&mut *self.dirty.lock());
-        std::mem::replace(&mut *self.aged.lock(), marked)
+        taken.append(std::mem::replace(&mut *self.aged.lock(), marked));
+        taken
     }
 
-    /// Every row not written yet.
+    /// The snapshots and every row not written yet.
     pub(crate) fn take_all(&self) -> CacheBatch {
+        let mut taken = self.take_snapshots();
         let marked = std::mem::take(&mut *self.dirty.lock());
-        let mut rows = std::mem::take(&mut *self.aged.lock());
-        rows.append(marked);
-        rows
+        taken.append(std::mem::take(&mut *self.aged.lock()));
+        taken.append(marked);
+        taken
     }
 
-    /// The aged rows only (a burst written at once).
+    /// The snapshots and the aged rows only (a burst written at once).
     pub(crate) fn take_aged(&self) -> CacheBatch {
-        std::mem::take(&mut *self.aged.lock())
+        let mut taken = self.take_snapshots();
+        taken.append(std::mem::take(&mut *self.aged.lock()));
+        taken
     }
 
     /// A write of `failed` failed: marked again, before the later marks
     /// (so a later change of a key still wins).
     pub(crate) fn unwritten(&self, mut failed: CacheBatch) {
+        for (snapshot, batch) in std::mem::take(&mut failed.snapshots) {
+            snapshot.unwritten(batch);
+        }
         let mut dirty = self.dirty.lock();
         let later = std::mem::take(&mut *dirty);
         failed.append(later);

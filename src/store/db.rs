@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{Connection, OpenFlags, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use super::StoreError;
 use super::cache_rows::CacheBatch;
+use super::cache_snapshot::{SnapshotFile, SnapshotFileRow};
 use super::link::KeptSet;
 use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
@@ -18,13 +19,13 @@ use super::open_files::{self, OpenFile};
 /// The schema this build writes. A file with a higher `user_version` was
 /// written by a newer reconq and is refused rather than misread; a file
 /// with a lower one is migrated at open.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Step `i` takes a file from schema `i` to `i + 1` (a new file is at 0).
 /// Each step only adds (`IF NOT EXISTS`), so a file written by the
 /// previous release keeps every row. All steps run in one transaction
 /// with the new `user_version`: a crash leaves the file as it was.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [SCHEMA_V1, V1_TO_V2];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [SCHEMA_V1, V1_TO_V2, V2_TO_V3];
 
 /// Schema 1: controllers' pending and parked keys (guarantees §9).
 const SCHEMA_V1: &str = "
@@ -66,6 +67,27 @@ CREATE TABLE IF NOT EXISTS cache_positions (
     cache TEXT NOT NULL,
     position BLOB,              -- in the key encoding; NULL: none kept
     PRIMARY KEY (controller, cache)
+) WITHOUT ROWID;
+";
+
+/// Schema 3 adds what a cache with a store keeps of its own contents
+/// (guarantees E9, `store::cache_snapshot`), one copy per cache: each key's
+/// object and version, and the position with the source's state there, so
+/// a restart loads them and resumes the source's stream instead of
+/// relisting. Written by the flushers of the controllers that watch the
+/// cache, before their own rows.
+const V2_TO_V3: &str = "
+CREATE TABLE IF NOT EXISTS cache_values (
+    cache TEXT NOT NULL,
+    key BLOB NOT NULL,          -- the documented key encoding
+    version BLOB,               -- in the key encoding; NULL: none kept
+    value BLOB NOT NULL,        -- the object's bytes (CacheBuilder::keep_objects)
+    PRIMARY KEY (cache, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cache_snapshots (
+    cache TEXT NOT NULL PRIMARY KEY,
+    position BLOB NOT NULL,     -- in the key encoding
+    state BLOB NOT NULL         -- the source's (Source::resume_state)
 ) WITHOUT ROWID;
 ";
 
@@ -471,5 +493,27 @@ impl SqliteStore {
             let _ = incremental_vacuum(&conn);
         }
         Ok(())
+    }
+}
+
+/// A cache's snapshot (E9), read back by its restart.
+impl SnapshotFile for SqliteStore {
+    fn snapshot_at(&self, cache: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>, String> {
+        let conn = self.inner.conn.lock();
+        conn.query_row("SELECT position, state FROM cache_snapshots WHERE cache = ?1", params![cache], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()
+        .map_err(|e| sql_err(&self.inner.path, e).to_string())
+    }
+
+    fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String> {
+        let conn = self.inner.conn.lock();
+        let read = || -> rusqlite::Result<Vec<SnapshotFileRow>> {
+            let mut stmt = conn.prepare_cached("SELECT key, version, value FROM cache_values WHERE cache = ?1")?;
+            let rows = stmt.query_map(params![cache], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
+            rows.collect()
+        };
+        read().map_err(|e| sql_err(&self.inner.path, e).to_string())
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::StoreError;
+use super::cache_snapshot::CacheSnapshot;
 use crate::observe::reports::StoreStats;
 
 /// What a store keeps of one key, in the controller's terms.
@@ -64,6 +65,9 @@ pub(crate) trait StoreLink<K>: Flush {
     /// The key set kept at the last run for `cache` (E9; empty if none),
     /// handed out once, to the watch of that cache.
     fn take_kept(&self, cache: &str) -> KeptSet;
+    /// A watched cache keeps `snapshot` of its own contents (E9, to resume
+    /// after a restart): every write takes its marks before the cache rows.
+    fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>);
     /// The controller was told of `change` to `key` (encoded) of `cache`,
     /// then at `position` (encoded): kept at the next flush, with the
     /// controller's pending keys. Call it after the enqueues the change

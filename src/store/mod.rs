@@ -4,6 +4,9 @@
 //!
 //! * `link` is the seam to the controller (always compiled): marks, views,
 //!   restore, flusher, status.
+//! * `cache_snapshot` (always compiled) is what a cache keeps of its own
+//!   contents to resume after a restart (E9): marked by the cache, written
+//!   by its controllers' flushers.
 //!
 //! With the `store` feature (on by default), the SQLite implementation:
 //! * `lock` is the claim a live controller holds on its name (S3).
@@ -20,6 +23,7 @@
 mod cache_names;
 #[cfg(feature = "store")]
 mod cache_rows;
+mod cache_snapshot;
 #[cfg(feature = "store")]
 mod db;
 #[cfg(feature = "store")]
@@ -36,6 +40,7 @@ mod persist;
 
 pub use crate::observe::reports::StoreStats;
 pub(crate) use cache_names::CacheName;
+pub(crate) use cache_snapshot::{CacheSnapshot, SnapshotFile, SnapshotRow};
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use super::cache_rows::{CacheBatch, CacheRows};
+use super::cache_snapshot::CacheSnapshot;
 use super::db::StoredParents;
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
@@ -172,6 +173,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> Persister<K> {
                 self.failed(&err, unwritten.len(), last);
                 return Err(err);
             }
+            riding.committed();
             let mut written = self.written.lock();
             for ((_, row), key) in batch_chunk.iter().zip(keys_chunk) {
                 if row.is_some() {
@@ -521,6 +523,10 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
 
     fn take_kept(&self, cache: &str) -> KeptSet {
         self.caches.take_kept(cache)
+    }
+
+    fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>) {
+        self.caches.keep_snapshot(snapshot);
     }
 
     fn mark_cache(&self, cache: &Arc<str>, key: Vec<u8>, change: KeptChange, position: Option<Vec<u8>>) {

@@ -97,6 +97,9 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             let name: Arc<str> = Arc::from(cache.name());
             let restart = Mutex::new(Some(link.take_kept(&name)));
             cache.add_flusher(Arc::downgrade(&(Arc::clone(&link) as Arc<dyn Flush>)));
+            if let Some(snapshot) = cache.snapshot() {
+                link.keep_snapshot(&snapshot);
+            }
             Some(Kept { cache: cache.downgrade(), codec, name, link, restart, held: Mutex::new(HashMap::new()) })
         }
         _ => None,
