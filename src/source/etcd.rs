@@ -247,6 +247,7 @@ impl<O, K> EtcdSource<O, K> {
                 return Some(Some(Event::CaughtUp { position: catch_up.revision() }));
             }
         }
+        // Up to the R of a catch-up that ended: they net to nothing.
         let up_to = state.caught_up_at.unwrap_or(i64::MIN);
         while state.pending.front().is_some_and(|(_, kv)| kv.mod_revision <= up_to) {
             state.pending.pop_front();
