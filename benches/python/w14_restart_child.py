@@ -49,8 +49,10 @@ def main() -> None:
     parser.add_argument("expect", type=int)
     parser.add_argument("--record")
     args = parser.parse_args()
-    terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
+    # SIGTERM stays pending until the end's sigwait (blocked before any
+    # thread starts, so in all of them): an Event set from a handler can
+    # deadlock with the main thread's own wait on it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
     store = reconq.SqliteStore(args.store)
     cache = reconq.Cache(reconq.EtcdSource(args.endpoint, args.prefix), name="w14", store=store)
@@ -78,7 +80,7 @@ def main() -> None:
             with open(args.record, "w") as f:
                 f.writelines(f"{key}\n" for key in reconciled)
         say(f"idle {len(reconciled)}")
-    terminated.wait()
+    signal.sigwait({signal.SIGTERM})
     controller.stop()
     cache.stop()
 
