@@ -78,6 +78,11 @@ def main() -> None:
     parser.add_argument("--maps")
     parser.add_argument("--dump")
     args = parser.parse_args()
+    # SIGTERM is a clean stop from the start, before "synced" is printed:
+    # it stays pending until the sigwait at the end (blocked before any
+    # thread starts, so in all of them). An Event set from a handler
+    # instead can deadlock with the main thread's own wait on it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     store = reconq.SqliteStore(args.store, flush_interval=args.flush_interval)
     cache = reconq.Cache(source(args.kind, args.where), name="items", store=store)
     record = os.open(args.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -91,9 +96,6 @@ def main() -> None:
         time.sleep(args.work)
         line(key, text(obj), started, time.monotonic())
 
-    # SIGTERM is a clean stop from the start, before "synced" is printed.
-    terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     controller = reconq.Controller(reconcile, name="sync", workers=2, store=store)
     if args.maps is None:
         controller.watch_cache(cache)
@@ -116,7 +118,7 @@ def main() -> None:
         print("idle", flush=True)
         settle = controller if args.settle else None
         threading.Thread(target=flush_on_stdin, args=(cache, line, settle), daemon=True).start()
-    terminated.wait()
+    signal.sigwait({signal.SIGTERM})
     controller.stop()
     if args.dump is not None:
         with open(args.dump, "w") as f:
