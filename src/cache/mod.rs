@@ -251,7 +251,8 @@ where
         S::Object: crate::key_encoding::KeptObject,
     {
         use crate::key_encoding::KeptObject;
-        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: S::Object::from_kept_object });
+        self.objects =
+            Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: S::Object::from_kept_object });
         self
     }
 
@@ -335,6 +336,7 @@ impl<S: Source> CacheBuilder<S> {
             synced: Mutex::new(false),
             synced_cv: Condvar::new(),
             synced_hooks: Mutex::new(Vec::new()),
+            loaded: AtomicBool::new(false),
             stop: Stop::new(),
             catch_ups: CatchUps::default(),
             exited: StopSignal::new(),
@@ -403,6 +405,11 @@ struct Inner<S: Source> {
     /// Run once, when the first list has reached the subscribers (taken
     /// under `synced`'s lock, then this one's).
     synced_hooks: Mutex<Vec<SyncedHook>>,
+    /// The contents were loaded from the store (a restart that resumes):
+    /// the cache holds keys before it syncs (at the resumed stream's
+    /// `CaughtUp`), and a subscriber added meanwhile catches up on them.
+    /// Set under the delivery lock, before the loaded keys are delivered.
+    loaded: AtomicBool,
     stop: Stop,
     /// The threads delivering new subscribers' catch-ups.
     catch_ups: CatchUps,
@@ -526,13 +533,7 @@ impl<S: Source> Cache<S> {
     /// unsynced. How a controller's synced gate (E5) opens without a
     /// thread waiting.
     pub(crate) fn on_synced(&self, hook: impl FnOnce() + Send + 'static) {
-        let synced = self.inner.synced.lock();
-        if *synced {
-            drop(synced);
-            hook();
-        } else {
-            self.inner.synced_hooks.lock().push(Box::new(hook));
-        }
+        self.inner.on_synced(Box::new(hook));
     }
 
     /// Calls `subscriber` with every change applied from now on, on the
@@ -870,6 +871,18 @@ impl<S: Source> Inner<S> {
         }
         self.catch_ups.close_and_join();
         exited
+    }
+
+    /// Runs `hook` once synced: now if it is, else with the synced hooks
+    /// (see [`Cache::on_synced`]).
+    fn on_synced(&self, hook: SyncedHook) {
+        let synced = self.synced.lock();
+        if *synced {
+            drop(synced);
+            hook();
+        } else {
+            self.synced_hooks.lock().push(hook);
+        }
     }
 
     /// Logs what index functions failed at (after the cache's lock).

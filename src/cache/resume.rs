@@ -14,12 +14,14 @@ use std::sync::Arc;
 
 use super::stored::{Codec, ObjectCodec, Stored};
 use crate::source::{Item, Listing, ListingOf, ResumeState, Source};
-use crate::store::{CacheSnapshot, SnapshotRow};
+use crate::store::{CacheSnapshot, KeptAt, SnapshotRow};
 
 /// A key's snapshot row, encoded.
 pub(super) type Row = (Vec<u8>, SnapshotRow);
 /// A position and the source's state there, encoded.
-pub(super) type At = (Vec<u8>, Vec<u8>);
+pub(super) type At = KeptAt;
+/// A whole list's rows, by encoded key.
+pub(super) type ListRows = HashMap<Vec<u8>, SnapshotRow>;
 
 pub(super) struct Keeping<S: Source> {
     snapshot: Arc<CacheSnapshot>,
@@ -63,8 +65,9 @@ impl<S: Source> Keeping<S> {
     }
 
     /// The rows of a whole list; `None`: an object cannot be kept.
-    pub(super) fn list(&self, listing: &ListingOf<S>) -> Option<(HashMap<Vec<u8>, SnapshotRow>, Option<At>)> {
-        let rows: Option<HashMap<_, _>> = listing.items.iter().map(|item| self.put(&item.key, &item.obj, item.version.as_ref())).collect();
+    pub(super) fn list(&self, listing: &ListingOf<S>) -> Option<(ListRows, Option<At>)> {
+        let rows: Option<HashMap<_, _>> =
+            listing.items.iter().map(|item| self.put(&item.key, &item.obj, item.version.as_ref())).collect();
         let at = match &listing.position {
             Some(position) => Some(self.at(position)?),
             None => None,

@@ -123,6 +123,7 @@ impl<S: Source> Inner<S> {
                 logs::cache_resumed(&self.name, listing.items.len());
                 self.counters.resumed.store(true, Relaxed);
                 let _delivering = self.delivery.lock();
+                self.loaded.store(true, std::sync::atomic::Ordering::Release);
                 self.replace_contents(listing);
                 true
             }
@@ -205,7 +206,7 @@ impl<S: Source> Inner<S> {
     /// or a delete of a key held) or the position. A resumed stream's
     /// `CaughtUp` syncs the cache.
     fn apply_event(&self, event: EventOf<S>, keeping: &mut Option<Keeping<S>>) -> bool {
-        let _delivering = self.delivery.lock();
+        let delivering = self.delivery.lock();
         let caught_up = matches!(event, Event::CaughtUp { .. });
         // Before the object moves into the contents.
         let kept = keeping.as_ref().map(|keeping| kept(keeping, &event));
@@ -245,10 +246,23 @@ impl<S: Source> Inner<S> {
         let changes: Vec<Applied<S::Key, S::Object>> = change.into_iter().collect();
         self.index_failed(failures);
         self.deliver(&subscribers, &changes);
+        drop(delivering);
         if caught_up {
-            self.became_synced();
+            self.caught_up();
         }
         progressed
+    }
+
+    /// A resumed stream caught up: synced once every subscriber that came
+    /// after the load has heard what it held (its catch-up delivered), so
+    /// the synced hooks (a restart's deletes, E9; the synced gate, E5) run
+    /// after each has heard the whole state at `CaughtUp`. A subscriber
+    /// added between the wait and the sync replays exactly that state
+    /// (nothing is applied meanwhile).
+    fn caught_up(&self) {
+        self.catch_ups.wait_delivered();
+        let _delivering = self.delivery.lock();
+        self.became_synced();
     }
 }
 

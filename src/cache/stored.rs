@@ -41,7 +41,17 @@ pub(crate) struct Codec<S: Source> {
 impl<S: Source> Clone for Codec<S> {
     fn clone(&self) -> Self {
         let Self { key, decode, version, position, ref digest, version_from, position_from, object, ref file } = *self;
-        Self { key, decode, version, position, digest: digest.clone(), version_from, position_from, object, file: file.clone() }
+        Self {
+            key,
+            decode,
+            version,
+            position,
+            digest: digest.clone(),
+            version_from,
+            position_from,
+            object,
+            file: file.clone(),
+        }
     }
 }
 

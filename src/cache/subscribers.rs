@@ -162,10 +162,12 @@ impl Drop for Delivered<'_> {
 
 impl<S: Source> Inner<S> {
     /// Adds a subscriber (see [`Cache::subscribe`](super::Cache::subscribe)):
-    /// live at once if the cache has not synced (it holds nothing yet, and
-    /// `caught_up` runs when it syncs), else live after its catch-up, on a
-    /// catch-up thread that runs `caught_up` between the two (the changes
-    /// applied meanwhile still wait). Its id, to unsubscribe.
+    /// live at once if the cache holds nothing yet (not synced, nothing
+    /// loaded; `caught_up` runs when it syncs), else live after its
+    /// catch-up, on a catch-up thread that runs `caught_up` between the two
+    /// (the changes applied meanwhile still wait) or, for a cache that
+    /// loaded its contents and has not synced yet, when it syncs. Its id,
+    /// to unsubscribe.
     pub(super) fn subscribe(
         self: &Arc<Self>,
         call: Call<S::Key, S::Object>,
@@ -174,19 +176,21 @@ impl<S: Source> Inner<S> {
         // No change is applied or delivered meanwhile, so the catch-up and
         // the backlog meet exactly, and `synced` holds still.
         let _delivering = self.delivery.lock();
-        // Only a list syncs a cache, and events come after the first one:
-        // an unsynced cache holds nothing to catch up on.
+        // Only a list or a resumed stream's CaughtUp syncs a cache, and
+        // events come after the first list or the load: an unsynced cache
+        // that loaded nothing holds nothing to catch up on.
         let synced = *self.synced.lock();
+        let holds = synced || self.loaded.load(Ordering::Acquire);
         let (subscriber, replay, catching_up) = {
             let mut state = self.state.write();
-            let replay: Vec<Applied<S::Key, S::Object>> = if synced {
+            let replay: Vec<Applied<S::Key, S::Object>> = if holds {
                 let held = state.contents.objects();
                 held.map(|(key, obj)| Applied { key: key.clone(), old: None, new: Some(Arc::clone(obj)), listed: true })
                     .collect()
             } else {
                 Vec::new()
             };
-            let catching_up = !replay.is_empty() || (synced && caught_up.is_some());
+            let catching_up = !replay.is_empty() || (holds && caught_up.is_some());
             let id = state.next_subscriber;
             state.next_subscriber += 1;
             let subscriber = Arc::new(Subscriber {
@@ -201,7 +205,7 @@ impl<S: Source> Inner<S> {
             (subscriber, replay, catching_up)
         };
         let id = subscriber.id;
-        if !synced {
+        if !holds {
             if let Some(hook) = caught_up {
                 self.synced_hooks.lock().push(hook);
             }
@@ -223,8 +227,11 @@ impl<S: Source> Inner<S> {
     }
 
     /// The catch-up thread's body: `replay`, then the backlog until it is
-    /// empty, `caught_up`, and the backlog again until the subscriber goes
-    /// live. Given up when the cache stops or the subscriber goes.
+    /// empty, `caught_up` (once synced: a cache that loaded its contents
+    /// runs it when its resumed stream caught up, and waits for its
+    /// catch-ups to deliver before it syncs), and the backlog again until
+    /// the subscriber goes live. Given up when the cache stops or the
+    /// subscriber goes.
     fn catch_up(
         &self,
         subscriber: &Subscriber<S::Key, S::Object>,
@@ -236,7 +243,7 @@ impl<S: Source> Inner<S> {
         }
         drop(replay); // the objects held then: not kept while the backlog drains
         if let Some(hook) = caught_up {
-            hook();
+            self.on_synced(hook);
         }
         self.drain(subscriber, true);
     }

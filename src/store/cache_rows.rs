@@ -43,7 +43,7 @@ pub(crate) struct CacheRow {
 /// The cache rows one write carries.
 #[derive(Default)]
 pub(crate) struct CacheBatch {
-    /// The caches' own snapshots (`cache_snapshot`), taken before the rows.
+    /// The caches' own snapshots (`cache_snapshot`), taken after the rows.
     snapshots: Vec<(Arc<CacheSnapshot>, SnapshotBatch)>,
     rows: Vec<CacheRow>,
     /// The last position told, per cache.
@@ -152,16 +152,22 @@ impl CacheRows {
     }
 
     /// A watched cache keeps `snapshot`: every write of this controller
-    /// carries its marks, taken before the rows.
+    /// carries its marks, taken after the rows. Once, however many
+    /// watches of that cache the controller has (a take waits for the
+    /// batch in flight: its own would never land).
     pub(crate) fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>) {
         let mut snapshots = self.snapshots.lock();
         snapshots.retain(|s| s.strong_count() > 0);
-        snapshots.push(Arc::downgrade(snapshot));
+        if !snapshots.iter().any(|s| std::ptr::eq(s.as_ptr(), Arc::as_ptr(snapshot))) {
+            snapshots.push(Arc::downgrade(snapshot));
+        }
     }
 
-    /// The snapshots' marks, taken before any row (see `cache_snapshot`).
+    /// The snapshots' marks, taken after the rows (see `cache_snapshot`),
+    /// in the caches' name order.
     fn take_snapshots(&self) -> CacheBatch {
-        let snapshots = self.snapshots.lock().iter().filter_map(Weak::upgrade).collect::<Vec<_>>();
+        let mut snapshots = self.snapshots.lock().iter().filter_map(Weak::upgrade).collect::<Vec<_>>();
+        snapshots.sort_unstable_by(|a, b| a.cache().cmp(b.cache()));
         let snapshots = snapshots.into_iter().filter_map(|s| s.take().map(|batch| (s, batch))).collect();
         CacheBatch { snapshots, ..CacheBatch::default() }
     }
@@ -204,25 +210,25 @@ impl CacheRows {
     /// A tick: the snapshots and the aged rows to write now; the marks
     /// become the aged.
     pub(crate) fn take_tick(&self) -> CacheBatch {
-        let mut taken = self.take_snapshots();
         let marked = std::mem::take(&mut *self.dirty.lock());
-        taken.append(std::mem::replace(&mut *self.aged.lock(), marked));
+        let mut taken = std::mem::replace(&mut *self.aged.lock(), marked);
+        taken.append(self.take_snapshots());
         taken
     }
 
     /// The snapshots and every row not written yet.
     pub(crate) fn take_all(&self) -> CacheBatch {
-        let mut taken = self.take_snapshots();
         let marked = std::mem::take(&mut *self.dirty.lock());
-        taken.append(std::mem::take(&mut *self.aged.lock()));
+        let mut taken = std::mem::take(&mut *self.aged.lock());
         taken.append(marked);
+        taken.append(self.take_snapshots());
         taken
     }
 
     /// The snapshots and the aged rows only (a burst written at once).
     pub(crate) fn take_aged(&self) -> CacheBatch {
-        let mut taken = self.take_snapshots();
-        taken.append(std::mem::take(&mut *self.aged.lock()));
+        let mut taken = std::mem::take(&mut *self.aged.lock());
+        taken.append(self.take_snapshots());
         taken
     }
 

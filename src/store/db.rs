@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use super::StoreError;
 use super::cache_rows::CacheBatch;
-use super::cache_snapshot::{SnapshotFile, SnapshotFileRow};
+use super::cache_snapshot::{KeptAt, SnapshotFile, SnapshotFileRow};
 use super::link::KeptSet;
 use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
@@ -498,7 +498,7 @@ impl SqliteStore {
 
 /// A cache's snapshot (E9), read back by its restart.
 impl SnapshotFile for SqliteStore {
-    fn snapshot_at(&self, cache: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>, String> {
+    fn snapshot_at(&self, cache: &str) -> Result<Option<KeptAt>, String> {
         let conn = self.inner.conn.lock();
         conn.query_row("SELECT position, state FROM cache_snapshots WHERE cache = ?1", params![cache], |row| {
             Ok((row.get(0)?, row.get(1)?))
@@ -507,9 +507,13 @@ impl SnapshotFile for SqliteStore {
         .map_err(|e| sql_err(&self.inner.path, e).to_string())
     }
 
+    /// On a read-only connection of its own: a million rows take about a
+    /// second to read, which the flushers' connection (S1) cannot spare.
     fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String> {
-        let conn = self.inner.conn.lock();
         let read = || -> rusqlite::Result<Vec<SnapshotFileRow>> {
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let conn = Connection::open_with_flags(&self.inner.path, flags)?;
+            conn.busy_timeout(BUSY_TIMEOUT)?;
             let mut stmt = conn.prepare_cached("SELECT key, version, value FROM cache_values WHERE cache = ?1")?;
             let rows = stmt.query_map(params![cache], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
             rows.collect()

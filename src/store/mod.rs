@@ -23,6 +23,9 @@
 mod cache_names;
 #[cfg(feature = "store")]
 mod cache_rows;
+// Marked by the cache side (always compiled); taken and written only by
+// the store's flushers.
+#[cfg_attr(not(feature = "store"), allow(dead_code))]
 mod cache_snapshot;
 #[cfg(feature = "store")]
 mod db;
@@ -40,7 +43,7 @@ mod persist;
 
 pub use crate::observe::reports::StoreStats;
 pub(crate) use cache_names::CacheName;
-pub(crate) use cache_snapshot::{CacheSnapshot, SnapshotFile, SnapshotRow};
+pub(crate) use cache_snapshot::{CacheSnapshot, KeptAt, SnapshotFile, SnapshotRow};
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
 pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
