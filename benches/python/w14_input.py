@@ -18,7 +18,23 @@ through the gateway in transactions of 10,000 puts. etcd's CPU is its
 utime + stime from /proc around each reader; the reader's ("client CPU":
 this process, or etcdctl's) from getrusage.
 
+The restart row (``--rows restart``): a process of
+``w14_restart_child.py`` (a controller watching the cache, both with a
+store) runs until every key is reconciled and ``cache.flush()`` returned,
+is stopped (SIGKILL, or a clean stop: SIGTERM), then 200 changes are made
+one request each (100 puts to keys it holds, 100 deletes), then a new
+process starts on the same store: the time from its start to synced and
+to the 200th reconcile, the reconciles it made in all (they must be
+exactly those 200 keys), etcd's CPU from its start to the 200th
+reconcile, and the process's own CPU then. After a SIGKILL's restart,
+the same process is stopped cleanly for the clean stop's, so one full
+sync serves both. ``--before PYTHON``: the same with a Python whose
+``reconq`` is the build before the change (a wheel of it installed in
+its own venv), side by side, the order alternated round by round; the
+deleted keys are put back between contenders.
+
 usage: python benches/python/w14_input.py [--keys 10000 100000 1000000] [--rounds 2]
+           [--rows sync restart] [--before PYTHON]
 
 Build the extension optimised first (``RELEASE=1 bash scripts/python-dev.sh
 --co -q``) and ``pip install etcd3gw`` (a benchmark-only dependency).
@@ -31,15 +47,19 @@ import base64
 import http.client
 import json
 import os
+import random
 import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-TESTS = Path(__file__).resolve().parents[2] / "tests" / "python"
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parents[1] / "tests" / "python"
 sys.path.insert(0, str(TESTS))
 
 from etcd_server import Etcd  # noqa: E402
@@ -50,6 +70,8 @@ PREFIX = "/w14/"
 #: Puts per transaction while loading (etcd started with this --max-txn-ops).
 BATCH = 10_000
 WORKERS = 2
+#: The restart row's changes while down: this many puts, as many deletes.
+CHANGES = 100
 
 
 def start_etcd() -> Etcd:
@@ -154,10 +176,132 @@ READERS: List[Tuple[str, Callable[[Etcd, int], Dict[str, float]]]] = [
 ]
 
 
+def key(i: int) -> str:
+    return "%skey-%07d" % (PREFIX, i)
+
+
+class Restarter:
+    """The runs of w14_restart_child.py on one interpreter and one store."""
+
+    def __init__(self, python: str, etcd: Etcd, directory: str) -> None:
+        self.python, self.etcd = python, etcd
+        self.store = os.path.join(directory, "state.db")
+        self.record = os.path.join(directory, "reconciled")
+        self.proc: Optional["subprocess.Popen[str]"] = None
+
+    def start(self, expect: int) -> Dict[str, float]:
+        """Starts a run and waits until it is idle: times from its start
+        (s), etcd's CPU and the run's own to its EXPECT-th reconcile, and
+        how many reconciles it made."""
+        before = cpu_seconds(self.etcd.proc.pid)
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [self.python, str(HERE / "w14_restart_child.py"), self.store, self.etcd.endpoint, PREFIX, str(expect),
+             "--record", self.record],
+            stdout=subprocess.PIPE, text=True, cwd=str(HERE),
+        )
+        got: Dict[str, float] = {}
+        # "done" may come before "synced" (a reconcile can run before
+        # wait_synced returns to the child's main thread); "idle" is last.
+        while "count" not in got:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().split()
+            assert line, f"the run ended (exit {self.proc.poll()})"
+            word = line[0]
+            if word == "synced":
+                got["synced"] = float(line[1]) - started
+            elif word == "done":
+                got["done"] = float(line[1]) - started
+                got["etcd_cpu"] = cpu_seconds(self.etcd.proc.pid) - before
+                got["client_cpu"] = float(line[2])
+            else:
+                assert word == "idle", line
+                got["count"] = int(line[1])
+        assert "done" in got, f"idle after {got['count']} reconciles, fewer than {expect}"
+        return got
+
+    def reconciled(self) -> List[str]:
+        with open(self.record) as f:
+            return f.read().split()
+
+    def stop(self, how: str) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
+        code = self.proc.wait(timeout=600)
+        assert how == "kill" or code == 0, f"the clean stop failed: {code}"
+        self.proc = None
+
+
+def change_while_down(etcd: Etcd, n: int, gone: List[int], rng: random.Random) -> Tuple[List[int], List[int]]:
+    """CHANGES puts and CHANGES deletes of keys among the first `n` but
+    those `gone`, one request each; returns the keys put and deleted."""
+    chosen = [i for i in rng.sample(range(n), 2 * CHANGES + len(gone)) if i not in gone][: 2 * CHANGES]
+    put, deleted = chosen[:CHANGES], chosen[CHANGES:]
+    for i in put:
+        etcd.put(key(i), f"changed-{rng.random()}")
+    for i in deleted:
+        etcd.delete(key(i))
+    return put, deleted
+
+
+def restarts(etcd: Etcd, n: int, name: str, python: str, rng: random.Random, round_: int) -> None:
+    """One full sync, then a restart after a SIGKILL and one after a clean
+    stop, 200 changes before each; prints a line for each restart. The
+    deleted keys are put back at the end."""
+    with tempfile.TemporaryDirectory(prefix="w14-restart-") as directory:
+        runs = Restarter(python, etcd, directory)
+        first = runs.start(n)
+        assert first["count"] == n, first
+        gone: List[int] = []
+        for how in ("kill", "clean"):
+            runs.stop(how)
+            put, deleted = change_while_down(etcd, n, gone, rng)
+            gone += deleted
+            times = runs.start(2 * CHANGES)
+            wanted = sorted(key(i)[len(PREFIX):] for i in put + deleted)
+            got = sorted(runs.reconciled())
+            print(
+                f"{n:>9,} keys  round {round_ + 1}  {name:8s} restart after a {how:5s} stop: "
+                f"synced {times['synced']:6.2f} s  200 reconciled {times['done']:6.2f} s  "
+                f"reconciles {times['count']} ({'exactly the 200' if got == wanted else 'WRONG'})  "
+                f"etcd CPU {times['etcd_cpu']:5.2f} s  client CPU {times['client_cpu']:5.2f} s  "
+                f"(load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+            assert got == wanted, f"reconciled {len(got)} keys, {len(set(got) ^ set(wanted))} not the 200 changed"
+        runs.stop("clean")
+    etcd.put_all({key(i): "value-%d" % i for i in gone})
+
+
+def sync_rows(etcd: Etcd, n: int, rounds: int) -> None:
+    for round_ in range(rounds):
+        order = READERS if round_ % 2 == 0 else READERS[::-1]
+        for name, reader in order:
+            before, ours = cpu_seconds(etcd.proc.pid), client_cpu()
+            times = reader(etcd, n)
+            etcd_cpu, ours = cpu_seconds(etcd.proc.pid) - before, client_cpu() - ours
+            print(
+                f"{n:>9,} keys  round {round_ + 1}  {name:13s} synced {times['synced']:7.2f} s"
+                f"  reconciled {times['done']:7.2f} s  etcd CPU {etcd_cpu:6.2f} s  client CPU {ours:6.2f} s"
+                f"  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+
+
+def restart_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None:
+    contenders = [("reconq", sys.executable)] + ([("before", before)] if before else [])
+    rng = random.Random(14)
+    for round_ in range(rounds):
+        for name, python in contenders if round_ % 2 == 0 else contenders[::-1]:
+            restarts(etcd, n, name, python, rng, round_)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rows", nargs="+", choices=["sync", "restart"], default=["sync", "restart"])
+    parser.add_argument("--before", metavar="PYTHON", help="a Python whose reconq is the build before (restart rows)")
     args = parser.parse_args()
     for n in args.keys:
         etcd = start_etcd()
@@ -165,18 +309,10 @@ def main() -> None:
             started = time.perf_counter()
             load(etcd, n)
             print(f"{n:,} keys loaded in {time.perf_counter() - started:.1f} s", flush=True)
-            for round_ in range(args.rounds):
-                order = READERS if round_ % 2 == 0 else READERS[::-1]
-                for name, reader in order:
-                    before, ours = cpu_seconds(etcd.proc.pid), client_cpu()
-                    times = reader(etcd, n)
-                    etcd_cpu, ours = cpu_seconds(etcd.proc.pid) - before, client_cpu() - ours
-                    print(
-                        f"{n:>9,} keys  round {round_ + 1}  {name:13s} synced {times['synced']:7.2f} s"
-                        f"  reconciled {times['done']:7.2f} s  etcd CPU {etcd_cpu:6.2f} s  client CPU {ours:6.2f} s"
-                        f"  (load {os.getloadavg()[0]:.1f})",
-                        flush=True,
-                    )
+            if "sync" in args.rows:
+                sync_rows(etcd, n, args.rounds)
+            if "restart" in args.rows:
+                restart_rows(etcd, n, args.rounds, args.before)
         finally:
             etcd.close()
 

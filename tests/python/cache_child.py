@@ -15,15 +15,27 @@ clean stop: the queue drains, the store is flushed).
 With ``--flush-on-stdin``, prints ``idle`` once the first list's keys are
 reconciled, then each line read from stdin is a position: once the cache
 has applied it, the line ``RUN !flush - T T`` goes to the record,
-then ``cache.flush()`` runs, then ``flushed`` is printed.
+then ``cache.flush()`` runs, then ``flushed`` is printed. With
+``--settle``, each of those first waits until the controller is idle and
+writes its own marks after ``cache.flush()`` (``controller.flush()``):
+nothing is pending at a kill that follows.
+
+With ``--maps PATH``, the controller watches the cache through a ``map``
+that appends ``RUN KEY OBJ`` to PATH for each call (OBJ ``-`` for None;
+one ``write`` a line, as the record). With ``--dump PATH``, a clean stop
+writes ``{"stats": cache.stats(), "contents": {key: object}}`` to PATH as
+JSON once the controller stopped (the cache's own view, to compare with
+the system's).
 
 usage: cache_child.py STORE RECORD RUN (etcd ENDPOINT | table PATH)
            [--flush-interval SECONDS] [--work SECONDS] [--flush-on-stdin]
+           [--settle] [--maps PATH] [--dump PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -40,10 +52,19 @@ FLUSH_MARK = "!flush"
 
 
 def source(kind: str, where: str) -> Any:
+    # Without `decode`: etcd's bytes are what a store keeps, so a restart
+    # resumes (a decoded Python object is not kept: its cache relists).
     if kind == "etcd":
-        return reconq.EtcdSource(where, PREFIX, decode=bytes.decode, name="items")
+        return reconq.EtcdSource(where, PREFIX, name="items")
     assert kind == "table", kind
     return Table(where).source("items")
+
+
+def text(obj: Any) -> str:
+    """How the record writes an object: etcd's bytes as text, None as absent."""
+    if obj is None:
+        return ABSENT
+    return obj.decode() if isinstance(obj, bytes) else str(obj)
 
 
 def main() -> None:
@@ -53,7 +74,15 @@ def main() -> None:
     parser.add_argument("--flush-interval", type=float, default=0.1)
     parser.add_argument("--work", type=float, default=0.005)
     parser.add_argument("--flush-on-stdin", action="store_true")
+    parser.add_argument("--settle", action="store_true")
+    parser.add_argument("--maps")
+    parser.add_argument("--dump")
     args = parser.parse_args()
+    # SIGTERM is a clean stop from the start, before "synced" is printed:
+    # it stays pending until the sigwait at the end (blocked before any
+    # thread starts, so in all of them). An Event set from a handler
+    # instead can deadlock with the main thread's own wait on it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     store = reconq.SqliteStore(args.store, flush_interval=args.flush_interval)
     cache = reconq.Cache(source(args.kind, args.where), name="items", store=store)
     record = os.open(args.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -65,13 +94,19 @@ def main() -> None:
         started = time.monotonic()
         obj = cache.get(key)
         time.sleep(args.work)
-        line(key, ABSENT if obj is None else obj, started, time.monotonic())
+        line(key, text(obj), started, time.monotonic())
 
-    # SIGTERM is a clean stop from the start, before "synced" is printed.
-    terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     controller = reconq.Controller(reconcile, name="sync", workers=2, store=store)
-    controller.watch_cache(cache)
+    if args.maps is None:
+        controller.watch_cache(cache)
+    else:
+        maps = os.open(args.maps, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def mapped(key: str, obj: Any) -> "list[str]":
+            os.write(maps, f"{args.run} {key} {text(obj)}\n".encode())
+            return [key]
+
+        controller.watch_cache(cache, map=mapped)
     controller.start()
     controller.wait_synced()
     print("synced", flush=True)
@@ -81,18 +116,26 @@ def main() -> None:
         cache.flush()
         controller.wait_idle()
         print("idle", flush=True)
-        threading.Thread(target=flush_on_stdin, args=(cache, line), daemon=True).start()
-    terminated.wait()
+        settle = controller if args.settle else None
+        threading.Thread(target=flush_on_stdin, args=(cache, line, settle), daemon=True).start()
+    signal.sigwait({signal.SIGTERM})
     controller.stop()
+    if args.dump is not None:
+        with open(args.dump, "w") as f:
+            json.dump({"stats": cache.stats(), "contents": {key: text(cache.get(key)) for key in cache.keys()}}, f)
 
 
-def flush_on_stdin(cache: reconq.Cache, line: Any) -> None:
+def flush_on_stdin(cache: reconq.Cache, line: Any, settle: "reconq.Controller | None") -> None:
     for position in sys.stdin:
         while cache.stats()["position"] < int(position):
             time.sleep(0.005)
+        if settle is not None:
+            settle.wait_idle()
         now = time.monotonic()
         line(FLUSH_MARK, ABSENT, now, now)
         cache.flush()
+        if settle is not None:
+            settle.flush()
         print("flushed", flush=True)
 
 

@@ -72,15 +72,27 @@ class Etcd:
         self.proc.wait()
         self._run()
 
-    def grants(self) -> int:
-        """Leases granted since etcd last started (its own counter)."""
+    def _metric(self, name: str, label: str = "") -> int:
+        """The sum of etcd's own counter `name` over its lines that hold
+        `label` (since etcd last started)."""
         with urllib.request.urlopen(f"{self.endpoint}/metrics", timeout=5) as response:
             text = response.read().decode()
         return sum(
             int(float(line.rsplit(" ", 1)[1]))
             for line in text.splitlines()
-            if line.startswith("grpc_server_msg_received_total{") and 'grpc_method="LeaseGrant"' in line
+            if line.split("{", 1)[0].split(" ", 1)[0] == name and label in line
         )
+
+    def grants(self) -> int:
+        """Leases granted since etcd last started (its own counter)."""
+        return self._metric("grpc_server_msg_received_total", 'grpc_method="LeaseGrant"')
+
+    def sent_bytes(self) -> int:
+        """The bytes etcd has sent its gRPC clients since it last started:
+        the JSON gateway is one, so every reply a client of the gateway
+        was given counts (a list of a prefix: at least its keys and
+        values)."""
+        return self._metric("etcd_network_client_grpc_sent_bytes_total")
 
     def put(self, key: str, value: str) -> None:
         body = json.dumps({"key": b64(key), "value": b64(value)}).encode()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Set, Tuple
@@ -63,6 +64,14 @@ class System:
     kind: str
     where: str
     items: Items
+
+
+def seeded(items: Items, seed: int) -> "Tuple[random.Random, Writer]":
+    """A test's random moments and sizes, and a writer with its own random
+    changes (it runs on a thread of its own), from `seed` (printed, to
+    run a failure again)."""
+    print(f"RECONQ_CHAOS_SEED={seed}")
+    return random.Random(seed), Writer(items, random.Random(seed + 1))
 
 
 class Writer:
@@ -164,6 +173,49 @@ class Writer:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join()
+
+
+def change_while_down(writer: Writer, rng: random.Random, creates: int, changes: int, deletes: int) -> "Counter[str]":
+    """While a run is down: `creates` creates, `changes` changes of keys
+    held (some twice, some a delete and a create again) and `deletes`
+    deletes; two keys created and deleted (none of the cache's business).
+    Returns the keys a restart must reconcile, each with how many changes
+    it had: a relist finds each once, a resumed stream replays every
+    change (a reconcile that started before the next one was applied does
+    not absorb it)."""
+    created = [writer.create() for _ in range(creates)]
+    old = [key for key in writer.live if key not in created]
+    changed = rng.sample(old, changes)
+    twice: List[str] = []
+    for key in changed:
+        roll = rng.random()
+        if roll < 0.2:
+            writer.delete(key)
+            writer.create(key)
+            twice.append(key)
+        else:
+            writer.change(key)
+            if roll < 0.4:
+                writer.change(key)
+                twice.append(key)
+    deleted = rng.sample([key for key in old if key not in changed], deletes)
+    for key in deleted:
+        writer.delete(key)
+    for key in [writer.create() for _ in range(2)]:
+        writer.delete(key)
+    return Counter(created + changed + deleted + twice)
+
+
+def reconciled_only(got: "Counter[str]", changed: "Counter[str]", at_most: "Counter[str]", what: str) -> None:
+    """`got` (reconciles by key) holds every key in `changed` and no other,
+    each at most `at_most[key]` times."""
+    extra, missing = set(got) - set(changed), set(changed) - set(got)
+    repeated = {key: n for key, n in got.items() if key in changed and n > at_most[key]}
+    assert not extra and not missing and not repeated, (
+        f"{what}: {len(changed)} keys changed while down; reconciled but unchanged ({len(extra)}): "
+        f"{sorted(extra)[:20]}, missing ({len(missing)}): {sorted(missing)[:20]}, "
+        f"reconciled more often than they changed: {repeated}"
+    )
 
 
 @dataclass(frozen=True)
@@ -271,7 +323,11 @@ class Runs:
     def wait_reconciled(self, items: Items, written: Set[str], what: str) -> None:
         """Waits until every key's last reconcile saw its state in `items`
         (which must not change meanwhile)."""
-        state = items.state()
+        self.wait_state_reconciled(items.state(), written, what)
+
+    def wait_state_reconciled(self, state: Dict[str, str], written: Set[str], what: str) -> None:
+        """Waits until every key's last reconcile saw its value in `state`
+        (read from the system before: this reads nothing from it)."""
         deadline = time.monotonic() + PATIENCE * 3
         while (owed := self.unreconciled(state, written)) and time.monotonic() < deadline:
             time.sleep(0.05)
