@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,31 +27,13 @@ from typing import Dict
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
 
 from etcd_server import Etcd  # noqa: E402
+from w14_input import cpu_seconds, post  # noqa: E402 (the same gateway calls as W14)
 
 BATCH = 10_000
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def post(etcd: Etcd, path: str, body: Dict[str, object]) -> Dict[str, object]:
-    host, port = etcd.endpoint[len("http://"):].rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=600)
-    try:
-        connection.request("POST", f"/v3/{path}", json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        data = response.read()
-        assert response.status == 200, data[:300]
-        return json.loads(data)
-    finally:
-        connection.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(etcd: Etcd, name: str, path: str, body: Dict[str, object]) -> None:
