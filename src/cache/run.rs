@@ -270,9 +270,11 @@ impl<S: Source> Inner<S> {
 /// the source's state there; `None`: something it cannot keep.
 fn kept<S: Source>(keeping: &Keeping<S>, event: &EventOf<S>) -> Option<(Option<Row>, Option<At>)> {
     let (row, position) = match event {
-        Event::Put { key, obj, position, version } => (Some(keeping.put(key, obj, version.as_ref())?), position),
-        Event::Delete { key, position } => (Some(keeping.delete(key)), position),
-        Event::Bookmark { position } | Event::CaughtUp { position } => (None, &Some(position.clone())),
+        Event::Put { key, obj, position, version } => {
+            (Some(keeping.put(key, obj, version.as_ref())?), position.as_ref())
+        }
+        Event::Delete { key, position } => (Some(keeping.delete(key)), position.as_ref()),
+        Event::Bookmark { position } | Event::CaughtUp { position } => (None, Some(position)),
     };
     let at = match position {
         Some(position) => Some(keeping.at(position)?),

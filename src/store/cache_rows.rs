@@ -135,7 +135,7 @@ fn write_snapshot(tx: &Transaction<'_>, cache: &str, batch: &SnapshotBatch) -> r
 #[derive(Default)]
 pub(crate) struct CacheRows {
     /// The snapshots of the caches it watches that keep one: each write
-    /// takes their marks first.
+    /// takes their marks after its rows.
     snapshots: Mutex<Vec<Weak<CacheSnapshot>>>,
     /// Until each watch takes its cache's.
     loaded: Mutex<HashMap<String, KeptSet>>,

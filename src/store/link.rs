@@ -66,7 +66,7 @@ pub(crate) trait StoreLink<K>: Flush {
     /// handed out once, to the watch of that cache.
     fn take_kept(&self, cache: &str) -> KeptSet;
     /// A watched cache keeps `snapshot` of its own contents (E9, to resume
-    /// after a restart): every write takes its marks before the cache rows.
+    /// after a restart): every write takes its marks after the cache rows.
     fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>);
     /// The controller was told of `change` to `key` (encoded) of `cache`,
     /// then at `position` (encoded): kept at the next flush, with the
