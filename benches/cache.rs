@@ -329,8 +329,13 @@ fn w11(etcd: &Etcd, n: usize) {
     let dir = std::env::temp_dir().join(format!("reconq-w11-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let kinds = [("relists", false), ("resumes", true)];
-    for (kind, keep_objects) in kinds {
+    // `W11_KINDS=resumes` (or `relists`): one kind alone, for a profile.
+    let only = std::env::var("W11_KINDS").ok();
+    let kinds: Vec<_> = [("relists", false), ("resumes", true)]
+        .into_iter()
+        .filter(|(kind, _)| only.as_deref().is_none_or(|only| only.split(',').any(|o| o == *kind)))
+        .collect();
+    for &(kind, keep_objects) in &kinds {
         let (synced, reconciled, listed) = w11_run(etcd, &dir.join(kind), keep_objects);
         println!(
             "W11 first run ({kind}): {listed} keys, start() to synced {:.2} s, to every key reconciled {:.2} s",
@@ -340,7 +345,7 @@ fn w11(etcd: &Etcd, n: usize) {
     }
     etcd.load("k", 100, "w11-changed");
     etcd.delete("k", 100..200);
-    for (kind, keep_objects) in kinds {
+    for &(kind, keep_objects) in &kinds {
         let (synced, reconciled, ran) = w11_run(etcd, &dir.join(kind), keep_objects);
         println!(
             "W11 restart ({kind}): {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s, \

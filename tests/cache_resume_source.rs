@@ -353,6 +353,27 @@ fn a_cache_whose_objects_cannot_be_kept_relists_as_before() {
     assert_eq!(second.held, system.lock().listing());
 }
 
+#[test]
+fn a_resume_delivers_each_loaded_key_the_controller_kept_otherwise() {
+    let system = seeded(12);
+    let dir = TempDir::new();
+    run(&system, &dir.db(), ONE);
+    // The controller's rows, made to differ from the snapshot the cache
+    // loads: another version, no version kept, and no row at all.
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    let key = |k: &str| reconq::encode_key(&k.to_owned());
+    let edit = |sql: &str, k: &str| assert_eq!(conn.execute(sql, [key(k)]).unwrap(), 1, "{sql} {k}");
+    edit("UPDATE cache_keys SET version = X'00' WHERE key = ?1", "k01");
+    edit("UPDATE cache_keys SET version = NULL WHERE key = ?1", "k04");
+    edit("DELETE FROM cache_keys WHERE key = ?1", "k07");
+    drop(conn);
+    let second = run(&system, &dir.db(), ONE);
+    assert_eq!((second.lists, resumed(&second)), (1, (true, 0)));
+    assert_eq!(second.reconciled[0], ["k01", "k04", "k07"].map(String::from).into(), "those three, and no other");
+    let third = run(&system, &dir.db(), ONE);
+    assert_eq!(third.reconciled[0], BTreeSet::new(), "their rows were kept again");
+}
+
 /// What keeping the objects costs on disk, and what a restart reads: not
 /// a check (run it by name with `--ignored --nocapture`; the figures are
 /// in docs/store.md).

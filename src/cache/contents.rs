@@ -146,6 +146,32 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         changes
     }
 
+    /// Holds `items` in a cache that holds nothing yet (a restart's load),
+    /// and returns the puts (`listed`) of those `wanted` says someone must
+    /// hear of, each with its place in `items`: the rest cost no key clone
+    /// and no change. Of a key given twice the last one counts.
+    pub(super) fn load(
+        &mut self,
+        items: Vec<Item<K, O, V>>,
+        failures: &mut Vec<IndexFailure<K>>,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, Applied<K, O>)> {
+        debug_assert!(self.entries.is_empty(), "a load replaces nothing");
+        self.entries.reserve(items.len());
+        let mut puts = Vec::new();
+        for (place, Item { key, obj, version }) in items.into_iter().enumerate() {
+            let old = self.remove(&key);
+            if wanted(place) {
+                let mut put = self.insert(key, obj, version, old, failures);
+                put.listed = true;
+                puts.push((place, put));
+            } else {
+                self.hold(key, obj, version, failures);
+            }
+        }
+        puts
+    }
+
     /// Holds `obj` under `key` (not held now) and indexes it; `old` was
     /// held before.
     fn insert(
@@ -156,13 +182,20 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         old: Option<Arc<O>>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Applied<K, O> {
+        let obj = self.hold(key.clone(), obj, version, failures);
+        Applied { key, old, new: Some(obj), listed: false }
+    }
+
+    /// Holds `obj` under `key` (not held now) and indexes it; the object as
+    /// held.
+    fn hold(&mut self, key: K, obj: O, version: Option<V>, failures: &mut Vec<IndexFailure<K>>) -> Arc<O> {
         let obj = Arc::new(obj);
         if !self.index_fns.is_empty() {
             let indexed = self.index(&key, &obj, failures);
             self.indexed.insert(key.clone(), indexed);
         }
-        self.entries.insert(key.clone(), Entry { obj: Arc::clone(&obj), version });
-        Applied { key, old, new: Some(obj), listed: false }
+        self.entries.insert(key, Entry { obj: Arc::clone(&obj), version });
+        obj
     }
 
     /// Takes `key` out of the map and every index; its object if it was in.

@@ -87,6 +87,13 @@ impl<K: Clone, O> Clone for Applied<K, O> {
 }
 
 pub(crate) type SyncedHook = Box<dyn FnOnce() + Send>;
+/// What a subscriber was told at the last run, for a restart that loads
+/// the cache from its store: `true` if it heard of the loaded key (encoded
+/// as the store keeps it) at exactly this version (encoded): then it
+/// does not hear of that key again. A stored controller's restart
+/// difference (E9), bytes against bytes, so a million unchanged keys
+/// cost no change each.
+pub(crate) type Told = Box<dyn Fn(&[u8], &[u8]) -> bool + Send + Sync>;
 /// The subscribers, as the cache's thread takes them.
 type Subscribers<K, O> = [Arc<Subscriber<K, O>>];
 /// Index functions by name, in the order given.
@@ -552,7 +559,7 @@ impl<S: Source> Cache<S> {
         &self,
         subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
     ) -> Result<Subscription, CacheError> {
-        self.subscribe_then(subscriber, None)
+        self.subscribe_then(subscriber, None, None)
     }
 
     /// [`subscribe`](Self::subscribe), then `caught_up` once the subscriber
@@ -560,13 +567,15 @@ impl<S: Source> Cache<S> {
     /// applied meanwhile: on the cache's thread as it syncs, or on the
     /// catch-up thread before the subscriber hears anything more. Never if
     /// the cache stops first or the subscription ends. How a watch knows
-    /// its controller has every key the cache holds (E5, E9).
+    /// its controller has every key the cache holds (E5, E9). `told`: what
+    /// it was told at the last run ([`Told`]).
     pub(crate) fn subscribe_then(
         &self,
         subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
         caught_up: Option<SyncedHook>,
+        told: Option<Told>,
     ) -> Result<Subscription, CacheError> {
-        let id = self.inner.subscribe(Box::new(subscriber), caught_up)?;
+        let id = self.inner.subscribe(Box::new(subscriber), caught_up, told)?;
         let cache: Weak<dyn Unsubscribe> = Arc::downgrade(&self.inner) as Weak<dyn Unsubscribe>;
         Ok(Subscription { cache, id })
     }

@@ -84,19 +84,64 @@ impl<S: Source> Keeping<S> {
     }
 
     /// The contents the store kept for cache `name`, as a list at
-    /// `position`; `Err`: why they cannot be read back.
-    pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<ListingOf<S>, String> {
-        let rows = self.codec.file.snapshot_rows(name)?;
-        let mut items = Vec::with_capacity(rows.len());
-        for (key, version, value) in rows {
+    /// `position`, with each item's key and version as the file keeps
+    /// them; `Err`: why they cannot be read back.
+    pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<Loaded<S>, String> {
+        let mut items = Vec::new();
+        let mut rows = LoadedRows::default();
+        self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
             let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
-            let version = match version {
-                Some(version) => Some((self.codec.version_from)(&version).ok_or_else(unreadable)?),
+            let decoded = match version {
+                Some(version) => Some((self.codec.version_from)(version).ok_or_else(unreadable)?),
                 None => None,
             };
-            let obj = (self.objects.decode)(&value).ok_or_else(unreadable)?;
-            items.push(Item { key: (self.codec.decode)(&key).ok_or_else(unreadable)?, obj, version });
-        }
-        Ok(Listing { items, position: Some(position) })
+            let obj = (self.objects.decode)(value).ok_or_else(unreadable)?;
+            items.push(Item { key: (self.codec.decode)(key).ok_or_else(unreadable)?, obj, version: decoded });
+            rows.push(key, version);
+            Ok(())
+        })?;
+        Ok(Loaded { listing: Listing { items, position: Some(position) }, rows })
+    }
+}
+
+/// What a restart read back: the contents as a list, and the rows they
+/// came from.
+pub(super) struct Loaded<S: Source> {
+    pub(super) listing: ListingOf<S>,
+    pub(super) rows: LoadedRows,
+}
+
+/// The encoded key and version of each loaded item, in the items' order,
+/// in one buffer: what a stored controller's restart difference compares
+/// with the rows it kept (bytes with bytes,
+/// [`Told`](super::Told)), with no buffer or decode per key.
+#[derive(Default)]
+pub(super) struct LoadedRows {
+    bytes: Vec<u8>,
+    /// Per row: where its key ends in `bytes`, and where its version ends
+    /// (`None`: none kept). A row starts where the one before ended.
+    ends: Vec<(usize, Option<usize>)>,
+}
+
+impl LoadedRows {
+    fn push(&mut self, key: &[u8], version: Option<&[u8]>) {
+        self.bytes.extend_from_slice(key);
+        let key_end = self.bytes.len();
+        let version_end = version.map(|version| {
+            self.bytes.extend_from_slice(version);
+            self.bytes.len()
+        });
+        self.ends.push((key_end, version_end));
+    }
+
+    /// Each row's key and version, in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        let mut start = 0;
+        self.ends.iter().map(move |&(key_end, version_end)| {
+            let key = &self.bytes[start..key_end];
+            let version = version_end.map(|end| &self.bytes[key_end..end]);
+            start = version_end.unwrap_or(key_end);
+            (key, version)
+        })
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Instant, SystemTime};
 
 use super::backoff::{Backoff, RESET_AFTER};
-use super::resume::{At, Keeping, Row};
+use super::resume::{At, Keeping, Loaded, Row};
 use super::{Applied, Inner};
 use crate::logs;
 use crate::source::{Event, EventOf, ListingOf, Source, SourceError};
@@ -119,12 +119,12 @@ impl<S: Source> Inner<S> {
             }
         });
         match restored.and_then(|position| keeping.kept_contents(&self.name, position)) {
-            Ok(listing) => {
-                logs::cache_resumed(&self.name, listing.items.len());
+            Ok(loaded) => {
+                logs::cache_resumed(&self.name, loaded.listing.items.len());
                 self.counters.resumed.store(true, Relaxed);
                 let _delivering = self.delivery.lock();
                 self.loaded.store(true, std::sync::atomic::Ordering::Release);
-                self.replace_contents(listing);
+                self.load_contents(loaded);
                 true
             }
             Err(why) => {
@@ -153,13 +153,30 @@ impl<S: Source> Inner<S> {
         self.became_synced();
     }
 
-    /// Replaces the contents with `listing` and delivers the changes.
-    fn replace_contents(&self, listing: ListingOf<S>) {
-        self.replace_contents_then(listing, || {});
+    /// Holds the contents a restart loaded (the cache holds nothing yet),
+    /// and delivers them as a list: to each subscriber, the keys it was
+    /// not told of at the last run at the same version.
+    fn load_contents(&self, Loaded { listing, rows }: Loaded<S>) {
+        // Subscribing waits for the delivery lock (held): these are all
+        // the subscribers until the load is delivered.
+        let subscribers = Arc::clone(&self.state.read().subscribers);
+        let told: Vec<Option<Vec<bool>>> = subscribers.iter().map(|s| s.told_of(&rows)).collect();
+        drop(rows);
+        let unheard = |place: usize| told.iter().any(|told| told.as_ref().is_none_or(|told| !told[place]));
+        let mut failures = Vec::new();
+        let changes = {
+            let mut state = self.state.write();
+            let changes = state.contents.load(listing.items, &mut failures, unheard);
+            state.position = listing.position;
+            changes
+        };
+        self.index_failed(failures);
+        self.deliver_loaded(&subscribers, &changes, &told);
     }
 
-    /// [`replace_contents`](Self::replace_contents), running `applied`
-    /// after the contents changed and before anyone hears of it.
+    /// Replaces the contents with `listing` and delivers the changes,
+    /// running `applied` after the contents changed and before anyone
+    /// hears of it.
     fn replace_contents_then(&self, listing: ListingOf<S>, applied: impl FnOnce()) {
         let mut failures = Vec::new();
         let (changes, subscribers) = {

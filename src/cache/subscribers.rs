@@ -17,7 +17,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Applied, CacheError, Inner, SyncedHook};
+use super::resume::LoadedRows;
+use super::{Applied, CacheError, Inner, SyncedHook, Told};
 use crate::source::Source;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
@@ -30,6 +31,9 @@ pub(super) type Call<K, O> = Box<dyn Fn(&Applied<K, O>) + Send + Sync>;
 pub(super) struct Subscriber<K, O> {
     pub(super) id: u64,
     call: Call<K, O>,
+    /// What it was told at the last run: the keys of a restart's load it
+    /// does not hear of.
+    told: Option<Told>,
     /// `Some` until its catch-up is delivered: the changes applied since
     /// it subscribed, in order. Once `None` (live), never `Some` again, and
     /// only the cache's thread calls it.
@@ -67,6 +71,15 @@ impl<K: Clone, O> Subscriber<K, O> {
 
     fn end(&self) {
         self.ended.store(true, Ordering::Relaxed);
+    }
+
+    /// Of a restart's loaded `rows`, those it was told of at the last run
+    /// (by place); `None`: it cannot tell, and hears of every one. Asked
+    /// once, before any is delivered: a subscriber may forget what it
+    /// answered for.
+    pub(super) fn told_of(&self, rows: &LoadedRows) -> Option<Vec<bool>> {
+        let told = self.told.as_ref()?;
+        Some(rows.iter().map(|(key, version)| version.is_some_and(|version| told(key, version))).collect())
     }
 }
 
@@ -172,6 +185,7 @@ impl<S: Source> Inner<S> {
         self: &Arc<Self>,
         call: Call<S::Key, S::Object>,
         caught_up: Option<SyncedHook>,
+        told: Option<Told>,
     ) -> Result<u64, CacheError> {
         // No change is applied or delivered meanwhile, so the catch-up and
         // the backlog meet exactly, and `synced` holds still.
@@ -196,6 +210,7 @@ impl<S: Source> Inner<S> {
             let subscriber = Arc::new(Subscriber {
                 id,
                 call,
+                told,
                 backlog: Mutex::new(catching_up.then(Vec::new)),
                 ended: AtomicBool::new(false),
             });
@@ -295,6 +310,30 @@ impl<S: Source> Inner<S> {
                 return;
             }
             for subscriber in subscribers {
+                if !subscriber.waits(change) {
+                    self.call(subscriber, change);
+                }
+            }
+        }
+    }
+
+    /// On the cache's thread: passes a restart's loaded keys (`changes`,
+    /// each with its place among the loaded rows) to `subscribers`, each
+    /// but the rows `told` says it heard at the last run
+    /// ([`Subscriber::told_of`], in the subscribers' order).
+    pub(super) fn deliver_loaded(
+        &self,
+        subscribers: &super::Subscribers<S::Key, S::Object>,
+        changes: &[(usize, Applied<S::Key, S::Object>)],
+        told: &[Option<Vec<bool>>],
+    ) {
+        let _delivering = self.delivery.lock();
+        for (subscriber, told) in subscribers.iter().zip(told) {
+            let unheard = changes.iter().filter(|(place, _)| told.as_ref().is_none_or(|told| !told[*place]));
+            for (_, change) in unheard {
+                if self.stop.is_set() {
+                    return;
+                }
                 if !subscriber.waits(change) {
                     self.call(subscriber, change);
                 }

@@ -168,16 +168,24 @@ pub(crate) trait SnapshotFile: Send + Sync {
     /// The kept position and the source's state there, both encoded;
     /// `None`: no snapshot kept for `cache`.
     fn snapshot_at(&self, cache: &str) -> Result<Option<KeptAt>, String>;
-    /// Every key kept for `cache` (encoded), its version (encoded; `None`:
-    /// none kept) and its object's bytes.
-    fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String>;
+    /// Hands `each` every key kept for `cache` (encoded), its version
+    /// (encoded; `None`: none kept) and its object's bytes, borrowed from
+    /// the file's reader: a million rows are a million keys to decode, not
+    /// three million buffers to copy first. An error of `each` ends the
+    /// read and is returned.
+    fn snapshot_rows(
+        &self,
+        cache: &str,
+        each: &mut dyn FnMut(SnapshotFileRow<'_>) -> Result<(), String>,
+    ) -> Result<(), String>;
 }
 
 /// A position and the source's resume state there, both encoded.
 pub(crate) type KeptAt = (Vec<u8>, Vec<u8>);
 
-/// A key's row as [`SnapshotFile::snapshot_rows`] reads it.
-pub(crate) type SnapshotFileRow = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);
+/// A key's row as [`SnapshotFile::snapshot_rows`] reads it: key, version
+/// and object, encoded.
+pub(crate) type SnapshotFileRow<'a> = (&'a [u8], Option<&'a [u8]>, &'a [u8]);
 
 #[cfg(test)]
 mod tests {

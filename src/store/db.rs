@@ -358,17 +358,36 @@ impl SqliteStore {
 
     /// The key sets kept for the caches `name` watches (E9), by cache.
     pub(crate) fn load_caches(&self, name: &str) -> Result<HashMap<String, KeptSet>, StoreError> {
-        let mut caches: HashMap<String, KeptSet> = HashMap::new();
+        // The caches first, each set sized to its rows: a million keys
+        // grown by doubling would move every key twenty times. A row then
+        // names its set by place, not by a copy of the cache's name.
+        let mut caches: Vec<(String, KeptSet)> = Vec::new();
+        self.for_each_row(
+            name,
+            "SELECT cache, count(*) FROM cache_keys WHERE controller = ?1 GROUP BY cache",
+            "cache row count",
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
+            |(cache, rows)| {
+                let rows = usize::try_from(rows).unwrap_or_default();
+                caches.push((cache, KeptSet::with_capacity_and_hasher(rows, Default::default())));
+            },
+        )?;
+        let names: Vec<String> = caches.iter().map(|(cache, _)| cache.clone()).collect();
         self.for_each_row(
             name,
             "SELECT cache, key, version FROM cache_keys WHERE controller = ?1",
             "cache row",
-            |row| Ok((row.get::<_, String>(0)?, row.get::<_, Vec<u8>>(1)?, row.get::<_, Option<Vec<u8>>>(2)?)),
-            |(cache, key, version)| {
-                caches.entry(cache).or_default().insert(key, version);
+            |row| {
+                let cache = row.get_ref(0)?.as_str()?;
+                // Counted above: a controller not started yet writes no row.
+                let place = names.iter().position(|name| name == cache).ok_or(rusqlite::Error::InvalidQuery)?;
+                Ok((place, row.get::<_, Vec<u8>>(1)?, row.get::<_, Option<Vec<u8>>>(2)?))
+            },
+            |(place, key, version)| {
+                caches[place].1.insert(key, version);
             },
         )?;
-        Ok(caches)
+        Ok(caches.into_iter().collect())
     }
 
     /// Runs `sql` (its one parameter: the controller `name`) and hands each
@@ -509,15 +528,29 @@ impl SnapshotFile for SqliteStore {
 
     /// On a read-only connection of its own: a million rows take about a
     /// second to read, which the flushers' connection (S1) cannot spare.
-    fn snapshot_rows(&self, cache: &str) -> Result<Vec<SnapshotFileRow>, String> {
-        let read = || -> rusqlite::Result<Vec<SnapshotFileRow>> {
-            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            let conn = Connection::open_with_flags(&self.inner.path, flags)?;
-            conn.busy_timeout(BUSY_TIMEOUT)?;
-            let mut stmt = conn.prepare_cached("SELECT key, version, value FROM cache_values WHERE cache = ?1")?;
-            let rows = stmt.query_map(params![cache], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
-            rows.collect()
-        };
-        read().map_err(|e| sql_err(&self.inner.path, e).to_string())
+    fn snapshot_rows(
+        &self,
+        cache: &str,
+        each: &mut dyn FnMut(SnapshotFileRow<'_>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let sql = |e| sql_err(&self.inner.path, e).to_string();
+        let conn = Connection::open_with_flags(&self.inner.path, flags).map_err(sql)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+        let mut stmt = conn.prepare("SELECT key, version, value FROM cache_values WHERE cache = ?1").map_err(sql)?;
+        let mut rows = stmt.query(params![cache]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            let blob = |i: usize| -> rusqlite::Result<Option<&[u8]>> {
+                let value = row.get_ref(i)?;
+                let wrong = |e| rusqlite::Error::FromSqlConversionFailure(i, value.data_type(), Box::new(e));
+                value.as_blob_or_null().map_err(wrong)
+            };
+            let (key, version, value) = (blob(0).map_err(sql)?, blob(1).map_err(sql)?, blob(2).map_err(sql)?);
+            let (Some(key), Some(value)) = (key, value) else {
+                return Err(format!("a row of cache {cache:?} without a key or an object"));
+            };
+            each((key, version, value))?;
+        }
+        Ok(())
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::options::Watch;
 use super::regain::{Fate, Regain, Regained, Tombstones};
 use super::watched::{Attached, WatchError};
-use crate::cache::{Applied, Cache, Codec, SyncedHook, WeakCache};
+use crate::cache::{Applied, Cache, Codec, SyncedHook, Told, WeakCache};
 use crate::clock::{Clock, SystemClock};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
@@ -131,7 +131,12 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             hook();
         }
     });
-    let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready))?;
+    let told = subscriber.kept.is_some().then(|| {
+        let feed = Arc::clone(&subscriber);
+        Box::new(move |key: &[u8], version: &[u8]| feed.kept.as_ref().is_some_and(|kept| kept.told(key, version)))
+            as Told
+    });
+    let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready), told)?;
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
 
@@ -151,7 +156,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             SinceLastRun::Changed => false,
             SinceLastRun::Unknown => change.old.is_none() && change.new.is_some(),
         };
-        let Some(told) = kept.told(&change.key, change.new.is_some()) else { return };
+        let Some(told) = kept.row(&change.key, change.new.is_some()) else { return };
         // Only this (delivering) thread adds to `held`: a key not held now
         // is not held until it returns.
         if !created && !kept.held.lock().contains_key(&key) {
@@ -350,9 +355,26 @@ impl<S: Source, K: ControllerKey> Kept<S, K> {
         if unchanged { SinceLastRun::Unchanged } else { SinceLastRun::Changed }
     }
 
+    /// During the restart's difference, for a key the cache loaded from
+    /// its store: whether `key` (encoded) was told at the last run at
+    /// exactly `version` (encoded as kept). If so it is unchanged, as
+    /// `since_last_run` would find it, and out of the difference now.
+    fn told(&self, key: &[u8], version: &[u8]) -> bool {
+        let mut restart = self.restart.lock();
+        let Some(kept) = restart.as_mut() else { return false };
+        // One lookup for the common case, an unchanged key; a changed one
+        // goes back as it was.
+        let Some((key, before)) = kept.remove_entry(key) else { return false };
+        let told = before.as_deref() == Some(version);
+        if !told {
+            kept.insert(key, before);
+        }
+        told
+    }
+
     /// The row that keeps the change to `key` (`present`: a put) the
     /// cache just applied; `None` once the cache is gone.
-    fn told(&self, key: &S::Key, present: bool) -> Option<KeptChange> {
+    fn row(&self, key: &S::Key, present: bool) -> Option<KeptChange> {
         match (present, self.cache.upgrade()) {
             (false, _) => Some(KeptChange::Delete),
             (true, Some(cache)) => Some(KeptChange::Put(cache.kept_version(key))),
