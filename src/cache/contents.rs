@@ -155,7 +155,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         items: Vec<Item<K, O, V>>,
         failures: &mut Vec<IndexFailure<K>>,
         wanted: impl Fn(usize) -> bool,
-    ) -> Vec<(usize, Applied<K, O>)> {
+    ) -> Vec<super::LoadedChange<K, O>> {
         debug_assert!(self.entries.is_empty(), "a load replaces nothing");
         self.entries.reserve(items.len());
         let mut puts = Vec::new();

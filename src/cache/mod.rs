@@ -96,6 +96,9 @@ pub(crate) type SyncedHook = Box<dyn FnOnce() + Send>;
 pub(crate) type Told = Box<dyn Fn(&[u8], &[u8]) -> bool + Send + Sync>;
 /// The subscribers, as the cache's thread takes them.
 type Subscribers<K, O> = [Arc<Subscriber<K, O>>];
+/// A key a restart loaded, to deliver, with its place among the loaded
+/// rows.
+type LoadedChange<K, O> = (usize, Applied<K, O>);
 /// Index functions by name, in the order given.
 type Indexes<K, O> = Vec<(String, IndexFn<K, O>)>;
 

@@ -324,7 +324,7 @@ impl<S: Source> Inner<S> {
     pub(super) fn deliver_loaded(
         &self,
         subscribers: &super::Subscribers<S::Key, S::Object>,
-        changes: &[(usize, Applied<S::Key, S::Object>)],
+        changes: &[super::LoadedChange<S::Key, S::Object>],
         told: &[Option<Vec<bool>>],
     ) {
         let _delivering = self.delivery.lock();
