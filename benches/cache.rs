@@ -27,6 +27,8 @@
 //! already running there (the keys are loaded unless the prefix holds as
 //! many): how two builds are compared on one etcd, alternating.
 
+#[path = "common/cpu.rs"]
+mod cpu;
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -296,9 +298,10 @@ fn main() {
 }
 
 /// One run of W11's controller watching its stored cache until its
-/// reconciles are done; returns the time from `start()` to synced and to the reconciles done,
-/// and how many ran. Stops cleanly (a drain, then the last flush).
-fn w11_run(etcd: &Etcd, path: &std::path::Path, keep_objects: bool) -> (Duration, Duration, u64) {
+/// reconciles are done; returns the time from `start()` to synced (wall
+/// and this process's CPU) and to the reconciles done, and how many ran.
+/// Stops cleanly (a drain, then the last flush).
+fn w11_run(etcd: &Etcd, path: &std::path::Path, keep_objects: bool) -> ((Duration, Duration), Duration, u64) {
     let store = SqliteStore::open(path).unwrap();
     let source = EtcdSource::new(&etcd.endpoint, PREFIX).unwrap();
     let builder = Cache::builder("w11", source).store(&store);
@@ -308,10 +311,10 @@ fn w11_run(etcd: &Etcd, path: &std::path::Path, keep_objects: bool) -> (Duration
             .workers(2)
             .store(store)
             .watch_cache(&cache, Watch::new());
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu::process_cpu_time());
     let handle = controller.start();
     assert!(handle.wait_synced(Some(LONG)));
-    let synced = started.elapsed();
+    let (synced, cpu) = (started.elapsed(), cpu::process_cpu_time() - cpu);
     // Every key the list (and the deletes a restart finds) enqueued is in
     // the queue once this returns: idle then means reconciled.
     cache.flush().unwrap();
@@ -320,7 +323,7 @@ fn w11_run(etcd: &Etcd, path: &std::path::Path, keep_objects: bool) -> (Duration
     let ran = handle.stats().successes;
     assert!(handle.stop_with_drain(LONG));
     handle.flush().unwrap();
-    (synced, reconciled, ran)
+    ((synced, cpu), reconciled, ran)
 }
 
 /// W11 (docs/benchmarks.md): a restart after 100 changes and 100 deletes,
@@ -336,21 +339,23 @@ fn w11(etcd: &Etcd, n: usize) {
         .filter(|(kind, _)| only.as_deref().is_none_or(|only| only.split(',').any(|o| o == *kind)))
         .collect();
     for &(kind, keep_objects) in &kinds {
-        let (synced, reconciled, listed) = w11_run(etcd, &dir.join(kind), keep_objects);
+        let ((synced, cpu), reconciled, listed) = w11_run(etcd, &dir.join(kind), keep_objects);
         println!(
-            "W11 first run ({kind}): {listed} keys, start() to synced {:.2} s, to every key reconciled {:.2} s",
+            "W11 first run ({kind}): {listed} keys, start() to synced {:.2} s (CPU {:.2} s), to every key reconciled {:.2} s",
             synced.as_secs_f64(),
+            cpu.as_secs_f64(),
             reconciled.as_secs_f64()
         );
     }
     etcd.load("k", 100, "w11-changed");
     etcd.delete("k", 100..200);
     for &(kind, keep_objects) in &kinds {
-        let (synced, reconciled, ran) = w11_run(etcd, &dir.join(kind), keep_objects);
+        let ((synced, cpu), reconciled, ran) = w11_run(etcd, &dir.join(kind), keep_objects);
         println!(
-            "W11 restart ({kind}): {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s, \
-             {ran} reconciles (done at {:.2} s)",
+            "W11 restart ({kind}): {n} keys, 100 changed and 100 deleted while down: start() to synced {:.2} s \
+             (CPU {:.2} s), {ran} reconciles (done at {:.2} s)",
             synced.as_secs_f64(),
+            cpu.as_secs_f64(),
             reconciled.as_secs_f64()
         );
     }

@@ -14,6 +14,8 @@
 //! `cargo bench --bench queue` runs everything; `-- W1` (any substring of a
 //! group name) narrows it, and `--quick` shortens the criterion groups.
 
+#[path = "common/cpu.rs"]
+mod cpu;
 #[path = "common/groups.rs"]
 mod groups;
 #[path = "common/w1.rs"]
@@ -183,18 +185,6 @@ fn w5_retries(c: &mut Criterion) {
     println!("W5: {W5_KEYS} keys x {} tries made {calls} calls (last run)", W5_FAILURES + 1);
 }
 
-/// CPU time (user + system) this process has used so far.
-fn process_cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 /// A small deterministic generator (splitmix64) for W3's delays.
 fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -213,7 +203,7 @@ fn w3_delaying_report() {
     let due_nanos: Vec<AtomicU64> = (0..W3_KEYS).map(|_| AtomicU64::new(0)).collect();
     let lateness: Vec<AtomicU64> = (0..W3_KEYS).map(|_| AtomicU64::new(0)).collect();
     let handed_out = AtomicUsize::new(0);
-    let cpu_before = process_cpu_time();
+    let cpu_before = cpu::process_cpu_time();
     let record_lateness = |key| {
         let now = base.elapsed().as_nanos() as u64;
         let late = now.saturating_sub(due_nanos[key as usize].load(Ordering::Acquire));
@@ -231,7 +221,7 @@ fn w3_delaying_report() {
             q.add_after(key, delay);
         }
     });
-    let cpu = process_cpu_time() - cpu_before;
+    let cpu = cpu::process_cpu_time() - cpu_before;
     let mut late: Vec<u64> = lateness.into_iter().map(AtomicU64::into_inner).collect();
     late.sort_unstable();
     let pct = |p: f64| Duration::from_nanos(late[((late.len() - 1) as f64 * p) as usize]);
@@ -251,7 +241,7 @@ fn w4_idle_report() {
         if delayed {
             q.add_after(0, Duration::from_secs(3600));
         }
-        let cpu_before = process_cpu_time();
+        let cpu_before = cpu::process_cpu_time();
         with_workers(
             &q,
             4,
@@ -262,7 +252,7 @@ fn w4_idle_report() {
                 q.shut_down();
             },
         );
-        let cpu = process_cpu_time() - cpu_before;
+        let cpu = cpu::process_cpu_time() - cpu_before;
         let what = if delayed { "empty but for one key due in an hour" } else { "empty" };
         println!("W4 idle: 4 workers blocked on an {what} queue for {W4_IDLE:?}: CPU time {cpu:?} (incl. spawn/join)");
     }
