@@ -77,8 +77,15 @@ enum SinceLastRun {
 /// An enqueue a change makes: the key, when, at which priority.
 type Route<K> = (K, When, i32);
 
-/// Acquires `cache` (starting it if it is not running) and subscribes the
-/// controller to it; the returned guard undoes both. Returns at once: the
+/// Subscribes the controller to `cache`, then acquires it (starting it if
+/// it is not running); the returned guard undoes both. Subscribed first,
+/// so a cache this starts delivers its first list, or the contents a
+/// restart loads, to the controller as it applies them: a restart's
+/// deletes while down then reach it from the resumed stream with the
+/// object held (E9), and its restart difference is compared in bytes
+/// (`Told`). Started first, the cache could apply them before the
+/// controller came, which would hear of them as deletes of unknown
+/// objects, after a catch-up of every key. Returns at once: the
 /// keys a synced cache holds reach the controller on the cache's catch-up
 /// thread, and then `caught_up` runs (a watch made at start opens the
 /// synced gate with it, E5). `register` is given the feed before it hears
@@ -90,7 +97,6 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
     caught_up: Option<SyncedHook>,
     register: impl FnOnce(Arc<dyn Regain<K>>),
 ) -> Result<Attached, WatchError> {
-    let used = cache.acquire()?;
     let resync_stop = Stop::new();
     let kept = match (cache.codec(), core.rt.get().and_then(|rt| rt.store.clone())) {
         (Some(codec), Some(link)) => {
@@ -137,6 +143,7 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             as Told
     });
     let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready), told)?;
+    let used = cache.acquire()?;
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
 
