@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import gc
 import http.client
 import json
@@ -42,15 +41,10 @@ from typing import List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
 
+from malloc import malloc_in_use  # noqa: E402
+
 PREFIX = "/memory/"
 TXN_OPS = 128  # etcd's default --max-txn-ops
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
-    ]
 
 
 def resident() -> Tuple[int, int]:
@@ -60,10 +54,9 @@ def resident() -> Tuple[int, int]:
     gc.collect()
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    mallinfo2 = ctypes.CDLL(None).mallinfo2
-    mallinfo2.restype = MallInfo2
-    info = mallinfo2()
-    return rss, info.uordblks + info.hblkhd
+    in_use = malloc_in_use()
+    assert in_use is not None, "mallinfo2 needs glibc 2.33 or later"
+    return rss, in_use
 
 
 def b64(text: str) -> str:
