@@ -18,14 +18,17 @@ with a `gc.collect()` before each reading; and the bytes glibc's malloc
 has handed out (`mallinfo2`), whose growth leaves out the memory freed
 but kept in its heaps (Python's small objects live in arenas Python maps
 itself, which it does not see: that figure is for reconq's Rust side). The value's own bytes are
-about 7 of them.
+about 7 of them; each child also reports their mean, counted from what it
+holds once measured.
+
+W14's bytes-per-key row runs the same children on W14's prefix
+(`w14_input.py --rows memory`, which calls `measure`).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import gc
 import http.client
 import json
@@ -33,20 +36,15 @@ import os
 import subprocess
 import sys
 
-from typing import Tuple
+from typing import List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
 
+from malloc import malloc_in_use  # noqa: E402
+
 PREFIX = "/memory/"
 TXN_OPS = 128  # etcd's default --max-txn-ops
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
-    ]
 
 
 def resident() -> Tuple[int, int]:
@@ -56,10 +54,9 @@ def resident() -> Tuple[int, int]:
     gc.collect()
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    mallinfo2 = ctypes.CDLL(None).mallinfo2
-    mallinfo2.restype = MallInfo2
-    info = mallinfo2()
-    return rss, info.uordblks + info.hblkhd
+    in_use = malloc_in_use()
+    assert in_use is not None, "mallinfo2 needs glibc 2.33 or later"
+    return rss, in_use
 
 
 def b64(text: str) -> str:
@@ -81,16 +78,17 @@ def fill(endpoint: str, keys: int) -> None:
     conn.close()
 
 
-def child(contender: str, endpoint: str, keys: int) -> None:
+def child(contender: str, endpoint: str, prefix: str, keys: int) -> None:
     if contender == "reconq":
         import reconq
 
         before = resident()
-        cache = reconq.Cache(reconq.EtcdSource(endpoint, PREFIX))
+        cache = reconq.Cache(reconq.EtcdSource(endpoint, prefix))
         cache.start()
         assert cache.wait_synced(600)
         assert len(cache) == keys, len(cache)
         after = resident()
+        value_bytes = sum(len(cache.get(key)) for key in cache.keys())
         cache.stop()
     else:
         from etcd3gw.client import Etcd3Client
@@ -98,10 +96,20 @@ def child(contender: str, endpoint: str, keys: int) -> None:
         host, port = endpoint.removeprefix("http://").split(":")
         client = Etcd3Client(host=host, port=int(port), timeout=600)
         before = resident()
-        held = {kv[1]["key"]: kv[0] for kv in client.get_prefix(PREFIX)}
+        held = {kv[1]["key"]: kv[0] for kv in client.get_prefix(prefix)}
         assert len(held) == keys, len(held)
         after = resident()
-    print(json.dumps([(a - b) / keys for a, b in zip(after, before)]), flush=True)
+        value_bytes = sum(len(value) for value in held.values())
+    print(json.dumps([(a - b) / keys for a, b in zip(after, before)] + [value_bytes / keys]), flush=True)
+
+
+def measure(contender: str, endpoint: str, prefix: str, keys: int) -> List[float]:
+    """A fresh process of `contender` holding the `keys` keys of `prefix`:
+    its resident memory grown, malloc's bytes in use grown (both per key),
+    and the mean bytes of a value."""
+    command = [sys.executable, __file__, "--child", contender, "--endpoint", endpoint, "--prefix", prefix]
+    out = subprocess.run([*command, "--keys", str(keys)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -111,9 +119,10 @@ def main() -> None:
     parser.add_argument("--only", choices=["reconq", "plain"])
     parser.add_argument("--child", choices=["reconq", "plain"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", default=PREFIX, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.endpoint, args.keys)
+        return child(args.child, args.endpoint, args.prefix, args.keys)
 
     from etcd_server import Etcd
 
@@ -123,9 +132,7 @@ def main() -> None:
         contenders = [args.only] if args.only else ["reconq", "plain"]
         for round_ in range(args.rounds):
             for contender in contenders if round_ % 2 == 0 else contenders[::-1]:
-                command = [sys.executable, __file__, "--child", contender, "--endpoint", etcd.endpoint]
-                out = subprocess.run([*command, "--keys", str(args.keys)], check=True, capture_output=True, text=True)
-                rss, heap = json.loads(out.stdout.strip().splitlines()[-1])
+                rss, heap, _ = measure(contender, etcd.endpoint, PREFIX, args.keys)
                 print(
                     f"round {round_} {contender:7} {args.keys} keys: {rss:6.0f} B a key resident, "
                     f"{heap:6.0f} B of malloc's in use",

@@ -27,6 +27,12 @@ into one reconcile, which measures the newest of them (the one it serves).
 
 Each line: the contender, puts sent, reconciles measured, p50 / p99 / max
 in ms. The first second of each run is left out (connections warming up).
+
+W14's p99 row runs the same contenders on a prefix already holding up to a
+million keys (`w14_input.py --rows p99`, which calls `one_run` with keys of
+its own): each contender holds them all before the puts start (reconq has
+reconciled each once and is idle), and only reconciles that begin after
+that are measured.
 """
 
 from __future__ import annotations
@@ -43,23 +49,27 @@ import time
 
 from base64 import b64encode
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
 
 WORKERS = 4
 WARMUP_NS = 1_000_000_000
+#: How long a contender may take to hold the prefix (a million keys listed,
+#: and reconciled once by reconq, on a loaded 2-core machine).
+SYNC_TIMEOUT = 900
 
 
 def b64(data: bytes) -> str:
     return b64encode(data).decode()
 
 
-def put_at_rate(endpoint: str, prefix: str, rate: float, seconds: float, keys: int) -> int:
+def put_at_rate(endpoint: str, keys: Sequence[str], rate: float, seconds: float) -> int:
     """Puts `rate` keys a second for `seconds` through the JSON gateway, on
     one kept-alive connection, paced from the start (a late put is sent at
-    once, never skipped). The value: monotonic_ns at sending."""
+    once, never skipped), `keys` in turn. The value: monotonic_ns at
+    sending."""
     host, port = endpoint.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     start = time.monotonic()
@@ -69,8 +79,7 @@ def put_at_rate(endpoint: str, prefix: str, rate: float, seconds: float, keys: i
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        key = f"{prefix}k{i % keys}".encode()
-        body = json.dumps({"key": b64(key), "value": b64(str(time.monotonic_ns()).encode())})
+        body = json.dumps({"key": b64(keys[i % len(keys)].encode()), "value": b64(str(time.monotonic_ns()).encode())})
         conn.request("POST", "/v3/kv/put", body=body, headers={"Content-Type": "application/json"})
         conn.getresponse().read()
     conn.close()
@@ -78,11 +87,18 @@ def put_at_rate(endpoint: str, prefix: str, rate: float, seconds: float, keys: i
 
 
 class Latencies:
-    def __init__(self) -> None:
+    """The reconciles' delays, from the first one that begins once `ready`
+    is set (before it, a reconcile may read a value that is no send time:
+    the prefix's own, or an earlier run's)."""
+
+    def __init__(self, ready: threading.Event) -> None:
+        self.ready = ready
         self.lock = threading.Lock()
         self.values: List[int] = []
 
     def record(self, entered: int, value: bytes) -> None:
+        if not self.ready.is_set():
+            return
         sent = int(value)
         with self.lock:
             self.values.append(entered - sent)
@@ -91,7 +107,7 @@ class Latencies:
 def run_reconq(endpoint: str, prefix: str, ready: threading.Event, done: threading.Event) -> Latencies:
     import reconq
 
-    latencies = Latencies()
+    latencies = Latencies(ready)
     cache = reconq.Cache(reconq.EtcdSource(endpoint, prefix))
 
     def reconcile(key: str) -> None:
@@ -103,7 +119,8 @@ def run_reconq(endpoint: str, prefix: str, ready: threading.Event, done: threadi
     controller = reconq.Controller(reconcile, workers=WORKERS, name="tail")
     controller.watch_cache(cache)
     controller.start()
-    assert controller.wait_synced(60)
+    assert controller.wait_synced(SYNC_TIMEOUT)
+    assert controller.wait_idle(SYNC_TIMEOUT)  # the prefix's keys reconciled once
     ready.set()
     done.wait()
     controller.stop(drain=True, timeout=30)
@@ -115,8 +132,8 @@ def run_plain(endpoint: str, prefix: str, ready: threading.Event, done: threadin
     from etcd3gw.client import Etcd3Client
 
     host, port = endpoint.removeprefix("http://").split(":")
-    client = Etcd3Client(host=host, port=int(port))
-    latencies = Latencies()
+    client = Etcd3Client(host=host, port=int(port), timeout=SYNC_TIMEOUT)
+    latencies = Latencies(ready)
     held: Dict[bytes, bytes] = {}
     pool = ThreadPoolExecutor(WORKERS)
 
@@ -157,7 +174,7 @@ def child(args: argparse.Namespace) -> None:
     result: List[Latencies] = []
     thread = threading.Thread(target=lambda: result.append(runner(args.endpoint, args.prefix, ready, done)))
     thread.start()
-    ready.wait(120)
+    assert ready.wait(SYNC_TIMEOUT), f"{args.child} did not hold the prefix in {SYNC_TIMEOUT} s"
     print("ready", flush=True)
     sys.stdin.readline()  # the putter finished
     time.sleep(1.0)  # the last puts arrive
@@ -166,18 +183,20 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(result[0].values), flush=True)
 
 
-def one_run(contender: str, endpoint: str, prefix: str, args: argparse.Namespace) -> Dict[str, float]:
+def one_run(contender: str, endpoint: str, prefix: str, keys: Sequence[str], rate: float, seconds: float) -> Dict[str, float]:
+    """One contender watching `prefix` while `keys` (under it) are put in
+    turn at `rate` puts/s for `seconds`."""
     command = [sys.executable, __file__, "--child", contender, "--endpoint", endpoint, "--prefix", prefix]
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
-    assert proc.stdout.readline().strip() == "ready"
-    sent = put_at_rate(endpoint, prefix, args.rate, args.seconds, args.keys)
+    assert proc.stdout.readline().strip() == "ready", f"{contender} ended before it was ready"
+    sent = put_at_rate(endpoint, keys, rate, seconds)
     proc.stdin.write("done\n")
     proc.stdin.flush()
     values = json.loads(proc.stdout.readline())
     proc.wait()
     # Left out: the first second's reconciles (in the order measured).
-    measured = sorted(values[len(values) // int(args.seconds) :]) if values else [0]
+    measured = sorted(values[len(values) // int(seconds) :]) if values else [0]
     q = statistics.quantiles(measured, n=100) if len(measured) > 1 else measured * 99
     return {
         "sent": sent,
@@ -210,7 +229,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = contenders if round_ % 2 == 0 else contenders[::-1]
             for contender in order:
-                r = one_run(contender, etcd.endpoint, f"/tail/{round_}/{contender}/", args)
+                prefix = f"/tail/{round_}/{contender}/"
+                keys = [f"{prefix}k{i}" for i in range(args.keys)]
+                r = one_run(contender, etcd.endpoint, prefix, keys, args.rate, args.seconds)
                 load = os.getloadavg()[0]
                 print(
                     f"round {round_} {contender:7} sent {r['sent']:6} reconciles {r['reconciles']:6}"

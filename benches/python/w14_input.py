@@ -33,8 +33,24 @@ sync serves both. ``--before PYTHON``: the same with a Python whose
 its own venv), side by side, the order alternated round by round; the
 deleted keys are put back between contenders.
 
+The p99 row (``--rows p99``): put -> Python reconcile at 1,000 puts/s for
+10 s, to 100 of the N keys (spread over the prefix) in turn, with
+``tail_latency.py``'s contenders watching the whole prefix: reconq
+(``Cache(EtcdSource)``, a ``Controller`` of 4 workers, synced and each key
+reconciled once before the puts start) and the plain reflector
+(``etcd3gw``'s ``get_prefix`` into a dict, ``watch_prefix``, a
+``ThreadPoolExecutor`` of 4), each in a fresh process, order alternated;
+p50 / p99 / max from a put's send to its reconcile's entry. The keys put
+get their loaded values back after each run.
+
+The bytes-per-key row (``--rows memory``): ``key_memory.py``'s children
+hold the N keys, a fresh process each, order alternated: reconq's
+``Cache(EtcdSource)`` (no ``decode``) and a dict filled by ``etcd3gw``'s
+``get_prefix``; resident memory grown per key, the same less the mean
+bytes of a value, and malloc's bytes in use grown per key.
+
 usage: python benches/python/w14_input.py [--keys 10000 100000 1000000] [--rounds 2]
-           [--rows sync restart] [--before PYTHON]
+           [--rows sync restart p99 memory] [--before PYTHON]
 
 Build the extension optimised first (``RELEASE=1 bash scripts/python-dev.sh
 --co -q``) and ``pip install etcd3gw`` (a benchmark-only dependency).
@@ -64,7 +80,9 @@ sys.path.insert(0, str(TESTS))
 
 from etcd_server import Etcd  # noqa: E402
 
+import key_memory  # noqa: E402
 import reconq  # noqa: E402
+import tail_latency  # noqa: E402
 
 PREFIX = "/w14/"
 #: Puts per transaction while loading (etcd started with this --max-txn-ops).
@@ -72,6 +90,10 @@ BATCH = 10_000
 WORKERS = 2
 #: The restart row's changes while down: this many puts, as many deletes.
 CHANGES = 100
+#: The p99 row: puts a second, for how long, and to how many of the keys.
+RATE, SECONDS, PUT_KEYS = 1000.0, 10.0, 100
+#: The p99 and memory rows' contenders (tail_latency's and key_memory's).
+CONTENDERS = ["reconq", "plain"]
 
 
 def start_etcd() -> Etcd:
@@ -99,7 +121,7 @@ def load(etcd: Etcd, n: int) -> None:
     b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
     for start in range(0, n, BATCH):
         puts = [
-            {"request_put": {"key": b64(b"%skey-%07d" % (PREFIX.encode(), i)), "value": b64(b"value-%d" % i)}}
+            {"request_put": {"key": b64(key(i).encode()), "value": b64(value(i).encode())}}
             for i in range(start, min(n, start + BATCH))
         ]
         post(etcd, "kv/txn", {"success": puts})
@@ -178,6 +200,11 @@ READERS: List[Tuple[str, Callable[[Etcd, int], Dict[str, float]]]] = [
 
 def key(i: int) -> str:
     return "%skey-%07d" % (PREFIX, i)
+
+
+def value(i: int) -> str:
+    """Key `i`'s value as loaded."""
+    return "value-%d" % i
 
 
 class Restarter:
@@ -270,7 +297,7 @@ def restarts(etcd: Etcd, n: int, name: str, python: str, rng: random.Random, rou
             )
             assert got == wanted, f"reconciled {len(got)} keys, {len(set(got) ^ set(wanted))} not the 200 changed"
         runs.stop("clean")
-    etcd.put_all({key(i): "value-%d" % i for i in gone})
+    etcd.put_all({key(i): value(i) for i in gone})
 
 
 def sync_rows(etcd: Etcd, n: int, rounds: int) -> None:
@@ -296,11 +323,43 @@ def restart_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None
             restarts(etcd, n, name, python, rng, round_)
 
 
+def alternated(round_: int) -> List[str]:
+    """The contenders in round `round_`'s order: reversed every other round."""
+    return CONTENDERS if round_ % 2 == 0 else CONTENDERS[::-1]
+
+
+def p99_rows(etcd: Etcd, n: int, rounds: int) -> None:
+    put = range(0, n, max(1, n // PUT_KEYS))[:PUT_KEYS]
+    for round_ in range(rounds):
+        for contender in alternated(round_):
+            r = tail_latency.one_run(contender, etcd.endpoint, PREFIX, [key(i) for i in put], RATE, SECONDS)
+            print(
+                f"{n:>9,} keys  round {round_ + 1}  {contender:7s} put -> reconcile at {RATE:,.0f} puts/s:"
+                f"  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  max {r['max']:7.2f} ms"
+                f"  ({r['reconciles']} reconciles of {r['sent']} puts, load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+            etcd.put_all({key(i): value(i) for i in put})
+
+
+def memory_rows(etcd: Etcd, n: int, rounds: int) -> None:
+    for round_ in range(rounds):
+        for contender in alternated(round_):
+            rss, heap, value_bytes = key_memory.measure(contender, etcd.endpoint, PREFIX, n)
+            print(
+                f"{n:>9,} keys  round {round_ + 1}  {contender:7s} resident {rss:6.0f} B a key,"
+                f" {rss - value_bytes:6.0f} B beyond the value ({value_bytes:.1f} B);"
+                f" malloc in use {heap:6.0f} B a key  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rows", nargs="+", choices=["sync", "restart"], default=["sync", "restart"])
+    rows = ["sync", "restart", "p99", "memory"]
+    parser.add_argument("--rows", nargs="+", choices=rows, default=rows)
     parser.add_argument("--before", metavar="PYTHON", help="a Python whose reconq is the build before (restart rows)")
     args = parser.parse_args()
     for n in args.keys:
@@ -313,6 +372,10 @@ def main() -> None:
                 sync_rows(etcd, n, args.rounds)
             if "restart" in args.rows:
                 restart_rows(etcd, n, args.rounds, args.before)
+            if "p99" in args.rows:
+                p99_rows(etcd, n, args.rounds)
+            if "memory" in args.rows:
+                memory_rows(etcd, n, args.rounds)
         finally:
             etcd.close()
 

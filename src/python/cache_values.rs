@@ -22,6 +22,7 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::attach::attach;
 use super::errors::describe;
+use super::value_bytes::ValueBytes;
 use crate::key_encoding::{Keepable, KeptObject, decode_key, encode_key};
 
 thread_local! {
@@ -58,16 +59,22 @@ pub(crate) fn refuse_under_cache_lock() -> PyResult<()> {
 /// without taking the GIL at all. Each GIL acquisition on that thread
 /// waits behind whatever Python runs (a reconcile holding the GIL makes
 /// it wait up to `sys.getswitchinterval()`, 5 ms): the put -> reconcile
-/// tail (issue 36). And a short value costs its bytes plus a 16-byte
-/// box instead of an `Arc` and a Python `bytes` object (33 bytes and
-/// more a value): docs/sources.md, "What a key costs".
+/// tail (issue 36). And a value of up to 22 bytes costs nothing beyond
+/// this enum ([`ValueBytes`]), instead of an `Arc` and a Python `bytes`
+/// object (33 bytes and more a value): docs/sources.md, "What a key
+/// costs".
 #[derive(Clone)]
 pub(crate) enum PyObj {
     Python(Arc<Py<PyAny>>),
     /// An etcd value (no `decode`): a new `bytes` at each read, equal to
     /// the last.
-    Bytes(Box<[u8]>),
+    Bytes(ValueBytes),
 }
+
+// The cache puts an `Arc` around each object: 16 bytes of counts and
+// these 24 make one 40-byte request (malloc's 48-byte chunk). A bigger
+// `PyObj` would cost every key of every cache.
+const _: () = assert!(size_of::<PyObj>() == 24);
 
 impl PyObj {
     pub(crate) fn new(obj: Bound<'_, PyAny>) -> Self {

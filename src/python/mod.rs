@@ -46,6 +46,7 @@ mod signals;
 mod sources;
 mod status;
 mod store;
+mod value_bytes;
 mod watch;
 
 use pyo3::prelude::*;

@@ -8,6 +8,7 @@ etcd's own listing, never by sleeping."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 import reconq
 from cpu import thread_cpu_seconds
 from etcd_server import Etcd
+from malloc import malloc_in_use
 from proxy import Proxy
 from waiting import PATIENCE, wait_for
 
@@ -282,3 +284,65 @@ def test_a_cache_of_raw_etcd_values_applies_a_change_while_python_holds_the_gil(
     assert putter.wait(PATIENCE) == 0
     assert applied_while_held, (repr(cache), cache.stats()["last_error"])
     assert contents(cache) == {"a": b"1", "b": b"2"}
+
+
+def test_raw_etcd_values_read_back_whole_and_compare_by_content_on_both_sides_of_the_inline_limit(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    """Without `decode`, a value of up to 22 bytes is held inside the
+    cache's object and a longer one in a box of its own
+    (src/python/value_bytes.rs): both read back whole, a put of an equal
+    value is no change to the default predicate, and a value moved across
+    the limit is one."""
+
+    def value(n: int, last: int = 0) -> bytes:
+        """`n` bytes, the last one `last`."""
+        return bytes(i % 251 + 1 for i in range(n - 1)) + bytes([last]) if n else b""
+
+    held = {f"len{n}": value(n) for n in (0, 1, 21, 22, 23, 300)}
+    for key, data in held.items():
+        etcd.put_bytes((PREFIX + key).encode(), data)
+    cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX), name="raw")
+    caches.append(cache)
+    reconciled: List[str] = []
+    controller = reconq.Controller(reconciled.append, name="raw")
+    controller.watch_cache(cache)
+    controller.start()
+    try:
+        assert controller.wait_synced(PATIENCE) and controller.wait_idle(PATIENCE)
+        assert contents(cache) == held and sorted(reconciled) == sorted(held)
+        reconciled.clear()
+        changed = {"len22": value(23), "len23": value(22), "len300": value(300, last=1)}
+        for key, data in [("len21", held["len21"]), ("len300", held["len300"]), *changed.items()]:
+            etcd.put_bytes((PREFIX + key).encode(), data)
+        wait_for(lambda: contents(cache) == {**held, **changed}, what="the changes applied")
+        # The equal puts were delivered before the changes that followed them.
+        wait_for(lambda: set(changed) <= set(reconciled), what="the changes reconciled")
+        assert controller.wait_idle(PATIENCE)
+        assert sorted(reconciled) == sorted(changed), "equal values are no change; the others are"
+    finally:
+        controller.stop(timeout=PATIENCE)
+
+
+def test_a_raw_etcd_value_of_a_few_bytes_costs_no_allocation_of_its_own(
+    etcd: Etcd, caches: List[reconq.Cache]
+) -> None:
+    """What a key costs (docs/sources.md): malloc's bytes in use grown, per
+    key, while a cache without `decode` lists 50,000 keys of 6-byte
+    values. A key costs its map slot (65,536 slots of 49 bytes: 64 B a
+    key at this count), its `Arc<str>` (32 B) and the object's `Arc`
+    (48 B, the value's bytes inside): 144 B. A value in a box of its own
+    would add 32 B (176 B)."""
+    if malloc_in_use() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    keys = 50_000
+    etcd.put_all({f"{PREFIX}k{i:05d}": f"v{i:05d}" for i in range(keys)})
+    gc.collect()
+    before = malloc_in_use()
+    cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX), name="memory")
+    caches.append(cache)
+    cache.start()
+    assert cache.wait_synced(PATIENCE) and len(cache) == keys
+    gc.collect()
+    per_key = (malloc_in_use() - before) / keys  # type: ignore[operator]
+    assert per_key <= 160, f"{per_key:.0f} B of malloc's a key"
