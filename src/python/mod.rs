@@ -8,7 +8,8 @@
 //! 1. `attach` (engine threads attach once for their life),
 //!    `killable_call` (engine threads call user code so that Python's exit
 //!    can end them, beside `attach`'s guard), `convert` (plain arguments:
-//!    seconds, timestamps, priorities, callables, type names), `metrics`.
+//!    seconds, timestamps, priorities, callables, type names), `metrics`,
+//!    `value_bytes` (an etcd value held inline when short).
 //! 2. `key` (Python keys as a GIL-free Rust value), `errors` (exceptions,
 //!    reconcile results), `logs` (the one `reconq` logger; the engine's
 //!    events to Python `logging`), `signals` (waits Ctrl-C gets through),
