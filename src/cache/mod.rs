@@ -60,6 +60,7 @@ use crate::context::StopSignal;
 use crate::error::InvalidArgument;
 use crate::logs;
 use crate::source::{Source, Stop};
+use crate::store::KeyRows;
 use crate::sync::{Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
 
@@ -88,12 +89,12 @@ impl<K: Clone, O> Clone for Applied<K, O> {
 
 pub(crate) type SyncedHook = Box<dyn FnOnce() + Send>;
 /// What a subscriber was told at the last run, for a restart that loads
-/// the cache from its store: `true` if it heard of the loaded key (encoded
-/// as the store keeps it) at exactly this version (encoded): then it
-/// does not hear of that key again. A stored controller's restart
-/// difference (E9), bytes against bytes, so a million unchanged keys
-/// cost no change each.
-pub(crate) type Told = Box<dyn Fn(&[u8], &[u8]) -> bool + Send + Sync>;
+/// the cache from its store: of the loaded rows (keys and versions encoded
+/// as the store keeps them, in key order), by place, whether it heard of
+/// that key at exactly that version: then it does not hear of it again.
+/// A stored controller's restart difference (E9), bytes against bytes in
+/// one merge, so a million unchanged keys cost no change each.
+pub(crate) type Told = Box<dyn Fn(&KeyRows) -> Vec<bool> + Send + Sync>;
 /// The subscribers, as the cache's thread takes them.
 type Subscribers<K, O> = [Arc<Subscriber<K, O>>];
 /// A key a restart loaded, to deliver, with its place among the loaded

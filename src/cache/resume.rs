@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::stored::{Codec, ObjectCodec, Stored};
 use crate::source::{Item, Listing, ListingOf, ResumeState, Source};
-use crate::store::{CacheSnapshot, KeptAt, SnapshotRow};
+use crate::store::{CacheSnapshot, KeptAt, KeyRows, SnapshotRow};
 
 /// A key's snapshot row, encoded.
 pub(super) type Row = (Vec<u8>, SnapshotRow);
@@ -88,7 +88,7 @@ impl<S: Source> Keeping<S> {
     /// them; `Err`: why they cannot be read back.
     pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<Loaded<S>, String> {
         let mut items = Vec::new();
-        let mut rows = LoadedRows::default();
+        let mut rows = KeyRows::default();
         self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
             let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
             let decoded = match version {
@@ -108,40 +108,8 @@ impl<S: Source> Keeping<S> {
 /// came from.
 pub(super) struct Loaded<S: Source> {
     pub(super) listing: ListingOf<S>,
-    pub(super) rows: LoadedRows,
-}
-
-/// The encoded key and version of each loaded item, in the items' order,
-/// in one buffer: what a stored controller's restart difference compares
-/// with the rows it kept (bytes with bytes,
-/// [`Told`](super::Told)), with no buffer or decode per key.
-#[derive(Default)]
-pub(super) struct LoadedRows {
-    bytes: Vec<u8>,
-    /// Per row: where its key ends in `bytes`, and where its version ends
-    /// (`None`: none kept). A row starts where the one before ended.
-    ends: Vec<(usize, Option<usize>)>,
-}
-
-impl LoadedRows {
-    fn push(&mut self, key: &[u8], version: Option<&[u8]>) {
-        self.bytes.extend_from_slice(key);
-        let key_end = self.bytes.len();
-        let version_end = version.map(|version| {
-            self.bytes.extend_from_slice(version);
-            self.bytes.len()
-        });
-        self.ends.push((key_end, version_end));
-    }
-
-    /// Each row's key and version, in order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        let mut start = 0;
-        self.ends.iter().map(move |&(key_end, version_end)| {
-            let key = &self.bytes[start..key_end];
-            let version = version_end.map(|end| &self.bytes[key_end..end]);
-            start = version_end.unwrap_or(key_end);
-            (key, version)
-        })
-    }
+    /// The encoded key and version of each loaded item, in the items'
+    /// order (the file's: by key), for the subscribers that can tell
+    /// which of them they were told of ([`Told`](super::Told)).
+    pub(super) rows: KeyRows,
 }

@@ -17,9 +17,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::resume::LoadedRows;
 use super::{Applied, CacheError, Inner, SyncedHook, Told};
 use crate::source::Source;
+use crate::store::KeyRows;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
 use crate::{logs, panics};
@@ -77,9 +77,10 @@ impl<K: Clone, O> Subscriber<K, O> {
     /// (by place); `None`: it cannot tell, and hears of every one. Asked
     /// once, before any is delivered: a subscriber may forget what it
     /// answered for.
-    pub(super) fn told_of(&self, rows: &LoadedRows) -> Option<Vec<bool>> {
-        let told = self.told.as_ref()?;
-        Some(rows.iter().map(|(key, version)| version.is_some_and(|version| told(key, version))).collect())
+    pub(super) fn told_of(&self, rows: &KeyRows) -> Option<Vec<bool>> {
+        let told = self.told.as_ref()?(rows);
+        assert_eq!(told.len(), rows.len(), "an answer for each loaded row");
+        Some(told)
     }
 }
 

@@ -31,7 +31,8 @@ use parking_lot::Mutex;
 use rusqlite::{Transaction, params};
 
 use super::cache_snapshot::{CacheSnapshot, SnapshotBatch};
-use super::link::{KeptChange, KeptSet};
+use super::key_rows::KeyRows;
+use super::link::KeptChange;
 
 #[derive(Debug, Clone)]
 pub(crate) struct CacheRow {
@@ -138,7 +139,7 @@ pub(crate) struct CacheRows {
     /// takes their marks after its rows.
     snapshots: Mutex<Vec<Weak<CacheSnapshot>>>,
     /// Until each watch takes its cache's.
-    loaded: Mutex<HashMap<String, KeptSet>>,
+    loaded: Mutex<HashMap<String, KeyRows>>,
     /// Marked since the last take.
     dirty: Mutex<CacheBatch>,
     /// Taken at the last tick, written at the next (with the controller's
@@ -147,7 +148,7 @@ pub(crate) struct CacheRows {
 }
 
 impl CacheRows {
-    pub(crate) fn new(loaded: HashMap<String, KeptSet>) -> Self {
+    pub(crate) fn new(loaded: HashMap<String, KeyRows>) -> Self {
         Self { loaded: Mutex::new(loaded), ..Self::default() }
     }
 
@@ -172,8 +173,9 @@ impl CacheRows {
         CacheBatch { snapshots, ..CacheBatch::default() }
     }
 
-    /// The key set kept for `cache` at the last run (empty if none), once.
-    pub(crate) fn take_kept(&self, cache: &str) -> KeptSet {
+    /// The rows kept for `cache` at the last run (none if none), in key
+    /// order, once.
+    pub(crate) fn take_kept(&self, cache: &str) -> KeyRows {
         self.loaded.lock().remove(cache).unwrap_or_default()
     }
 

@@ -168,11 +168,11 @@ pub(crate) trait SnapshotFile: Send + Sync {
     /// The kept position and the source's state there, both encoded;
     /// `None`: no snapshot kept for `cache`.
     fn snapshot_at(&self, cache: &str) -> Result<Option<KeptAt>, String>;
-    /// Hands `each` every key kept for `cache` (encoded), its version
-    /// (encoded; `None`: none kept) and its object's bytes, borrowed from
-    /// the file's reader: a million rows are a million keys to decode, not
-    /// three million buffers to copy first. An error of `each` ends the
-    /// read and is returned.
+    /// Hands `each` every key kept for `cache` (encoded), in key order
+    /// (the bytes'), its version (encoded; `None`: none kept) and its
+    /// object's bytes, borrowed from the file's reader: a million rows are
+    /// a million keys to decode, not three million buffers to copy first.
+    /// An error of `each` ends the read and is returned.
     fn snapshot_rows(
         &self,
         cache: &str,

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use super::StoreError;
 use super::cache_rows::CacheBatch;
 use super::cache_snapshot::{KeptAt, SnapshotFile, SnapshotFileRow};
-use super::link::KeptSet;
+use super::key_rows::KeyRows;
 use super::lock::StoreClaim;
 use super::open_files::{self, OpenFile};
 
@@ -347,71 +347,74 @@ impl SqliteStore {
             name,
             "SELECT child, parent FROM edges WHERE controller = ?1 ORDER BY child, position",
             "edge",
-            |row| Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?)),
-            |(child, parent)| match edges.last_mut() {
-                Some((last, parents)) if *last == child => parents.push(parent),
-                _ => edges.push((child, vec![parent])),
+            |row| {
+                let (child, parent) = (row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?);
+                match edges.last_mut() {
+                    Some((last, parents)) if *last == child => parents.push(parent),
+                    _ => edges.push((child, vec![parent])),
+                }
+                Ok(())
             },
         )?;
         Ok(edges)
     }
 
-    /// The key sets kept for the caches `name` watches (E9), by cache.
-    pub(crate) fn load_caches(&self, name: &str) -> Result<HashMap<String, KeptSet>, StoreError> {
-        // The caches first, each set sized to its rows: a million keys
-        // grown by doubling would move every key twenty times. A row then
-        // names its set by place, not by a copy of the cache's name.
-        let mut caches: Vec<(String, KeptSet)> = Vec::new();
+    /// The rows kept for the caches `name` watches (E9), by cache, each
+    /// cache's in key order (a restart's difference merges them with the
+    /// cache's snapshot, which is in key order too).
+    pub(crate) fn load_caches(&self, name: &str) -> Result<HashMap<String, KeyRows>, StoreError> {
+        // The caches first, each sized to its rows and bytes: a million
+        // rows grown by doubling would be moved twenty times. A row then
+        // names its cache by place, not by a copy of the cache's name.
+        let mut caches: Vec<(String, KeyRows)> = Vec::new();
         self.for_each_row(
             name,
-            "SELECT cache, count(*) FROM cache_keys WHERE controller = ?1 GROUP BY cache",
+            "SELECT cache, count(*), sum(length(key) + ifnull(length(version), 0)) FROM cache_keys \
+             WHERE controller = ?1 GROUP BY cache",
             "cache row count",
-            |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
-            |(cache, rows)| {
-                let rows = usize::try_from(rows).unwrap_or_default();
-                caches.push((cache, KeptSet::with_capacity_and_hasher(rows, Default::default())));
+            |row| {
+                let size = |i| row.get::<_, i64>(i).map(|n| usize::try_from(n).unwrap_or_default());
+                caches.push((row.get(0)?, KeyRows::with_capacity(size(1)?, size(2)?)));
+                Ok(())
             },
         )?;
         let names: Vec<String> = caches.iter().map(|(cache, _)| cache.clone()).collect();
         self.for_each_row(
             name,
-            "SELECT cache, key, version FROM cache_keys WHERE controller = ?1",
+            "SELECT cache, key, version FROM cache_keys WHERE controller = ?1 ORDER BY cache, key",
             "cache row",
             |row| {
                 let cache = row.get_ref(0)?.as_str()?;
                 // Counted above: a controller not started yet writes no row.
                 let place = names.iter().position(|name| name == cache).ok_or(rusqlite::Error::InvalidQuery)?;
-                Ok((place, row.get::<_, Vec<u8>>(1)?, row.get::<_, Option<Vec<u8>>>(2)?))
-            },
-            |(place, key, version)| {
-                caches[place].1.insert(key, version);
+                caches[place].1.push(row.get_ref(1)?.as_blob()?, row.get_ref(2)?.as_blob_or_null()?);
+                Ok(())
             },
         )?;
         Ok(caches.into_iter().collect())
     }
 
     /// Runs `sql` (its one parameter: the controller `name`) and hands each
-    /// row, as `read` reads it, to `each`. A row `read` fails on is an
-    /// error naming the file, the controller and `what` the row is.
-    fn for_each_row<T>(
+    /// row to `read`, borrowed from SQLite's buffers. A row `read` fails on
+    /// is an error naming the file, the controller and `what` the row is.
+    fn for_each_row(
         &self,
         name: &str,
         sql: &str,
         what: &str,
-        read: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-        mut each: impl FnMut(T),
+        mut read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
     ) -> Result<(), StoreError> {
         let conn = self.inner.conn.lock();
         let path = &self.inner.path;
         let mut stmt = conn.prepare_cached(sql).map_err(|e| sql_err(path, e))?;
         let mut rows = stmt.query(params![name]).map_err(|e| sql_err(path, e))?;
         while let Some(row) = rows.next().map_err(|e| sql_err(path, e))? {
-            each(read(row).map_err(|e| {
+            read(row).map_err(|e| {
                 StoreError::Invalid(format!(
                     "{}: a corrupt {what} of controller {name:?}: {e}; delete that row or restore a backup",
                     path.display()
                 ))
-            })?);
+            })?;
         }
         Ok(())
     }
@@ -537,7 +540,8 @@ impl SnapshotFile for SqliteStore {
         let sql = |e| sql_err(&self.inner.path, e).to_string();
         let conn = Connection::open_with_flags(&self.inner.path, flags).map_err(sql)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
-        let mut stmt = conn.prepare("SELECT key, version, value FROM cache_values WHERE cache = ?1").map_err(sql)?;
+        let mut stmt =
+            conn.prepare("SELECT key, version, value FROM cache_values WHERE cache = ?1 ORDER BY key").map_err(sql)?;
         let mut rows = stmt.query(params![cache]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
             let blob = |i: usize| -> rusqlite::Result<Option<&[u8]>> {

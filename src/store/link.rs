@@ -4,12 +4,12 @@
 //! so the controller reaches a store only through these traits (without
 //! the feature it never has one).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::StoreError;
 use super::cache_snapshot::CacheSnapshot;
+use super::key_rows::KeyRows;
 use crate::observe::reports::StoreStats;
 
 /// What a store keeps of one key, in the controller's terms.
@@ -62,9 +62,9 @@ pub(crate) trait StoreLink<K>: Flush {
     /// flusher may do its final flush.
     fn workers_done(&self);
     fn stats(&self) -> StoreStats;
-    /// The key set kept at the last run for `cache` (E9; empty if none),
-    /// handed out once, to the watch of that cache.
-    fn take_kept(&self, cache: &str) -> KeptSet;
+    /// The rows kept at the last run for `cache` (E9; none if none), in
+    /// key order, handed out once, to the watch of that cache.
+    fn take_kept(&self, cache: &str) -> KeyRows;
     /// A watched cache keeps `snapshot` of its own contents (E9, to resume
     /// after a restart): every write takes its marks after the cache rows.
     fn keep_snapshot(&self, snapshot: &Arc<CacheSnapshot>);
@@ -93,12 +93,6 @@ pub(crate) trait StoreLink<K>: Flush {
 
 /// What waits for a write ([`StoreLink::after_write`]).
 pub(crate) type AfterWrite = Box<dyn FnOnce() + Send>;
-
-/// A cache's kept keys (encoded) and their versions (encoded; `None`:
-/// none kept, so the key counts as changed at a restart). The keys come
-/// from the program's own file: a fast hash rather than SipHash, which
-/// was a third of a million-key restart's load.
-pub(crate) type KeptSet = HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
 
 /// One change to a kept key set.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,8 @@
 //! * `cache_snapshot` (always compiled) is what a cache keeps of its own
 //!   contents to resume after a restart (E9): marked by the cache, written
 //!   by its controllers' flushers.
+//! * `key_rows` (always compiled) holds the encoded keys and versions a
+//!   restart reads back, a million in one buffer.
 //!
 //! With the `store` feature (on by default), the SQLite implementation:
 //! * `lock` is the claim a live controller holds on its name (S3).
@@ -33,6 +35,7 @@ mod db;
 mod dirty;
 #[cfg(feature = "store")]
 mod flush_requests;
+mod key_rows;
 mod link;
 #[cfg(feature = "store")]
 mod lock;
@@ -46,7 +49,8 @@ pub(crate) use cache_names::CacheName;
 pub(crate) use cache_snapshot::{CacheSnapshot, KeptAt, SnapshotFile, SnapshotRow};
 #[cfg(feature = "store")]
 pub use db::{SCHEMA_VERSION, SqliteStore, StoredKey, StoredState};
-pub(crate) use link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, PendingFlush, StoreLink};
+pub(crate) use key_rows::KeyRows;
+pub(crate) use link::{AfterWrite, Flush, KeptChange, KeySource, KeyView, PendingFlush, StoreLink};
 #[cfg(feature = "store")]
 pub use lock::StoreClaim;
 #[cfg(feature = "python")]

@@ -42,7 +42,8 @@ use super::cache_snapshot::CacheSnapshot;
 use super::db::StoredParents;
 use super::dirty::DirtySet;
 use super::flush_requests::FlushRequests;
-use super::link::{AfterWrite, Flush, KeptChange, KeptSet, KeySource, KeyView, StoreLink};
+use super::key_rows::KeyRows;
+use super::link::{AfterWrite, Flush, KeptChange, KeySource, KeyView, StoreLink};
 use super::{SqliteStore, StoreClaim, StoreError, StoredKey, StoredState};
 use crate::key_encoding::{StoreKey, decode_key, encode_key};
 use crate::observe::reports::StoreStats;
@@ -521,7 +522,7 @@ impl<K: StoreKey + Eq + Hash + Clone + Send + Sync + 'static> StoreLink<K> for P
         self.after_write_left.load(Ordering::Acquire) > 0
     }
 
-    fn take_kept(&self, cache: &str) -> KeptSet {
+    fn take_kept(&self, cache: &str) -> KeyRows {
         self.caches.take_kept(cache)
     }
 

@@ -19,13 +19,14 @@ use std::time::Duration;
 
 use super::options::Watch;
 use super::regain::{Fate, Regain, Regained, Tombstones};
+use super::restart_set::RestartSet;
 use super::watched::{Attached, WatchError};
 use crate::cache::{Applied, Cache, Codec, SyncedHook, Told, WeakCache};
 use crate::clock::{Clock, SystemClock};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
 use crate::source::{Source, Stop};
-use crate::store::{AfterWrite, Flush, KeptChange, KeptSet, StoreLink};
+use crate::store::{AfterWrite, Flush, KeptChange, KeyRows, StoreLink};
 use crate::sync::Mutex;
 
 /// One watch's handlers, shared by its subscriber (on the cache's thread,
@@ -55,7 +56,7 @@ struct Kept<S: Source, K> {
     link: Arc<dyn StoreLink<K>>,
     /// The key set kept at the last run, until the cache's first list (or
     /// its replay) has reached this feed: the restart's difference.
-    restart: Mutex<Option<KeptSet>>,
+    restart: Mutex<Option<RestartSet>>,
     /// Cache keys (encoded) whose changes wait for a write, and how many:
     /// a create waits for its trace, a later change of that key waits
     /// behind it. Changed only on the delivering thread (adds) and the
@@ -101,7 +102,7 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
     let kept = match (cache.codec(), core.rt.get().and_then(|rt| rt.store.clone())) {
         (Some(codec), Some(link)) => {
             let name: Arc<str> = Arc::from(cache.name());
-            let restart = Mutex::new(Some(link.take_kept(&name)));
+            let restart = Mutex::new(Some(RestartSet::new(link.take_kept(&name))));
             cache.add_flusher(Arc::downgrade(&(Arc::clone(&link) as Arc<dyn Flush>)));
             if let Some(snapshot) = cache.snapshot() {
                 link.keep_snapshot(&snapshot);
@@ -139,8 +140,10 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
     });
     let told = subscriber.kept.is_some().then(|| {
         let feed = Arc::clone(&subscriber);
-        Box::new(move |key: &[u8], version: &[u8]| feed.kept.as_ref().is_some_and(|kept| kept.told(key, version)))
-            as Told
+        Box::new(move |rows: &KeyRows| match &feed.kept {
+            Some(kept) => kept.told_of(rows),
+            None => vec![false; rows.len()],
+        }) as Told
     });
     let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready), told)?;
     let used = cache.acquire()?;
@@ -362,21 +365,15 @@ impl<S: Source, K: ControllerKey> Kept<S, K> {
         if unchanged { SinceLastRun::Unchanged } else { SinceLastRun::Changed }
     }
 
-    /// During the restart's difference, for a key the cache loaded from
-    /// its store: whether `key` (encoded) was told at the last run at
-    /// exactly `version` (encoded as kept). If so it is unchanged, as
-    /// `since_last_run` would find it, and out of the difference now.
-    fn told(&self, key: &[u8], version: &[u8]) -> bool {
-        let mut restart = self.restart.lock();
-        let Some(kept) = restart.as_mut() else { return false };
-        // One lookup for the common case, an unchanged key; a changed one
-        // goes back as it was.
-        let Some((key, before)) = kept.remove_entry(key) else { return false };
-        let told = before.as_deref() == Some(version);
-        if !told {
-            kept.insert(key, before);
+    /// During the restart's difference, for the rows the cache loaded
+    /// from its store (encoded, in key order): which were told at the last
+    /// run at exactly the version loaded. Those are unchanged, as
+    /// `since_last_run` would find them, and out of the difference now.
+    fn told_of(&self, rows: &KeyRows) -> Vec<bool> {
+        match self.restart.lock().as_mut() {
+            Some(kept) => kept.told_of(rows),
+            None => vec![false; rows.len()],
         }
-        told
     }
 
     /// The row that keeps the change to `key` (`present`: a put) the

@@ -12,6 +12,8 @@
 //! * `feed`: a cache's changes (and resyncs) turned into enqueues.
 //! * `synced`: the synced gate and its `sync_timeout` reports.
 //! * `regain`: what a sharded controller's gain enqueues from a watch (C1).
+//! * `restart_set`: a stored controller's restart difference for a cache
+//!   (E9): the rows it kept, merged with what the cache loaded.
 //! * `watched`: a cache and a watch as the rest of the folder sees them
 //!   ([`WatchError`], the `Watched` cache, an `Attached` watch), below
 //!   every other file of it.
@@ -19,6 +21,7 @@
 mod feed;
 mod options;
 mod regain;
+mod restart_set;
 mod synced;
 mod watched;
 
