@@ -89,8 +89,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         version: Option<V>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Applied<K, O> {
-        let old = self.remove(&key);
-        self.insert(key, obj, version, old, failures)
+        self.insert(key, obj, version, None, failures)
     }
 
     /// `key` is gone: always a change, `old` `None` if it was not held (a
@@ -160,20 +159,18 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         self.entries.reserve(items.len());
         let mut puts = Vec::new();
         for (place, Item { key, obj, version }) in items.into_iter().enumerate() {
-            let old = self.remove(&key);
-            if wanted(place) {
-                let mut put = self.insert(key, obj, version, old, failures);
-                put.listed = true;
-                puts.push((place, put));
-            } else {
-                self.hold(key, obj, version, failures);
+            let listed = wanted(place).then(|| key.clone());
+            let (obj, old) = self.hold(key, obj, version, failures);
+            if let Some(key) = listed {
+                puts.push((place, Applied { key, old, new: Some(obj), listed: true }));
             }
         }
         puts
     }
 
-    /// Holds `obj` under `key` (not held now) and indexes it; `old` was
-    /// held before.
+    /// Holds `obj` under `key` and indexes it: the put, whose old object
+    /// is the one it replaced, or else `old` (held before, out of the map:
+    /// a list's previous entries).
     fn insert(
         &mut self,
         key: K,
@@ -182,20 +179,31 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         old: Option<Arc<O>>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Applied<K, O> {
-        let obj = self.hold(key.clone(), obj, version, failures);
-        Applied { key, old, new: Some(obj), listed: false }
+        let (obj, replaced) = self.hold(key.clone(), obj, version, failures);
+        Applied { key, old: replaced.or(old), new: Some(obj), listed: false }
     }
 
-    /// Holds `obj` under `key` (not held now) and indexes it; the object as
-    /// held.
-    fn hold(&mut self, key: K, obj: O, version: Option<V>, failures: &mut Vec<IndexFailure<K>>) -> Arc<O> {
+    /// Holds `obj` under `key` and indexes it: the object as held, and the
+    /// one it replaced (out of every index). Without indexes that is one
+    /// probe of the map, which is most of what a million-key load costs.
+    fn hold(
+        &mut self,
+        key: K,
+        obj: O,
+        version: Option<V>,
+        failures: &mut Vec<IndexFailure<K>>,
+    ) -> (Arc<O>, Option<Arc<O>>) {
         let obj = Arc::new(obj);
-        if !self.index_fns.is_empty() {
-            let indexed = self.index(&key, &obj, failures);
-            self.indexed.insert(key.clone(), indexed);
+        if self.index_fns.is_empty() {
+            let replaced = self.entries.insert(key, Entry { obj: Arc::clone(&obj), version });
+            return (obj, replaced.map(|entry| entry.obj));
         }
+        // The old values out of the indexes before the new ones go in.
+        let old = self.remove(&key);
+        let indexed = self.index(&key, &obj, failures);
+        self.indexed.insert(key.clone(), indexed);
         self.entries.insert(key, Entry { obj: Arc::clone(&obj), version });
-        obj
+        (obj, old)
     }
 
     /// Takes `key` out of the map and every index; its object if it was in.
