@@ -6,6 +6,9 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
+/// Keys come from the source, not from whoever sends requests: a fast
+/// hash (the queue's) rather than SipHash.
+pub(super) type Hasher = foldhash::fast::RandomState;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -13,10 +16,6 @@ use super::Applied;
 use super::dense_map::DenseMap;
 use crate::panics;
 use crate::source::Item;
-
-/// Keys come from the source, not from whoever sends requests: a fast
-/// hash (the queue's) rather than SipHash.
-type Hasher = foldhash::fast::RandomState;
 
 /// An index function: the values a key is found under.
 pub(super) type IndexFn<K, O> = Arc<dyn Fn(&K, &O) -> Vec<String> + Send + Sync>;

@@ -17,9 +17,7 @@ use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
 
-/// Keys come from the source, not from whoever sends requests: a fast
-/// hash (the queue's) rather than SipHash.
-type Hasher = foldhash::fast::RandomState;
+use super::contents::Hasher;
 
 /// Entries a chunk holds (a power of two: a place splits with a shift
 /// and a mask). 1,024 Python entries are 48 KiB: small enough that the
