@@ -21,8 +21,10 @@ use reconq::Cache;
 use reconq::source::{Changes, Item, Listing, ListingOf, Source, SourceError, Stop};
 
 const KEYS: usize = 1_000_000;
-/// The budget the issue sets: a key costs at most this beyond its value.
-const BUDGET: usize = 200;
+/// What a key may cost beyond its value: the issue asks for 200 B; the
+/// cache takes 131 B, and 166 B with its entries in a `HashMap` rather
+/// than packed (`src/cache/dense_map.rs`), so a regression fails here.
+const BUDGET: usize = 150;
 
 /// `KEYS` keys `k0`.. with values `v0`.., listed once; its stream only
 /// waits for the stop.
@@ -77,7 +79,7 @@ fn value_cost() -> usize {
 }
 
 #[test]
-fn a_cached_key_costs_at_most_200_bytes_beyond_its_value() {
+fn a_cached_key_costs_at_most_150_bytes_beyond_its_value() {
     let value = value_cost();
     let (heap, rss) = (malloc_in_use(), resident());
     let cache = Cache::builder("million", Million).build().unwrap();

@@ -8,11 +8,12 @@ use std::hash::Hash;
 
 /// Keys come from the source, not from whoever sends requests: a fast
 /// hash (the queue's) rather than SipHash.
-type Hasher = foldhash::fast::RandomState;
+pub(super) type Hasher = foldhash::fast::RandomState;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::Applied;
+use super::dense_map::DenseMap;
 use crate::panics;
 use crate::source::Item;
 
@@ -38,7 +39,8 @@ struct Entry<O, V> {
 }
 
 pub(super) struct Contents<K, O, V> {
-    entries: HashMap<K, Entry<O, V>, Hasher>,
+    /// Packed, not a `HashMap`: the map is most of what a key costs.
+    entries: DenseMap<K, Entry<O, V>>,
     index_fns: super::Indexes<K, O>,
     /// Per index: value → keys.
     indexes: Vec<HashMap<String, HashSet<K, Hasher>, Hasher>>,
@@ -51,7 +53,7 @@ pub(super) struct Contents<K, O, V> {
 impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
     pub(super) fn new(index_fns: super::Indexes<K, O>) -> Self {
         let indexes = index_fns.iter().map(|_| HashMap::default()).collect();
-        Self { entries: HashMap::default(), index_fns, indexes, indexed: HashMap::default() }
+        Self { entries: DenseMap::default(), index_fns, indexes, indexed: HashMap::default() }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -116,7 +118,7 @@ impl<K: Clone + Eq + Hash, O: PartialEq, V: PartialEq> Contents<K, O, V> {
         items: Vec<Item<K, O, V>>,
         failures: &mut Vec<IndexFailure<K>>,
     ) -> Vec<Applied<K, O>> {
-        let fresh = HashMap::with_capacity_and_hasher(items.len(), Hasher::default());
+        let fresh = DenseMap::with_capacity(items.len());
         let mut before = std::mem::replace(&mut self.entries, fresh);
         let mut puts = Vec::new();
         for Item { key, obj, version } in items.into_iter().rev() {

@@ -36,6 +36,7 @@
 
 mod backoff;
 mod contents;
+mod dense_map;
 mod observe;
 mod resume;
 mod run;

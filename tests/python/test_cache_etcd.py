@@ -328,14 +328,17 @@ def test_a_raw_etcd_value_of_a_few_bytes_costs_no_allocation_of_its_own(
     etcd: Etcd, caches: List[reconq.Cache]
 ) -> None:
     """What a key costs (docs/sources.md): malloc's bytes in use grown, per
-    key, while a cache without `decode` lists 50,000 keys of 6-byte
-    values. A key costs its map slot (65,536 slots of 49 bytes: 64 B a
-    key at this count), its `Arc<str>` (32 B) and the object's `Arc`
-    (48 B, the value's bytes inside): 144 B. A value in a box of its own
-    would add 32 B (176 B)."""
+    key, while a cache without `decode` lists 30,000 keys of 6-byte
+    values. A key costs its entry (48 B, packed: `src/cache/dense_map.rs`)
+    and its place in the hash table (65,536 slots of 5 bytes: 11 B a key
+    at this count, just past the table's doubling), its `Arc<str>` (32 B)
+    and the object's `Arc` (48 B, the value's bytes inside): 139 B. A
+    `HashMap` slot of the key and entry instead would cost 107 B a key at
+    this count (187 B), a value in a box of its own 32 B more. Measured:
+    150 B, and 197 B with the `HashMap`."""
     if malloc_in_use() is None:
         pytest.skip("needs glibc's mallinfo2")
-    keys = 50_000
+    keys = 30_000
     etcd.put_all({f"{PREFIX}k{i:05d}": f"v{i:05d}" for i in range(keys)})
     gc.collect()
     before = malloc_in_use()
