@@ -16,7 +16,9 @@
 //!
 //! The pages are read one ahead of their reader, on a thread of their own
 //! ([`read_ahead`]): etcd reads and sends a page while the reader takes in
-//! the one before.
+//! the one before. A list of two pages (1,000,000 short keys) overlaps
+//! little that way; a prefix of more than 64 MiB of reply overlaps all
+//! but its last page.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};

@@ -1,12 +1,12 @@
 //! [`EtcdSource`]: the keys under a prefix of etcd (docs/sources.md). The list
 //! is read in pages at one revision, over etcd's gRPC (`src/etcd/paged.rs`);
-//! the watch starts at the next one and
-//! asks for progress notifications, so a stream that falls silent (no
-//! event and no progress notification within the progress timeout) is
-//! taken as broken and resumed, instead of waiting forever (kopf's
-//! "silently stalled" streams). A compacted revision, or a reply from a
-//! reset history (its revision or raft term below one seen before:
-//! `src/etcd/history.rs`), expires the position: the cache relists.
+//! the watch starts at the next one and asks for progress notifications,
+//! so a stream that falls silent (no event and no progress notification
+//! within the progress timeout) is taken as broken and resumed, instead of
+//! waiting forever (kopf's "silently stalled" streams). A compacted
+//! revision, or a reply from a reset history (its revision or raft term
+//! below one seen before: `src/etcd/history.rs`), expires the position:
+//! the cache relists.
 //!
 //! A reset whose new history is already past the cache's revision gives
 //! itself away in no header, so every watch opens only after checking
