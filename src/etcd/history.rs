@@ -28,6 +28,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use super::range_proto::ResponseHeader;
+
 /// A reply from a history older than the one seen before: what was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reset {
@@ -41,7 +43,7 @@ pub struct Reset {
 
 /// One reply's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Header {
+pub(super) struct Header {
     cluster: u64,
     member: u64,
     revision: i64,
@@ -51,7 +53,7 @@ struct Header {
 impl Header {
     /// The header of a gateway reply (`header`, or `result.header` for
     /// streamed ones); `None` for a reply without one (errors).
-    fn of(reply: &Value) -> Option<Self> {
+    pub(super) fn of(reply: &Value) -> Option<Self> {
         let header = reply.get("header").or_else(|| reply.pointer("/result/header"))?;
         let number = |name: &str| -> Option<u64> {
             match header.get(name) {
@@ -67,6 +69,13 @@ impl Header {
             revision: i64::try_from(number("revision")?).ok()?,
             term: number("raft_term")?,
         })
+    }
+}
+
+/// A gRPC reply's header (`grpc.rs`).
+impl From<ResponseHeader> for Header {
+    fn from(h: ResponseHeader) -> Self {
+        Self { cluster: h.cluster_id, member: h.member_id, revision: h.revision, term: h.raft_term }
     }
 }
 
@@ -100,15 +109,16 @@ impl History {
         Ok(self.seen.clone())
     }
 
-    /// Takes in `reply`'s header (`before`: what had been seen when its
-    /// request was sent): an error if it comes from a new history (which
-    /// is the one seen from then on), or a reset is pending.
-    pub(super) fn observe(&mut self, before: &Seen, reply: &Value) -> Result<(), Reset> {
+    /// Takes in a reply's header (`before`: what had been seen when its
+    /// request was sent; `None`: a reply without one, an error's): an
+    /// error if it comes from a new history (which is the one seen from
+    /// then on), or a reset is pending.
+    pub(super) fn observe(&mut self, before: &Seen, header: Option<Header>) -> Result<(), Reset> {
         self.check()?;
         // etcd's revisions start at 1: a header with none (a watch
         // canceled because its start revision was compacted) says
         // nothing about the history.
-        let Some(h) = Header::of(reply).filter(|h| h.revision > 0) else { return Ok(()) };
+        let Some(h) = header.filter(|h| h.revision > 0) else { return Ok(()) };
         if before.generation != self.seen.generation {
             return Ok(());
         }
@@ -165,7 +175,7 @@ mod tests {
     /// Observes `reply` to a request sent now.
     fn observe(h: &mut History, reply: &Value) -> Result<(), Reset> {
         let before = h.before_request()?;
-        h.observe(&before, reply)
+        h.observe(&before, Header::of(reply))
     }
 
     #[test]
@@ -186,13 +196,13 @@ mod tests {
         let mut h = History::default();
         assert_eq!(observe(&mut h, &reply(1, 100, 2)), Ok(()));
         let (slow, fast) = (h.before_request().unwrap(), h.before_request().unwrap());
-        assert_eq!(h.observe(&fast, &reply(1, 133, 2)), Ok(()));
-        assert_eq!(h.observe(&slow, &reply(1, 132, 2)), Ok(()), "sent before 133 was seen");
+        assert_eq!(h.observe(&fast, Header::of(&reply(1, 133, 2))), Ok(()));
+        assert_eq!(h.observe(&slow, Header::of(&reply(1, 132, 2))), Ok(()), "sent before 133 was seen");
         // Sent before a reset was seen: neither compared nor taken in.
         let old = h.before_request().unwrap();
         assert!(observe(&mut h, &reply(1, 5, 2)).is_err());
         h.accept();
-        assert_eq!(h.observe(&old, &reply(1, 140, 2)), Ok(()));
+        assert_eq!(h.observe(&old, Header::of(&reply(1, 140, 2))), Ok(()));
         assert_eq!(observe(&mut h, &reply(1, 6, 2)), Ok(()), "the old history's 140 was not taken in");
     }
 

@@ -1,11 +1,12 @@
 //! [`EtcdSource`]: the keys under a prefix of etcd (docs/sources.md). The list
-//! is read in pages at one revision; the watch starts at the next one and
-//! asks for progress notifications, so a stream that falls silent (no
-//! event and no progress notification within the progress timeout) is
-//! taken as broken and resumed, instead of waiting forever (kopf's
-//! "silently stalled" streams). A compacted revision, or a reply from a
-//! reset history (its revision or raft term below one seen before:
-//! `src/etcd/history.rs`), expires the position: the cache relists.
+//! is read in pages at one revision, over etcd's gRPC (`src/etcd/paged.rs`);
+//! the watch starts at the next one and asks for progress notifications,
+//! so a stream that falls silent (no event and no progress notification
+//! within the progress timeout) is taken as broken and resumed, instead of
+//! waiting forever (kopf's "silently stalled" streams). A compacted
+//! revision, or a reply from a reset history (its revision or raft term
+//! below one seen before: `src/etcd/history.rs`), expires the position:
+//! the cache relists.
 //!
 //! A reset whose new history is already past the cache's revision gives
 //! itself away in no header, so every watch opens only after checking
@@ -33,44 +34,13 @@ use std::time::Duration;
 use super::{Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{
-    CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, Page, RawKeyValue, WatchItem, read_ahead,
-};
+use crate::etcd::{CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, read_ahead};
 use crate::logs;
 use crate::sync::Mutex;
 
-/// Keys read per call of the list by default, at most.
-const DEFAULT_PAGE_SIZE: usize = 250_000;
-
-/// The pages a list aims at. Few, because etcd 3.4 walks every key from a
-/// page's start to the prefix's end for each page (to count them): a
-/// list of n keys in k pages costs it n·k/2 index visits on top of
-/// building the JSON of n keys, which costs it about 50 times more a key
-/// (measured: 1,000,000 keys in pages of 10,000 cost etcd more than twice
-/// the CPU of one call; docs/benchmarks.md, W14). In 8 pages that is
-/// about 7%, and the pages read ahead still overlap etcd's work with
-/// ours.
-const LIST_PAGES: usize = 8;
-
-/// Keys of a page at least, however few pages that makes: below this a
-/// call's own cost counts more than the walk.
-const MIN_PAGE: usize = 10_000;
-
-/// Keys of the first page at most, before the size of a key is known:
-/// few, so even keys of etcd's largest values (1.5 MB unless
-/// `--max-request-bytes` says otherwise) fit one reply. A first page of
-/// any size costs etcd the same walk over the prefix.
-const FIRST_PAGE: usize = 10;
-
-/// How much larger a page may be than the one before: the size of a key
-/// is known from a sample of the page before, so it grows in steps
-/// (10, 1,000, then the rest) rather than trusting 10 keys for 100,000.
-const PAGE_GROWTH: usize = 100;
-
-/// The size of the gateway's reply a page after the first aims at, so
-/// large values come in more pages instead of one reply too large to
-/// read (64 MB at most) or to build within the page's timeout.
-const PAGE_BYTES: usize = 16 << 20;
+/// Keys read per call of the list by default, at most: no bound by
+/// count, the pages are bounded by bytes (`src/etcd/paged.rs`).
+const DEFAULT_PAGE_SIZE: usize = usize::MAX;
 
 /// etcd's default `--experimental-watch-progress-notify-interval` (10
 /// min) and a minute of slack.
@@ -200,12 +170,10 @@ impl<O, K> EtcdSource<O, K> {
         Ok(self)
     }
 
-    /// Keys read per call of the list at most (positive; default
-    /// 250,000). The first page holds at most 10, the next ones an eighth
-    /// of the prefix's keys (10,000 at least) but at most 16 MB of the
-    /// gateway's JSON each (by the size of the keys and values read so
-    /// far) and 100 times the page before, so pages of large values stay
-    /// small without setting this.
+    /// Keys read per call of the list at most (positive; default: no
+    /// bound). The first page holds at most 10 keys, the next ones as
+    /// many as fit 64 MiB of etcd's reply at the size of the keys read so
+    /// far, so pages of large values stay small without setting this.
     pub fn page_size(mut self, keys: usize) -> Result<Self, InvalidArgument> {
         if keys == 0 {
             return Err(InvalidArgument::new("EtcdSource: page_size must be positive, got 0"));
@@ -316,20 +284,6 @@ impl<O, K> EtcdSource<O, K> {
     }
 }
 
-/// The keys of the page after `page`, for a prefix of `keys` keys: about
-/// a [`LIST_PAGES`]th of them but [`MIN_PAGE`] at least, and about
-/// [`PAGE_BYTES`] of the gateway's JSON at the size of `page`'s keys
-/// (base64 is 4/3 of the bytes; the revisions and field names about 100
-/// bytes more per key), at most [`PAGE_GROWTH`] times `page`'s and
-/// `page_size`, at least one.
-fn next_page_size(page: &Page, keys: usize, page_size: usize) -> usize {
-    let by_count = keys.div_ceil(LIST_PAGES).max(MIN_PAGE);
-    let json: usize = page.kvs.iter().map(|kv| (kv.key.len() + kv.value.len()) * 4 / 3 + 100).sum();
-    let by_bytes = (PAGE_BYTES * page.kvs.len()).checked_div(json).unwrap_or(usize::MAX);
-    let growth = page.kvs.len().max(1).saturating_mul(PAGE_GROWTH);
-    by_count.min(by_bytes).min(growth).min(page_size).max(1)
-}
-
 /// Compaction and a reset of etcd's history expire the position.
 fn source_error(e: EtcdError) -> SourceError {
     if e.reset().is_some() || e.compacted().is_some() {
@@ -366,10 +320,7 @@ where
         let mut items = Vec::new();
         let mut fingerprint = Fingerprint::default();
         let mut revision = 0;
-        let page_size = self.page_size;
-        let pages = self
-            .client
-            .pages(&self.prefix, page_size.min(FIRST_PAGE), move |page, keys| next_page_size(page, keys, page_size));
+        let pages = self.client.pages(&self.prefix, self.page_size);
         let whole = read_ahead(pages, |page| {
             if stop.is_set() {
                 return ControlFlow::Break(());
@@ -477,25 +428,6 @@ mod tests {
 
     fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
         RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), create_revision: 1, mod_revision }
-    }
-
-    fn page(kvs: Vec<RawKeyValue>) -> Page {
-        Page { count: kvs.len(), kvs, more: true, revision: 1 }
-    }
-
-    #[test]
-    fn pages_hold_an_eighth_of_the_keys_and_at_most_sixteen_megabytes() {
-        let small = |n: usize| page((0..n).map(|i| kv(format!("k{i}").as_bytes(), "v", 1)).collect());
-        assert_eq!(next_page_size(&small(2000), 1_000_000, 250_000), 125_000, "an eighth of the keys");
-        assert_eq!(next_page_size(&small(1000), 20_000, 250_000), 10_000, "10,000 at least");
-        assert_eq!(next_page_size(&small(1000), 1_000_000, 5), 5, "page_size at most");
-        assert_eq!(next_page_size(&small(10), 1_000_000, 250_000), 1_000, "100 times the page before");
-        let big = "x".repeat(30_000);
-        let large = page((0..10).map(|i| kv(format!("k{i}").as_bytes(), &big, 1)).collect());
-        assert_eq!(next_page_size(&large, 1_000_000, 250_000), 418, "16 MiB in keys of 40,106 bytes of JSON");
-        let huge = page(vec![kv(b"k", &"x".repeat(40 << 20), 1)]);
-        assert_eq!(next_page_size(&huge, 1_000_000, 250_000), 1, "at least one");
-        assert_eq!(next_page_size(&page(Vec::new()), 1_000_000, 250_000), 100, "an empty page: no size known");
     }
 
     /// A resume after any event must not skip the rest of its transaction:
