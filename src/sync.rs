@@ -170,7 +170,7 @@ pub(crate) use imp::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard};
 /// queue slower at two workers in alternating runs.
 const HOT_SPIN_ROUNDS: u32 = 12;
 
-/// Spins (CPU `pause`s, [`HOT_SPIN_ROUNDS`] rounds) until `ready()`, which
+/// Spins (CPU `pause`s, `rounds` rounds, 1, 2, 4 .. 64 pauses each) until `ready()`, which
 /// is asked after each round; whether it said so. The caller parks if not.
 ///
 /// It never gives the CPU up (`sched_yield`, as `crossbeam_utils::Backoff`'s
@@ -184,8 +184,8 @@ const HOT_SPIN_ROUNDS: u32 = 12;
 /// section). A spin of pauses only is preempted like any running thread,
 /// no sooner.
 #[inline]
-pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
-    for round in 0..HOT_SPIN_ROUNDS {
+pub(crate) fn spin_until(rounds: u32, mut ready: impl FnMut() -> bool) -> bool {
+    for round in 0..rounds {
         for _ in 0..1u32 << round.min(6) {
             std::hint::spin_loop();
         }
@@ -212,7 +212,7 @@ pub(crate) fn lock_hot<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         return guard;
     }
     let mut guard = None;
-    spin_until(|| {
+    spin_until(HOT_SPIN_ROUNDS, || {
         if !mutex.is_locked() {
             guard = mutex.try_lock();
         }
