@@ -67,7 +67,7 @@ def test_joins_leaves_crashes_and_pauses_move_partitions_without_overlap(replica
     for _ in range(2):  # paused past its lease: the others take over
         pid = next(iter(r.procs))
         before = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        r.pause(pid)
         wait_balanced(r, len(r.procs) - 1)
         os.kill(pid, signal.SIGCONT)
         woken = time.monotonic()
