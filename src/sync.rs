@@ -163,13 +163,38 @@ mod imp {
 
 pub(crate) use imp::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard};
 
-/// Rounds of [`lock_hot`]'s spin: exponential up to 64 pauses a round,
-/// about 450 pauses in all: 15–20 µs on the project's VM (a `pause` takes
-/// about 40 ns there), far beyond a critical section of the queue and far
-/// below a time slice. Six rounds (about 1 µs) parked more often and ran
-/// W1's bare queue slower at two workers in alternating runs.
-#[cfg(not(feature = "shuttle"))]
+/// Rounds of [`spin_until`]: exponential up to 64 pauses a round, about
+/// 450 pauses in all: 15–20 µs on the project's VM (a `pause` takes about
+/// 40 ns there), far beyond a critical section of the queue and far below a
+/// time slice. Six rounds (about 1 µs) parked more often and ran W1's bare
+/// queue slower at two workers in alternating runs.
 const HOT_SPIN_ROUNDS: u32 = 12;
+
+/// Spins (CPU `pause`s, `rounds` rounds, 1, 2, 4 .. 64 pauses each) until `ready()`, which
+/// is asked after each round; whether it said so. The caller parks if not.
+///
+/// It never gives the CPU up (`sched_yield`, as `crossbeam_utils::Backoff`'s
+/// `snooze` and parking_lot's spin do): on a machine whose cores are busy
+/// with other work, the scheduler puts a thread that yields behind every
+/// other runnable thread's time slice. The queue's spin ended in
+/// `snooze`'s yields, and under two busy loops of another process each of
+/// the four workers of `benches/python/tail_latency.py` yielded about 140
+/// times a second, 0.4-0.6 ms each on average and up to 36 ms; adds
+/// meanwhile left the spinner its key (docs/benchmarks.md, the tail
+/// section). A spin of pauses only is preempted like any running thread,
+/// no sooner.
+#[inline]
+pub(crate) fn spin_until(rounds: u32, mut ready: impl FnMut() -> bool) -> bool {
+    for round in 0..rounds {
+        for _ in 0..1u32 << round.min(6) {
+            std::hint::spin_loop();
+        }
+        if ready() {
+            return true;
+        }
+    }
+    false
+}
 
 /// Locks `mutex`, spinning a little first while another thread holds it.
 ///
@@ -186,17 +211,14 @@ pub(crate) fn lock_hot<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     if let Some(guard) = mutex.try_lock() {
         return guard;
     }
-    for round in 0..HOT_SPIN_ROUNDS {
-        for _ in 0..1u32 << round.min(6) {
-            std::hint::spin_loop();
+    let mut guard = None;
+    spin_until(HOT_SPIN_ROUNDS, || {
+        if !mutex.is_locked() {
+            guard = mutex.try_lock();
         }
-        if !mutex.is_locked()
-            && let Some(guard) = mutex.try_lock()
-        {
-            return guard;
-        }
-    }
-    mutex.lock()
+        guard.is_some()
+    });
+    guard.unwrap_or_else(|| mutex.lock())
 }
 
 /// Under shuttle a spin would only add scheduling points: a plain lock.

@@ -16,8 +16,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List
+from typing import Iterator, List, TextIO
 
 
 @dataclass(frozen=True)
@@ -36,23 +37,30 @@ class FencedRecord:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write(self, token: int, key: int, phase: str, cancelled: bool = False, fence: int = 0) -> bool:
-        """Appends one attempt; returns whether the token was accepted."""
+    @contextmanager
+    def locked(self) -> Iterator[TextIO]:
+        """Holds the record's lock (every write takes it); the record, open
+        for appending. While a process holds it no other can write: a test
+        that pauses a writer takes it first (`Replicas.pause`), so that
+        the paused process is never the one holding it."""
         with open(self.path, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                highest = self._highest(fence)
-                accepted = token >= highest
-                if accepted and token > highest:
-                    with open(f"{self.path}.highest.{fence}", "w") as h:
-                        h.write(str(token))
-                f.write(
-                    f"{int(accepted)} {os.getpid()} {fence} {token} {key} {phase} {int(cancelled)} {time.monotonic()}\n"
-                )
-                f.flush()
-                return accepted
+                yield f
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def write(self, token: int, key: int, phase: str, cancelled: bool = False, fence: int = 0) -> bool:
+        """Appends one attempt; returns whether the token was accepted."""
+        with self.locked() as f:
+            highest = self._highest(fence)
+            accepted = token >= highest
+            if accepted and token > highest:
+                with open(f"{self.path}.highest.{fence}", "w") as h:
+                    h.write(str(token))
+            f.write(f"{int(accepted)} {os.getpid()} {fence} {token} {key} {phase} {int(cancelled)} {time.monotonic()}\n")
+            f.flush()
+            return accepted
 
     def _highest(self, fence: int) -> int:
         try:

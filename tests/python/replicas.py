@@ -109,6 +109,19 @@ class Replicas:
         self.spawn()
         return self.leader_after(token)
 
+    def pause(self, pid: int) -> None:
+        """SIGSTOPs replica `pid`, never while it holds the record's lock.
+
+        A replica stopped inside `FencedRecord.write` would keep every
+        other replica's reconciles waiting for the lock until it is woken:
+        no new leader could write, a partition being handed over could not
+        be let go, and the test would time out on the record, not on the
+        engine (about 2% of pauses of a busy replica landed there). So the
+        test holds the lock until every thread of the replica has stopped."""
+        with self.record.locked():
+            os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda: stopped(pid), what=f"replica {pid} to stop")
+
     def kill(self, pid: int, sig: int) -> None:
         os.kill(pid, sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
@@ -123,6 +136,19 @@ class Replicas:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
             proc.wait()
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` is stopped (by a signal)."""
+    tasks = Path(f"/proc/{pid}/task")
+    states = []
+    for task in tasks.iterdir():
+        try:
+            # The state follows the command's closing parenthesis.
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that just exited
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 def check(r: Replicas, settled: float) -> None:

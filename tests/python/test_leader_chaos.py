@@ -19,6 +19,7 @@ How fast a standby took over is the W7 benchmark's business, not a test's.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -30,6 +31,7 @@ import pytest
 from etcd_server import Etcd
 from fenced_record import FencedRecord
 from replicas import Replicas, check
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -57,13 +59,33 @@ def test_a_leader_paused_past_its_lease_never_reconciles_with_its_old_token(repl
     r = replicas
     pid, token = r.elect(2)
     for _ in range(5):
-        os.kill(pid, signal.SIGSTOP)
+        r.pause(pid)
         new_pid, new_token = r.leader_after(token)
         assert new_pid != pid
         os.kill(pid, signal.SIGCONT)
         r.paused.append((pid, token, time.monotonic()))
         pid, token = new_pid, new_token
     check(r, time.monotonic())
+
+
+def test_a_replica_is_never_paused_holding_the_record(replicas: Replicas) -> None:
+    # The harness's own promise (`Replicas.pause`), which the tests above
+    # rely on: a leader stopped inside the record's lock would keep its
+    # successor from ever writing. Plain SIGSTOPs of a busy leader landed
+    # there about once in 60 to 300.
+    r = replicas
+    pid, _ = r.elect(1)
+    for _ in range(300):
+        r.pause(pid)
+        with open(r.record.path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pytest.fail("a replica was paused holding the record's lock")
+        os.kill(pid, signal.SIGCONT)
+        woken = time.monotonic()
+        # Busy again before the next pause: it wrote since it was woken.
+        wait_for(lambda: any(a.at > woken for a in reversed(r.record.attempts())), what="the leader to write again")
 
 
 def test_etcd_restarts_under_a_running_election(replicas: Replicas) -> None:

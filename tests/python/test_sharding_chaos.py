@@ -66,12 +66,14 @@ def test_joins_leaves_crashes_and_pauses_move_partitions_without_overlap(replica
     wait_balanced(r, len(r.procs))
     for _ in range(2):  # paused past its lease: the others take over
         pid = next(iter(r.procs))
-        before = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        r.pause(pid)
+        # Stopped by now: every write it made lies before this, so the
+        # tokens below are all those it held when paused.
+        stopped = time.monotonic()
         wait_balanced(r, len(r.procs) - 1)
         os.kill(pid, signal.SIGCONT)
         woken = time.monotonic()
-        for token in {a.token for a in r.record.attempts() if a.pid == pid and a.at < before}:
+        for token in {a.token for a in r.record.attempts() if a.pid == pid and a.at < stopped}:
             r.paused.append((pid, token, woken))
         wait_balanced(r, len(r.procs))  # it rejoins with a new lease
     check(r, settled=time.monotonic())
