@@ -29,6 +29,7 @@ mod stream;
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -277,14 +278,7 @@ impl EtcdClient {
     }
 
     fn call_on(&self, path: &str, body: &Value, timeout: Duration, connection: Connection) -> Result<Value, EtcdError> {
-        let before = self.before_request()?;
-        let deadline = Instant::now() + timeout;
-        let mut last = EtcdError::new("etcd: no endpoint");
-        for endpoint in &self.endpoints {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(EtcdError::new(format!("etcd: no answer within {timeout:?}")));
-            }
+        self.on_endpoints(timeout, |endpoint, left, before| {
             let url = format!("{endpoint}/v3/{path}");
             let config = self
                 .agent
@@ -298,21 +292,47 @@ impl EtcdClient {
                 // Every pooled connection has been idle longer than this.
                 Connection::Fresh => config.max_idle_age(Duration::ZERO).build(),
             };
-            match request.send(body.to_string()) {
-                Ok(mut response) => {
-                    let status = response.status();
-                    let bytes = response.body_mut().with_config().limit(MAX_REPLY_BYTES).read_to_vec()?;
-                    if !status.is_success() {
-                        last = refused(endpoint, status, &String::from_utf8_lossy(&bytes));
-                        continue;
-                    }
-                    let reply: Value = serde_json::from_slice(&bytes).map_err(|e| {
-                        EtcdError::new(format!("etcd: bad reply to {path}: {e}: {}", String::from_utf8_lossy(&bytes)))
-                    })?;
-                    self.observe(&before, &reply)?;
-                    return Ok(reply);
-                }
-                Err(e) => last = EtcdError::new(format!("etcd at {endpoint}: {e}")),
+            let mut response = match request.send(body.to_string()) {
+                Ok(response) => response,
+                Err(e) => return ControlFlow::Continue(EtcdError::new(format!("etcd at {endpoint}: {e}"))),
+            };
+            let status = response.status();
+            let bytes = match response.body_mut().with_config().limit(MAX_REPLY_BYTES).read_to_vec() {
+                Ok(bytes) => bytes,
+                Err(e) => return ControlFlow::Break(Err(e.into())),
+            };
+            if !status.is_success() {
+                return ControlFlow::Continue(refused(endpoint, status, &String::from_utf8_lossy(&bytes)));
+            }
+            let reply = serde_json::from_slice(&bytes).map_err(|e| {
+                EtcdError::new(format!("etcd: bad reply to {path}: {e}: {}", String::from_utf8_lossy(&bytes)))
+            });
+            ControlFlow::Break(reply.and_then(|reply| self.observe(before, &reply).map(|()| reply)))
+        })
+    }
+
+    /// Tries `attempt` on each endpoint in turn, within `timeout` in all
+    /// (it is given the time left and what was seen of etcd's history
+    /// before the first request), until one answers (`Break`: its result,
+    /// returned as it is); an endpoint that fails (`Continue`: why)
+    /// leaves the call to the next one, and the last failure is returned
+    /// when none is left.
+    fn on_endpoints<T>(
+        &self,
+        timeout: Duration,
+        mut attempt: impl FnMut(&str, Duration, &Seen) -> ControlFlow<Result<T, EtcdError>, EtcdError>,
+    ) -> Result<T, EtcdError> {
+        let before = self.before_request()?;
+        let deadline = Instant::now() + timeout;
+        let mut last = EtcdError::new("etcd: no endpoint");
+        for endpoint in &self.endpoints {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EtcdError::new(format!("etcd: no answer within {timeout:?}")));
+            }
+            match attempt(endpoint, left, &before) {
+                ControlFlow::Break(result) => return result,
+                ControlFlow::Continue(failed) => last = failed,
             }
         }
         Err(last)

@@ -21,7 +21,7 @@
 //! but its last page.
 
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::grpc::{Grpc, Unary};
 use super::range_proto::{RangeRequest, RangeResponse};
@@ -136,33 +136,24 @@ impl EtcdClient {
         request: &RangeRequest,
         timeout: Duration,
     ) -> Result<Option<Page>, EtcdError> {
-        let before = self.before_request()?;
-        let deadline = Instant::now() + timeout;
-        let mut last = EtcdError::new("etcd: no endpoint");
-        for endpoint in &self.endpoints {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(EtcdError::new(format!("etcd: no answer within {timeout:?}")));
-            }
+        self.on_endpoints(timeout, |endpoint, left, before| {
             let (reply, bytes) = match grpc.unary::<RangeResponse>(endpoint, RANGE, request, left) {
                 Ok(Unary::Reply(reply, bytes)) => (reply, bytes),
-                Ok(Unary::TooLarge) => return Ok(None),
-                Err(e) => {
-                    last = e;
-                    continue;
-                }
+                Ok(Unary::TooLarge) => return ControlFlow::Break(Ok(None)),
+                Err(e) => return ControlFlow::Continue(e),
             };
-            self.observe_grpc(&before, reply.header)?;
+            if let Err(e) = self.observe_grpc(before, reply.header) {
+                return ControlFlow::Break(Err(e));
+            }
             let header_revision = reply.header.map_or(0, |h| h.revision);
-            return Ok(Some(Page {
+            ControlFlow::Break(Ok(Some(Page {
                 kvs: reply.kvs,
                 more: reply.more,
                 revision: if request.revision > 0 { request.revision } else { header_revision },
                 count: usize::try_from(reply.count).unwrap_or(0),
                 bytes,
-            }));
-        }
-        Err(last)
+            })))
+        })
     }
 }
 
