@@ -179,6 +179,30 @@ fn a_fencing_floor_set_by_hand_lifts_every_token_and_a_bad_one_is_shown() {
     le.stop();
 }
 
+/// A fencing floor below one read before went with a reset of etcd's
+/// history that no reply's revision gave away (the new history had passed
+/// every revision this process saw: W14's chaos run found a replica
+/// campaigning under a floor of 0 after a second wipe). The floor only
+/// rises within one history, so that is a reset too: the next campaign
+/// raises the floor again, and its token lies above every token before.
+#[test]
+fn a_fencing_floor_below_one_read_before_is_a_reset_and_the_next_token_lies_above_it() {
+    let etcd = Etcd::start();
+    etcd.put("/reconq/fencing-floor", "1000000");
+    let (ea, eb) = (election(&etcd, "lowered", "a"), election(&etcd, "lowered", "b"));
+    ea.start();
+    wait_for("a to lead", || ea.is_leader());
+    let old = ea.fencing_token().unwrap();
+    eb.start();
+    wait_for("b to see a lead (it read the floor)", || eb.leader().as_deref() == Some("a"));
+    etcd.delete("/reconq/fencing-floor");
+    ea.stop();
+    wait_for("b to lead", || eb.is_leader());
+    let token = eb.fencing_token().unwrap();
+    assert!(token > old, "b leads with token {token}, not above a's {old}");
+    eb.stop();
+}
+
 /// A leadership won below the fencing floor (by a process that started
 /// after a reset of etcd it could not see, or before an operator raised the
 /// floor) is ended by the next process that campaigns: it revokes that

@@ -16,10 +16,33 @@ use crate::etcd::{EtcdClient, EtcdError, KeyValue, Reset};
 pub(super) const FLOOR_KEY: &str = "/reconq/fencing-floor";
 
 /// The floor `kv` (the floor key as read, if it exists) holds.
-pub(super) fn floor_of(kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
+fn floor_of(kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
     let Some(kv) = kv else { return Ok(0) };
     let text = String::from_utf8_lossy(&kv.value);
     text.trim().parse().map_err(|_| EtcdError::invalid(format!("{FLOOR_KEY} holds {text:?}, not a whole number")))
+}
+
+/// The floor `kv` holds, read in a reply at `revision`, taken in against
+/// `seen`, the highest floor this process read before (raised to it).
+/// The floor only rises within one history, so a floor below `seen` (or
+/// none) went with a reset of etcd's history: that is a reset (pending in
+/// `client` from now on), even when no reply's revision gave it away (the
+/// new history had passed every revision this process saw). Otherwise a
+/// process that saw no revision go back would campaign under a floor of
+/// 0, below tokens of the old history.
+pub(super) fn note(
+    client: &EtcdClient,
+    seen: &mut u64,
+    kv: Option<&KeyValue>,
+    revision: i64,
+) -> Result<u64, EtcdError> {
+    let floor = floor_of(kv)?;
+    if floor < *seen {
+        let why = format!("{FLOOR_KEY} holds {floor}, below the {seen} read before");
+        return Err(client.found_reset(revision, &why));
+    }
+    *seen = floor;
+    Ok(floor)
 }
 
 /// The fencing token of a key created at `create_revision` under `floor`.

@@ -25,7 +25,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::floor::{self, FLOOR_KEY, floor_of};
+use super::floor::{self, FLOOR_KEY};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
@@ -502,7 +502,7 @@ impl Election {
                 FLOOR_KEY,
             );
             match created {
-                Ok(Created::Created { revision, read }) => match self.note_floor(read.as_ref()) {
+                Ok(Created::Created { revision, read }) => match self.note_floor(read.as_ref(), revision) {
                     Ok(floor) => {
                         backoff = FIRST_BACKOFF;
                         self.lead(lease, floor::token(floor, revision), sent);
@@ -521,7 +521,7 @@ impl Election {
                     // deletion (by its holder's stop, or its lease expiring).
                     let _ = self.client.revoke(lease);
                     self.set_lease_held(false);
-                    let floor_error = self.note_floor(read.as_ref()).err().map(|e| e.to_string());
+                    let floor_error = self.note_floor(read.as_ref(), revision).err().map(|e| e.to_string());
                     {
                         let mut st = self.state.lock();
                         st.leader = holders.first().map(|holder| String::from_utf8_lossy(&holder.value).into_owned());
@@ -548,13 +548,10 @@ impl Election {
         }
     }
 
-    /// Takes in the fencing floor as read with the election key: the floor
-    /// it holds.
-    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
-        let floor = floor_of(kv)?;
-        let mut st = self.state.lock();
-        st.floor = st.floor.max(floor);
-        Ok(floor)
+    /// Takes in the fencing floor as read with the election key, in a
+    /// reply at `revision`: the floor it holds ([`floor::note`]).
+    fn note_floor(&self, kv: Option<&KeyValue>, revision: i64) -> Result<u64, EtcdError> {
+        floor::note(&self.client, &mut self.state.lock().floor, kv, revision)
     }
 
     /// etcd's history was reset (guarantees §10 L2): a leader has stepped

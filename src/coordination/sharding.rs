@@ -36,7 +36,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::ShardStatus;
-use super::floor::{self, FLOOR_KEY, floor_of};
+use super::floor::{self, FLOOR_KEY};
 use super::lease::{LeaseKeeper, Renewal};
 use super::settings::{
     DEFAULT_TTL, Endpoints, FIRST_BACKOFF, check_endpoints_and_name, check_ttl, default_identity, next_backoff,
@@ -590,12 +590,10 @@ impl Shards {
         self.state.lock().last_error = Some(format!("{what}: {e}"));
     }
 
-    /// Takes in the fencing floor as read: the floor it holds.
-    fn note_floor(&self, kv: Option<&KeyValue>) -> Result<u64, EtcdError> {
-        let floor = floor_of(kv)?;
-        let mut st = self.state.lock();
-        st.floor = st.floor.max(floor);
-        Ok(floor)
+    /// Takes in the fencing floor as read in a reply at `revision`: the
+    /// floor it holds ([`floor::note`]).
+    fn note_floor(&self, kv: Option<&KeyValue>, revision: i64) -> Result<u64, EtcdError> {
+        floor::note(&self.client, &mut self.state.lock().floor, kv, revision)
     }
 
     /// Keeps the partitions balanced under `lease` until the lease is lost
@@ -616,7 +614,7 @@ impl Shards {
                 match self.client.range_prefix(&self.prefix, FLOOR_KEY) {
                     Ok(group) => {
                         (seen, stale) = (Some(group.revision), false);
-                        if let Err(e) = self.note_floor(group.read.as_ref()) {
+                        if let Err(e) = self.note_floor(group.read.as_ref(), group.revision) {
                             self.note_error("reading the fencing floor", &e);
                         }
                         let floor_changed = group.read.as_ref().map_or(0, |floor| floor.mod_revision);
@@ -754,7 +752,7 @@ impl Shards {
             Ok(Created::Created { revision, read }) => {
                 // A floor that is not a number: give the batch back at once,
                 // never admitting a key of it.
-                let (token, releasing) = match self.note_floor(read.as_ref()) {
+                let (token, releasing) = match self.note_floor(read.as_ref(), revision) {
                     Ok(floor) => (floor::token(floor, revision), None),
                     Err(e) => {
                         self.note_error("claiming partitions", &e);

@@ -252,8 +252,7 @@ impl EtcdClient {
             Err(e) => return Err(e),
         };
         let Some(why) = why else { return Ok(()) };
-        let reset = self.history.lock().found(revision);
-        Err(EtcdError::history_differs(reset, &format!("at revision {revision}, {why}")))
+        Err(self.found_reset(revision, &format!("at revision {revision}, {why}")))
     }
 }
 

@@ -362,6 +362,14 @@ impl EtcdClient {
         self.history.lock().check().err()
     }
 
+    /// A reset of etcd's history that a reply at `revision` gave away by
+    /// its contents (`why`), not its header: pending from now on, as one
+    /// a header shows.
+    pub(crate) fn found_reset(&self, revision: i64, why: &str) -> EtcdError {
+        let reset = self.history.lock().found(revision);
+        EtcdError::history_differs(reset, why)
+    }
+
     /// The caller stopped acting on what the old history said: calls go
     /// on, in the new one.
     pub(crate) fn accept_reset(&self) {
