@@ -72,9 +72,12 @@ class FencedRecord:
     def attempts(self) -> List[Attempt]:
         try:
             with open(self.path) as f:
-                lines = f.read().splitlines()
+                text = f.read()
         except FileNotFoundError:
             return []
+        # Read without the lock, while replicas append: a last line not
+        # ended yet is a write in progress, not a record.
+        lines = text.split("\n")[:-1]
         out = []
         for line in lines:
             accepted, pid, fence, token, key, phase, cancelled, at = line.split()
