@@ -439,6 +439,30 @@ pub(crate) fn tombstones_full<K: fmt::Debug>(controller: &str, cache: &str, key:
     );
 }
 
+/// A partition given up had more pending keys than one hand-over holds
+/// (C2): `left_out` of them wait for their next enqueue (a cache's list at
+/// the next owner's gain, `resync`).
+#[cfg(feature = "etcd")]
+pub(crate) fn handover_full(controller: &str, partition: u32, left_out: usize, bound: usize) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, partition, left_out, bound,
+        "hand-over full: keys pending for a partition given up are not handed over"
+    );
+}
+
+/// A hand-over read at a gain (C2) was not all readable: the keys before
+/// the unreadable part were enqueued, `unread` bytes were not (another
+/// program's keys, or a newer format).
+#[cfg(feature = "etcd")]
+pub(crate) fn handover_unreadable(controller: &str, enqueued: usize, unread: usize) {
+    tracing::warn!(
+        target: CONTROLLER,
+        controller = %controller, enqueued, unread,
+        "hand-over partly unreadable: keys of another shape were dropped"
+    );
+}
+
 /// Target of caches' and sources' events.
 const CACHE: &str = "reconq::cache";
 

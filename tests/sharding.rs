@@ -11,12 +11,15 @@ mod etcd;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{PATIENCE, wait_for, wait_for_within};
 use etcd::Etcd;
 use parking_lot::Mutex;
-use reconq::{Action, Context, Controller, ControllerHandle, ReconcileError, Sharding, partition_of};
+use reconq::{
+    Action, Cache, Context, Controller, ControllerHandle, PollingSource, ReconcileError, Sharding, Watch, partition_of,
+};
 
 const TTL: Duration = Duration::from_secs(2);
 const PARTITIONS: u32 = 8;
@@ -30,6 +33,11 @@ fn sharding(etcd: &Etcd, name: &str, identity: &str) -> Sharding {
 type Record = Arc<Mutex<Vec<(String, u32, u64)>>>;
 
 fn replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> ControllerHandle<u32> {
+    unstarted_replica(etcd, name, who, record).resync(|| 0..KEYS).start()
+}
+
+/// Replica `who` of group `name` recording its reconciles, with no resync.
+fn unstarted_replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> Controller<u32> {
     let (record, who_owned) = (Arc::clone(record), who.to_owned());
     Controller::new(format!("{name}-{who}"), move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
         record.lock().push((who_owned.clone(), *key, ctx.fencing_token().unwrap()));
@@ -37,8 +45,6 @@ fn replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> ControllerHan
     })
     .workers(2)
     .sharding(sharding(etcd, name, who))
-    .resync(|| 0..KEYS)
-    .start()
 }
 
 /// Every replica owns ⌊P/N⌋ or ⌈P/N⌉ partitions and together all of them.
@@ -107,6 +113,63 @@ fn replicas_split_the_partitions_and_each_key_runs_on_its_owner_only() {
     });
     a.stop();
     b.stop();
+}
+
+/// C2: keys pending when their partition moves (here each waiting for a
+/// due time an hour away) go with the hand-over: the next owner reconciles
+/// them at once, with no cache or `resync` to bring them back.
+#[test]
+fn c2_keys_pending_when_their_partition_moves_are_handed_over() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = unstarted_replica(&etcd, "c2", "a", &record).start();
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    for key in 0..KEYS {
+        a.enqueue_after(key, Duration::from_secs(3600));
+    }
+    let b = unstarted_replica(&etcd, "c2", "b", &record).start();
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    let moved: BTreeSet<u32> =
+        (0..KEYS).filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
+    assert!(!moved.is_empty());
+    wait_for("b to reconcile every key pending on the partitions it gained", || {
+        let ran: BTreeSet<u32> = record.lock().iter().filter(|(who, _, _)| who == "b").map(|(_, k, _)| *k).collect();
+        ran == moved
+    });
+    assert!(record.lock().iter().all(|(who, _, _)| who == "b"), "a's keys still wait for their hour");
+    a.stop();
+    b.stop();
+}
+
+/// C1 across a join: a replica whose watched caches have not synced is
+/// not a member yet, so no partition moves to it before its caches can
+/// see the deletes made from then on (a delete before its first list is
+/// the old owner's to reconcile or hand over).
+#[test]
+fn a_replica_joins_only_once_its_caches_synced() {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = sole_replica(&etcd, "join", &record);
+    let listable = Arc::new(AtomicBool::new(false));
+    let source = PollingSource::new(Duration::from_millis(20), {
+        let listable = Arc::clone(&listable);
+        move || match listable.load(Ordering::SeqCst) {
+            true => Ok(Vec::<(u32, u32)>::new()),
+            false => Err("not listable yet"),
+        }
+    })
+    .unwrap();
+    let cache = Cache::builder("join-items", source).build().unwrap();
+    let b = unstarted_replica(&etcd, "join", "b", &record).watch_cache(&cache, Watch::new()).start();
+    // c, started after b with nothing to sync, joins; b does not.
+    let c = replica(&etcd, "join", "c", &record);
+    wait_for("a and c to split the partitions", || balanced(&[&a, &c]));
+    assert!(b.owned_partitions().is_empty());
+    listable.store(true, Ordering::SeqCst);
+    wait_for("three-way balance once b's cache synced", || balanced(&[&a, &b, &c]));
+    for r in [&a, &b, &c] {
+        r.stop();
+    }
 }
 
 #[test]

@@ -290,7 +290,7 @@ impl<K: ControllerKey> Core<K> {
     /// coordination says it runs elsewhere.
     pub(crate) fn place(&self, rt: &Runtime<K>, key: &K, priority: Priority) -> Option<Place> {
         if let Some(coordination) = &rt.coordination
-            && !coordination.gate.accepts(key)
+            && !coordination.gate.accepts(key, priority)
         {
             self.counters.not_owned.fetch_add(1, Ordering::Relaxed);
             return None;

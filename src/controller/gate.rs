@@ -7,7 +7,7 @@
 
 use std::any::Any;
 
-use crate::queue::Place;
+use crate::queue::{Place, Priority};
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -23,9 +23,9 @@ pub(crate) enum Admission {
 }
 
 pub(crate) trait Gate<K>: Send + Sync {
-    /// At enqueue: whether the key is ours to keep (`false`: dropped and
-    /// counted in `not_owned`).
-    fn accepts(&self, key: &K) -> bool;
+    /// At enqueue, at `priority`: whether the key is ours to keep
+    /// (`false`: dropped and counted in `not_owned`).
+    fn accepts(&self, key: &K, priority: Priority) -> bool;
     /// At hand-out, once the reconcile is marked running (so a loss right
     /// after this answer still finds and cancels it).
     fn admit(&self, key: &K) -> Admission;

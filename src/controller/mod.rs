@@ -25,7 +25,8 @@
 //!    step (`Core::finish`), the threads a stop waits for.
 //! 10. Leaves: `life` (the state, the threads' counts, the stop's hooks),
 //!     `gate` (the one seam to coordination), `finish` (the after-reconcile
-//!     choice), `groups`, `debounce`, `inspect` (per-key memory, the parked
+//!     choice), `groups`, `debounce`, `handover` (the keys a partition
+//!     given up takes to its next owner), `inspect` (per-key memory, the parked
 //!     set), `metrics` (per-worker counts), `outcome` ([`Action`],
 //!     [`ReconcileError`], [`Reconciler`]), `partitions` (a key's
 //!     partition, `partition_by`), `watchdog` (its thread's timer).
@@ -56,6 +57,8 @@ mod finish;
 mod gate;
 mod groups;
 mod handle;
+#[cfg(feature = "etcd")]
+mod handover;
 mod hangs;
 mod inspect;
 mod life;

@@ -4,17 +4,19 @@
 //! from every watched cache, from `resync`, and the stored keys kept aside
 //! at start, in one batch.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use super::core::{ControllerKey, Core, When};
 use super::features::Features;
 use super::gate::{Admission, Coordinated, Gate, StoredKey};
+use super::handover::{self, Refused};
 use super::partitions::Partitioner;
 use super::start::{Join, Resync};
 use super::watch::{DEFAULT_LIST_PRIORITY, Fate};
 use crate::coordination::{LeaderElection, ShardAdmission, ShardHooks, Sharding};
 use crate::key_encoding::StoreKey;
+use crate::queue::Priority;
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -34,7 +36,7 @@ pub(crate) fn leader<K: ControllerKey>(election: LeaderElection) -> Join<K> {
 struct LeaderGate(LeaderElection);
 
 impl<K> Gate<K> for LeaderGate {
-    fn accepts(&self, _: &K) -> bool {
+    fn accepts(&self, _: &K, _: Priority) -> bool {
         true
     }
 
@@ -74,6 +76,7 @@ pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K>
             // Kept only with a `partition_by`: see `Admitted`.
             let admitted = partitioner.has_partition_by().then(|| Arc::new(Admitted::default()));
             let aside = Arc::new(StoredAside::default());
+            let refused = Arc::new(Refused::default());
             let hooks = Arc::new(ControllerShards {
                 core: Arc::downgrade(core),
                 features: Arc::downgrade(features),
@@ -82,9 +85,14 @@ pub(crate) fn shards<K: ControllerKey + StoreKey>(sharding: Sharding) -> Join<K>
                 partitioner: partitioner.clone(),
                 admitted: admitted.clone(),
                 aside: Arc::clone(&aside),
+                refused: Arc::clone(&refused),
             });
+            // C1 across a join (see `join_once_synced`).
+            sharding.join_once_synced();
+            let joining = sharding.clone();
+            features.watches.when_synced(Box::new(move || joining.caches_synced()));
             let seat = sharding.attach(hooks)?;
-            let gate = ShardGate { sharding, partitioner, admitted, aside };
+            let gate = ShardGate { sharding, partitioner, admitted, aside, refused };
             Ok(Coordinated::new(Box::new(gate), Box::new(seat)))
         },
     )
@@ -140,11 +148,23 @@ struct ShardGate<K> {
     partitioner: Partitioner<K>,
     admitted: Option<Arc<Admitted<K>>>,
     aside: Arc<StoredAside<K>>,
+    refused: Arc<Refused<K>>,
 }
 
 impl<K: ControllerKey> Gate<K> for ShardGate<K> {
-    fn accepts(&self, key: &K) -> bool {
-        self.sharding.owns(self.partitioner.of(key))
+    fn accepts(&self, key: &K, priority: Priority) -> bool {
+        let partition = self.partitioner.of(key);
+        if self.sharding.owns(partition) {
+            return true;
+        }
+        // C2: goes with the partition's hand-over. (One refused after the
+        // hand-over was taken, before the partition's key is deleted, is
+        // not in it: the next owner's caches, synced before it joined,
+        // bring what changed that late.)
+        if self.sharding.giving_up(partition) {
+            self.refused.keep(partition, key.clone(), priority);
+        }
+        false
     }
 
     fn admit(&self, key: &K) -> Admission {
@@ -156,7 +176,13 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
         let refused = match self.sharding.admit(partition) {
             ShardAdmission::Run(token) => return Admission::Run(Some(token)),
             ShardAdmission::Later => Admission::Wait,
-            ShardAdmission::NotOurs => Admission::Drop,
+            ShardAdmission::NotOurs => {
+                // C2: a key of a partition being given up goes with it.
+                if self.sharding.giving_up(partition) {
+                    self.refused.keep(partition, key.clone(), 0);
+                }
+                Admission::Drop
+            }
         };
         if let Some(admitted) = &self.admitted {
             admitted.0.lock().remove(key);
@@ -214,6 +240,7 @@ struct ControllerShards<K: ControllerKey> {
     partitioner: Partitioner<K>,
     admitted: Option<Arc<Admitted<K>>>,
     aside: Arc<StoredAside<K>>,
+    refused: Arc<Refused<K>>,
 }
 
 impl<K: ControllerKey> ControllerShards<K> {
@@ -233,14 +260,17 @@ impl<K: ControllerKey> ControllerShards<K> {
 impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
     /// C1, C2: every key of the gained partitions that a watched cache
     /// maps to (at its watch's `list_priority`), that `resync` lists (at
-    /// the list priority, −100) and that the store kept aside, enqueued in
-    /// one batch (U3), so D1 orders them. Runs on sharding's thread with
-    /// no engine lock held: it calls `map`, `resync` and `partition_by`.
-    fn gained(&self, partitions: &BTreeSet<u32>) {
+    /// the list priority, −100), that the last owners handed over (at the
+    /// priorities they had there) and that the store kept aside, enqueued
+    /// in one batch (U3), so D1 orders them. Runs on sharding's thread
+    /// with no engine lock held: it calls `map`, `resync` and
+    /// `partition_by`.
+    fn gained(&self, partitions: &BTreeSet<u32>, handed_over: &[Vec<u8>]) {
         let Some(core) = self.core.upgrade() else { return };
         let features = self.features.upgrade();
         let mut keys =
             features.as_ref().map(|f| f.watches.regain(&|key| self.fate(key, partitions))).unwrap_or_default();
+        keys.extend(handed_over.iter().flat_map(|bytes| handover::decode(&core.name, bytes)));
         if let Some(resync) = &self.resync {
             let listed = resync().into_iter().filter(|key| partitions.contains(&self.partitioner.of(key)));
             keys.extend(listed.map(|key| (key, DEFAULT_LIST_PRIORITY)));
@@ -260,9 +290,28 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
         drop(batch);
     }
 
+    /// C2: every key pending for these partitions (in the queue, or
+    /// refused while they were being given up), encoded by partition.
+    /// Their reconciles have returned and none is handed out any more, so
+    /// the queue's keys of them stay there until dropped.
+    fn hand_over(&self, partitions: &BTreeSet<u32>) -> BTreeMap<u32, Vec<u8>> {
+        let Some(core) = self.core.upgrade() else { return BTreeMap::new() };
+        let pending = core.rt.get().map(|rt| rt.queue.pending_keys()).unwrap_or_default();
+        // Asked with no lock held: `partition_by` is the user's code.
+        let queued = pending.into_iter().filter_map(|(key, priority)| {
+            let partition = self.partitioner.of(&key);
+            partitions.contains(&partition).then_some((partition, key, priority))
+        });
+        let mut keys: Vec<(u32, K, Priority)> = self.refused.take(partitions);
+        keys.extend(queued);
+        handover::encode(&core.name, keys)
+    }
+
     /// C2: stored keys kept aside for these partitions are another
-    /// replica's: marked, so the next flush removes their rows.
+    /// replica's: marked, so the next flush removes their rows; the keys
+    /// refused while we gave them up were handed over, or are the owner's.
     fn owned_elsewhere(&self, partitions: &BTreeSet<u32>) {
+        drop(self.refused.take(partitions));
         let dropped = self.aside.take(partitions);
         let Some(core) = self.core.upgrade() else { return };
         if let Some(store) = core.rt.get().and_then(|rt| rt.store.as_ref()) {

@@ -25,7 +25,7 @@ pub(crate) use settings::check_endpoints;
 #[cfg(feature = "etcd")]
 pub use sharding::Sharding;
 #[cfg(feature = "etcd")]
-pub(crate) use sharding::{ShardAdmission, ShardHooks};
+pub(crate) use sharding::{MAX_HANDOVER_BYTES, ShardAdmission, ShardHooks};
 
 /// What a [`Manager`](crate::Manager) needs of a leader election: the seam
 /// that keeps the manager free of etcd (implemented by `LeaderElection`

@@ -17,7 +17,10 @@
 //! Giving a partition up (H4): it is first marked releasing, so its keys
 //! are no longer handed out; once the reconciles of its keys have returned
 //! (cancelled after [`RELEASE_GRACE`]) the key is deleted, only if still
-//! ours; the next owner claims it and resyncs its keys. A crashed owner's
+//! ours, and in the same transaction the keys still pending for it (in
+//! the queue, or refused while it was being given up) are written to
+//! `/reconq/shard/<name>/handover/<p>`; the next owner claims it, enqueues
+//! those and resyncs its keys (C2). A crashed owner's
 //! partitions free themselves when its lease expires. As with leader
 //! election, a replica acts on its partitions only until its renew
 //! deadline (two thirds of the TTL after its last renewal was sent), so
@@ -61,6 +64,10 @@ const MAX_PARTITIONS: u32 = 65_536;
 /// How long the reconciles of a partition being given up may run on
 /// before they are cancelled.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
+/// The most bytes of pending keys one partition hands over (C2): a
+/// transaction carries one, and etcd refuses requests over 1.5 MiB by
+/// default (base64 in the JSON gateway makes a third more).
+pub(crate) const MAX_HANDOVER_BYTES: usize = 768 * 1024;
 /// How often a replica giving partitions up looks whether their
 /// reconciles have returned (only while it gives some up).
 const RELEASE_POLL: Duration = Duration::from_millis(20);
@@ -94,6 +101,9 @@ struct State {
     attached: bool,
     /// The controller stopped (or never will use it again).
     stopped: bool,
+    /// Not a member yet: the controller's caches have not synced (see
+    /// [`Sharding::join_once_synced`]).
+    held_back: bool,
     lease: Option<i64>,
     /// When the last successful keep-alive (or the grant) was sent.
     renewed: Option<Instant>,
@@ -121,10 +131,17 @@ struct Owned {
 /// What sharding calls into its controller (on its own thread, with no
 /// lock of its held).
 pub(crate) trait ShardHooks: Send + Sync {
-    /// These partitions were claimed: enqueue their keys (C1). Called
-    /// once they are ours (`owns` says so): a key refused before the call
-    /// was refused before they were ours.
-    fn gained(&self, partitions: &BTreeSet<u32>);
+    /// These partitions were claimed: enqueue their keys (C1), and those
+    /// their last owners handed over (`handed_over`: what
+    /// [`hand_over`](Self::hand_over) gave them, C2). Called once they are
+    /// ours (`owns` says so): a key refused before the call was refused
+    /// before they were ours.
+    fn gained(&self, partitions: &BTreeSet<u32>, handed_over: &[Vec<u8>]);
+    /// These partitions are about to be given up, their reconciles
+    /// returned: the keys still pending for each (encoded, at most
+    /// [`MAX_HANDOVER_BYTES`] per partition; none for a partition with
+    /// none), written for their next owner with the give-up.
+    fn hand_over(&self, partitions: &BTreeSet<u32>) -> BTreeMap<u32, Vec<u8>>;
     /// These partitions have an owner other than us, as last read (C2:
     /// stored keys kept aside for them may go).
     fn owned_elsewhere(&self, partitions: &BTreeSet<u32>);
@@ -237,6 +254,13 @@ impl Sharding {
         self.inner.partitions
     }
 
+    /// Whether `partition` is ours but being given up: a key of it
+    /// refused now goes with the hand-over (C2).
+    pub(crate) fn giving_up(&self, partition: u32) -> bool {
+        let st = self.inner.state.lock();
+        st.owned.get(&partition).is_some_and(|o| o.releasing.is_some())
+    }
+
     /// The partitions this process owns now (and may reconcile keys of).
     pub fn owned_partitions(&self) -> BTreeSet<u32> {
         let st = self.inner.state.lock();
@@ -317,6 +341,28 @@ impl Sharding {
                 self.inner.cv.notify_all();
             }
         }
+    }
+
+    /// Keeps this replica out of the group until
+    /// [`caches_synced`](Self::caches_synced): asked at start, before
+    /// [`attach`](Self::attach), by a controller that watches caches.
+    ///
+    /// Why (C1 across a join): a gain reconciles the deletes a replica's
+    /// caches applied while it did not own their keys, so a delete made
+    /// before its caches' first list is not among them. A replica that
+    /// joins only once its caches synced makes the owners give partitions
+    /// up after that list: every delete before it was theirs to reconcile
+    /// (or to hand over), every delete after it reaches this replica's
+    /// caches.
+    pub(crate) fn join_once_synced(&self) {
+        self.inner.state.lock().held_back = true;
+    }
+
+    /// The controller's caches synced: the membership thread may join.
+    pub(crate) fn caches_synced(&self) {
+        let mut st = self.inner.state.lock();
+        st.held_back = false;
+        self.inner.cv.notify_all();
     }
 
     /// The controller starts: it gets `hooks` called, and the membership
@@ -443,6 +489,10 @@ impl Shards {
         format!("{}partitions/{partition}", self.prefix)
     }
 
+    fn handover_prefix(&self) -> String {
+        format!("{}handover/", self.prefix)
+    }
+
     /// Sleeps `d` or until stopped; returns whether stopped.
     fn sleep(&self, d: Duration) -> bool {
         let deadline = Instant::now() + d;
@@ -473,6 +523,9 @@ impl Shards {
     /// The membership thread: join with a fresh lease, then keep it and
     /// rebalance on every change, until stopped.
     fn run(self: Arc<Self>) {
+        if !self.wait_to_join() {
+            return;
+        }
         let mut backoff = FIRST_BACKOFF;
         while !self.stopped() {
             if let Some(reset) = self.client.pending_reset() {
@@ -525,6 +578,16 @@ impl Shards {
             }
             self.serve(lease);
         }
+    }
+
+    /// Waits while held back (see [`Sharding::join_once_synced`]);
+    /// whether it may join (`false`: stopped first).
+    fn wait_to_join(&self) -> bool {
+        let mut st = self.state.lock();
+        while st.held_back && !st.stopped {
+            self.cv.wait(&mut st);
+        }
+        !st.stopped
     }
 
     /// etcd's history was reset (guarantees §11 H4): drop every partition
@@ -723,9 +786,39 @@ impl Shards {
         }
         if !gained.is_empty() {
             logs::partitions_moved(&self.name, "claimed partitions", &gained);
+            let handovers = self.handovers(&gained);
             let hooks = self.state.lock().hooks.clone();
             if let Some(hooks) = hooks {
-                hooks.gained(&gained);
+                let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
+                hooks.gained(&gained, &handed_over);
+            }
+            // Once enqueued: a crash before this enqueues them again at
+            // the next owner, a duplicate reconcile and no loss.
+            let done: Vec<(String, i64)> = handovers.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect();
+            for batch in done.chunks(MAX_TXN_OPS) {
+                if let Err(e) = self.client.delete_if_unchanged(batch) {
+                    self.note_error("deleting the keys handed over", &e);
+                }
+            }
+        }
+    }
+
+    /// The hand-overs waiting for the partitions of `gained` (C2). The
+    /// one giving a partition up wrote it with the delete of the
+    /// partition's key, so it is there before any claim can be. A failed
+    /// read is logged and shown: those keys wait for their next enqueue.
+    fn handovers(&self, gained: &BTreeSet<u32>) -> Vec<KeyValue> {
+        let prefix = self.handover_prefix();
+        match self.client.range_values(&prefix) {
+            Ok(kvs) => kvs
+                .into_iter()
+                .filter(|kv| {
+                    kv.key.strip_prefix(&prefix).and_then(|p| p.parse().ok()).is_some_and(|p| gained.contains(&p))
+                })
+                .collect(),
+            Err(e) => {
+                self.note_error("reading the keys handed over", &e);
+                Vec::new()
             }
         }
     }
@@ -788,20 +881,38 @@ impl Shards {
         if let (false, Some(hooks)) = (overdue.is_empty(), &hooks) {
             hooks.cancel(&overdue);
         }
-        for batch in done.chunks(MAX_TXN_OPS) {
-            self.give_up(batch);
+        if done.is_empty() {
+            return;
+        }
+        let partitions: BTreeSet<u32> = done.iter().map(|&(p, _)| p).collect();
+        let handed_over = hooks.map(|hooks| hooks.hand_over(&partitions)).unwrap_or_default();
+        // Those with keys to hand over one to a transaction (see
+        // `MAX_HANDOVER_BYTES`), the others together.
+        let (with_keys, without): (Vec<_>, Vec<_>) = done.iter().partition(|(p, _)| handed_over.contains_key(p));
+        for one in &with_keys {
+            self.give_up(std::slice::from_ref(one), &handed_over);
+        }
+        for batch in without.chunks(MAX_TXN_OPS) {
+            self.give_up(batch, &handed_over);
         }
     }
 
     /// Deletes the keys of `batch` (partitions and their keys' create
     /// revisions) in one transaction, each only while still ours: a key
     /// recreated by someone else (our lease expired meanwhile) is theirs.
-    /// If one is not ours any more, the others go one by one.
-    fn give_up(&self, batch: &[(u32, i64)]) {
+    /// With them, writes what each hands over (`handed_over`). If one is
+    /// not ours any more, the others go one by one.
+    fn give_up(&self, batch: &[(u32, i64)], handed_over: &BTreeMap<u32, Vec<u8>>) {
         let keys: Vec<(String, i64)> = batch.iter().map(|&(p, created)| (self.partition_key(p), created)).collect();
-        match self.client.delete_if_created(&keys) {
+        let puts: Vec<(String, Vec<u8>)> = batch
+            .iter()
+            .filter_map(|(p, _)| Some((format!("{}{p}", self.handover_prefix()), handed_over.get(p)?.clone())))
+            .collect();
+        match self.client.delete_if_created(&keys, &puts) {
             Ok(true) => batch.iter().for_each(|&(p, _)| self.forget(p)),
-            Ok(false) if batch.len() > 1 => batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one))),
+            Ok(false) if batch.len() > 1 => {
+                batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one), handed_over));
+            }
             // Not ours any more: gone already.
             Ok(false) => self.forget(batch[0].0),
             Err(e) => self.note_error("giving partitions up", &e),

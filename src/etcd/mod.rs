@@ -464,18 +464,49 @@ impl EtcdClient {
     }
 
     /// Deletes every key of `keys` if each is still the one created at its
-    /// create revision (ours), in one transaction; returns whether they
-    /// were (if one was not, none is deleted). At most [`MAX_TXN_OPS`].
-    pub(crate) fn delete_if_created(&self, keys: &[(String, i64)]) -> Result<bool, EtcdError> {
-        assert!(keys.len() <= MAX_TXN_OPS, "{} keys in one transaction", keys.len());
+    /// create revision (ours), and puts `puts` (with no lease), in one
+    /// transaction; returns whether they were (if one was not, nothing is
+    /// deleted or put). At most [`MAX_TXN_OPS`] operations.
+    pub(crate) fn delete_if_created(
+        &self,
+        keys: &[(String, i64)],
+        puts: &[(String, Vec<u8>)],
+    ) -> Result<bool, EtcdError> {
+        self.delete_if(keys, ("CREATE", "create_revision"), puts)
+    }
+
+    /// Deletes every key of `keys` if each is unchanged since its mod
+    /// revision, in one transaction; returns whether they were.
+    pub(crate) fn delete_if_unchanged(&self, keys: &[(String, i64)]) -> Result<bool, EtcdError> {
+        self.delete_if(keys, ("MOD", "mod_revision"), &[])
+    }
+
+    /// `keys` deleted and `puts` put if each key's `target` revision is
+    /// the one given.
+    fn delete_if(
+        &self,
+        keys: &[(String, i64)],
+        (target, field): (&str, &str),
+        puts: &[(String, Vec<u8>)],
+    ) -> Result<bool, EtcdError> {
+        assert!(keys.len() + puts.len() <= MAX_TXN_OPS, "{} operations in one transaction", keys.len() + puts.len());
         let keys64: Vec<(String, String)> = keys.iter().map(|(k, r)| (BASE64.encode(k), r.to_string())).collect();
-        let compare: Vec<Value> = keys64
-            .iter()
-            .map(|(k, r)| json!({ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": r }))
-            .collect();
-        let success: Vec<Value> = keys64.iter().map(|(k, _)| json!({ "request_delete_range": { "key": k } })).collect();
+        let compare: Vec<Value> =
+            keys64.iter().map(|(k, r)| json!({ "key": k, "target": target, "result": "EQUAL", field: r })).collect();
+        let deletes = keys64.iter().map(|(k, _)| json!({ "request_delete_range": { "key": k } }));
+        let puts =
+            puts.iter().map(|(k, v)| json!({ "request_put": { "key": BASE64.encode(k), "value": BASE64.encode(v) } }));
+        let success: Vec<Value> = deletes.chain(puts).collect();
         let reply = self.call("kv/txn", &json!({ "compare": compare, "success": success }))?;
         Ok(reply.get("succeeded").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// Every key under `prefix`, with its value.
+    pub(crate) fn range_values(&self, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
+        let body = json!({ "key": BASE64.encode(prefix), "range_end": BASE64.encode(prefix_end(prefix)) });
+        let reply = self.call_within("kv/range", &body, READ_TIMEOUT)?;
+        let kvs = reply.get("kvs").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        kvs.iter().map(key_value).collect()
     }
 
     /// Every key under `prefix` (without its value), `read` (with its

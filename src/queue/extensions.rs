@@ -1,6 +1,7 @@
 //! [`WorkQueue`]'s doors to the state table's optional extensions:
 //! dependencies and batches (the holds, `holds.rs`), `supersede`, and what
-//! a controller's store must see (the stop views, `stop_views.rs`).
+//! a controller's store must see (the stop views, `stop_views.rs`), and
+//! what a sharded controller hands over with a partition it gives up.
 //!
 //! Each takes the queue's one lock and calls one narrow method of
 //! `QueueState`; none is on the plain path (`add`, `get`, `done`), so a
@@ -14,7 +15,7 @@ use std::time::Duration;
 use super::metrics::Now;
 use super::slot::View;
 use super::state::QueueState;
-use super::{CancelHook, Guard, Place, QueueCounts, WorkQueue};
+use super::{CancelHook, Guard, Place, Priority, QueueCounts, WorkQueue};
 use crate::clock::deadline_after;
 use crate::graph::Dependencies;
 
@@ -131,6 +132,15 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     pub(crate) fn pending_views(&self, keys: &[K], out: &mut Vec<Option<View>>) {
         let g = self.shared.lock_synced();
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));
+    }
+
+    /// Every key pending, with the priority it runs at next (see
+    /// `QueueState::pending_keys`), under one lock acquisition.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
+    pub(crate) fn pending_keys(&self) -> Vec<(K, Priority)> {
+        let mut out = Vec::new();
+        self.shared.lock_synced().q.pending_keys(&mut out);
+        out
     }
 
     /// Takes the dependents [`add_placed_dependents`](Self::add_placed_dependents) added

@@ -90,6 +90,12 @@ impl<T> Slab<T> {
         self.entries.len() - self.free.len()
     }
 
+    /// Every live entry.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().flatten()
+    }
+
     /// Every live entry with its index.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
         self.entries.iter_mut().enumerate().filter_map(|(i, e)| Some((i as u32, e.as_mut()?)))

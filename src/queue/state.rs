@@ -605,6 +605,18 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         }
     }
 
+    /// Every key the queue holds pending (ready, held, waiting for a due
+    /// time, or in flight with a run queued after it), with the priority
+    /// it runs at next: what a partition given up hands over (C2).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
+    pub(crate) fn pending_keys(&self, out: &mut Vec<(K, Priority)>)
+    where
+        K: Clone,
+    {
+        let pending = self.entries.iter().filter(|e| !matches!(e.slot, Slot::Processing { then: Then::Finish, .. }));
+        out.extend(pending.map(|e| (e.key.clone(), e.slot.view().1)));
+    }
+
     /// Nothing ready, processing or waiting for a due time.
     pub(crate) fn is_idle(&self) -> bool {
         self.ready.is_empty() && self.processing == 0 && self.timers == 0 && self.held_len() == 0

@@ -102,6 +102,8 @@ struct State<K> {
     heard: Vec<Arc<Heard>>,
     /// The controller's store file (canonical), once started.
     store_file: Option<PathBuf>,
+    /// The latch of the watches made before start, once started.
+    latch: Option<Arc<SyncLatch>>,
 }
 
 /// What `start()` takes: the watches made before it and the gate's latch.
@@ -122,6 +124,7 @@ impl<K: ControllerKey> Watches<K> {
                 feeds: Vec::new(),
                 heard: Vec::new(),
                 store_file: None,
+                latch: None,
             }),
         }
     }
@@ -229,7 +232,20 @@ impl<K: ControllerKey> Watches<K> {
         state.started = true;
         state.store_file = store_file.map(Path::to_path_buf);
         let latch = (!caches.is_empty()).then(|| SyncLatch::new(caches, state.sync_timeout));
+        state.latch.clone_from(&latch);
         Ok(AtStart { watches, latch })
+    }
+
+    /// Runs `hook` once every cache watched at start has synced and its
+    /// keys reached the controller (when the synced gate opens): at once
+    /// if there are none or they have. Asked after `take_at_start`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding waits for it
+    pub(crate) fn when_synced(&self, hook: SyncedHook) {
+        let latch = self.state.lock().latch.clone();
+        match latch {
+            Some(latch) => latch.then(hook),
+            None => hook(),
+        }
     }
 
     /// Gives up the watches at the controller's stop (its `Stop` hook).

@@ -18,6 +18,7 @@ use crate::cache::SyncedHook;
 use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate, StoredKey};
 use crate::logs;
+use crate::queue::Priority;
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -29,6 +30,8 @@ pub(crate) struct SyncLatch {
     changed: Condvar,
     /// `unsynced` reached 0: read without the lock at each hand-out.
     open: AtomicBool,
+    /// What runs once the latch opens (see [`then`](Self::then)).
+    then: Mutex<Vec<SyncedHook>>,
     caches: Vec<Arc<dyn Watched>>,
     sync_timeout: Duration,
 }
@@ -39,6 +42,7 @@ impl SyncLatch {
             unsynced: Mutex::new(caches.len()),
             changed: Condvar::new(),
             open: AtomicBool::new(false),
+            then: Mutex::new(Vec::new()),
             caches,
             sync_timeout,
         })
@@ -53,9 +57,30 @@ impl SyncLatch {
     pub(super) fn one_synced(&self) {
         let mut unsynced = self.unsynced.lock();
         *unsynced -= 1;
-        if *unsynced == 0 {
+        if *unsynced > 0 {
+            return;
+        }
+        // Opened under `then`'s lock: a hook is either taken here or
+        // finds the latch open and runs at once, never neither.
+        let then = {
+            let mut then = self.then.lock();
             self.open.store(true, Ordering::Release);
-            self.changed.notify_all();
+            std::mem::take(&mut *then)
+        };
+        self.changed.notify_all();
+        drop(unsynced);
+        then.into_iter().for_each(|hook| hook());
+    }
+
+    /// Runs `hook` once the latch opens: at once if it is open, else on
+    /// the thread of the watch that opens it (with no lock held).
+    pub(super) fn then(&self, hook: SyncedHook) {
+        let mut then = self.then.lock();
+        if self.is_open() {
+            drop(then);
+            hook();
+        } else {
+            then.push(hook);
         }
     }
 
@@ -110,8 +135,8 @@ impl<K> SyncedGate<K> {
 }
 
 impl<K> Gate<K> for SyncedGate<K> {
-    fn accepts(&self, key: &K) -> bool {
-        self.inner.as_ref().is_none_or(|gate| gate.accepts(key))
+    fn accepts(&self, key: &K, priority: Priority) -> bool {
+        self.inner.as_ref().is_none_or(|gate| gate.accepts(key, priority))
     }
 
     fn admit(&self, key: &K) -> Admission {
