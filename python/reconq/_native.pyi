@@ -435,7 +435,8 @@ class Cache:
     set and versions (for a key without one, a digest of its object, if it
     is plain data) with their pending keys, so a restart reconciles only
     what changed while down (E9); ``flush()`` waits for them to be on disk.
-    An ``EtcdSource`` without ``decode`` also keeps its values there, so a
+    An ``EtcdSource`` also keeps its values there (etcd's bytes, which
+    ``decode`` reads again), so a
     restart loads them and resumes etcd's stream from the kept revision
     instead of listing the prefix again (it relists only if that revision
     was compacted)."""

@@ -55,6 +55,8 @@ use parking_lot::{ReentrantMutex, RwLock};
 
 use self::contents::{Contents, IndexFailure, IndexFn};
 pub(crate) use self::stored::Codec;
+#[cfg(feature = "python")]
+pub(crate) use self::stored::ReadKept;
 use self::stored::Stored;
 use self::subscribers::{CatchUps, Subscriber};
 use crate::context::StopSignal;
@@ -263,8 +265,23 @@ where
         S::Object: crate::key_encoding::KeptObject,
     {
         use crate::key_encoding::KeptObject;
-        self.objects =
-            Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: S::Object::from_kept_object });
+        let decode = Arc::new(S::Object::from_kept_object);
+        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode });
+        self
+    }
+
+    /// [`keep_objects`](Self::keep_objects), reading a kept object back
+    /// with `read` instead of [`KeptObject::from_kept_object`] (the Python
+    /// binding: an etcd value decoded by the source's `decode`).
+    ///
+    /// [`KeptObject::from_kept_object`]: crate::key_encoding::KeptObject::from_kept_object
+    #[cfg_attr(not(feature = "python"), allow(dead_code))] // only the binding reads back its own way
+    pub(crate) fn keep_objects_read_by(mut self, read: Arc<stored::ReadKept<S::Object>>) -> Self
+    where
+        S::Object: crate::key_encoding::KeptObject,
+    {
+        use crate::key_encoding::KeptObject;
+        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: read });
         self
     }
 

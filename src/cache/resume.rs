@@ -36,7 +36,7 @@ impl<S: Source> Keeping<S> {
     pub(super) fn new(stored: Option<&Stored<S>>, source: &S) -> Option<Self> {
         let stored = stored?;
         let snapshot = stored.snapshot.clone()?;
-        let objects = stored.codec.object?;
+        let objects = stored.codec.object.clone()?;
         let state = source.resume_state()?;
         Some(Self { snapshot, state, codec: stored.codec.clone(), objects })
     }

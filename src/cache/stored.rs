@@ -40,7 +40,8 @@ pub(crate) struct Codec<S: Source> {
 
 impl<S: Source> Clone for Codec<S> {
     fn clone(&self) -> Self {
-        let Self { key, decode, version, position, ref digest, version_from, position_from, object, ref file } = *self;
+        let Self { key, decode, version, position, ref digest, version_from, position_from, ref object, ref file } =
+            *self;
         Self {
             key,
             decode,
@@ -49,26 +50,28 @@ impl<S: Source> Clone for Codec<S> {
             digest: digest.clone(),
             version_from,
             position_from,
-            object,
+            object: object.clone(),
             file: file.clone(),
         }
     }
 }
 
 /// How a stored cache keeps its objects whole: to bytes (`None`: this one
-/// cannot be) and back.
+/// cannot be) and back (a closure: reading back may need what the source
+/// was given, as a Python `decode`).
 pub(crate) struct ObjectCodec<O> {
     pub(crate) encode: fn(&O) -> Option<Vec<u8>>,
-    pub(crate) decode: fn(&[u8]) -> Option<O>,
+    pub(crate) decode: Arc<ReadKept<O>>,
 }
+
+/// Reads a kept object back (`None`: it cannot be).
+pub(crate) type ReadKept<O> = dyn Fn(&[u8]) -> Option<O> + Send + Sync;
 
 impl<O> Clone for ObjectCodec<O> {
     fn clone(&self) -> Self {
-        *self
+        Self { encode: self.encode, decode: Arc::clone(&self.decode) }
     }
 }
-
-impl<O> Copy for ObjectCodec<O> {}
 
 /// Marks a digest's bytes: no key encoding starts with it, so a digest
 /// never equals a kept version (a key listed with a version at one run

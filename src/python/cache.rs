@@ -51,7 +51,8 @@ pub(crate) type PyCacheCore = Cache<AnySource>;
 /// set and versions (for a key without one, a digest of its object, if it
 /// is plain data) with their pending keys, so a restart reconciles only
 /// what changed while down (E9); `flush()` waits for them to be on disk.
-/// An `EtcdSource` without `decode` also keeps its values there, so a
+/// An `EtcdSource` also keeps its values there (etcd's bytes, which
+/// `decode` reads again), so a
 /// restart loads them and resumes etcd's stream from the kept revision
 /// instead of listing the prefix again (it relists only if that revision
 /// was compacted).
@@ -165,13 +166,18 @@ impl PyCache {
         }
         let indexes = indexes_from_py(indexes)?;
         let cache_name: Arc<str> = Arc::from(name.as_str());
-        let mut builder = Cache::builder(name.as_str(), spec.build(py, &name)?).thread_wrapper(python_thread_wrapper());
+        let (source, read_kept) = spec.build(py, &name, store.is_some())?;
+        let mut builder = Cache::builder(name.as_str(), source).thread_wrapper(python_thread_wrapper());
         for (index, function) in indexes {
             builder = builder.index(index.clone(), index_fn(Arc::clone(&cache_name), index, function));
         }
         if let Some(store) = &store {
             // A source without versions keeps digests of its objects.
-            builder = builder.store(store).digest(super::digest::canonical).keep_objects();
+            builder = builder.store(store).digest(super::digest::canonical);
+            builder = match read_kept {
+                Some(read) => builder.keep_objects_read_by(read),
+                None => builder.keep_objects(),
+            };
         }
         let cache = builder.build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self { cache, started_by: AtomicU32::new(0) })

@@ -69,6 +69,17 @@ pub(crate) enum PyObj {
     /// An etcd value (no `decode`): a new `bytes` at each read, equal to
     /// the last.
     Bytes(ValueBytes),
+    /// An etcd value and what `decode` made of it, in a cache with a
+    /// store: the bytes are what the store keeps, so a restart resumes
+    /// (decoding them again) instead of relisting, and what two values
+    /// are compared by, without the interpreter.
+    Decoded(Arc<DecodedValue>),
+}
+
+/// See [`PyObj::Decoded`].
+pub(crate) struct DecodedValue {
+    pub(crate) raw: Box<[u8]>,
+    pub(crate) obj: Py<PyAny>,
 }
 
 // The cache puts an `Arc` around each object: 16 bytes of counts and
@@ -85,18 +96,21 @@ impl PyObj {
         match self {
             Self::Python(obj) => obj.bind(py).clone(),
             Self::Bytes(bytes) => PyBytes::new(py, bytes).into_any(),
+            Self::Decoded(decoded) => decoded.obj.bind(py).clone(),
         }
     }
 }
 
 /// Equal when it is the same object or Python's `==` says so (an `==`
 /// that raises: not equal, a change); bytes by their contents, without
-/// the interpreter. One source gives one kind: a Python object and bytes
-/// are never compared (unequal).
+/// the interpreter, and so decoded values (by the bytes decoded: one
+/// `decode` makes equal objects of equal bytes). One source gives one
+/// kind: two kinds are never compared (unequal).
 impl PartialEq for PyObj {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Self::Bytes(a), Self::Bytes(b)) => a == b,
+            (Self::Decoded(a), Self::Decoded(b)) => a.raw == b.raw,
             (Self::Python(a), Self::Python(b)) => {
                 a.as_ptr() == b.as_ptr()
                     || attach(|py| under_cache_lock(|| a.bind(py).eq(b.bind(py)).unwrap_or(false))).unwrap_or(false)
@@ -111,6 +125,7 @@ impl fmt::Debug for PyObj {
         match self {
             Self::Python(_) => f.write_str("<Python object>"),
             Self::Bytes(bytes) => write!(f, "<{} bytes>", bytes.len()),
+            Self::Decoded(decoded) => write!(f, "<decoded from {} bytes>", decoded.raw.len()),
         }
     }
 }
@@ -212,13 +227,15 @@ impl Keepable for SourceValue {
     }
 }
 
-/// An etcd value without `decode` is kept whole, so a restart resumes
-/// (`CacheBuilder::keep_objects`); a Python object is not (its cache
-/// relists at a restart, as before).
+/// An etcd value is kept as its bytes, decoded or not, so a restart
+/// resumes (`CacheBuilder::keep_objects`; a decoded one is read back by
+/// the source's `decode`, `sources::etcd_value`); a Python object is not
+/// (its cache relists at a restart, as before).
 impl KeptObject for PyObj {
     fn kept_object(&self) -> Option<Vec<u8>> {
         match self {
             Self::Bytes(bytes) => Some(bytes.to_vec()),
+            Self::Decoded(decoded) => Some(decoded.raw.to_vec()),
             Self::Python(_) => None,
         }
     }

@@ -21,13 +21,14 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 use super::attach::attach;
-use super::cache_values::{PyObj, SourceValue};
+use super::cache_values::{DecodedValue, PyObj, SourceValue};
 use super::convert::{check_sync_callable, check_sync_callable_of, positive_from_py, type_name};
 use super::election::endpoints_from_py;
 use super::errors::describe;
 use super::key::PyKey;
 use super::killable_call::call;
 use super::logs::log;
+use crate::cache::ReadKept;
 use crate::source::{Changes, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook};
 use crate::{source::EtcdSource, source::PollingSource};
 
@@ -371,13 +372,23 @@ fn etcd_key(bytes: &[u8]) -> Result<PyKey, std::convert::Infallible> {
 }
 
 /// An etcd value as the cache's object: its bytes, kept as Rust's (no
-/// GIL taken on the cache's thread: [`PyObj::Bytes`]), or `decode(bytes)`.
-fn etcd_value(decode: Option<Arc<Py<PyAny>>>) -> impl Fn(&[u8]) -> Result<PyObj, String> + Send + Sync + 'static {
+/// GIL taken on the cache's thread: [`PyObj::Bytes`]), or `decode(bytes)`;
+/// with `keep_bytes` (a cache with a store), that with the bytes beside
+/// it ([`PyObj::Decoded`]), so the store keeps the bytes and a restart
+/// reads them back through this same function.
+fn etcd_value(
+    decode: Option<Arc<Py<PyAny>>>,
+    keep_bytes: bool,
+) -> impl Fn(&[u8]) -> Result<PyObj, String> + Send + Sync + 'static {
     move |bytes: &[u8]| {
         let Some(decode) = &decode else { return Ok(PyObj::Bytes(bytes.into())) };
         attach(|py| {
             let value = pyo3::types::PyBytes::new(py, bytes).into_any();
-            call(decode.bind(py), (value,)).map(PyObj::new).map_err(|e| format!("decode raised {}", describe(py, &e)))
+            let decoded = call(decode.bind(py), (value,)).map_err(|e| format!("decode raised {}", describe(py, &e)))?;
+            Ok(match keep_bytes {
+                true => PyObj::Decoded(Arc::new(DecodedValue { raw: bytes.into(), obj: decoded.unbind() })),
+                false => PyObj::new(decoded),
+            })
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
     }
@@ -588,11 +599,19 @@ impl<'py> SourceSpec<'py> {
         }
     }
 
-    /// A new Rust source for the cache named `cache`.
-    pub(crate) fn build(&self, py: Python<'py>, cache: &str) -> PyResult<AnySource> {
+    /// A new Rust source for the cache named `cache`, `stored` or not;
+    /// for a stored etcd cache, how a value it kept reads back (the
+    /// source's own `decode`).
+    pub(crate) fn build(
+        &self,
+        py: Python<'py>,
+        cache: &str,
+        stored: bool,
+    ) -> PyResult<(AnySource, Option<Arc<ReadKept<PyObj>>>)> {
         let cache: Arc<str> = Arc::from(cache);
         let invalid = |e: crate::error::InvalidArgument| PyValueError::new_err(e.to_string());
-        Ok(AnySource(match self {
+        let mut read_kept: Option<Arc<ReadKept<PyObj>>> = None;
+        let source = AnySource(match self {
             SourceSpec::Polling(s) => {
                 let polling = PollingSource::with_items(s.interval, poll_with(cache, s.list_fn.clone_ref(py)));
                 Box::new(IntPositions(polling.map_err(invalid)?))
@@ -602,7 +621,12 @@ impl<'py> SourceSpec<'py> {
                 if let Some(timeout) = s.progress_timeout {
                     etcd = etcd.progress_timeout(timeout).map_err(invalid)?;
                 }
-                Box::new(IntPositions(etcd.keys(etcd_key).decode(etcd_value(s.decode.clone()))))
+                let value = Arc::new(etcd_value(s.decode.clone(), stored));
+                // A value that decode refuses now (it changed since) is
+                // unreadable: the restart relists.
+                let read = Arc::clone(&value);
+                read_kept = Some(Arc::new(move |bytes: &[u8]| read(bytes).ok()));
+                Box::new(IntPositions(etcd.keys(etcd_key).decode(move |bytes: &[u8]| value(bytes))))
             }
             SourceSpec::Python(s) => Box::new(PythonSource {
                 cache,
@@ -611,7 +635,8 @@ impl<'py> SourceSpec<'py> {
                 changes: s.changes.clone_ref(py),
                 stop_event: None,
             }),
-        }))
+        });
+        Ok((source, read_kept))
     }
 }
 

@@ -49,22 +49,40 @@ from table_source import Table
 PREFIX = "/items/"
 ABSENT = "-"
 FLUSH_MARK = "!flush"
+#: The run's kind of source.
+KIND = ""
+
+
+#: What ``decode`` makes of an etcd value (kind ``etcd-decoded``).
+DECODED = "decoded:"
+
+
+def decoded(value: bytes) -> str:
+    return DECODED + value.decode()
 
 
 def source(kind: str, where: str) -> Any:
-    # Without `decode`: etcd's bytes are what a store keeps, so a restart
-    # resumes (a decoded Python object is not kept: its cache relists).
+    # etcd's bytes are what a store keeps, decoded or not, so a restart
+    # resumes (a decoded value is decoded again from them).
     if kind == "etcd":
         return reconq.EtcdSource(where, PREFIX, name="items")
+    if kind == "etcd-decoded":
+        return reconq.EtcdSource(where, PREFIX, name="items", decode=decoded)
     assert kind == "table", kind
     return Table(where).source("items")
 
 
 def text(obj: Any) -> str:
-    """How the record writes an object: etcd's bytes as text, None as absent."""
+    """How the record writes an object: etcd's bytes as text, what
+    `decoded` made as that text, None as absent; anything else marked, so
+    it matches no state."""
     if obj is None:
         return ABSENT
-    return obj.decode() if isinstance(obj, bytes) else str(obj)
+    if isinstance(obj, bytes):
+        return obj.decode() if KIND != "etcd-decoded" else f"undecoded:{obj!r}"
+    if isinstance(obj, str) and obj.startswith(DECODED):
+        return obj[len(DECODED):]
+    return str(obj)
 
 
 def main() -> None:
@@ -78,6 +96,8 @@ def main() -> None:
     parser.add_argument("--maps")
     parser.add_argument("--dump")
     args = parser.parse_args()
+    global KIND
+    KIND = args.kind
     # SIGTERM is a clean stop from the start, before "synced" is printed:
     # it stays pending until the sigwait at the end (blocked before any
     # thread starts, so in all of them). An Event set from a handler

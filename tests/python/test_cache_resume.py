@@ -61,9 +61,9 @@ class Restarts:
     """cache_child.py's runs over one etcd, each restart measured by what
     etcd sent meanwhile; the map calls and the dump a clean stop writes."""
 
-    def __init__(self, etcd: Etcd, directory: Path) -> None:
+    def __init__(self, etcd: Etcd, directory: Path, kind: str) -> None:
         self.etcd = etcd
-        self.system = System("etcd", etcd.endpoint, EtcdItems(etcd))
+        self.system = System(kind, etcd.endpoint, EtcdItems(etcd))
         self.runs = Runs(self.system, directory)
         self.maps_path = directory / "maps"
         self.dump_path = directory / "dump.json"
@@ -153,8 +153,10 @@ class Restarts:
 
 
 @pytest.fixture
-def restarts(etcd: Etcd, tmp_path: Path) -> Any:
-    made = Restarts(etcd, tmp_path / "runs")
+def restarts(etcd: Etcd, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """The runs, of ``EtcdSource`` without ``decode`` unless a test asks
+    for ``etcd-decoded`` (indirect parametrization)."""
+    made = Restarts(etcd, tmp_path / "runs", getattr(request, "param", "etcd"))
     try:
         yield made
     finally:
@@ -197,13 +199,16 @@ def test_a_restart_after_a_sigkill_in_a_burst_resumes_and_reconciles_every_chang
     assert not violations, f"seed {SEED}, {len(violations)} violations:\n" + "\n".join(violations[:20])
 
 
+@pytest.mark.parametrize("restarts", ["etcd", "etcd-decoded"], indirect=True)
 @pytest.mark.parametrize("stop", ["sigkill", "clean"])
 def test_deletes_while_down_arrive_as_deletes_with_the_object_the_cache_held(restarts: Restarts, stop: str) -> None:
     """Stopped cleanly, or killed right after ``cache.flush()``; keys
     deleted (and others created and changed) while down. The restart
     resumes, reconciles exactly those keys (none more often than it
     changed while down), each deleted one seen absent, and ``map`` is given each deleted key with the object the
-    cache held before (E9 gave None when the restart relisted)."""
+    cache held before (E9 gave None when the restart relisted). With
+    ``decode`` too: the store keeps etcd's bytes, and every object read
+    after the restart is ``decode``'s again."""
     rng, writer = seeded(restarts.system.items, SEED)
     for _ in range(KEYS):
         writer.create()
