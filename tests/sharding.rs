@@ -141,6 +141,39 @@ fn c2_keys_pending_when_their_partition_moves_are_handed_over() {
     b.stop();
 }
 
+/// C2 at a clean stop, at once or draining: the keys pending on the
+/// replica stopping (waiting an hour) go with its partitions, and the
+/// replica that takes them over reconciles them at once.
+#[test]
+fn c2_a_clean_stop_hands_its_pending_keys_over() {
+    pending_keys_handed_over_at_a_stop("c2-stop", |a| a.stop());
+}
+
+#[test]
+fn c2_a_draining_stop_hands_its_pending_keys_over() {
+    pending_keys_handed_over_at_a_stop("c2-drain", |a| assert!(a.stop_with_drain(PATIENCE)));
+}
+
+fn pending_keys_handed_over_at_a_stop(group: &str, stop: impl FnOnce(&ControllerHandle<u32>)) {
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = unstarted_replica(&etcd, group, "a", &record).start();
+    let b = unstarted_replica(&etcd, group, "b", &record).start();
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    let of_a: BTreeSet<u32> =
+        (0..KEYS).filter(|k| a.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
+    for key in &of_a {
+        a.enqueue_after(*key, Duration::from_secs(3600));
+    }
+    stop(&a);
+    assert!(a.join_timeout(PATIENCE));
+    wait_for("b to reconcile every key a left pending", || {
+        let ran: BTreeSet<u32> = record.lock().iter().filter(|(who, _, _)| who == "b").map(|(_, k, _)| *k).collect();
+        ran == of_a
+    });
+    b.stop();
+}
+
 /// C1 across a join: a replica whose watched caches have not synced is
 /// not a member yet, so no partition moves to it before its caches can
 /// see the deletes made from then on (a delete before its first list is

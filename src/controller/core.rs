@@ -299,6 +299,18 @@ impl<K: ControllerKey> Core<K> {
         Some(Place { prio: priority, group })
     }
 
+    /// The keys a stop dropped from the queue, taken (to report them),
+    /// told to the coordination gate first: a partition given up as the
+    /// controller leaves hands them over (C2). Told before they are taken,
+    /// so that hand-over finds each in the queue or in the gate, whichever
+    /// comes first.
+    pub(crate) fn take_dropped(&self, rt: &Runtime<K>) -> Vec<K> {
+        if let Some(coordination) = &rt.coordination {
+            coordination.gate.dropped_at_stop(&rt.queue.dropped_keys());
+        }
+        rt.queue.take_dropped()
+    }
+
     /// Leader election or sharding, once started with one.
     pub(crate) fn coordination(&self) -> Option<&Coordinated<K>> {
         self.rt.get().and_then(|rt| rt.coordination.as_ref())

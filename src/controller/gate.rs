@@ -37,6 +37,10 @@ pub(crate) trait Gate<K>: Send + Sync {
     fn wake(&self);
     fn leader_status(&self) -> Option<LeaderStatus>;
     fn shard_status(&self) -> Option<ShardStatus>;
+    /// A stop dropped `keys` from the queue (before they are taken from
+    /// it): sharding keeps them for the hand-over of the partitions it
+    /// gives up as the controller leaves (C2).
+    fn dropped_at_stop(&self, _keys: &[K]) {}
     /// At start, a key the store kept pending: given back to go into the
     /// queue now, or kept by the gate (sharding keeps those of partitions
     /// not ours yet, C2).

@@ -347,7 +347,7 @@ impl<K: ControllerKey> ControllerHandle<K> {
         self.core.cancel_everything();
         if let Some(rt) = self.core.rt.get() {
             rt.queue.shut_down_now();
-            logs::stop_dropped(&self.core.name, &rt.queue.take_dropped());
+            logs::stop_dropped(&self.core.name, &self.core.take_dropped(rt));
         }
     }
 

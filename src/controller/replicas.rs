@@ -216,6 +216,12 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
         Some(self.sharding.status())
     }
 
+    fn dropped_at_stop(&self, keys: &[K]) {
+        for key in keys {
+            self.refused.keep(self.partitioner.of(key), key.clone(), 0);
+        }
+    }
+
     fn hold_stored(&self, stored: StoredKey<K>) -> Option<StoredKey<K>> {
         // Asked before the lock: `partition_by` is the user's code.
         let partition = self.partitioner.of(&stored.key);

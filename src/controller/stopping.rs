@@ -232,7 +232,7 @@ impl<K: ControllerKey> Stopping<K> {
                 life.abandon();
                 logs::drain_deadline_passed(name, &self.report.unfinished);
             }
-            self.report.dropped = rt.queue.take_dropped();
+            self.report.dropped = self.core.take_dropped(rt);
             logs::stop_dropped(name, &self.report.dropped);
         } else if !exited {
             // Stopped at once, and not in time: nothing more to wait for.

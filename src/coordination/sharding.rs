@@ -20,8 +20,10 @@
 //! ours, and in the same transaction the keys still pending for it (in
 //! the queue, or refused while it was being given up) are written to
 //! `/reconq/shard/<name>/handover/<p>`; the next owner claims it, enqueues
-//! those and resyncs its keys (C2). A crashed owner's
-//! partitions free themselves when its lease expires. As with leader
+//! those and resyncs its keys (C2). A clean stop, once no reconcile runs,
+//! gives up its partitions that have keys pending the same way, then
+//! revokes its lease. A crashed owner's partitions free themselves when
+//! its lease expires. As with leader
 //! election, a replica acts on its partitions only until its renew
 //! deadline (two thirds of the TTL after its last renewal was sent), so
 //! one cut off from etcd stops before its lease can expire on the server.
@@ -448,15 +450,18 @@ pub(crate) struct ShardSeat {
 impl Drop for ShardSeat {
     fn drop(&mut self) {
         let s = &self.sharding.inner;
-        let lease = {
+        let (lease, owned, hooks) = {
             let mut st = s.state.lock();
             st.stopped = true;
-            st.owned.clear();
-            st.hooks = None;
+            let owned: Vec<(u32, i64)> =
+                std::mem::take(&mut st.owned).into_iter().map(|(p, o)| (p, o.created)).collect();
             s.cv.notify_all();
-            st.lease.take()
+            (st.lease.take(), owned, st.hooks.take())
         };
         if let Some(lease) = lease {
+            if let Some(hooks) = hooks {
+                s.hand_over_at_stop(&owned, &*hooks);
+            }
             let _ = s.client.revoke(lease);
         }
     }
@@ -901,8 +906,8 @@ impl Shards {
     /// revisions) in one transaction, each only while still ours: a key
     /// recreated by someone else (our lease expired meanwhile) is theirs.
     /// With them, writes what each hands over (`handed_over`). If one is
-    /// not ours any more, the others go one by one.
-    fn give_up(&self, batch: &[(u32, i64)], handed_over: &BTreeMap<u32, Vec<u8>>) {
+    /// not ours any more, the others go one by one. Whether etcd answered.
+    fn give_up(&self, batch: &[(u32, i64)], handed_over: &BTreeMap<u32, Vec<u8>>) -> bool {
         let keys: Vec<(String, i64)> = batch.iter().map(|&(p, created)| (self.partition_key(p), created)).collect();
         let puts: Vec<(String, Vec<u8>)> = batch
             .iter()
@@ -911,11 +916,33 @@ impl Shards {
         match self.client.delete_if_created(&keys, &puts) {
             Ok(true) => batch.iter().for_each(|&(p, _)| self.forget(p)),
             Ok(false) if batch.len() > 1 => {
-                batch.iter().for_each(|one| self.give_up(std::slice::from_ref(one), handed_over));
+                // Each is tried, whatever the others' answers.
+                let unanswered = batch.iter().filter(|one| !self.give_up(std::slice::from_ref(*one), handed_over));
+                return unanswered.count() == 0;
             }
             // Not ours any more: gone already.
             Ok(false) => self.forget(batch[0].0),
-            Err(e) => self.note_error("giving partitions up", &e),
+            Err(e) => {
+                self.note_error("giving partitions up", &e);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A clean stop (C2), once no reconcile of ours runs: the partitions
+    /// `owned` with keys pending are given up one by one with their
+    /// hand-overs; the rest go with the lease, revoked next. The first
+    /// call that fails ends it (an unreachable etcd must not hold the stop
+    /// once per partition): the partitions left free themselves with the
+    /// lease, as after a crash.
+    fn hand_over_at_stop(&self, owned: &[(u32, i64)], hooks: &dyn ShardHooks) {
+        let partitions: BTreeSet<u32> = owned.iter().map(|&(p, _)| p).collect();
+        let handed_over = hooks.hand_over(&partitions);
+        for one in owned.iter().filter(|(p, _)| handed_over.contains_key(p)) {
+            if !self.give_up(std::slice::from_ref(one), &handed_over) {
+                return;
+            }
         }
     }
 

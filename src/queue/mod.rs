@@ -670,6 +670,13 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         self.shared.lock().q.take_dropped()
     }
 
+    /// The keys shutdowns dropped that [`take_dropped`](Self::take_dropped)
+    /// has not taken yet.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
+    pub(crate) fn dropped_keys(&self) -> Vec<K> {
+        self.shared.lock().q.dropped().to_vec()
+    }
+
     /// Whether a shutdown was asked for: adds are ignored from then on.
     pub fn is_shutting_down(&self) -> bool {
         self.shared.lock().q.is_shutting_down()

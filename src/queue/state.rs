@@ -551,6 +551,12 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.compact_if_sparse();
     }
 
+    /// The keys shutdowns dropped and no one took yet.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
+    pub(crate) fn dropped(&self) -> &[K] {
+        &self.dropped
+    }
+
     /// The keys shutdowns dropped since the last call.
     pub(crate) fn take_dropped(&mut self) -> Vec<K> {
         std::mem::take(&mut self.dropped)
@@ -607,7 +613,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
 
     /// Every key the queue holds pending (ready, held, waiting for a due
     /// time, or in flight with a run queued after it), with the priority
-    /// it runs at next: what a partition given up hands over (C2).
+    /// it runs at next, and after a stop the keys it dropped (at 0): what
+    /// a partition given up hands over (C2), at a rebalance or at a stop.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
     pub(crate) fn pending_keys(&self, out: &mut Vec<(K, Priority)>)
     where
@@ -615,6 +622,7 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     {
         let pending = self.entries.iter().filter(|e| !matches!(e.slot, Slot::Processing { then: Then::Finish, .. }));
         out.extend(pending.map(|e| (e.key.clone(), e.slot.view().1)));
+        out.extend(self.dropped().iter().map(|key| (key.clone(), 0)));
     }
 
     /// Nothing ready, processing or waiting for a due time.

@@ -171,6 +171,12 @@ impl<K> Gate<K> for SyncedGate<K> {
         self.inner.as_ref().and_then(|gate| gate.shard_status())
     }
 
+    fn dropped_at_stop(&self, keys: &[K]) {
+        if let Some(gate) = &self.inner {
+            gate.dropped_at_stop(keys);
+        }
+    }
+
     fn hold_stored(&self, stored: StoredKey<K>) -> Option<StoredKey<K>> {
         match &self.inner {
             Some(gate) => gate.hold_stored(stored),
