@@ -7,7 +7,7 @@
 
 use std::any::Any;
 
-use crate::queue::{Place, Priority};
+use crate::queue::{Place, Priority, View};
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -40,7 +40,7 @@ pub(crate) trait Gate<K>: Send + Sync {
     /// A stop dropped `keys` from the queue (before they are taken from
     /// it): sharding keeps them for the hand-over of the partitions it
     /// gives up as the controller leaves (C2).
-    fn dropped_at_stop(&self, _keys: &[K]) {}
+    fn dropped_at_stop(&self, _keys: &[(K, View)]) {}
     /// At start, a key the store kept pending: given back to go into the
     /// queue now, or kept by the gate (sharding keeps those of partitions
     /// not ours yet, C2).

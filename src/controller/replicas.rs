@@ -6,17 +6,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use super::core::{ControllerKey, Core, When};
 use super::features::Features;
 use super::gate::{Admission, Coordinated, Gate, StoredKey};
-use super::handover::{self, Refused};
+use super::handover::{self, Handed, Refused};
 use super::partitions::Partitioner;
 use super::start::{Join, Resync};
 use super::watch::{DEFAULT_LIST_PRIORITY, Fate};
 use crate::coordination::{LeaderElection, ShardAdmission, ShardHooks, Sharding};
 use crate::key_encoding::StoreKey;
-use crate::queue::Priority;
+use crate::queue::{Priority, View};
 use crate::sync::Mutex;
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -162,7 +163,7 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
         // not in it: the next owner's caches, synced before it joined,
         // bring what changed that late.)
         if self.sharding.giving_up(partition) {
-            self.refused.keep(partition, key.clone(), priority);
+            self.refused.keep(partition, key.clone(), (None, priority));
         }
         false
     }
@@ -179,7 +180,7 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
             ShardAdmission::NotOurs => {
                 // C2: a key of a partition being given up goes with it.
                 if self.sharding.giving_up(partition) {
-                    self.refused.keep(partition, key.clone(), 0);
+                    self.refused.keep(partition, key.clone(), (None, 0));
                 }
                 Admission::Drop
             }
@@ -216,9 +217,9 @@ impl<K: ControllerKey> Gate<K> for ShardGate<K> {
         Some(self.sharding.status())
     }
 
-    fn dropped_at_stop(&self, keys: &[K]) {
-        for key in keys {
-            self.refused.keep(self.partitioner.of(key), key.clone(), 0);
+    fn dropped_at_stop(&self, keys: &[(K, View)]) {
+        for (key, view) in keys {
+            self.refused.keep(self.partitioner.of(key), key.clone(), *view);
         }
     }
 
@@ -276,13 +277,13 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
         let features = self.features.upgrade();
         let mut keys =
             features.as_ref().map(|f| f.watches.regain(&|key| self.fate(key, partitions))).unwrap_or_default();
-        keys.extend(handed_over.iter().flat_map(|bytes| handover::decode(&core.name, bytes)));
+        let handed: Vec<Handed<K>> = handed_over.iter().flat_map(|bytes| handover::decode(&core.name, bytes)).collect();
         if let Some(resync) = &self.resync {
             let listed = resync().into_iter().filter(|key| partitions.contains(&self.partitioner.of(key)));
             keys.extend(listed.map(|key| (key, DEFAULT_LIST_PRIORITY)));
         }
         let stored = self.aside.take(partitions);
-        if keys.is_empty() && stored.is_empty() {
+        if keys.is_empty() && stored.is_empty() && handed.is_empty() {
             return;
         }
         let batch = features.as_ref().map(|f| core.open_batch(&f.batches));
@@ -293,6 +294,10 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
         for (key, priority) in keys {
             core.route(key, When::Now, priority);
         }
+        let now = Instant::now();
+        for (key, priority, delay) in handed {
+            core.route(key, if delay.is_zero() { When::Now } else { When::After(delay, now) }, priority);
+        }
         drop(batch);
     }
 
@@ -302,13 +307,14 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
     /// the queue's keys of them stay there until dropped.
     fn hand_over(&self, partitions: &BTreeSet<u32>) -> BTreeMap<u32, Vec<u8>> {
         let Some(core) = self.core.upgrade() else { return BTreeMap::new() };
-        let pending = core.rt.get().map(|rt| rt.queue.pending_keys()).unwrap_or_default();
+        let Some(rt) = core.rt.get() else { return BTreeMap::new() };
+        let now = rt.clock.now();
         // Asked with no lock held: `partition_by` is the user's code.
-        let queued = pending.into_iter().filter_map(|(key, priority)| {
+        let queued = rt.queue.pending_keys().into_iter().filter_map(|(key, view)| {
             let partition = self.partitioner.of(&key);
-            partitions.contains(&partition).then_some((partition, key, priority))
+            partitions.contains(&partition).then(|| (partition, handover::handed(key, view, now)))
         });
-        let mut keys: Vec<(u32, K, Priority)> = self.refused.take(partitions);
+        let mut keys = self.refused.take(partitions, now);
         keys.extend(queued);
         handover::encode(&core.name, keys)
     }
@@ -317,7 +323,7 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
     /// replica's: marked, so the next flush removes their rows; the keys
     /// refused while we gave them up were handed over, or are the owner's.
     fn owned_elsewhere(&self, partitions: &BTreeSet<u32>) {
-        drop(self.refused.take(partitions));
+        self.refused.forget(partitions);
         let dropped = self.aside.take(partitions);
         let Some(core) = self.core.upgrade() else { return };
         if let Some(store) = core.rt.get().and_then(|rt| rt.store.as_ref()) {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::metrics::Now;
 use super::slot::View;
 use super::state::QueueState;
-use super::{CancelHook, Guard, Place, Priority, QueueCounts, WorkQueue};
+use super::{CancelHook, Guard, Place, QueueCounts, WorkQueue};
 use crate::clock::deadline_after;
 use crate::graph::Dependencies;
 
@@ -134,10 +134,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
         out.extend(keys.iter().map(|key| g.q.pending_view(key)));
     }
 
-    /// Every key pending, with the priority it runs at next (see
-    /// `QueueState::pending_keys`), under one lock acquisition.
+    /// Every key pending, with its due time and the priority it runs at
+    /// next (see `QueueState::pending_keys`), under one lock acquisition.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
-    pub(crate) fn pending_keys(&self) -> Vec<(K, Priority)> {
+    pub(crate) fn pending_keys(&self) -> Vec<(K, View)> {
         let mut out = Vec::new();
         self.shared.lock_synced().q.pending_keys(&mut out);
         out

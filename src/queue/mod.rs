@@ -59,7 +59,7 @@ use metrics::{Now, Recorder};
 use ready::ReadySet;
 pub(crate) use ready::{GroupId, Priority};
 use slot::{Added, Finished, Hasher};
-pub(crate) use slot::{Cancel, CancelHook, Place};
+pub(crate) use slot::{Cancel, CancelHook, Place, View};
 use state::QueueState;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -671,9 +671,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
     }
 
     /// The keys shutdowns dropped that [`take_dropped`](Self::take_dropped)
-    /// has not taken yet.
+    /// has not taken yet, with what each was then.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
-    pub(crate) fn dropped_keys(&self) -> Vec<K> {
+    pub(crate) fn dropped_keys(&self) -> Vec<(K, View)> {
         self.shared.lock().q.dropped().to_vec()
     }
 

@@ -80,7 +80,9 @@ pub(crate) struct QueueState<K> {
     /// Keys a shutdown dropped (delayed, waiting to retry, or ready at an
     /// immediate stop), until [`take_dropped`](QueueState::take_dropped):
     /// a stop reports them instead of losing them silently.
-    dropped: Vec<K>,
+    /// Each with what it was then (its due time, the priority it would
+    /// have run at).
+    dropped: Vec<(K, View)>,
     /// `supersede` (U1), with what cancels a reconcile: a key that becomes
     /// ready while it is processed cancels that reconcile, and comes back
     /// with the higher of the two priorities. A transition of the table
@@ -478,15 +480,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             let entry = entries.get_mut(at);
             match entry.slot {
                 Slot::Delayed { timer, prio, .. } => {
-                    Self::keep_stop_view(stop_views, &entry.key, (Some(timer.due), prio));
-                    dropped.push(entries.remove(at).key);
+                    Self::note_dropped(stop_views, dropped, entries.remove(at).key, (Some(timer.due), prio));
                     false
                 }
                 Slot::Processing { then: Then::Wait(timer), run, group, again } => {
                     // In flight at an immediate stop: ready at restore.
-                    Self::keep_stop_view(stop_views, &entry.key, (drain.then_some(timer.due), again));
                     entry.slot = Slot::Processing { then: Then::Finish, run, group, again };
-                    dropped.push(entry.key.clone());
+                    Self::note_dropped(stop_views, dropped, entry.key.clone(), (drain.then_some(timer.due), again));
                     true
                 }
                 _ => true,
@@ -506,19 +506,19 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             views.set_discarded();
         }
         for at in self.ready.drain() {
-            if let Slot::Ready { prio, .. } = self.entries.get(at).slot {
-                Self::keep_stop_view(&mut self.stop_views, &self.entries.get(at).key, (None, prio));
-            }
+            let prio = match self.entries.get(at).slot {
+                Slot::Ready { prio, .. } => prio,
+                _ => 0,
+            };
             let key = self.forget(at);
-            self.dropped.push(key);
+            Self::note_dropped(&mut self.stop_views, &mut self.dropped, key, (None, prio));
         }
         self.compact_if_sparse();
         self.discard_held();
         for (_, entry) in self.entries.iter_mut() {
             if let Slot::Processing { then, again, .. } = &mut entry.slot {
                 if matches!(then, Then::Requeue { .. }) {
-                    Self::keep_stop_view(&mut self.stop_views, &entry.key, (None, *again));
-                    self.dropped.push(entry.key.clone());
+                    Self::note_dropped(&mut self.stop_views, &mut self.dropped, entry.key.clone(), (None, *again));
                 }
                 *then = Then::Finish;
             }
@@ -541,9 +541,8 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
             })
             .collect();
         for (at, prio) in held {
-            Self::keep_stop_view(&mut self.stop_views, &self.entries.get(at).key, (None, prio));
             let key = self.forget(at);
-            self.dropped.push(key);
+            Self::note_dropped(&mut self.stop_views, &mut self.dropped, key, (None, prio));
         }
         if let Some(holds) = &mut self.holds {
             holds.dropped_held();
@@ -551,15 +550,16 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.compact_if_sparse();
     }
 
-    /// The keys shutdowns dropped and no one took yet.
+    /// The keys shutdowns dropped and no one took yet, with what each was
+    /// then.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
-    pub(crate) fn dropped(&self) -> &[K] {
+    pub(crate) fn dropped(&self) -> &[(K, View)] {
         &self.dropped
     }
 
     /// The keys shutdowns dropped since the last call.
     pub(crate) fn take_dropped(&mut self) -> Vec<K> {
-        std::mem::take(&mut self.dropped)
+        std::mem::take(&mut self.dropped).into_iter().map(|(key, _)| key).collect()
     }
 
     /// Whether a drain has nothing left to wait for: no key is being
@@ -612,17 +612,18 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
     }
 
     /// Every key the queue holds pending (ready, held, waiting for a due
-    /// time, or in flight with a run queued after it), with the priority
-    /// it runs at next, and after a stop the keys it dropped (at 0): what
-    /// a partition given up hands over (C2), at a rebalance or at a stop.
+    /// time, or in flight with a run queued after it), with its
+    /// [`view`](Slot::view) (its due time, the priority it runs at next),
+    /// and after a stop the keys it dropped, as they were: what a
+    /// partition given up hands over (C2), at a rebalance or at a stop.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only sharding hands keys over
-    pub(crate) fn pending_keys(&self, out: &mut Vec<(K, Priority)>)
+    pub(crate) fn pending_keys(&self, out: &mut Vec<(K, View)>)
     where
         K: Clone,
     {
         let pending = self.entries.iter().filter(|e| !matches!(e.slot, Slot::Processing { then: Then::Finish, .. }));
-        out.extend(pending.map(|e| (e.key.clone(), e.slot.view().1)));
-        out.extend(self.dropped().iter().map(|key| (key.clone(), 0)));
+        out.extend(pending.map(|e| (e.key.clone(), e.slot.view())));
+        out.extend(self.dropped().iter().cloned());
     }
 
     /// Nothing ready, processing or waiting for a due time.
@@ -913,10 +914,13 @@ impl<K: Eq + Hash + Clone> QueueState<K> {
         self.add_at(key, due, now, stamp, place)
     }
 
-    fn keep_stop_view(stop_views: &mut Option<Box<StopViews<K>>>, key: &K, view: View) {
+    /// A shutdown dropped `key`, which was `view`: kept for the stop's
+    /// report (and its hand-over), and with a store in its stop views.
+    fn note_dropped(stop_views: &mut Option<Box<StopViews<K>>>, dropped: &mut Vec<(K, View)>, key: K, view: View) {
         if let Some(views) = stop_views {
             views.keep(key.clone(), view);
         }
+        dropped.push((key, view));
     }
 }
 

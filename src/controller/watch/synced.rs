@@ -18,7 +18,7 @@ use crate::cache::SyncedHook;
 use crate::controller::core::{ControllerKey, Core};
 use crate::controller::gate::{Admission, Gate, StoredKey};
 use crate::logs;
-use crate::queue::Priority;
+use crate::queue::{Priority, View};
 use crate::sync::{AtomicBool, Condvar, Mutex};
 use crate::{observe::reports::LeaderStatus, observe::reports::ShardStatus};
 
@@ -171,7 +171,7 @@ impl<K> Gate<K> for SyncedGate<K> {
         self.inner.as_ref().and_then(|gate| gate.shard_status())
     }
 
-    fn dropped_at_stop(&self, keys: &[K]) {
+    fn dropped_at_stop(&self, keys: &[(K, View)]) {
         if let Some(gate) = &self.inner {
             gate.dropped_at_stop(keys);
         }
