@@ -55,14 +55,20 @@ impl<K> Refused<K> {
         partitions.iter().for_each(|p| drop(refused.remove(p)));
     }
 
-    /// Takes the keys kept for `partitions`, to hand over `now`.
-    pub(crate) fn take(&self, partitions: &BTreeSet<u32>, now: Instant) -> Vec<(u32, Handed<K>)> {
-        let mut refused = self.0.lock();
+    /// The keys kept for `partitions`, to hand over `now`. Copied, not
+    /// taken: a give-up that fails is tried again with them, and they go
+    /// once another replica holds the partition
+    /// ([`forget`](Self::forget)).
+    pub(crate) fn to_hand_over(&self, partitions: &BTreeSet<u32>, now: Instant) -> Vec<(u32, Handed<K>)>
+    where
+        K: Clone,
+    {
+        let refused = self.0.lock();
         if refused.is_empty() {
             return Vec::new();
         }
-        let taken = partitions.iter().filter_map(|&p| Some((p, refused.remove(&p)?)));
-        taken.flat_map(|(p, keys)| keys.into_iter().map(move |(key, view)| (p, handed(key, view, now)))).collect()
+        let kept = partitions.iter().filter_map(|&p| Some((p, refused.get(&p)?)));
+        kept.flat_map(|(p, keys)| keys.iter().map(move |(key, view)| (p, handed(key.clone(), *view, now)))).collect()
     }
 }
 

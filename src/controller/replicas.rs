@@ -314,7 +314,7 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
             let partition = self.partitioner.of(&key);
             partitions.contains(&partition).then(|| (partition, handover::handed(key, view, now)))
         });
-        let mut keys = self.refused.take(partitions, now);
+        let mut keys = self.refused.to_hand_over(partitions, now);
         keys.extend(queued);
         handover::encode(&core.name, keys)
     }

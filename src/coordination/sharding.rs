@@ -115,6 +115,9 @@ struct State {
     last_error: Option<String>,
     /// The highest fencing floor read (see `floor.rs`).
     floor: u64,
+    /// Partitions gained whose hand-overs (C2) were not read yet: a read
+    /// that failed is tried again at the next look at the group.
+    unread_handovers: BTreeSet<u32>,
     hooks: Option<Arc<dyn ShardHooks>>,
 }
 
@@ -780,7 +783,8 @@ impl Shards {
         }
         let wanted = target.saturating_sub(held);
         if wanted == 0 {
-            return;
+            // Hand-overs whose read failed are asked again.
+            return self.tell_gained(&BTreeSet::new());
         }
         let free: Vec<u32> = (0..self.partitions).filter(|p| !holders.contains_key(p)).take(wanted).collect();
         let mut gained = BTreeSet::new();
@@ -791,41 +795,65 @@ impl Shards {
         }
         if !gained.is_empty() {
             logs::partitions_moved(&self.name, "claimed partitions", &gained);
-            let handovers = self.handovers(&gained);
-            let hooks = self.state.lock().hooks.clone();
-            if let Some(hooks) = hooks {
-                let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
-                hooks.gained(&gained, &handed_over);
-            }
-            // Once enqueued: a crash before this enqueues them again at
-            // the next owner, a duplicate reconcile and no loss.
-            let done: Vec<(String, i64)> = handovers.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect();
-            for batch in done.chunks(MAX_TXN_OPS) {
-                if let Err(e) = self.client.delete_if_unchanged(batch) {
-                    self.note_error("deleting the keys handed over", &e);
-                }
-            }
         }
+        self.tell_gained(&gained);
     }
 
-    /// The hand-overs waiting for the partitions of `gained` (C2). The
-    /// one giving a partition up wrote it with the delete of the
-    /// partition's key, so it is there before any claim can be. A failed
-    /// read is logged and shown: those keys wait for their next enqueue.
-    fn handovers(&self, gained: &BTreeSet<u32>) -> Vec<KeyValue> {
-        let prefix = self.handover_prefix();
-        match self.client.range_values(&prefix) {
-            Ok(kvs) => kvs
-                .into_iter()
-                .filter(|kv| {
-                    kv.key.strip_prefix(&prefix).and_then(|p| p.parse().ok()).is_some_and(|p| gained.contains(&p))
-                })
-                .collect(),
+    /// Tells the controller of the partitions `gained` (C1; none: only
+    /// hand-overs read late), with the hand-overs (C2) of every partition
+    /// gained whose hand-over was not read yet, then deletes those read.
+    /// The one giving a partition up wrote its hand-over with the delete
+    /// of the partition's key, so it is there before any claim can be. A
+    /// read that fails is logged, shown and tried again at the next look
+    /// at the group.
+    fn tell_gained(&self, gained: &BTreeSet<u32>) {
+        let (unread, hooks) = {
+            let mut st = self.state.lock();
+            let State { unread_handovers, owned, .. } = &mut *st;
+            unread_handovers.extend(gained);
+            unread_handovers.retain(|p| owned.contains_key(p));
+            (unread_handovers.clone(), st.hooks.clone())
+        };
+        if gained.is_empty() && unread.is_empty() {
+            return;
+        }
+        let handovers = match self.handovers(&unread) {
+            Ok(handovers) => {
+                self.state.lock().unread_handovers.retain(|p| !unread.contains(p));
+                handovers
+            }
             Err(e) => {
                 self.note_error("reading the keys handed over", &e);
                 Vec::new()
             }
+        };
+        if gained.is_empty() && handovers.is_empty() {
+            return;
         }
+        if let Some(hooks) = hooks {
+            let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
+            hooks.gained(gained, &handed_over);
+        }
+        // Once enqueued: a crash before this enqueues them again at the
+        // next owner, a duplicate reconcile and no loss.
+        let done: Vec<(String, i64)> = handovers.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect();
+        for batch in done.chunks(MAX_TXN_OPS) {
+            if let Err(e) = self.client.delete_if_unchanged(batch) {
+                self.note_error("deleting the keys handed over", &e);
+            }
+        }
+    }
+
+    /// The hand-overs waiting for `partitions`.
+    fn handovers(&self, partitions: &BTreeSet<u32>) -> Result<Vec<KeyValue>, EtcdError> {
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let prefix = self.handover_prefix();
+        let ours = |kv: &KeyValue| {
+            kv.key.strip_prefix(&prefix).and_then(|p| p.parse().ok()).is_some_and(|p| partitions.contains(&p))
+        };
+        Ok(self.client.range_values(&prefix)?.into_iter().filter(ours).collect())
     }
 
     /// Tells the controller which partitions others hold (`holders`: every
@@ -940,7 +968,9 @@ impl Shards {
         let partitions: BTreeSet<u32> = owned.iter().map(|&(p, _)| p).collect();
         let handed_over = hooks.hand_over(&partitions);
         for one in owned.iter().filter(|(p, _)| handed_over.contains_key(p)) {
-            if !self.give_up(std::slice::from_ref(one), &handed_over) {
+            let one = std::slice::from_ref(one);
+            // Once more after a failure: a busy etcd can miss one call's deadline.
+            if !self.give_up(one, &handed_over) && !self.give_up(one, &handed_over) {
                 return;
             }
         }
