@@ -34,18 +34,27 @@ fn sharding(etcd: &Etcd, name: &str, identity: &str) -> Sharding {
 type Record = Arc<Mutex<Vec<(String, u32, u64)>>>;
 
 fn replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> ControllerHandle<u32> {
-    unstarted_replica(etcd, name, who, record).resync(|| 0..KEYS).start()
+    unstarted_replica(sharding(etcd, name, who), name, who, record).resync(|| 0..KEYS).start()
 }
 
-/// Replica `who` of group `name` recording its reconciles, with no resync.
-fn unstarted_replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> Controller<u32> {
+/// Replica `who` of group `name` under `sharding`, recording its
+/// reconciles, with no resync.
+fn unstarted_replica(sharding: Sharding, name: &str, who: &str, record: &Record) -> Controller<u32> {
     let (record, who_owned) = (Arc::clone(record), who.to_owned());
     Controller::new(format!("{name}-{who}"), move |key: &u32, ctx: &Context| -> Result<Action, ReconcileError> {
         record.lock().push((who_owned.clone(), *key, ctx.fencing_token().unwrap()));
         Ok(Action::Done)
     })
     .workers(2)
-    .sharding(sharding(etcd, name, who))
+    .sharding(sharding)
+}
+
+/// A replica of the C2 tests: a lease of 10 s, which a loaded machine
+/// does not let lapse (a lapsed lease is a crash, which hands nothing
+/// over); partitions still move at once, given up or revoked.
+fn c2_replica(etcd: &Etcd, name: &str, who: &str, record: &Record) -> ControllerHandle<u32> {
+    let sharding = sharding(etcd, name, who).ttl(Duration::from_secs(10));
+    unstarted_replica(sharding, name, who, record).start()
 }
 
 /// Every replica owns ⌊P/N⌋ or ⌈P/N⌉ partitions and together all of them.
@@ -152,10 +161,10 @@ fn handed_over_with_their_delays(who: &ControllerHandle<u32>, name: &str, keys: 
 fn c2_keys_pending_when_their_partition_moves_are_handed_over() {
     let etcd = Etcd::start();
     let record = Record::default();
-    let a = unstarted_replica(&etcd, "c2", "a", &record).start();
+    let a = c2_replica(&etcd, "c2", "a", &record);
     wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
     let keys = delay_keys_of(&a, &a.owned_partitions());
-    let b = unstarted_replica(&etcd, "c2", "b", &record).start();
+    let b = c2_replica(&etcd, "c2", "b", &record);
     wait_for("two-way balance", || balanced(&[&a, &b]));
     let moved: BTreeSet<u32> =
         keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
@@ -179,8 +188,8 @@ fn c2_a_draining_stop_hands_its_pending_keys_over() {
 fn pending_keys_handed_over_at_a_stop(group: &str, stop: impl FnOnce(&ControllerHandle<u32>)) {
     let etcd = Etcd::start();
     let record = Record::default();
-    let a = unstarted_replica(&etcd, group, "a", &record).start();
-    let b = unstarted_replica(&etcd, group, "b", &record).start();
+    let a = c2_replica(&etcd, group, "a", &record);
+    let b = c2_replica(&etcd, group, "b", &record);
     wait_for("two-way balance", || balanced(&[&a, &b]));
     let keys = delay_keys_of(&a, &a.owned_partitions());
     stop(&a);
@@ -208,7 +217,8 @@ fn a_replica_joins_only_once_its_caches_synced() {
     })
     .unwrap();
     let cache = Cache::builder("join-items", source).build().unwrap();
-    let b = unstarted_replica(&etcd, "join", "b", &record).watch_cache(&cache, Watch::new()).start();
+    let b =
+        unstarted_replica(sharding(&etcd, "join", "b"), "join", "b", &record).watch_cache(&cache, Watch::new()).start();
     // c, started after b with nothing to sync, joins; b does not.
     let c = replica(&etcd, "join", "c", &record);
     wait_for("a and c to split the partitions", || balanced(&[&a, &c]));

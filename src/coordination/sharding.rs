@@ -703,7 +703,9 @@ impl Shards {
             match seen {
                 Some(revision) => {
                     match self.client.watch(Watch::Prefix(&self.prefix), revision, wait, || self.interrupted(lease)) {
-                        Ok(changed) => stale |= changed,
+                        // A hand-over whose read failed is asked again
+                        // at each poll until read.
+                        Ok(changed) => stale |= changed || self.unread_handovers(),
                         Err(e) => {
                             self.note_error("watching the group", &e);
                             (seen, stale) = (None, true);
@@ -717,6 +719,10 @@ impl Shards {
                 }
             }
         }
+    }
+
+    fn unread_handovers(&self) -> bool {
+        !self.state.lock().unread_handovers.is_empty()
     }
 
     fn releasing(&self) -> bool {
