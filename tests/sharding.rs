@@ -293,7 +293,12 @@ fn after_etcd_is_wiped_every_partition_token_exceeds_every_old_one() {
             record.lock().push((who.to_owned(), *key, ctx.fencing_token().unwrap()));
             std::thread::sleep(Duration::from_millis(2));
             running.lock().remove(key);
-            Ok(Action::RequeueAfter(Duration::from_millis(5)))
+            // Not so often that the workers are always busy: with keys at
+            // two priorities (0 from start, -100 from a gain's resync, and
+            // hand-overs keep a key's priority), a saturated queue would
+            // run only the higher ones (strict priorities), and a key of
+            // a partition gained after the wipe could wait for ever.
+            Ok(Action::RequeueAfter(Duration::from_millis(50)))
         })
         .workers(2)
         .sharding(sharding(&etcd, "reset", who))

@@ -136,11 +136,11 @@ struct Owned {
 /// What sharding calls into its controller (on its own thread, with no
 /// lock of its held).
 pub(crate) trait ShardHooks: Send + Sync {
-    /// These partitions were claimed: enqueue their keys (C1), and those
-    /// their last owners handed over (`handed_over`: what
-    /// [`hand_over`](Self::hand_over) gave them, C2). Called once they are
-    /// ours (`owns` says so): a key refused before the call was refused
-    /// before they were ours.
+    /// These partitions were claimed: enqueue their keys (C1); or (none
+    /// claimed) enqueue the keys their last owners handed over
+    /// (`handed_over`: what [`hand_over`](Self::hand_over) gave them, C2),
+    /// read after the gain. Called once they are ours (`owns` says so): a
+    /// key refused before the call was refused before they were ours.
     fn gained(&self, partitions: &BTreeSet<u32>, handed_over: &[Vec<u8>]);
     /// These partitions are about to be given up, their reconciles
     /// returned: the keys still pending for each (encoded, at most
@@ -805,13 +805,14 @@ impl Shards {
         self.tell_gained(&gained);
     }
 
-    /// Tells the controller of the partitions `gained` (C1; none: only
-    /// hand-overs read late), with the hand-overs (C2) of every partition
-    /// gained whose hand-over was not read yet, then deletes those read.
-    /// The one giving a partition up wrote its hand-over with the delete
-    /// of the partition's key, so it is there before any claim can be. A
-    /// read that fails is logged, shown and tried again at the next look
-    /// at the group.
+    /// Tells the controller of the partitions `gained` (C1), then reads
+    /// the hand-overs (C2) of every partition gained whose hand-over was
+    /// not read yet, has the controller enqueue their keys, and deletes
+    /// them. The one giving a partition up wrote its hand-over with the
+    /// delete of the partition's key, so it is there before any claim can
+    /// be. The gain does not wait for the read (etcd may be slow to send
+    /// large hand-overs); a read that fails is logged, shown and tried
+    /// again at each look at the group.
     fn tell_gained(&self, gained: &BTreeSet<u32>) {
         let (unread, hooks) = {
             let mut st = self.state.lock();
@@ -820,7 +821,11 @@ impl Shards {
             unread_handovers.retain(|p| owned.contains_key(p));
             (unread_handovers.clone(), st.hooks.clone())
         };
-        if gained.is_empty() && unread.is_empty() {
+        let Some(hooks) = hooks else { return };
+        if !gained.is_empty() {
+            hooks.gained(gained, &[]);
+        }
+        if unread.is_empty() {
             return;
         }
         let handovers = match self.handovers(&unread) {
@@ -828,18 +833,13 @@ impl Shards {
                 self.state.lock().unread_handovers.retain(|p| !unread.contains(p));
                 handovers
             }
-            Err(e) => {
-                self.note_error("reading the keys handed over", &e);
-                Vec::new()
-            }
+            Err(e) => return self.note_error("reading the keys handed over", &e),
         };
-        if gained.is_empty() && handovers.is_empty() {
+        if handovers.is_empty() {
             return;
         }
-        if let Some(hooks) = hooks {
-            let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
-            hooks.gained(gained, &handed_over);
-        }
+        let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
+        hooks.gained(&BTreeSet::new(), &handed_over);
         // Once enqueued: a crash before this enqueues them again at the
         // next owner, a duplicate reconcile and no loss.
         let done: Vec<(String, i64)> = handovers.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect();
