@@ -272,18 +272,17 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
     /// in one batch (U3), so D1 orders them. Runs on sharding's thread
     /// with no engine lock held: it calls `map`, `resync` and
     /// `partition_by`.
-    fn gained(&self, partitions: &BTreeSet<u32>, handed_over: &[Vec<u8>]) {
+    fn gained(&self, partitions: &BTreeSet<u32>) {
         let Some(core) = self.core.upgrade() else { return };
         let features = self.features.upgrade();
         let mut keys =
             features.as_ref().map(|f| f.watches.regain(&|key| self.fate(key, partitions))).unwrap_or_default();
-        let handed: Vec<Handed<K>> = handed_over.iter().flat_map(|bytes| handover::decode(&core.name, bytes)).collect();
         if let Some(resync) = &self.resync {
             let listed = resync().into_iter().filter(|key| partitions.contains(&self.partitioner.of(key)));
             keys.extend(listed.map(|key| (key, DEFAULT_LIST_PRIORITY)));
         }
         let stored = self.aside.take(partitions);
-        if keys.is_empty() && stored.is_empty() && handed.is_empty() {
+        if keys.is_empty() && stored.is_empty() {
             return;
         }
         let batch = features.as_ref().map(|f| core.open_batch(&f.batches));
@@ -294,6 +293,16 @@ impl<K: ControllerKey + StoreKey> ShardHooks for ControllerShards<K> {
         for (key, priority) in keys {
             core.route(key, When::Now, priority);
         }
+        drop(batch);
+    }
+
+    /// C2: the keys the last owners of partitions gained handed over, at
+    /// the priorities they had, each after what remained of its delay, in
+    /// one batch.
+    fn handed_over(&self, handed_over: &[Vec<u8>]) {
+        let Some(core) = self.core.upgrade() else { return };
+        let handed: Vec<Handed<K>> = handed_over.iter().flat_map(|bytes| handover::decode(&core.name, bytes)).collect();
+        let batch = self.features.upgrade().map(|f| core.open_batch(&f.batches));
         let now = Instant::now();
         for (key, priority, delay) in handed {
             core.route(key, if delay.is_zero() { When::Now } else { When::After(delay, now) }, priority);

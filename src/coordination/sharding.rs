@@ -136,12 +136,14 @@ struct Owned {
 /// What sharding calls into its controller (on its own thread, with no
 /// lock of its held).
 pub(crate) trait ShardHooks: Send + Sync {
-    /// These partitions were claimed: enqueue their keys (C1); or (none
-    /// claimed) enqueue the keys their last owners handed over
-    /// (`handed_over`: what [`hand_over`](Self::hand_over) gave them, C2),
-    /// read after the gain. Called once they are ours (`owns` says so): a
-    /// key refused before the call was refused before they were ours.
-    fn gained(&self, partitions: &BTreeSet<u32>, handed_over: &[Vec<u8>]);
+    /// These partitions were claimed: enqueue their keys (C1). Called
+    /// once they are ours (`owns` says so): a key refused before the call
+    /// was refused before they were ours.
+    fn gained(&self, partitions: &BTreeSet<u32>);
+    /// Enqueue the keys the last owners of partitions gained handed over
+    /// (each what [`hand_over`](Self::hand_over) gave them, C2), read
+    /// after the gain.
+    fn handed_over(&self, handed_over: &[Vec<u8>]);
     /// These partitions are about to be given up, their reconciles
     /// returned: the keys still pending for each (encoded, at most
     /// [`MAX_HANDOVER_BYTES`] per partition; none for a partition with
@@ -823,7 +825,7 @@ impl Shards {
         };
         let Some(hooks) = hooks else { return };
         if !gained.is_empty() {
-            hooks.gained(gained, &[]);
+            hooks.gained(gained);
         }
         if unread.is_empty() {
             return;
@@ -839,7 +841,7 @@ impl Shards {
             return;
         }
         let handed_over: Vec<Vec<u8>> = handovers.iter().map(|kv| kv.value.clone()).collect();
-        hooks.gained(&BTreeSet::new(), &handed_over);
+        hooks.handed_over(&handed_over);
         // Once enqueued: a crash before this enqueues them again at the
         // next owner, a duplicate reconcile and no loss.
         let done: Vec<(String, i64)> = handovers.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect();
