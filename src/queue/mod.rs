@@ -76,9 +76,12 @@ pub(crate) enum AlsoDone<'a> {
     /// first, at priority 0 in group 0, under the same lock (a tree's keys
     /// then cost one lock round trip each, as without dependencies: W12).
     AddDependents,
-    /// Called once the key is done, outside the lock and before any wait
-    /// for the next key: a controller's store learns that the key finished
-    /// even when no key follows it for a long time.
+    /// Called once the key is done, still under the lock: a controller's
+    /// store learns that the key finished even when no key follows it for
+    /// a long time, and before anyone can see it done (a `wait_idle`
+    /// that returned, then a flush, must find the mark: called after the
+    /// lock, the flush could take the marks first and leave the key's row
+    /// as it was while it ran). Keep it short: a push, never a wait.
     ThenCall(&'a dyn Fn()),
 }
 
@@ -527,23 +530,11 @@ impl<K: Eq + Hash + Clone + Send + 'static> WorkQueue<K> {
             g.q.add_dependents(key, &mut now);
         }
         self.shared.finish(&mut g, key, &mut now);
-        let AlsoDone::ThenCall(after_done) = also else {
-            let next = self.shared.next(&mut g, None, &mut now).ok();
-            drop(g);
-            return (next, now.reading());
-        };
-        let ready = self.shared.take(&mut g, &mut now);
+        if let AlsoDone::ThenCall(after_done) = also {
+            after_done();
+        }
+        let next = self.shared.next(&mut g, None, &mut now).ok();
         drop(g);
-        after_done();
-        let next = match ready {
-            Some(next) => Some(next),
-            None => {
-                // The lock was released: a fresh reading from here on.
-                now = Now::new();
-                let mut g = self.shared.lock();
-                self.shared.next(&mut g, None, &mut now).ok()
-            }
-        };
         (next, now.reading())
     }
 
