@@ -8,6 +8,8 @@ mod common;
 #[path = "common/etcd.rs"]
 #[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
 mod etcd;
+#[path = "common/faulty_proxy.rs"]
+mod faulty_proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{PATIENCE, wait_for, wait_for_within};
 use etcd::Etcd;
+use faulty_proxy::FaultyProxy;
 use parking_lot::Mutex;
 use reconq::{
     Action, Cache, Context, Controller, ControllerHandle, KeyStatus, PollingSource, ReconcileError, Sharding, Watch,
@@ -169,6 +172,34 @@ fn c2_keys_pending_when_their_partition_moves_are_handed_over() {
     let moved: BTreeSet<u32> =
         keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
     handed_over_with_their_delays(&b, "b", &moved, &record);
+    a.stop();
+    b.stop();
+}
+
+/// C2 through a failed read: the next owner's first reads of the
+/// hand-overs fail (etcd answers 503), and the keys still arrive, with
+/// their delays, from a read retried at a later look at the group.
+#[test]
+fn c2_a_failed_read_of_the_hand_overs_is_retried() {
+    use base64::Engine as _;
+    let etcd = Etcd::start();
+    let record = Record::default();
+    let a = c2_replica(&etcd, "c2-read", "a", &record);
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    let keys = delay_keys_of(&a, &a.owned_partitions());
+    let prefix = base64::engine::general_purpose::STANDARD.encode("/reconq/shard/c2-read/handover/");
+    let read_of_the_hand_overs = format!("\"key\":\"{prefix}\"");
+    let proxy = FaultyProxy::start(&etcd.endpoint, 2, move |body| {
+        String::from_utf8_lossy(body).contains(&read_of_the_hand_overs)
+    });
+    let sharding = Sharding::new(&proxy.endpoint, "c2-read").partitions(PARTITIONS).ttl(Duration::from_secs(10));
+    let b = unstarted_replica(sharding.identity("b"), "c2-read", "b", &record).start();
+    wait_for("two-way balance", || balanced(&[&a, &b]));
+    let moved: BTreeSet<u32> =
+        keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
+    handed_over_with_their_delays(&b, "b", &moved, &record);
+    assert!(proxy.failed() >= 1, "no read of the hand-overs failed: the test tested nothing");
+    wait_for("the hand-overs read to be deleted", || etcd.list("/reconq/shard/c2-read/handover/").is_empty());
     a.stop();
     b.stop();
 }
