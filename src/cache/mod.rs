@@ -260,28 +260,30 @@ where
     /// makes the cache forget its snapshot: its next restart relists.
     ///
     /// [`KeptObject::kept_object`]: crate::key_encoding::KeptObject::kept_object
-    pub fn keep_objects(mut self) -> Self
+    pub fn keep_objects(self) -> Self
     where
         S::Object: crate::key_encoding::KeptObject,
     {
         use crate::key_encoding::KeptObject;
-        let decode = Arc::new(S::Object::from_kept_object);
-        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode });
-        self
+        self.keep_objects_read_by(Arc::new(S::Object::from_kept_object), None)
     }
 
     /// [`keep_objects`](Self::keep_objects), reading a kept object back
-    /// with `read` instead of [`KeptObject::from_kept_object`] (the Python
-    /// binding: an etcd value decoded by the source's `decode`).
+    /// with `read` instead of [`KeptObject::from_kept_object`], all of a
+    /// restart's inside `scope` (the Python binding: an etcd value decoded
+    /// by the source's `decode`, under one hold of the GIL).
     ///
     /// [`KeptObject::from_kept_object`]: crate::key_encoding::KeptObject::from_kept_object
-    #[cfg_attr(not(feature = "python"), allow(dead_code))] // only the binding reads back its own way
-    pub(crate) fn keep_objects_read_by(mut self, read: Arc<stored::ReadKept<S::Object>>) -> Self
+    pub(crate) fn keep_objects_read_by(
+        mut self,
+        read: Arc<stored::ReadKept<S::Object>>,
+        scope: Option<crate::source::DecodeScope>,
+    ) -> Self
     where
         S::Object: crate::key_encoding::KeptObject,
     {
         use crate::key_encoding::KeptObject;
-        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: read });
+        self.objects = Some(stored::ObjectCodec { encode: S::Object::kept_object, decode: read, scope });
         self
     }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::stored::{Codec, ObjectCodec, Stored};
-use crate::source::{Item, Listing, ListingOf, ResumeState, Source};
+use crate::source::{Item, Listing, ListingOf, ResumeState, Source, in_scope};
 use crate::store::{CacheSnapshot, KeptAt, KeyRows, SnapshotRow};
 
 /// A key's snapshot row, encoded.
@@ -89,17 +89,21 @@ impl<S: Source> Keeping<S> {
     pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<Loaded<S>, String> {
         let mut items = Vec::new();
         let mut rows = KeyRows::default();
-        self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
-            let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
-            let decoded = match version {
-                Some(version) => Some((self.codec.version_from)(version).ok_or_else(unreadable)?),
-                None => None,
-            };
-            let obj = (self.objects.decode)(value).ok_or_else(unreadable)?;
-            items.push(Item { key: (self.codec.decode)(key).ok_or_else(unreadable)?, obj, version: decoded });
-            rows.push(key, version);
-            Ok(())
-        })?;
+        let mut read = Ok(());
+        in_scope(self.objects.scope.as_ref(), || {
+            read = self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
+                let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
+                let decoded = match version {
+                    Some(version) => Some((self.codec.version_from)(version).ok_or_else(unreadable)?),
+                    None => None,
+                };
+                let obj = (self.objects.decode)(value).ok_or_else(unreadable)?;
+                items.push(Item { key: (self.codec.decode)(key).ok_or_else(unreadable)?, obj, version: decoded });
+                rows.push(key, version);
+                Ok(())
+            });
+        });
+        read?;
         Ok(Loaded { listing: Listing { items, position: Some(position) }, rows })
     }
 }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use crate::source::Source;
+use crate::source::{DecodeScope, Source};
 use crate::store::{CacheName, CacheSnapshot, Flush, SnapshotFile};
 use crate::sync::Mutex;
 
@@ -58,10 +58,12 @@ impl<S: Source> Clone for Codec<S> {
 
 /// How a stored cache keeps its objects whole: to bytes (`None`: this one
 /// cannot be) and back (a closure: reading back may need what the source
-/// was given, as a Python `decode`).
+/// was given, as a Python `decode`), the objects of a restart all read
+/// back inside `scope`, if any.
 pub(crate) struct ObjectCodec<O> {
     pub(crate) encode: fn(&O) -> Option<Vec<u8>>,
     pub(crate) decode: Arc<ReadKept<O>>,
+    pub(crate) scope: Option<DecodeScope>,
 }
 
 /// Reads a kept object back (`None`: it cannot be).
@@ -69,7 +71,7 @@ pub(crate) type ReadKept<O> = dyn Fn(&[u8]) -> Option<O> + Send + Sync;
 
 impl<O> Clone for ObjectCodec<O> {
     fn clone(&self) -> Self {
-        Self { encode: self.encode, decode: Arc::clone(&self.decode) }
+        Self { encode: self.encode, decode: Arc::clone(&self.decode), scope: self.scope.clone() }
     }
 }
 

@@ -33,7 +33,7 @@ use super::key::PyKey;
 use super::killable_call::call;
 use super::logs::log;
 use super::signals::{wait_interruptibly, wait_synced_interruptibly};
-use super::sources::{AnySource, SourceSpec};
+use super::sources::{AnySource, ReadBack, SourceSpec};
 use super::store::{store_error, store_from_py};
 use crate::clock::deadline_after;
 use crate::{cache::Cache, cache::CacheError, key_encoding::encode_key};
@@ -175,7 +175,7 @@ impl PyCache {
             // A source without versions keeps digests of its objects.
             builder = builder.store(store).digest(super::digest::canonical);
             builder = match read_kept {
-                Some(read) => builder.keep_objects_read_by(read),
+                Some(ReadBack { read, scope }) => builder.keep_objects_read_by(read, scope),
                 None => builder.keep_objects(),
             };
         }

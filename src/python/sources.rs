@@ -29,7 +29,9 @@ use super::key::PyKey;
 use super::killable_call::call;
 use super::logs::log;
 use crate::cache::ReadKept;
-use crate::source::{Changes, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook};
+use crate::source::{
+    Changes, DecodeScope, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook,
+};
 use crate::{source::EtcdSource, source::PollingSource};
 
 /// The item, event and listing types of every source a Python cache runs.
@@ -394,6 +396,24 @@ fn etcd_value(
     }
 }
 
+/// How a stored etcd cache's kept values read back at a restart: `read`
+/// (the source's own decode), all inside `scope`.
+pub(crate) struct ReadBack {
+    pub(crate) read: Arc<ReadKept<PyObj>>,
+    pub(crate) scope: Option<DecodeScope>,
+}
+
+/// Runs a batch of decodes attached to the interpreter once (each
+/// decode's own attach then costs a thread-local check); if it is
+/// shutting down, detached, where each decode fails on its own.
+fn attached_scope() -> DecodeScope {
+    Arc::new(|batch: &mut dyn FnMut()| {
+        if attach(|_| batch()).is_none() {
+            batch();
+        }
+    })
+}
+
 /// A source's `name`: `None`, or a non-empty str without NUL.
 fn source_name(name: Option<String>, default: impl FnOnce() -> String) -> PyResult<String> {
     match name {
@@ -602,15 +622,10 @@ impl<'py> SourceSpec<'py> {
     /// A new Rust source for the cache named `cache`, `stored` or not;
     /// for a stored etcd cache, how a value it kept reads back (the
     /// source's own `decode`).
-    pub(crate) fn build(
-        &self,
-        py: Python<'py>,
-        cache: &str,
-        stored: bool,
-    ) -> PyResult<(AnySource, Option<Arc<ReadKept<PyObj>>>)> {
+    pub(crate) fn build(&self, py: Python<'py>, cache: &str, stored: bool) -> PyResult<(AnySource, Option<ReadBack>)> {
         let cache: Arc<str> = Arc::from(cache);
         let invalid = |e: crate::error::InvalidArgument| PyValueError::new_err(e.to_string());
-        let mut read_kept: Option<Arc<ReadKept<PyObj>>> = None;
+        let mut read_kept = None;
         let source = AnySource(match self {
             SourceSpec::Polling(s) => {
                 let polling = PollingSource::with_items(s.interval, poll_with(cache, s.list_fn.clone_ref(py)));
@@ -622,11 +637,18 @@ impl<'py> SourceSpec<'py> {
                     etcd = etcd.progress_timeout(timeout).map_err(invalid)?;
                 }
                 let value = Arc::new(etcd_value(s.decode.clone(), stored));
+                // A Python decode attaches once per page or restart.
+                let scope = s.decode.is_some().then(attached_scope);
                 // A value that decode refuses now (it changed since) is
                 // unreadable: the restart relists.
                 let read = Arc::clone(&value);
-                read_kept = Some(Arc::new(move |bytes: &[u8]| read(bytes).ok()));
-                Box::new(IntPositions(etcd.keys(etcd_key).decode(move |bytes: &[u8]| value(bytes))))
+                read_kept =
+                    Some(ReadBack { read: Arc::new(move |bytes: &[u8]| read(bytes).ok()), scope: scope.clone() });
+                let etcd = etcd.keys(etcd_key).decode(move |bytes: &[u8]| value(bytes));
+                Box::new(IntPositions(match scope {
+                    Some(scope) => etcd.decode_in(scope),
+                    None => etcd,
+                }))
             }
             SourceSpec::Python(s) => Box::new(PythonSource {
                 cache,

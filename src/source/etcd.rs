@@ -31,7 +31,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::{Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop};
+use super::{Changes, DecodeScope, Event, Item, Listing, ResumeState, Source, SourceError, Stop, in_scope};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
 use crate::etcd::{CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, read_ahead};
@@ -73,6 +73,8 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     restored: AtomicBool,
     /// The first stream's catch-up, read from `restore` on.
     early_catch_up: Mutex<Option<EarlyCatchUp>>,
+    /// What a page's decodes run inside (see [`DecodeScope`]).
+    decode_scope: Option<DecodeScope>,
 }
 
 /// What a stream of changes keeps between the events it hands out.
@@ -113,6 +115,7 @@ impl EtcdSource<Vec<u8>> {
             fingerprint: Arc::default(),
             restored: AtomicBool::new(false),
             early_catch_up: Mutex::default(),
+            decode_scope: None,
         })
     }
 }
@@ -134,6 +137,7 @@ impl<O, K> EtcdSource<O, K> {
             fingerprint: self.fingerprint,
             restored: self.restored,
             early_catch_up: self.early_catch_up,
+            decode_scope: self.decode_scope,
         }
     }
 
@@ -154,6 +158,7 @@ impl<O, K> EtcdSource<O, K> {
             fingerprint: self.fingerprint,
             restored: self.restored,
             early_catch_up: self.early_catch_up,
+            decode_scope: self.decode_scope,
         }
     }
 
@@ -180,6 +185,14 @@ impl<O, K> EtcdSource<O, K> {
         }
         self.page_size = keys;
         Ok(self)
+    }
+
+    /// Decodes each page of a list inside `scope`, once for the page
+    /// (the Python binding: one hold of the GIL, not one per value).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn decode_in(mut self, scope: DecodeScope) -> Self {
+        self.decode_scope = Some(scope);
+        self
     }
 
     /// The key without the prefix, or why it is skipped.
@@ -328,12 +341,14 @@ where
             revision = page.revision;
             // Every key left, the first page's count: one allocation.
             items.reserve(page.count);
-            for kv in &page.kvs {
-                fingerprint.listed(kv);
-                if let Some((key, obj)) = self.put(kv) {
-                    items.push(Item { key, obj, version: Some(kv.mod_revision) });
+            in_scope(self.decode_scope.as_ref(), || {
+                for kv in &page.kvs {
+                    fingerprint.listed(kv);
+                    if let Some((key, obj)) = self.put(kv) {
+                        items.push(Item { key, obj, version: Some(kv.mod_revision) });
+                    }
                 }
-            }
+            });
             ControlFlow::Continue(())
         })
         .map_err(source_error)?;

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Callable, Dict, List
 
 import pytest
 
@@ -349,3 +350,85 @@ def test_a_raw_etcd_value_of_a_few_bytes_costs_no_allocation_of_its_own(
     gc.collect()
     per_key = (malloc_in_use() - before) / keys  # type: ignore[operator]
     assert per_key <= 160, f"{per_key:.0f} B of malloc's a key"
+
+
+class GilHolds:
+    """Counts how often a thread other than a busy Python one held the GIL
+    while `decode` ran: the busy thread hands the GIL over only at its
+    `time.sleep(0)`, once a round (the switch interval is set beyond the
+    test), so decodes that see one round ran under one hold of the GIL.
+    Each decode attaching on its own made every decode a hand-off: beside
+    a busy Python thread a list of 5,000 keys took 3.2 s instead of 0.05 s."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.seen: List[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._busy)
+        self._switch = sys.getswitchinterval()
+
+    def decode(self, raw: bytes) -> str:
+        self.seen.append(self.rounds)
+        return raw.decode()
+
+    def _busy(self) -> None:
+        while not self._stop.is_set():
+            self.rounds += 1
+            time.sleep(0)
+
+    def __enter__(self) -> "GilHolds":
+        sys.setswitchinterval(60.0)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        sys.setswitchinterval(self._switch)
+
+    def holds(self) -> int:
+        return len(set(self.seen))
+
+
+def test_a_list_decodes_a_page_under_one_hold_of_the_gil(etcd: Etcd, caches: List[reconq.Cache]) -> None:
+    """A list's values reach `decode` a page at a time under one hold of
+    the GIL (the first page of 10 keys, then the rest), not one hold per
+    value: each hold waits for a running Python thread to hand the GIL
+    over."""
+    keys = 2_000
+    etcd.put_all({f"{PREFIX}k{i:05d}": f"v{i}" for i in range(keys)})
+    with GilHolds() as gil:
+        cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX, decode=gil.decode), name="one-hold")
+        caches.append(cache)
+        cache.start()
+        assert cache.wait_synced(PATIENCE)
+    assert len(gil.seen) == keys and cache.get("k01999") == "v1999"
+    assert gil.holds() <= 4, f"{gil.holds()} holds of the GIL for {keys} decodes"
+
+
+def test_a_restart_reads_its_kept_values_back_under_one_hold_of_the_gil(
+    etcd: Etcd, caches: List[reconq.Cache], tmp_path: Path
+) -> None:
+    """A stored cache's restart decodes the values it kept (etcd's bytes)
+    under one hold of the GIL, and resumes (no relist)."""
+    keys = 2_000
+    etcd.put_all({f"{PREFIX}k{i:05d}": f"v{i}" for i in range(keys)})
+    store = str(tmp_path / "state.db")
+
+    def run(decode: Callable[[bytes], str]) -> reconq.Cache:
+        cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX, decode=decode), name="kept", store=store)
+        controller = reconq.Controller(lambda key: None, name="sync", store=store)
+        controller.watch_cache(cache)
+        controller.start()
+        try:
+            assert controller.wait_synced(PATIENCE) and controller.wait_idle(PATIENCE)
+            cache.flush()
+        finally:
+            controller.stop(timeout=PATIENCE)
+        return cache
+
+    run(bytes.decode)
+    with GilHolds() as gil:
+        cache = run(gil.decode)
+    assert cache.stats()["resumed"] and len(gil.seen) == keys
+    assert gil.holds() <= 2, f"{gil.holds()} holds of the GIL for {keys} decodes"
