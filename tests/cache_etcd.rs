@@ -407,3 +407,29 @@ fn bad_input_is_refused_naming_the_argument() {
     bad(source().page_size(0).map(drop), "page_size");
     bad(PollingSource::new(Duration::ZERO, || Ok::<_, String>(vec![(1, 1)])).map(drop), "interval");
 }
+
+/// Whether a thread of this process is named `name` (as Linux keeps it:
+/// its first 15 bytes).
+fn thread_named(name: &str) -> bool {
+    let name = &name[..name.len().min(15)];
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .any(|task| std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim_end() == name))
+}
+
+/// A stop while a page of the list is in flight and etcd does not answer
+/// (SIGSTOP) ends the cache within about a second (libcurl's progress
+/// callback asks the stop), not once the page timed out: 6 s for a first
+/// page, 105 s for a page of a million keys.
+#[test]
+fn a_stop_during_a_page_etcd_does_not_answer_ends_the_list() {
+    let etcd = Etcd::start();
+    etcd.put(&format!("{PREFIX}a"), "a");
+    etcd.pause();
+    let (cache, _heard, _subscription) = cache_of(&etcd.endpoint, "stalled");
+    wait_for("the list's page in flight", || thread_named("reconq-etcd-pages"));
+    let stopped = cache.stop_timeout(Duration::from_secs(4));
+    etcd.resume();
+    assert!(stopped, "the cache's thread still waited for the page after 4 s");
+}

@@ -17,6 +17,7 @@
 //! One handle serves one list, on the list's thread: libcurl keeps its
 //! connection between the pages, and nothing is shared between threads.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use curl::easy::{Easy2, Handler, HttpVersion, List, WriteError};
@@ -26,6 +27,13 @@ use super::EtcdError;
 
 /// How long a connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether the caller gave up on its calls: asked by libcurl's progress
+/// callback, at least once a second while a call waits and at each read
+/// while it transfers, so a call in flight ends within about a second of
+/// it (a page of a million keys may otherwise take its whole timeout,
+/// 105 s, when etcd stalls).
+pub(crate) type Abandoned = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// What one call gave back.
 pub(super) enum Unary<M> {
@@ -44,9 +52,18 @@ pub(super) struct Grpc {
 
 impl Grpc {
     /// A client whose replies are bounded to `max_reply_bytes` (beyond it
-    /// a call gives [`Unary::TooLarge`]).
-    pub(super) fn new(max_reply_bytes: usize) -> Result<Self, EtcdError> {
-        let mut easy = Easy2::new(Collect { max_bytes: max_reply_bytes, ..Collect::default() });
+    /// a call gives [`Unary::TooLarge`]), whose calls fail soon after
+    /// `abandoned` says so.
+    pub(super) fn new(max_reply_bytes: usize, abandoned: Abandoned) -> Result<Self, EtcdError> {
+        let mut easy = Easy2::new(Collect {
+            body: Vec::new(),
+            status: None,
+            message: None,
+            max_bytes: max_reply_bytes,
+            too_large: false,
+            abandoned,
+        });
+        easy.progress(true).map_err(setup)?;
         let mut headers = List::new();
         headers.append("content-type: application/grpc").map_err(setup)?;
         // gRPC's servers refuse a call whose client does not say it reads trailers.
@@ -85,6 +102,9 @@ impl Grpc {
         if reply.too_large {
             return Ok(Unary::TooLarge);
         }
+        if performed.is_err() && self.abandoned() {
+            return Err(at("abandoned by its caller".to_owned()));
+        }
         performed.map_err(|e| at(e.to_string()))?;
         let code = self.easy.response_code().map_err(setup)?;
         if code != 200 {
@@ -104,6 +124,11 @@ impl Grpc {
         let message = unframe(&reply.body).map_err(at)?;
         let reply = M::decode(message).map_err(|e| at(format!("bad reply: {e}")))?;
         Ok(Unary::Reply(reply, message.len()))
+    }
+
+    /// Whether the caller gave up on this client's calls.
+    pub(super) fn abandoned(&self) -> bool {
+        (self.easy.get_ref().abandoned)()
     }
 }
 
@@ -191,7 +216,6 @@ fn percent_decoded(text: &str) -> String {
 /// What libcurl hands over of one call: the body, and the gRPC status and
 /// message from the headers or the trailers (both come to the header
 /// callback, trailers after the body).
-#[derive(Default)]
 struct Collect {
     body: Vec<u8>,
     status: Option<String>,
@@ -199,6 +223,7 @@ struct Collect {
     /// The body's bound; past it the transfer is aborted.
     max_bytes: usize,
     too_large: bool,
+    abandoned: Abandoned,
 }
 
 impl Collect {
@@ -219,6 +244,11 @@ impl Handler for Collect {
         }
         self.body.extend_from_slice(data);
         Ok(data.len())
+    }
+
+    /// `false` aborts the transfer.
+    fn progress(&mut self, _: f64, _: f64, _: f64, _: f64) -> bool {
+        !(self.abandoned)()
     }
 
     fn header(&mut self, line: &[u8]) -> bool {

@@ -21,9 +21,10 @@
 //! but its last page.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::grpc::{Grpc, Unary};
+use super::grpc::{Abandoned, Grpc, Unary};
 use super::range_proto::{RangeRequest, RangeResponse};
 use super::{EtcdClient, EtcdError, RawKeyValue, prefix_end};
 
@@ -82,11 +83,13 @@ pub(crate) struct Page {
 impl EtcdClient {
     /// Every page of `prefix`, at the revision of the first, each of at
     /// most `page_size` keys, on one connection (one libcurl handle, made
-    /// by the first page).
+    /// by the first page). Once `abandoned` says so, the page in flight
+    /// fails within about a second and no other is asked for.
     pub(crate) fn pages<'a>(
         &'a self,
         prefix: &'a str,
         page_size: usize,
+        abandoned: Abandoned,
     ) -> impl Iterator<Item = Result<Page, EtcdError>> + Send + 'a {
         let mut request =
             RangeRequest { key: prefix.as_bytes().to_vec(), range_end: prefix_end(prefix), limit: 0, revision: 0 };
@@ -96,7 +99,7 @@ impl EtcdClient {
             if done {
                 return None;
             }
-            let page = self.next_page(&mut grpc, &mut request, &mut limit, page_size);
+            let page = self.next_page(&mut grpc, &abandoned, &mut request, &mut limit, page_size);
             done = !page.as_ref().is_ok_and(|page| page.more);
             Some(page)
         })
@@ -108,13 +111,14 @@ impl EtcdClient {
     fn next_page(
         &self,
         grpc: &mut Option<Grpc>,
+        abandoned: &Abandoned,
         request: &mut RangeRequest,
         limit: &mut usize,
         page_size: usize,
     ) -> Result<Page, EtcdError> {
         let grpc = match grpc {
             Some(grpc) => grpc,
-            None => grpc.insert(Grpc::new(MAX_REPLY_BYTES)?),
+            None => grpc.insert(Grpc::new(MAX_REPLY_BYTES, Arc::clone(abandoned))?),
         };
         let page = fitting(limit, |limit| {
             request.limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -140,6 +144,8 @@ impl EtcdClient {
             let (reply, bytes) = match grpc.unary::<RangeResponse>(endpoint, RANGE, request, left) {
                 Ok(Unary::Reply(reply, bytes)) => (reply, bytes),
                 Ok(Unary::TooLarge) => return ControlFlow::Break(Ok(None)),
+                // No other member is asked: the caller gave up.
+                Err(e) if grpc.abandoned() => return ControlFlow::Break(Err(e)),
                 Err(e) => return ControlFlow::Continue(e),
             };
             if let Err(e) = self.observe_grpc(before, reply.header) {
@@ -244,6 +250,10 @@ mod tests {
     use super::*;
     use crate::etcd::raw_key_value;
 
+    fn never() -> Abandoned {
+        Arc::new(|| false)
+    }
+
     /// A page of `keys` keys of `bytes` bytes of reply each, `count` keys
     /// from its start on.
     fn page(keys: usize, bytes: usize, count: usize) -> Page {
@@ -307,7 +317,7 @@ mod tests {
         etcd.put("/p0", "after the prefix");
         etcd.put("/o", "before it");
         let client = EtcdClient::new(vec![etcd.endpoint.clone()]);
-        let pages: Vec<Page> = client.pages("/p/", 4).collect::<Result<_, _>>().unwrap();
+        let pages: Vec<Page> = client.pages("/p/", 4, never()).collect::<Result<_, _>>().unwrap();
         let sizes: Vec<usize> = pages.iter().map(|p| p.kvs.len()).collect();
         assert_eq!(sizes, [4, 4, 4, 4, 4, 3]);
         assert_eq!(pages[0].count, 23, "the first page counts the prefix");
@@ -317,7 +327,7 @@ mod tests {
         assert_eq!(listed, expected, "keys, values, create and mod revisions");
         assert_eq!(listed[0].value, b"", "an empty value");
         assert_ne!(listed[5].create_revision, listed[5].mod_revision, "k05 changed since its creation");
-        let whole: Vec<Page> = client.pages("/p/", usize::MAX).collect::<Result<_, _>>().unwrap();
+        let whole: Vec<Page> = client.pages("/p/", usize::MAX, never()).collect::<Result<_, _>>().unwrap();
         let sizes: Vec<usize> = whole.iter().map(|p| p.kvs.len()).collect();
         assert_eq!(sizes, [10, 13], "the first page, then every key left: they fit 64 MiB");
     }
@@ -326,7 +336,7 @@ mod tests {
     fn page_at(etcd: &Etcd, revision: i64) -> Result<Option<Page>, EtcdError> {
         let client = EtcdClient::new(vec![etcd.endpoint.clone()]);
         let request = RangeRequest { key: b"/p/".to_vec(), range_end: prefix_end("/p/"), limit: 10, revision };
-        client.range_page(&mut Grpc::new(MAX_REPLY_BYTES).unwrap(), &request, PAGE_TIME)
+        client.range_page(&mut Grpc::new(MAX_REPLY_BYTES, never()).unwrap(), &request, PAGE_TIME)
     }
 
     #[test]
@@ -348,7 +358,7 @@ mod tests {
     fn a_list_from_an_endpoint_where_no_etcd_is_fails_naming_it() {
         let endpoint = unreachable_endpoint();
         let client = EtcdClient::new(vec![endpoint.clone()]);
-        let first = client.pages("/p/", usize::MAX).next().unwrap().unwrap_err();
+        let first = client.pages("/p/", usize::MAX, never()).next().unwrap().unwrap_err();
         assert!(first.to_string().contains(&endpoint), "{first}");
         assert_eq!(first.compacted(), None);
     }

@@ -333,7 +333,8 @@ where
         let mut items = Vec::new();
         let mut fingerprint = Fingerprint::default();
         let mut revision = 0;
-        let pages = self.client.pages(&self.prefix, self.page_size);
+        let stopped = stop.clone();
+        let pages = self.client.pages(&self.prefix, self.page_size, Arc::new(move || stopped.is_set()));
         let whole = read_ahead(pages, |page| {
             if stop.is_set() {
                 return ControlFlow::Break(());
