@@ -164,16 +164,31 @@ fn handed_over_with_their_delays(who: &ControllerHandle<u32>, name: &str, keys: 
 fn c2_keys_pending_when_their_partition_moves_are_handed_over() {
     let etcd = Etcd::start();
     let record = Record::default();
-    let a = c2_replica(&etcd, "c2", "a", &record);
-    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
-    let keys = delay_keys_of(&a, &a.owned_partitions());
+    let (a, keys) = sole_c2_replica_with_pending_keys(&etcd, "c2", &record);
     let b = c2_replica(&etcd, "c2", "b", &record);
-    wait_for("two-way balance", || balanced(&[&a, &b]));
-    let moved: BTreeSet<u32> =
-        keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
-    handed_over_with_their_delays(&b, "b", &moved, &record);
+    handed_over_with_their_delays(&b, "b", &moved_to(&a, &b, keys), &record);
     a.stop();
     b.stop();
+}
+
+/// Replica "a" of group `name`, once it owns every partition, and the
+/// keys [`delay_keys_of`] enqueued in it.
+fn sole_c2_replica_with_pending_keys(
+    etcd: &Etcd,
+    name: &str,
+    record: &Record,
+) -> (ControllerHandle<u32>, BTreeSet<u32>) {
+    let a = c2_replica(etcd, name, "a", record);
+    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
+    let keys = delay_keys_of(&a, &a.owned_partitions());
+    (a, keys)
+}
+
+/// Of `keys`, those whose partitions moved from `a` to `b` once the two
+/// balanced.
+fn moved_to(a: &ControllerHandle<u32>, b: &ControllerHandle<u32>, keys: BTreeSet<u32>) -> BTreeSet<u32> {
+    wait_for("two-way balance", || balanced(&[a, b]));
+    keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect()
 }
 
 /// C2 through a failed read: the next owner's first reads of the
@@ -184,9 +199,7 @@ fn c2_a_failed_read_of_the_hand_overs_is_retried() {
     use base64::Engine as _;
     let etcd = Etcd::start();
     let record = Record::default();
-    let a = c2_replica(&etcd, "c2-read", "a", &record);
-    wait_for("a to own everything", || a.owned_partitions().len() == PARTITIONS as usize);
-    let keys = delay_keys_of(&a, &a.owned_partitions());
+    let (a, keys) = sole_c2_replica_with_pending_keys(&etcd, "c2-read", &record);
     let prefix = base64::engine::general_purpose::STANDARD.encode("/reconq/shard/c2-read/handover/");
     let read_of_the_hand_overs = format!("\"key\":\"{prefix}\"");
     let proxy = FaultyProxy::start(&etcd.endpoint, 2, move |body| {
@@ -194,10 +207,7 @@ fn c2_a_failed_read_of_the_hand_overs_is_retried() {
     });
     let sharding = Sharding::new(&proxy.endpoint, "c2-read").partitions(PARTITIONS).ttl(Duration::from_secs(10));
     let b = unstarted_replica(sharding.identity("b"), "c2-read", "b", &record).start();
-    wait_for("two-way balance", || balanced(&[&a, &b]));
-    let moved: BTreeSet<u32> =
-        keys.into_iter().filter(|k| b.owned_partitions().contains(&partition_of(k, PARTITIONS))).collect();
-    handed_over_with_their_delays(&b, "b", &moved, &record);
+    handed_over_with_their_delays(&b, "b", &moved_to(&a, &b, keys), &record);
     assert!(proxy.failed() >= 1, "no read of the hand-overs failed: the test tested nothing");
     wait_for("the hand-overs read to be deleted", || etcd.list("/reconq/shard/c2-read/handover/").is_empty());
     a.stop();
