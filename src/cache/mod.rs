@@ -58,6 +58,7 @@ pub(crate) use self::stored::Codec;
 #[cfg(feature = "python")]
 pub(crate) use self::stored::ReadKept;
 use self::stored::Stored;
+pub(crate) use self::subscribers::RunCall;
 use self::subscribers::{CatchUps, Subscriber};
 use crate::context::StopSignal;
 use crate::error::InvalidArgument;
@@ -277,7 +278,7 @@ where
     pub(crate) fn keep_objects_read_by(
         mut self,
         read: Arc<stored::ReadKept<S::Object>>,
-        scope: Option<crate::source::DecodeScope>,
+        scope: Option<crate::source::BatchScope>,
     ) -> Self
     where
         S::Object: crate::key_encoding::KeptObject,
@@ -583,7 +584,7 @@ impl<S: Source> Cache<S> {
         &self,
         subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
     ) -> Result<Subscription, CacheError> {
-        self.subscribe_then(subscriber, None, None)
+        self.subscribe_then(subscriber, None, None, None)
     }
 
     /// [`subscribe`](Self::subscribe), then `caught_up` once the subscriber
@@ -591,15 +592,17 @@ impl<S: Source> Cache<S> {
     /// applied meanwhile: on the cache's thread as it syncs, or on the
     /// catch-up thread before the subscriber hears anything more. Never if
     /// the cache stops first or the subscription ends. How a watch knows
-    /// its controller has every key the cache holds (E5, E9). `told`: what
+    /// its controller has every key the cache holds (E5, E9). `run`: what
+    /// takes changes a run at a time instead, if anything. `told`: what
     /// it was told at the last run ([`Told`]).
     pub(crate) fn subscribe_then(
         &self,
         subscriber: impl Fn(&Applied<S::Key, S::Object>) + Send + Sync + 'static,
+        run: Option<RunCall<S::Key, S::Object>>,
         caught_up: Option<SyncedHook>,
         told: Option<Told>,
     ) -> Result<Subscription, CacheError> {
-        let id = self.inner.subscribe(Box::new(subscriber), caught_up, told)?;
+        let id = self.inner.subscribe(Box::new(subscriber), run, caught_up, told)?;
         let cache: Weak<dyn Unsubscribe> = Arc::downgrade(&self.inner) as Weak<dyn Unsubscribe>;
         Ok(Subscription { cache, id })
     }

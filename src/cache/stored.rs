@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use crate::source::{DecodeScope, Source};
+use crate::source::{BatchScope, Source};
 use crate::store::{CacheName, CacheSnapshot, Flush, SnapshotFile};
 use crate::sync::Mutex;
 
@@ -63,7 +63,7 @@ impl<S: Source> Clone for Codec<S> {
 pub(crate) struct ObjectCodec<O> {
     pub(crate) encode: fn(&O) -> Option<Vec<u8>>,
     pub(crate) decode: Arc<ReadKept<O>>,
-    pub(crate) scope: Option<DecodeScope>,
+    pub(crate) scope: Option<BatchScope>,
 }
 
 /// Reads a kept object back (`None`: it cannot be).

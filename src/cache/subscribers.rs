@@ -27,10 +27,21 @@ use crate::{logs, panics};
 /// What a subscriber is: called with each change.
 pub(super) type Call<K, O> = Box<dyn Fn(&Applied<K, O>) + Send + Sync>;
 
+/// What a subscriber that takes its changes a run at a time is called
+/// with instead: changes in a row, in order, at most [`RUN`] of them.
+pub(crate) type RunCall<K, O> = Box<dyn Fn(&[Applied<K, O>]) + Send + Sync>;
+
+/// The changes a [`RunCall`] is given at most: a stop is looked at between
+/// two runs, and a panic loses the rest of its run.
+const RUN: usize = 256;
+
 /// One subscriber, as the cache keeps it.
 pub(super) struct Subscriber<K, O> {
     pub(super) id: u64,
     call: Call<K, O>,
+    /// Called instead of `call` with runs of changes, if given (a watch
+    /// whose handlers are Python answers a run under one hold of the GIL).
+    run: Option<RunCall<K, O>>,
     /// What it was told at the last run: the keys of a restart's load it
     /// does not hear of.
     told: Option<Told>,
@@ -185,6 +196,7 @@ impl<S: Source> Inner<S> {
     pub(super) fn subscribe(
         self: &Arc<Self>,
         call: Call<S::Key, S::Object>,
+        run: Option<RunCall<S::Key, S::Object>>,
         caught_up: Option<SyncedHook>,
         told: Option<Told>,
     ) -> Result<u64, CacheError> {
@@ -211,6 +223,7 @@ impl<S: Source> Inner<S> {
             let subscriber = Arc::new(Subscriber {
                 id,
                 call,
+                run,
                 told,
                 backlog: Mutex::new(catching_up.then(Vec::new)),
                 ended: AtomicBool::new(false),
@@ -278,13 +291,24 @@ impl<S: Source> Inner<S> {
     /// Calls one subscriber with `changes` on a catch-up thread; `false`
     /// (given up) once the cache stops or the subscriber goes.
     fn deliver_to(&self, subscriber: &Subscriber<S::Key, S::Object>, changes: &[Applied<S::Key, S::Object>]) -> bool {
-        for change in changes {
+        for run in changes.chunks(RUN) {
             if self.stop.is_set() || subscriber.ended.load(Ordering::Relaxed) {
                 return false;
             }
-            self.call(subscriber, change);
+            self.call_run(subscriber, run);
         }
         true
+    }
+
+    /// Calls one subscriber with `run` (at most [`RUN`] changes in a row):
+    /// all at once if it takes runs, else change by change.
+    fn call_run(&self, subscriber: &Subscriber<S::Key, S::Object>, run: &[Applied<S::Key, S::Object>]) {
+        let (Some(call_run), Some(first)) = (&subscriber.run, run.first()) else {
+            return run.iter().for_each(|change| self.call(subscriber, change));
+        };
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| call_run(run))) {
+            logs::cache_subscriber_panicked(&self.name, &first.key, &panics::message(&*panic));
+        }
     }
 
     /// Calls one subscriber, catching (and logging) a panic.
@@ -306,14 +330,15 @@ impl<S: Source> Inner<S> {
             return;
         }
         let _delivering = self.delivery.lock();
-        for change in changes {
+        for run in changes.chunks(RUN) {
             if self.stop.is_set() {
                 return;
             }
             for subscriber in subscribers {
-                if !subscriber.waits(change) {
-                    self.call(subscriber, change);
-                }
+                // One catching up keeps them for after it; once live, it
+                // stays live.
+                let kept = run.iter().take_while(|change| subscriber.waits(change)).count();
+                self.call_run(subscriber, &run[kept..]);
             }
         }
     }

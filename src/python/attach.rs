@@ -30,6 +30,17 @@ pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> 
     Python::try_attach(|py| hang_if_killed(|| f(py)))
 }
 
+/// Runs a batch of calls into Python attached to the interpreter once
+/// (each call's own [`attach`] then costs a thread-local check); if it is
+/// shutting down, detached, where each call fails on its own.
+pub(crate) fn attached_scope() -> crate::source::BatchScope {
+    std::sync::Arc::new(|batch: &mut dyn FnMut()| {
+        if attach(|_| batch()).is_none() {
+            batch();
+        }
+    })
+}
+
 /// Runs `f`; if the thread is torn down by a forced unwind (not a Rust panic)
 /// on the way, parks it forever.
 pub(crate) fn hang_if_killed<R>(f: impl FnOnce() -> R) -> R {

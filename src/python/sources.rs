@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-use super::attach::attach;
+use super::attach::{attach, attached_scope};
 use super::cache_values::{DecodedValue, PyObj, SourceValue};
 use super::convert::{check_sync_callable, check_sync_callable_of, positive_from_py, type_name};
 use super::election::endpoints_from_py;
@@ -30,7 +30,7 @@ use super::killable_call::call;
 use super::logs::log;
 use crate::cache::ReadKept;
 use crate::source::{
-    Changes, DecodeScope, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook,
+    BatchScope, Changes, Event, Item, Listing, ListingOf, ResumeState, Source, SourceError, Stop, StopHook,
 };
 use crate::{source::EtcdSource, source::PollingSource};
 
@@ -400,18 +400,7 @@ fn etcd_value(
 /// (the source's own decode), all inside `scope`.
 pub(crate) struct ReadBack {
     pub(crate) read: Arc<ReadKept<PyObj>>,
-    pub(crate) scope: Option<DecodeScope>,
-}
-
-/// Runs a batch of decodes attached to the interpreter once (each
-/// decode's own attach then costs a thread-local check); if it is
-/// shutting down, detached, where each decode fails on its own.
-fn attached_scope() -> DecodeScope {
-    Arc::new(|batch: &mut dyn FnMut()| {
-        if attach(|_| batch()).is_none() {
-            batch();
-        }
-    })
+    pub(crate) scope: Option<BatchScope>,
 }
 
 /// A source's `name`: `None`, or a non-empty str without NUL.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use super::attach::attach;
+use super::attach::{attach, attached_scope};
 use super::cache_values::PyObj;
 use super::convert::{check_sync_callable, positive_from_py};
 use super::errors::describe;
@@ -51,6 +51,7 @@ pub(crate) fn watch_from_py(
 ) -> PyResult<Watch<AnySource, PyKey>> {
     let map = handler(map, "map")?;
     let predicate = handler(predicate, "predicate")?;
+    let map_or_predicate = map.is_some() || predicate.is_some();
     let resync: Option<Duration> =
         resync.filter(|r| !r.is_none()).map(|r| positive_from_py(r, "resync")).transpose()?;
     let mut watch = match map {
@@ -71,6 +72,9 @@ pub(crate) fn watch_from_py(
             })
             .unwrap_or_else(|| Err(interpreter_gone()))
         });
+    }
+    if map_or_predicate {
+        watch = watch.handlers_in(attached_scope());
     }
     if let Some(every) = resync {
         watch = watch.resync(every).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;

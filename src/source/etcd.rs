@@ -31,7 +31,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::{Changes, DecodeScope, Event, Item, Listing, ResumeState, Source, SourceError, Stop, in_scope};
+use super::{BatchScope, Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop, in_scope};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
 use crate::etcd::{CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, read_ahead};
@@ -73,8 +73,8 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     restored: AtomicBool,
     /// The first stream's catch-up, read from `restore` on.
     early_catch_up: Mutex<Option<EarlyCatchUp>>,
-    /// What a page's decodes run inside (see [`DecodeScope`]).
-    decode_scope: Option<DecodeScope>,
+    /// What a page's decodes run inside (see [`BatchScope`]).
+    decode_scope: Option<BatchScope>,
 }
 
 /// What a stream of changes keeps between the events it hands out.
@@ -190,7 +190,7 @@ impl<O, K> EtcdSource<O, K> {
     /// Decodes each page of a list inside `scope`, once for the page
     /// (the Python binding: one hold of the GIL, not one per value).
     #[cfg_attr(not(feature = "python"), allow(dead_code))]
-    pub(crate) fn decode_in(mut self, scope: DecodeScope) -> Self {
+    pub(crate) fn decode_in(mut self, scope: BatchScope) -> Self {
         self.decode_scope = Some(scope);
         self
     }

@@ -174,18 +174,22 @@ pub trait Source: Send + 'static {
 /// position, as bytes kept in the store beside that position.
 pub type ResumeState = std::sync::Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
-/// What a batch of decodes runs inside: `scope(batch)` calls `batch`
-/// once, having set up what each decode would otherwise set up on its own.
-/// The Python binding attaches to the interpreter once per batch: a decode
-/// that attached by itself waited, whenever a Python thread was running,
-/// for a hand-off of the GIL (up to the 5 ms switch interval) per value,
+/// What a batch of calls into a user's code runs inside: `scope(batch)`
+/// calls `batch` once, having set up what each call would otherwise set
+/// up on its own. The Python binding attaches to the interpreter once per
+/// batch (an `EtcdSource`'s `decode` for a page of a list or a restart's
+/// kept values, a watch's `map` and `predicate` for a run of changes): a
+/// call that attached by itself waited, whenever a Python thread was
+/// running, for a hand-off of the GIL (up to the 5 ms switch interval),
 /// which made a list of 5,000 keys take 3.2 s instead of 0.05 s beside
-/// one busy Python thread. Holding it for a batch is fair still: the
-/// interpreter hands the GIL over between the decodes' own bytecodes.
-pub(crate) type DecodeScope = std::sync::Arc<dyn Fn(&mut dyn FnMut()) + Send + Sync>;
+/// one busy Python thread, and 13.7 s with a Python `map`. Holding it for
+/// a batch is fair still: the interpreter hands the GIL over between the
+/// calls' own bytecodes. Inside a scope no engine lock may be taken: a
+/// thread holding one may be waiting for what the scope holds.
+pub(crate) type BatchScope = std::sync::Arc<dyn Fn(&mut dyn FnMut()) + Send + Sync>;
 
 /// Runs `batch` inside `scope`, if there is one.
-pub(crate) fn in_scope(scope: Option<&DecodeScope>, mut batch: impl FnMut()) {
+pub(crate) fn in_scope(scope: Option<&BatchScope>, mut batch: impl FnMut()) {
     match scope {
         Some(scope) => scope(&mut batch),
         None => batch(),

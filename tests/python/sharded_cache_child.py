@@ -53,7 +53,10 @@ def main() -> None:
     sharding = reconq.Sharding(args.endpoint, "chaos", partitions=args.partitions, ttl=float(args.ttl),
                                identity=args.identity)
     controller = reconq.Controller(reconcile, workers=args.workers, name="chaos", sharding=sharding)
-    controller.watch_cache(cache)
+    # A Python map, the default's answer: changes then reach the watch a
+    # run at a time under one hold of the GIL, the path Python handlers
+    # take, with the tombstones of sharding (C1) beside it.
+    controller.watch_cache(cache, map=lambda key, obj: [key])
     controller.start()
     controller.wait_synced()
     print("ready", flush=True)

@@ -22,6 +22,7 @@ import pytest
 import reconq
 from cpu import thread_cpu_seconds
 from etcd_server import Etcd
+from gil_holds import GilHolds
 from malloc import malloc_in_use
 from proxy import Proxy
 from waiting import PATIENCE, wait_for
@@ -350,44 +351,6 @@ def test_a_raw_etcd_value_of_a_few_bytes_costs_no_allocation_of_its_own(
     gc.collect()
     per_key = (malloc_in_use() - before) / keys  # type: ignore[operator]
     assert per_key <= 160, f"{per_key:.0f} B of malloc's a key"
-
-
-class GilHolds:
-    """Counts how often a thread other than a busy Python one held the GIL
-    while `decode` ran: the busy thread hands the GIL over only at its
-    `time.sleep(0)`, once a round (the switch interval is set beyond the
-    test), so decodes that see one round ran under one hold of the GIL.
-    Each decode attaching on its own made every decode a hand-off: beside
-    a busy Python thread a list of 5,000 keys took 3.2 s instead of 0.05 s."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-        self.seen: List[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._busy)
-        self._switch = sys.getswitchinterval()
-
-    def decode(self, raw: bytes) -> str:
-        self.seen.append(self.rounds)
-        return raw.decode()
-
-    def _busy(self) -> None:
-        while not self._stop.is_set():
-            self.rounds += 1
-            time.sleep(0)
-
-    def __enter__(self) -> "GilHolds":
-        sys.setswitchinterval(60.0)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        sys.setswitchinterval(self._switch)
-
-    def holds(self) -> int:
-        return len(set(self.seen))
 
 
 def test_a_list_decodes_a_page_under_one_hold_of_the_gil(etcd: Etcd, caches: List[reconq.Cache]) -> None:

@@ -21,11 +21,11 @@ use super::options::Watch;
 use super::regain::{Fate, Regain, Regained, Tombstones};
 use super::restart_set::RestartSet;
 use super::watched::{Attached, WatchError};
-use crate::cache::{Applied, Cache, Codec, SyncedHook, Told, WeakCache};
+use crate::cache::{Applied, Cache, Codec, RunCall, SyncedHook, Told, WeakCache};
 use crate::clock::{Clock, SystemClock};
 use crate::controller::core::{ControllerKey, Core, When, splitmix64};
 use crate::logs;
-use crate::source::{Source, Stop};
+use crate::source::{Source, Stop, in_scope};
 use crate::store::{AfterWrite, Flush, KeptChange, KeyRows, StoreLink};
 use crate::sync::Mutex;
 
@@ -145,7 +145,15 @@ pub(super) fn attach<S: Source, K: ControllerKey>(
             None => vec![false; rows.len()],
         }) as Told
     });
-    let subscription = cache.subscribe_then(move |change| Feed::changed(&subscriber, change), Some(ready), told)?;
+    // A watch whose handlers run in a scope takes its changes a run at a
+    // time (not with a store: which changes reach the handlers is asked
+    // of the kept rows change by change).
+    let run = (subscriber.watch.scope.is_some() && subscriber.kept.is_none()).then(|| {
+        let feed = Arc::clone(&subscriber);
+        Box::new(move |changes: &[Applied<S::Key, S::Object>]| Feed::changed_in_a_run(&feed, changes)) as RunCall<_, _>
+    });
+    let subscription =
+        cache.subscribe_then(move |change| Feed::changed(&subscriber, change), run, Some(ready), told)?;
     let used = cache.acquire()?;
     Ok(Attached { _subscription: subscription, _use: used, resync_stop })
 }
@@ -181,13 +189,51 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         kept.link.after_write(trace, self.release(routes, deleted, key, told));
     }
 
+    /// Changes in a row of a watch without a store whose handlers run in
+    /// a scope (Python's: one hold of the GIL for the run, not one per
+    /// call): first what the handlers answer for each, inside the scope,
+    /// where no engine lock is taken (a thread holding one may wait for
+    /// the GIL), then each change's enqueues in order, as
+    /// [`changed`](Self::changed) makes them.
+    fn changed_in_a_run(self: &Arc<Self>, changes: &[Applied<S::Key, S::Object>]) {
+        let Some(core) = self.controller.upgrade() else { return };
+        let mut answers = Vec::with_capacity(changes.len());
+        in_scope(self.watch.scope.as_ref(), || {
+            for change in changes {
+                let mut routes = Vec::new();
+                self.deliver(&core, change, |route| routes.push(route));
+                answers.push(routes);
+            }
+        });
+        for (change, routes) in changes.iter().zip(answers) {
+            if let (Some(tombstones), None) = (&self.tombstones, &change.new) {
+                tombstones.deleting(&change.key);
+            }
+            self.route_answered(&core, change, routes);
+        }
+    }
+
     /// Delivers `change` straight into the queue; then a put, or a delete
     /// whose keys all went into it, leaves no tombstone.
     fn deliver_now(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) {
-        let Some(tombstones) = &self.tombstones else { return self.deliver(core, change, route_to(core)) };
+        if self.tombstones.is_none() {
+            return self.deliver(core, change, route_to(core));
+        }
+        let mut routes = Vec::new();
+        self.deliver(core, change, |route| routes.push(route));
+        self.route_answered(core, change, routes);
+    }
+
+    /// Enqueues `routes`, what `change`'s handlers answered; then a put,
+    /// or a delete whose keys all went into the queue, leaves no tombstone.
+    fn route_answered(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>, routes: Vec<Route<K>>) {
         let mut all_ours = true;
-        self.deliver(core, change, |(key, when, priority)| all_ours &= core.route(key, when, priority));
-        if change.new.is_some() || all_ours {
+        for (key, when, priority) in routes {
+            all_ours &= core.route(key, when, priority);
+        }
+        if let Some(tombstones) = &self.tombstones
+            && (change.new.is_some() || all_ours)
+        {
             tombstones.settled(&change.key);
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::error::InvalidArgument;
 use crate::panics;
-use crate::source::Source;
+use crate::source::{BatchScope, Source};
 
 /// A map that reports its failure (a panic caught, or a Python exception):
 /// the change then enqueues its own key (E6).
@@ -57,6 +57,9 @@ pub struct Watch<S: Source, K> {
     pub(crate) resync: Option<Duration>,
     pub(crate) priority: i32,
     pub(crate) list_priority: i32,
+    /// What a run of changes' calls of `map` and `predicate` run inside,
+    /// if anything (see [`BatchScope`]).
+    pub(crate) scope: Option<BatchScope>,
 }
 
 impl<S: Source> Watch<S, S::Key> {
@@ -111,6 +114,7 @@ where
             resync: None,
             priority: 0,
             list_priority: DEFAULT_LIST_PRIORITY,
+            scope: None,
         }
     }
 }
@@ -139,6 +143,14 @@ impl<S: Source, K> Watch<S, K> {
         predicate: impl Fn(Option<&S::Object>, Option<&S::Object>) -> Result<bool, String> + Send + Sync + 'static,
     ) -> Self {
         self.predicate = Some(Arc::new(predicate));
+        self
+    }
+
+    /// `map` and `predicate` called for a run of changes inside `scope`
+    /// (the Python binding: one hold of the GIL for the run).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn handlers_in(mut self, scope: BatchScope) -> Self {
+        self.scope = Some(scope);
         self
     }
 
@@ -180,6 +192,7 @@ impl<S: Source, K> Clone for Watch<S, K> {
             resync: self.resync,
             priority: self.priority,
             list_priority: self.list_priority,
+            scope: self.scope.clone(),
         }
     }
 }
