@@ -63,7 +63,7 @@ use self::subscribers::{CatchUps, Subscriber};
 use crate::context::StopSignal;
 use crate::error::InvalidArgument;
 use crate::logs;
-use crate::source::{Source, Stop};
+use crate::source::{BatchScope, Source, Stop};
 use crate::store::KeyRows;
 use crate::sync::{Condvar, Mutex};
 use crate::thread::{self, JoinHandle, ThreadWrapper};
@@ -211,6 +211,8 @@ pub struct CacheBuilder<S: Source> {
     digest: Option<stored::Digest<S::Object>>,
     /// `keep_objects`: how `store` keeps objects whole.
     objects: Option<stored::ObjectCodec<S::Object>>,
+    /// What a list's index calls and object comparisons run inside.
+    list_scope: Option<BatchScope>,
 }
 
 #[cfg(feature = "store")]
@@ -329,6 +331,15 @@ impl<S: Source> CacheBuilder<S> {
         self
     }
 
+    /// A list's (or a restart's load's) index functions and comparisons
+    /// of objects run inside `scope`, all at once (the Python binding: one
+    /// hold of the GIL, when they call Python).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn lists_in(mut self, scope: BatchScope) -> Self {
+        self.list_scope = Some(scope);
+        self
+    }
+
     /// Tests wait less than E4's 0.8 s after a failure.
     #[cfg(test)]
     fn first_backoff(mut self, first: Duration) -> Self {
@@ -375,6 +386,7 @@ impl<S: Source> CacheBuilder<S> {
             counters: Counters::default(),
             first_backoff: self.first_backoff,
             thread_wrapper: self.thread_wrapper,
+            list_scope: self.list_scope,
             stored,
         });
         Ok(Cache { inner })
@@ -452,6 +464,8 @@ struct Inner<S: Source> {
     counters: Counters,
     first_backoff: Duration,
     thread_wrapper: Option<ThreadWrapper>,
+    /// What a list's index calls and object comparisons run inside.
+    list_scope: Option<BatchScope>,
     /// `store=` (E9).
     stored: Option<Stored<S>>,
 }
@@ -469,6 +483,7 @@ impl<S: Source> Cache<S> {
             store: None,
             digest: None,
             objects: None,
+            list_scope: None,
         }
     }
 

@@ -89,9 +89,8 @@ impl<S: Source> Keeping<S> {
     pub(super) fn kept_contents(&self, name: &str, position: S::Position) -> Result<Loaded<S>, String> {
         let mut items = Vec::new();
         let mut rows = KeyRows::default();
-        let mut read = Ok(());
         in_scope(self.objects.scope.as_ref(), || {
-            read = self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
+            self.codec.file.snapshot_rows(name, &mut |(key, version, value)| {
                 let unreadable = || format!("a row this cache cannot read (key {key:02x?})");
                 let decoded = match version {
                     Some(version) => Some((self.codec.version_from)(version).ok_or_else(unreadable)?),
@@ -101,9 +100,8 @@ impl<S: Source> Keeping<S> {
                 items.push(Item { key: (self.codec.decode)(key).ok_or_else(unreadable)?, obj, version: decoded });
                 rows.push(key, version);
                 Ok(())
-            });
-        });
-        read?;
+            })
+        })?;
         Ok(Loaded { listing: Listing { items, position: Some(position) }, rows })
     }
 }

@@ -9,7 +9,7 @@ use super::backoff::{Backoff, RESET_AFTER};
 use super::resume::{At, Keeping, Loaded, Row};
 use super::{Applied, Inner};
 use crate::logs;
-use crate::source::{Event, EventOf, ListingOf, Source, SourceError};
+use crate::source::{Event, EventOf, ListingOf, Source, SourceError, in_scope};
 
 /// How the last stream ended, for the back-off rule: a plain expiry or
 /// end of stream waits only when it repeats with nothing new applied
@@ -166,7 +166,8 @@ impl<S: Source> Inner<S> {
         let mut failures = Vec::new();
         let changes = {
             let mut state = self.state.write();
-            let changes = state.contents.load(listing.items, &mut failures, unheard);
+            let contents = &mut state.contents;
+            let changes = in_scope(self.list_scope.as_ref(), || contents.load(listing.items, &mut failures, unheard));
             state.position = listing.position;
             changes
         };
@@ -181,7 +182,8 @@ impl<S: Source> Inner<S> {
         let mut failures = Vec::new();
         let (changes, subscribers) = {
             let mut state = self.state.write();
-            let changes = state.contents.replace(listing.items, &mut failures);
+            let contents = &mut state.contents;
+            let changes = in_scope(self.list_scope.as_ref(), || contents.replace(listing.items, &mut failures));
             state.position = listing.position;
             (changes, Arc::clone(&state.subscribers))
         };

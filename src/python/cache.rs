@@ -25,7 +25,7 @@ use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use super::attach::{attach, python_thread_wrapper};
+use super::attach::{attach, attached_scope, python_thread_wrapper};
 use super::cache_values::{PyObj, refuse_under_cache_lock, under_cache_lock};
 use super::convert::{check_sync_callable, timeout_from_py, type_name, unix_timestamp, with_exit_timeout};
 use super::errors::describe;
@@ -166,8 +166,14 @@ impl PyCache {
         }
         let indexes = indexes_from_py(indexes)?;
         let cache_name: Arc<str> = Arc::from(name.as_str());
+        // A list calls Python for its index functions, and to compare
+        // Python objects (an etcd value is compared by its bytes).
+        let lists_call_python = !indexes.is_empty() || !matches!(spec, SourceSpec::Etcd(_));
         let (source, read_kept) = spec.build(py, &name, store.is_some())?;
         let mut builder = Cache::builder(name.as_str(), source).thread_wrapper(python_thread_wrapper());
+        if lists_call_python {
+            builder = builder.lists_in(attached_scope());
+        }
         for (index, function) in indexes {
             builder = builder.index(index.clone(), index_fn(Arc::clone(&cache_name), index, function));
         }

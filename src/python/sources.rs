@@ -618,7 +618,8 @@ impl<'py> SourceSpec<'py> {
         let source = AnySource(match self {
             SourceSpec::Polling(s) => {
                 let polling = PollingSource::with_items(s.interval, poll_with(cache, s.list_fn.clone_ref(py)));
-                Box::new(IntPositions(polling.map_err(invalid)?))
+                // Comparing Python objects calls Python: once a poll.
+                Box::new(IntPositions(polling.map_err(invalid)?.compare_in(attached_scope())))
             }
             SourceSpec::Etcd(s) => {
                 let mut etcd = EtcdSource::new(s.endpoints.clone(), s.prefix.clone()).map_err(invalid)?;

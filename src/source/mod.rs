@@ -188,12 +188,12 @@ pub type ResumeState = std::sync::Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 /// thread holding one may be waiting for what the scope holds.
 pub(crate) type BatchScope = std::sync::Arc<dyn Fn(&mut dyn FnMut()) + Send + Sync>;
 
-/// Runs `batch` inside `scope`, if there is one.
-pub(crate) fn in_scope(scope: Option<&BatchScope>, mut batch: impl FnMut()) {
-    match scope {
-        Some(scope) => scope(&mut batch),
-        None => batch(),
-    }
+/// Runs `batch` inside `scope`, if there is one, and gives its result.
+pub(crate) fn in_scope<R>(scope: Option<&BatchScope>, batch: impl FnOnce() -> R) -> R {
+    let Some(scope) = scope else { return batch() };
+    let (mut batch, mut result) = (Some(batch), None);
+    scope(&mut || result = batch.take().map(|batch| batch()));
+    result.expect("a scope runs its batch")
 }
 
 /// Why a list or a stream failed. An expired one means the position is

@@ -8,7 +8,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-use super::{Changes, Event, Item, Listing, Source, SourceError, Stop};
+use super::{BatchScope, Changes, Event, Item, Listing, Source, SourceError, Stop, in_scope};
 use crate::error::InvalidArgument;
 
 type ListFn<K, O, V> = Box<dyn FnMut() -> Result<Vec<Item<K, O, V>>, String> + Send>;
@@ -25,6 +25,8 @@ pub struct PollingSource<K, O, V = ()> {
     polls: u64,
     /// When the next poll is due.
     next_poll: Instant,
+    /// What a poll's comparisons with the last run inside.
+    compare_scope: Option<BatchScope>,
 }
 
 impl<K, O> PollingSource<K, O, ()> {
@@ -63,7 +65,23 @@ impl<K, O, V> PollingSource<K, O, V> {
         if interval.is_zero() {
             return Err(InvalidArgument::new("PollingSource: interval must be positive, got 0 s"));
         }
-        Ok(Self { list_fn: Box::new(list_fn), interval, last: HashMap::new(), polls: 0, next_poll: Instant::now() })
+        Ok(Self {
+            list_fn: Box::new(list_fn),
+            interval,
+            last: HashMap::new(),
+            polls: 0,
+            next_poll: Instant::now(),
+            compare_scope: None,
+        })
+    }
+
+    /// Compares each poll's objects with the last poll's inside `scope`,
+    /// once a poll (the Python binding: one hold of the GIL, since
+    /// comparing Python objects calls Python).
+    #[cfg_attr(not(feature = "python"), allow(dead_code))]
+    pub(crate) fn compare_in(mut self, scope: BatchScope) -> Self {
+        self.compare_scope = Some(scope);
+        self
     }
 }
 
@@ -102,18 +120,20 @@ where
     /// last poll.
     fn differences(&mut self, now: HashMap<K, (O, Option<V>)>) -> VecDeque<Event<K, O, u64, V>> {
         let position = Some(self.polls);
-        let mut events: VecDeque<_> = self
-            .last
+        let last = &self.last;
+        let mut events: VecDeque<_> = last
             .keys()
             .filter(|key| !now.contains_key(key))
             .map(|key| Event::Delete { key: key.clone(), position })
             .collect();
-        for (key, (obj, version)) in &now {
-            if self.last.get(key).is_none_or(|(was, was_version)| was != obj || was_version != version) {
-                let (obj, version) = (obj.clone(), version.clone());
-                events.push_back(Event::Put { key: key.clone(), obj, position, version });
+        in_scope(self.compare_scope.as_ref(), || {
+            for (key, (obj, version)) in &now {
+                if last.get(key).is_none_or(|(was, was_version)| was != obj || was_version != version) {
+                    let (obj, version) = (obj.clone(), version.clone());
+                    events.push_back(Event::Put { key: key.clone(), obj, position, version });
+                }
             }
-        }
+        });
         self.last = now;
         events
     }

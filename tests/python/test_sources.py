@@ -23,6 +23,7 @@ import pytest
 import reconq
 from cpu import thread_cpu_seconds
 from fake_system import System
+from gil_holds import GilHolds
 from waiting import PATIENCE, wait_for
 
 
@@ -502,3 +503,39 @@ def test_a_running_cache_is_stopped_at_exit_through_its_stop_event() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["synced", "stop", "event", "seen"], proc.stdout + proc.stderr
     assert time.monotonic() - started_at < 30
+
+
+def test_a_list_calls_the_index_functions_and_compares_objects_under_one_hold_of_the_gil() -> None:
+    """A list's index functions, and its comparisons of Python objects
+    with those held, run under one hold of the GIL, not one per call:
+    each hold waits for a running Python thread to hand the GIL over
+    (beside one busy Python thread, a cache with a Python index synced
+    5,000 keys in 18 s with a hold per call, 0.13 s with one)."""
+    keys = 2_000
+
+    class Noted(int):
+        def __eq__(self, other: object) -> bool:
+            gil.note()
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    items = {f"k{i:05d}": Noted(i) for i in range(keys)}
+    with GilHolds() as gil:
+
+        def index(key: str, obj: Any) -> List[str]:
+            gil.note()
+            return [str(obj % 7)]
+
+        source = reconq.PollingSource(lambda: {key: Noted(obj) for key, obj in items.items()}, 0.05)
+        cache = reconq.Cache(source, name="one-hold", indexes={"mod7": index})
+        try:
+            cache.start()
+            assert cache.wait_synced(PATIENCE)
+            # The next poll compares every object with the one held.
+            wait_for(lambda: len(gil.seen) >= 2 * keys, what="a second poll compared")
+        finally:
+            cache.stop()
+    assert len(cache.by_index("mod7", "3")) == len([i for i in range(keys) if i % 7 == 3])
+    polls = len(gil.seen) // keys
+    assert gil.holds() <= polls + 1, f"{gil.holds()} holds of the GIL for {len(gil.seen)} calls in {polls} polls"
