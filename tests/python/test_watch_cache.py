@@ -439,3 +439,23 @@ def test_map_and_predicate_answer_a_run_of_changes_under_one_hold_of_the_gil(wat
     wait_for(lambda: len(set(seen.keys())) == keys, what="every key reconciled")
     runs = math.ceil(keys / 256)
     assert gil.holds() <= runs + 1, f"{gil.holds()} holds of the GIL for {keys} changes in {runs} runs"
+
+
+def test_a_resync_maps_a_run_of_keys_under_one_hold_of_the_gil(watching: Watching) -> None:
+    """A resync passes the cache's keys to a Python `map` a run (up to
+    256) at a time under one hold of the GIL, as a list does."""
+    keys = 600
+    items = {f"k{i:05d}": i for i in range(keys)}
+    runs_per_walk = math.ceil(keys / 256)
+    with GilHolds() as gil:
+
+        def map_(key: str, obj: Any) -> List[str]:
+            gil.note()
+            return [key]
+
+        _, _, c = watching(reconq.PollingSource(lambda: items, 3600), "resync-runs", map=map_, resync=0.05)
+        # The list, then two resyncs at least.
+        wait_for(lambda: len(gil.seen) >= 3 * keys, what="two resyncs")
+        c.stop()
+    walks = math.ceil(len(gil.seen) / keys)
+    assert gil.holds() <= walks * runs_per_walk + 1, f"{gil.holds()} holds of the GIL for {len(gil.seen)} calls"

@@ -29,6 +29,10 @@ use crate::source::{Source, Stop, in_scope};
 use crate::store::{AfterWrite, Flush, KeptChange, KeyRows, StoreLink};
 use crate::sync::Mutex;
 
+/// The keys a resync maps at once: one hold of the GIL for a Python
+/// `map`, and a stop is looked at between two runs.
+const RESYNC_RUN: usize = 256;
+
 /// One watch's handlers, shared by its subscriber (on the cache's thread,
 /// or its catch-up thread) and its resync thread.
 struct Feed<S: Source, K> {
@@ -387,9 +391,22 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                 return;
             }
             let Some(core) = self.controller.upgrade() else { return };
-            for key in cache.keys() {
-                let obj = cache.get(&key);
-                self.enqueue(&core, &key, &[obj.as_deref()], When::Now, self.watch.list_priority, route_to(&core));
+            for run in cache.keys().chunks(RESYNC_RUN) {
+                if stop.is_set() {
+                    return;
+                }
+                // Read before the handlers' scope: the cache's lock is an
+                // engine lock.
+                let objects: Vec<_> = run.iter().map(|key| cache.get(key)).collect();
+                let routes = in_scope(self.watch.scope.as_ref(), || {
+                    let mut routes = Vec::with_capacity(run.len());
+                    for (key, obj) in run.iter().zip(&objects) {
+                        let priority = self.watch.list_priority;
+                        self.enqueue(&core, key, &[obj.as_deref()], When::Now, priority, |route| routes.push(route));
+                    }
+                    routes
+                });
+                routes.into_iter().for_each(route_to(&core));
             }
         }
     }
