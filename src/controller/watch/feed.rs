@@ -29,9 +29,9 @@ use crate::source::{Source, Stop, in_scope};
 use crate::store::{AfterWrite, Flush, KeptChange, KeyRows, StoreLink};
 use crate::sync::Mutex;
 
-/// The keys a resync maps at once: one hold of the GIL for a Python
-/// `map`, and a stop is looked at between two runs.
-const RESYNC_RUN: usize = 256;
+/// The keys a resync or a gain maps at once: one hold of the GIL for a
+/// Python `map`; a resync looks at its stop between two runs.
+const MAP_RUN: usize = 256;
 
 /// One watch's handlers, shared by its subscriber (on the cache's thread,
 /// or its catch-up thread) and its resync thread.
@@ -391,25 +391,42 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                 return;
             }
             let Some(core) = self.controller.upgrade() else { return };
-            for run in cache.keys().chunks(RESYNC_RUN) {
+            for run in cache.keys().chunks(MAP_RUN) {
                 if stop.is_set() {
                     return;
                 }
-                // Read before the handlers' scope: the cache's lock is an
-                // engine lock.
-                let objects: Vec<_> = run.iter().map(|key| cache.get(key)).collect();
-                let routes = in_scope(self.watch.scope.as_ref(), || {
-                    let mut routes = Vec::with_capacity(run.len());
-                    for (key, obj) in run.iter().zip(&objects) {
-                        let priority = self.watch.list_priority;
-                        self.enqueue(&core, key, &[obj.as_deref()], When::Now, priority, |route| routes.push(route));
-                    }
-                    routes
-                });
-                routes.into_iter().for_each(route_to(&core));
+                for routes in self.map_run(&core, run, &objects_of(cache, run), self.watch.list_priority) {
+                    routes.into_iter().for_each(route_to(&core));
+                }
             }
         }
     }
+
+    /// What `map` answers for each of `keys` holding `objects` (`None`:
+    /// deleted), asked inside the watch's scope (one hold of the GIL for
+    /// a Python `map`): the enqueues to make, key by key. No engine lock
+    /// is taken inside, so the cache was read before.
+    fn map_run(
+        &self,
+        core: &Core<K>,
+        keys: &[S::Key],
+        objects: &[Option<Arc<S::Object>>],
+        priority: i32,
+    ) -> Vec<Vec<Route<K>>> {
+        in_scope(self.watch.scope.as_ref(), || {
+            let answer = |(key, obj): (&S::Key, &Option<Arc<S::Object>>)| {
+                let mut routes = Vec::new();
+                self.enqueue(core, key, &[obj.as_deref()], When::Now, priority, |route| routes.push(route));
+                routes
+            };
+            keys.iter().zip(objects).map(answer).collect()
+        })
+    }
+}
+
+/// What `cache` holds of each of `keys` now.
+fn objects_of<S: Source>(cache: &Cache<S>, keys: &[S::Key]) -> Vec<Option<Arc<S::Object>>> {
+    keys.iter().map(|key| cache.get(key)).collect()
 }
 
 impl<S: Source, K: ControllerKey> Kept<S, K> {
@@ -465,25 +482,31 @@ impl<S: Source, K: ControllerKey> Regain<K> for Feed<S, K> {
     fn regain(&self, fate: &dyn Fn(&K) -> Fate, out: &mut Vec<Regained<K>>) {
         let (Some(core), Some(cache)) = (self.controller.upgrade(), self.cache.upgrade()) else { return };
         let priority = self.watch.list_priority;
-        for key in cache.keys() {
-            let obj = cache.get(&key);
-            self.enqueue(&core, &key, &[obj.as_deref()], When::Now, priority, |(key, _, priority)| {
+        // Each run's fates after its answers: `fate` asks sharding's lock.
+        for run in cache.keys().chunks(MAP_RUN) {
+            for (key, _, priority) in self.map_run(&core, run, &objects_of(&cache, run), priority).into_iter().flatten()
+            {
                 if fate(&key) == Fate::Gained {
                     out.push((key, priority));
                 }
-            });
+            }
         }
         let Some(tombstones) = &self.tombstones else { return };
-        for key in tombstones.keys() {
-            let mut all_ours = true;
-            self.enqueue(&core, &key, &[None], When::Now, priority, |(key, _, priority)| match fate(&key) {
-                Fate::Gained => out.push((key, priority)),
-                Fate::Owned => {}
-                Fate::Elsewhere => all_ours = false,
-            });
-            // Enqueued by us, the owner of every key it maps to.
-            if all_ours {
-                tombstones.settled(&key);
+        for run in tombstones.keys().chunks(MAP_RUN) {
+            let answers = self.map_run(&core, run, &vec![None; run.len()], priority);
+            for (deleted, routes) in run.iter().zip(answers) {
+                let mut all_ours = true;
+                for (key, _, priority) in routes {
+                    match fate(&key) {
+                        Fate::Gained => out.push((key, priority)),
+                        Fate::Owned => {}
+                        Fate::Elsewhere => all_ours = false,
+                    }
+                }
+                // Enqueued by us, the owner of every key it maps to.
+                if all_ours {
+                    tombstones.settled(deleted);
+                }
             }
         }
     }
