@@ -11,13 +11,18 @@ mod common;
 #[path = "common/etcd.rs"]
 #[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
 mod etcd;
+#[path = "common/faulty_proxy.rs"]
+#[allow(dead_code)] // only the stalling proxy serves here
+mod faulty_proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use common::{PATIENCE, TempDir};
+use common::{PATIENCE, TempDir, wait_for};
 use etcd::Etcd;
+use faulty_proxy::FaultyProxy;
 use parking_lot::Mutex;
 use reconq::{Action, Cache, CacheStats, Controller, EtcdSource, SqliteStore, Watch};
 
@@ -147,4 +152,24 @@ fn a_cache_that_does_not_keep_its_objects_relists_as_before() {
     let conn = rusqlite::Connection::open(dir.db()).unwrap();
     let values: i64 = conn.query_row("SELECT count(*) FROM cache_values", [], |row| row.get(0)).unwrap();
     assert_eq!(values, 0, "no object kept");
+}
+
+/// A resume's catch-up read (where the stream will be caught up) waits up
+/// to 30 s for a busy etcd; a stop must not. The read started at the
+/// restore fails (503), so the cache reads again when the watch opens, and
+/// etcd never answers that read: the stop ends the wait.
+#[test]
+fn a_stop_during_a_resume_s_second_catch_up_read_does_not_wait_for_etcd() {
+    let etcd = seeded(5);
+    let dir = TempDir::new();
+    run(&etcd, &dir.db(), true);
+    let catch_up_read = |body: &[u8]| body.windows(16).any(|w| w == b"min_mod_revision");
+    let proxy = FaultyProxy::stalling(&etcd.endpoint, 1, catch_up_read);
+    let store = SqliteStore::open(dir.db()).unwrap();
+    let source = EtcdSource::new(proxy.endpoint.as_str(), PREFIX).unwrap();
+    let cache = Cache::builder("kept", source).store(&store).keep_objects().build().unwrap();
+    cache.start().unwrap();
+    wait_for("the second catch-up read held", || proxy.stalled() == 1);
+    assert_eq!(proxy.failed(), 1, "the first read failed");
+    assert!(cache.stop_timeout(Duration::from_secs(4)), "the stop waited for etcd's answer");
 }

@@ -9,6 +9,7 @@ mod common;
 #[allow(dead_code)] // the request counters serve idle_cpu_leader.rs
 mod etcd;
 #[path = "common/faulty_proxy.rs"]
+#[allow(dead_code)] // no call is stalled here
 mod faulty_proxy;
 
 use std::collections::{BTreeMap, BTreeSet};

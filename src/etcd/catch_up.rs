@@ -105,19 +105,23 @@ impl EtcdClient {
     }
 }
 
-/// How often a wait for an [`EarlyCatchUp`] looks at its stop.
+/// How often a wait for a [`CatchUpRead`] looks at its stop.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
-/// A catch-up read started before the watch opens, on a thread of its
-/// own: a restarted cache restores its source before it resumes, so the
-/// read (a walk over the prefix, in etcd) overlaps what the cache does
-/// until then (loading what it kept) and the check of the kept revision.
-pub(crate) struct EarlyCatchUp(Receiver<Result<CatchUp, EtcdError>>);
+/// A catch-up read on a thread of its own, for two reasons:
+/// - a restarted cache restores its source before it resumes, so a read
+///   started then (a walk over the prefix, in etcd) overlaps what the
+///   cache does until the watch opens (loading what it kept) and the
+///   check of the kept revision;
+/// - the read may take up to `READ_TIMEOUT` when etcd stalls, and a
+///   stop must not wait for it: the waiter looks at its stop meanwhile,
+///   and the thread ends on its own when the call does.
+pub(crate) struct CatchUpRead(Receiver<Result<CatchUp, EtcdError>>);
 
-impl EarlyCatchUp {
+impl CatchUpRead {
     /// Starts reading where a watch of `prefix` resumed after `from` is
-    /// caught up; `None` if no thread could be started (the watch reads
-    /// it when it opens).
+    /// caught up; `None` if no thread could be started (the caller then
+    /// reads it on its own thread).
     pub(crate) fn start(client: &EtcdClient, prefix: &str, from: i64) -> Option<Self> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let (client, prefix) = (client.clone(), prefix.to_owned());

@@ -37,7 +37,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-pub(crate) use self::catch_up::{CatchUp, EarlyCatchUp};
+pub(crate) use self::catch_up::{CatchUp, CatchUpRead};
 pub(crate) use self::fingerprint::Fingerprint;
 pub(crate) use self::history::Reset;
 use self::history::{Header, History, Seen};

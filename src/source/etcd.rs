@@ -34,7 +34,7 @@ use std::time::Duration;
 use super::{BatchScope, Changes, Event, Item, Listing, ResumeState, Source, SourceError, Stop, in_scope};
 use crate::coordination::{Endpoints, check_endpoints};
 use crate::error::InvalidArgument;
-use crate::etcd::{CatchUp, EarlyCatchUp, EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, read_ahead};
+use crate::etcd::{CatchUp, CatchUpRead, EtcdClient, EtcdError, Fingerprint, RawKeyValue, WatchItem, read_ahead};
 use crate::logs;
 use crate::sync::Mutex;
 
@@ -72,7 +72,7 @@ pub struct EtcdSource<O = Vec<u8>, K = String> {
     /// stream's [`Event::CaughtUp`].
     restored: AtomicBool,
     /// The first stream's catch-up, read from `restore` on.
-    early_catch_up: Mutex<Option<EarlyCatchUp>>,
+    early_catch_up: Mutex<Option<CatchUpRead>>,
     /// What a page's decodes run inside (see [`BatchScope`]).
     decode_scope: Option<BatchScope>,
 }
@@ -237,18 +237,23 @@ impl<O, K> EtcdSource<O, K> {
     }
 
     /// Where a restored stream from `from` is caught up: as read from
-    /// `restore` on (waiting for that read if need be), or read now.
+    /// `restore` on (waiting for that read if need be), or read again now
+    /// (that read failed, or came from before a reset). Either wait ends
+    /// at a stop: etcd may take `READ_TIMEOUT` to answer.
     fn catch_up(&mut self, from: i64, stop: &Stop) -> Result<CatchUp, SourceError> {
-        let early = self.early_catch_up.get_mut().take().and_then(|read| read.wait(|| stop.is_set()));
-        if stop.is_set() {
-            return Err(SourceError::new("stopped"));
-        }
-        match early {
+        let stopped = || stop.is_set();
+        let early = self.early_catch_up.get_mut().take().and_then(|read| read.wait(stopped));
+        let read = match early {
             // Read before `from` was checked: a revision below it would
             // come from a history reset since, which the check saw.
-            Some(Ok(catch_up)) if catch_up.revision() >= from => Ok(catch_up),
-            _ => self.client.catch_up(&self.prefix, from).map_err(source_error),
-        }
+            Some(Ok(catch_up)) if catch_up.revision() >= from => Some(Ok(catch_up)),
+            _ if stopped() => None,
+            _ => match CatchUpRead::start(&self.client, &self.prefix, from) {
+                Some(read) => read.wait(stopped),
+                None => Some(self.client.catch_up(&self.prefix, from)),
+            },
+        };
+        read.ok_or_else(|| SourceError::new("stopped"))?.map_err(source_error)
     }
 
     /// What a progress notification at `revision` is for the cache: a
@@ -433,7 +438,7 @@ where
         let Some(fingerprint) = Fingerprint::from_kept(*position, state) else { return false };
         *self.fingerprint.lock() = fingerprint;
         self.restored.store(true, Relaxed);
-        *self.early_catch_up.get_mut() = EarlyCatchUp::start(&self.client, &self.prefix, *position);
+        *self.early_catch_up.get_mut() = CatchUpRead::start(&self.client, &self.prefix, *position);
         true
     }
 }
