@@ -185,8 +185,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
             self.deliver_now(&core, change);
             return kept.mark(&core, key, told);
         }
-        let mut routes = Vec::new();
-        self.deliver(&core, change, |route| routes.push(route));
+        let routes = self.answers(&core, change);
         *kept.held.lock().entry(key.clone()).or_default() += 1;
         let trace = created.then(|| (&kept.name, key.clone()));
         let deleted = change.new.is_none().then(|| change.key.clone());
@@ -203,11 +202,7 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         let Some(core) = self.controller.upgrade() else { return };
         let mut answers = Vec::with_capacity(changes.len());
         in_scope(self.watch.scope.as_ref(), || {
-            for change in changes {
-                let mut routes = Vec::new();
-                self.deliver(&core, change, |route| routes.push(route));
-                answers.push(routes);
-            }
+            answers.extend(changes.iter().map(|change| self.answers(&core, change)));
         });
         for (change, routes) in changes.iter().zip(answers) {
             if let (Some(tombstones), None) = (&self.tombstones, &change.new) {
@@ -223,9 +218,14 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
         if self.tombstones.is_none() {
             return self.deliver(core, change, route_to(core));
         }
+        self.route_answered(core, change, self.answers(core, change));
+    }
+
+    /// What `change`'s handlers answer, kept to be routed later.
+    fn answers(&self, core: &Core<K>, change: &Applied<S::Key, S::Object>) -> Vec<Route<K>> {
         let mut routes = Vec::new();
         self.deliver(core, change, |route| routes.push(route));
-        self.route_answered(core, change, routes);
+        routes
     }
 
     /// Enqueues `routes`, what `change`'s handlers answered; then a put,
