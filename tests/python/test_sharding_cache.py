@@ -11,6 +11,7 @@ tests/sharding_cache.rs.
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import pytest
 
 import reconq
 from etcd_server import Etcd
+from gil_holds import GilHolds
 from waiting import PATIENCE, wait_for
 
 HERE = Path(__file__).parent
@@ -196,6 +198,44 @@ def test_gained_keys_run_parents_first(etcd: Etcd) -> None:
         for keys in stages.values():
             firsts = [order.index(k) for k in keys]
             assert firsts == sorted(firsts), f"stages out of order: {order}"
+    finally:
+        a.controller.stop()
+        b.controller.stop()
+
+
+def test_a_gain_maps_a_run_of_keys_under_one_hold_of_the_gil(etcd: Etcd) -> None:
+    """C1's walk at a gain passes the cache's keys to a Python `map` a run
+    (up to 256) at a time under one hold of the GIL, as a list and a
+    resync do: a hold per key waits for every running Python thread to
+    hand the GIL over, once a key."""
+    keys = 600
+    etcd.put_all({f"{PREFIX}k{i:04d}": "v" for i in range(keys)})
+    runs: List[Tuple[str, str, Optional[str], float]] = []
+    holds: List[GilHolds] = []
+
+    def map_of_b(key: str, obj: Any) -> List[str]:
+        if holds:
+            holds[0].note()
+        return [key]
+
+    a = Replica(etcd, "gain-runs", "a", runs).start()
+    b = Replica(etcd, "gain-runs", "b", runs, map=map_of_b).start()
+    try:
+        wait_for(lambda: two_each(a, b), timeout=PATIENCE + 10, what="two partitions each")
+        wait_for(lambda: len({k for _, k, _, _ in list(runs)}) == keys, what="every key reconciled once")
+        with GilHolds() as gil:
+            holds.append(gil)
+            a.controller.stop()
+            wait_for(lambda: len(b.controller.owned_partitions()) == PARTITIONS, timeout=PATIENCE + 10,
+                     what="b to own every partition")
+            # The walk maps every key the cache holds, to find those of
+            # the gained partitions.
+            wait_for(lambda: len(gil.seen) >= keys, what="b's walk over the cache")
+            holds.clear()
+        # b may gain a's two partitions in one look or in two: a walk each.
+        walks = math.ceil(len(gil.seen) / keys)
+        runs_per_walk = math.ceil(keys / 256)
+        assert gil.holds() <= walks * runs_per_walk + 1, f"{gil.holds()} holds of the GIL for {len(gil.seen)} calls"
     finally:
         a.controller.stop()
         b.controller.stop()
