@@ -103,11 +103,11 @@ def child(contender: str, endpoint: str, prefix: str, keys: int) -> None:
     print(json.dumps([(a - b) / keys for a, b in zip(after, before)] + [value_bytes / keys]), flush=True)
 
 
-def measure(contender: str, endpoint: str, prefix: str, keys: int) -> List[float]:
-    """A fresh process of `contender` holding the `keys` keys of `prefix`:
-    its resident memory grown, malloc's bytes in use grown (both per key),
-    and the mean bytes of a value."""
-    command = [sys.executable, __file__, "--child", contender, "--endpoint", endpoint, "--prefix", prefix]
+def measure(contender: str, endpoint: str, prefix: str, keys: int, python: str = sys.executable) -> List[float]:
+    """A fresh process of `contender` (run by `python`) holding the `keys`
+    keys of `prefix`: its resident memory grown, malloc's bytes in use
+    grown (both per key), and the mean bytes of a value."""
+    command = [python, __file__, "--child", contender, "--endpoint", endpoint, "--prefix", prefix]
     out = subprocess.run([*command, "--keys", str(keys)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -31,7 +31,8 @@ the same process is stopped cleanly for the clean stop's, so one full
 sync serves both. ``--before PYTHON``: the same with a Python whose
 ``reconq`` is the build before the change (a wheel of it installed in
 its own venv), side by side, the order alternated round by round; the
-deleted keys are put back between contenders.
+deleted keys are put back between contenders. ``--before`` adds that
+build to the sync and memory rows too (a contender named ``before``).
 
 The p99 row (``--rows p99``): put -> Python reconcile at 1,000 puts/s for
 10 s, to 100 of the N keys (spread over the prefix) in turn, with
@@ -141,7 +142,11 @@ def client_cpu() -> float:
 
 
 def reconq_reader(etcd: Etcd, n: int) -> Dict[str, float]:
-    cache = reconq.Cache(reconq.EtcdSource(etcd.endpoint, PREFIX), name="w14")
+    return reconq_sync(etcd.endpoint, n)
+
+
+def reconq_sync(endpoint: str, n: int) -> Dict[str, float]:
+    cache = reconq.Cache(reconq.EtcdSource(endpoint, PREFIX), name="w14")
     seen = []
 
     def reconcile(key: str) -> None:
@@ -189,6 +194,19 @@ def etcdctl_reader(etcd: Etcd, n: int) -> Dict[str, float]:
     )
     done = time.perf_counter() - start
     return {"synced": done, "done": done}
+
+
+def reconq_reader_of(python: str) -> Callable[[Etcd, int], Dict[str, float]]:
+    """`reconq_reader` in a child process run by `python` (its CPU is
+    counted as etcdctl's is: a child waited for)."""
+
+    def read(etcd: Etcd, n: int) -> Dict[str, float]:
+        command = [python, __file__, "--sync-child", etcd.endpoint, str(n)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True)
+        times: Dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        return times
+
+    return read
 
 
 READERS: List[Tuple[str, Callable[[Etcd, int], Dict[str, float]]]] = [
@@ -300,9 +318,13 @@ def restarts(etcd: Etcd, n: int, name: str, python: str, rng: random.Random, rou
     etcd.put_all({key(i): value(i) for i in gone})
 
 
-def sync_rows(etcd: Etcd, n: int, rounds: int) -> None:
+def sync_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None:
+    readers = READERS
+    if before:
+        # Both builds in child processes, alike.
+        readers = [("reconq", reconq_reader_of(sys.executable)), ("before", reconq_reader_of(before)), *READERS[1:]]
     for round_ in range(rounds):
-        order = READERS if round_ % 2 == 0 else READERS[::-1]
+        order = readers if round_ % 2 == 0 else readers[::-1]
         for name, reader in order:
             before, ours = cpu_seconds(etcd.proc.pid), client_cpu()
             times = reader(etcd, n)
@@ -342,12 +364,16 @@ def p99_rows(etcd: Etcd, n: int, rounds: int) -> None:
             etcd.put_all({key(i): value(i) for i in put})
 
 
-def memory_rows(etcd: Etcd, n: int, rounds: int) -> None:
+def memory_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None:
+    # (name, the child's contender, the Python running it)
+    contenders = [("reconq", "reconq", sys.executable), ("plain", "plain", sys.executable)]
+    if before:
+        contenders.insert(1, ("before", "reconq", before))
     for round_ in range(rounds):
-        for contender in alternated(round_):
-            rss, heap, value_bytes = key_memory.measure(contender, etcd.endpoint, PREFIX, n)
+        for name, contender, python in contenders if round_ % 2 == 0 else contenders[::-1]:
+            rss, heap, value_bytes = key_memory.measure(contender, etcd.endpoint, PREFIX, n, python)
             print(
-                f"{n:>9,} keys  round {round_ + 1}  {contender:7s} resident {rss:6.0f} B a key,"
+                f"{n:>9,} keys  round {round_ + 1}  {name:7s} resident {rss:6.0f} B a key,"
                 f" {rss - value_bytes:6.0f} B beyond the value ({value_bytes:.1f} B);"
                 f" malloc in use {heap:6.0f} B a key  (load {os.getloadavg()[0]:.1f})",
                 flush=True,
@@ -360,8 +386,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     rows = ["sync", "restart", "p99", "memory"]
     parser.add_argument("--rows", nargs="+", choices=rows, default=rows)
-    parser.add_argument("--before", metavar="PYTHON", help="a Python whose reconq is the build before (restart rows)")
+    parser.add_argument("--before", metavar="PYTHON", help="a Python whose reconq is the build before")
+    parser.add_argument("--sync-child", nargs=2, metavar=("ENDPOINT", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sync_child:
+        endpoint, n = args.sync_child
+        print(json.dumps(reconq_sync(endpoint, int(n))), flush=True)
+        return
     for n in args.keys:
         etcd = start_etcd()
         try:
@@ -369,13 +400,13 @@ def main() -> None:
             load(etcd, n)
             print(f"{n:,} keys loaded in {time.perf_counter() - started:.1f} s", flush=True)
             if "sync" in args.rows:
-                sync_rows(etcd, n, args.rounds)
+                sync_rows(etcd, n, args.rounds, args.before)
             if "restart" in args.rows:
                 restart_rows(etcd, n, args.rounds, args.before)
             if "p99" in args.rows:
                 p99_rows(etcd, n, args.rounds)
             if "memory" in args.rows:
-                memory_rows(etcd, n, args.rounds)
+                memory_rows(etcd, n, args.rounds, args.before)
         finally:
             etcd.close()
 

@@ -105,7 +105,7 @@ impl Fingerprint {
             self.witnesses.remove(0);
         }
         let at = self.witnesses.partition_point(|(_, s)| s.is_some_and(|s| s.mod_revision < kv.mod_revision));
-        self.witnesses.insert(at, (kv.key.clone(), Some(KeyState::of(kv))));
+        self.witnesses.insert(at, (kv.key.to_vec(), Some(KeyState::of(kv))));
     }
 
     /// Every key of the list is taken in: it was read at `revision`.
@@ -125,7 +125,7 @@ impl Fingerprint {
         if self.witnesses.len() == WITNESSES {
             self.witnesses.remove(0);
         }
-        self.witnesses.push((kv.key.clone(), (!deleted).then(|| KeyState::of(kv))));
+        self.witnesses.push((kv.key.to_vec(), (!deleted).then(|| KeyState::of(kv))));
         self.revision = last.then_some(kv.mod_revision);
     }
 
@@ -261,7 +261,7 @@ mod tests {
     use super::*;
 
     fn kv(key: &str, value: &str, create_revision: i64, mod_revision: i64) -> RawKeyValue {
-        RawKeyValue { key: key.into(), value: value.into(), create_revision, mod_revision }
+        RawKeyValue { key: key.to_owned().into(), value: value.to_owned().into(), create_revision, mod_revision }
     }
 
     fn keys(f: &Fingerprint) -> Vec<&[u8]> {
@@ -290,7 +290,11 @@ mod tests {
         f.changed(false, &kv("a", "3", 2, 3), true);
         assert_eq!((f.revision(), f.count), (Some(3), 2), "b created, a changed");
         f.moved_to(10);
-        f.changed(true, &RawKeyValue { key: "b".into(), value: vec![], create_revision: 0, mod_revision: 11 }, true);
+        f.changed(
+            true,
+            &RawKeyValue { key: "b".into(), value: Default::default(), create_revision: 0, mod_revision: 11 },
+            true,
+        );
         assert_eq!((f.revision(), f.count), (Some(11), 1));
         assert_eq!(f.witnesses.last(), Some(&(b"b".to_vec(), None)), "a delete witnesses an absence");
         for i in 0..5 {
@@ -327,7 +331,11 @@ mod tests {
         f.listed(&kv("a", "1", 2, 4));
         f.listed(&kv("b", "2", 3, 3));
         f.listed_at(5);
-        f.changed(true, &RawKeyValue { key: "b".into(), value: vec![], create_revision: 0, mod_revision: 6 }, true);
+        f.changed(
+            true,
+            &RawKeyValue { key: "b".into(), value: Default::default(), create_revision: 0, mod_revision: 6 },
+            true,
+        );
         let kept = f.kept();
         assert_eq!(Fingerprint::from_kept(6, &kept), Some(f.clone()));
         assert_eq!(Fingerprint::from_kept(5, &kept), None, "another revision");

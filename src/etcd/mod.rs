@@ -637,8 +637,8 @@ fn bytes_field(kv: &Value, name: &str) -> Result<Vec<u8>, EtcdError> {
 
 fn raw_key_value(kv: &Value) -> Result<RawKeyValue, EtcdError> {
     Ok(RawKeyValue {
-        key: bytes_field(kv, "key")?,
-        value: bytes_field(kv, "value")?,
+        key: bytes_field(kv, "key")?.into(),
+        value: bytes_field(kv, "value")?.into(),
         create_revision: int_field(kv, "create_revision")?,
         mod_revision: int_field(kv, "mod_revision")?,
     })

@@ -257,7 +257,7 @@ mod tests {
     /// A page of `keys` keys of `bytes` bytes of reply each, `count` keys
     /// from its start on.
     fn page(keys: usize, bytes: usize, count: usize) -> Page {
-        let kv = RawKeyValue { key: b"k".to_vec(), ..RawKeyValue::default() };
+        let kv = RawKeyValue { key: b"k"[..].into(), ..RawKeyValue::default() };
         Page { kvs: vec![kv; keys], more: true, revision: 1, count, bytes: keys * bytes }
     }
 
@@ -325,7 +325,7 @@ mod tests {
         let listed: Vec<RawKeyValue> = pages.into_iter().flat_map(|p| p.kvs).collect();
         let expected = gateway_listing(&client, "/p/");
         assert_eq!(listed, expected, "keys, values, create and mod revisions");
-        assert_eq!(listed[0].value, b"", "an empty value");
+        assert_eq!(listed[0].value, &b""[..], "an empty value");
         assert_ne!(listed[5].create_revision, listed[5].mod_revision, "k05 changed since its creation");
         let whole: Vec<Page> = client.pages("/p/", usize::MAX, never()).collect::<Result<_, _>>().unwrap();
         let sizes: Vec<usize> = whole.iter().map(|p| p.kvs.len()).collect();

@@ -448,7 +448,8 @@ mod tests {
     use super::*;
 
     fn kv(key: &[u8], value: &str, mod_revision: i64) -> RawKeyValue {
-        RawKeyValue { key: [b"/p/", key].concat(), value: value.as_bytes().to_vec(), create_revision: 1, mod_revision }
+        let (key, value) = ([b"/p/", key].concat().into(), value.as_bytes().to_vec().into());
+        RawKeyValue { key, value, create_revision: 1, mod_revision }
     }
 
     /// A resume after any event must not skip the rest of its transaction:
@@ -481,14 +482,14 @@ mod tests {
 
     /// A put of `key` = `value` at `revision`, of a key created at `created`.
     fn put(key: &str, value: &str, created: i64, revision: i64) -> (bool, RawKeyValue) {
-        let key = format!("/p/{key}").into_bytes();
-        (false, RawKeyValue { key, value: value.into(), create_revision: created, mod_revision: revision })
+        let key = format!("/p/{key}").into_bytes().into();
+        (false, RawKeyValue { key, value: value.to_owned().into(), create_revision: created, mod_revision: revision })
     }
 
     /// A delete of `key` at `revision`.
     fn delete(key: &str, revision: i64) -> (bool, RawKeyValue) {
-        let key = format!("/p/{key}").into_bytes();
-        (true, RawKeyValue { key, value: Vec::new(), create_revision: 0, mod_revision: revision })
+        let key = format!("/p/{key}").into_bytes().into();
+        (true, RawKeyValue { key, value: Default::default(), create_revision: 0, mod_revision: revision })
     }
 
     /// A source of `/p/` restored at revision `from`, where it held `keys`.
