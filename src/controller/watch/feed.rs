@@ -200,10 +200,8 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
     /// [`changed`](Self::changed) makes them.
     fn changed_in_a_run(self: &Arc<Self>, changes: &[Applied<S::Key, S::Object>]) {
         let Some(core) = self.controller.upgrade() else { return };
-        let mut answers = Vec::with_capacity(changes.len());
-        in_scope(self.watch.scope.as_ref(), || {
-            answers.extend(changes.iter().map(|change| self.answers(&core, change)));
-        });
+        let answers: Vec<_> =
+            in_scope(self.watch.scope.as_ref(), || changes.iter().map(|change| self.answers(&core, change)).collect());
         for (change, routes) in changes.iter().zip(answers) {
             if let (Some(tombstones), None) = (&self.tombstones, &change.new) {
                 tombstones.deleting(&change.key);
@@ -395,9 +393,8 @@ impl<S: Source, K: ControllerKey> Feed<S, K> {
                 if stop.is_set() {
                     return;
                 }
-                for routes in self.map_run(&core, run, &objects_of(cache, run), self.watch.list_priority) {
-                    routes.into_iter().for_each(route_to(&core));
-                }
+                let answers = self.map_run(&core, run, &objects_of(cache, run), self.watch.list_priority);
+                answers.into_iter().flatten().for_each(route_to(&core));
             }
         }
     }
