@@ -73,7 +73,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1] / "tests" / "python"
@@ -93,8 +93,10 @@ WORKERS = 2
 CHANGES = 100
 #: The p99 row: puts a second, for how long, and to how many of the keys.
 RATE, SECONDS, PUT_KEYS = 1000.0, 10.0, 100
-#: The p99 and memory rows' contenders (tail_latency's and key_memory's).
+#: The p99 row's contenders (tail_latency's).
 CONTENDERS = ["reconq", "plain"]
+
+T = TypeVar("T")
 
 
 def start_etcd() -> Etcd:
@@ -324,11 +326,10 @@ def sync_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None:
         # Both builds in child processes, alike.
         readers = [("reconq", reconq_reader_of(sys.executable)), ("before", reconq_reader_of(before)), *READERS[1:]]
     for round_ in range(rounds):
-        order = readers if round_ % 2 == 0 else readers[::-1]
-        for name, reader in order:
-            before, ours = cpu_seconds(etcd.proc.pid), client_cpu()
+        for name, reader in alternated(readers, round_):
+            etcd_start, ours_start = cpu_seconds(etcd.proc.pid), client_cpu()
             times = reader(etcd, n)
-            etcd_cpu, ours = cpu_seconds(etcd.proc.pid) - before, client_cpu() - ours
+            etcd_cpu, ours = cpu_seconds(etcd.proc.pid) - etcd_start, client_cpu() - ours_start
             print(
                 f"{n:>9,} keys  round {round_ + 1}  {name:13s} synced {times['synced']:7.2f} s"
                 f"  reconciled {times['done']:7.2f} s  etcd CPU {etcd_cpu:6.2f} s  client CPU {ours:6.2f} s"
@@ -341,19 +342,19 @@ def restart_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None
     contenders = [("reconq", sys.executable)] + ([("before", before)] if before else [])
     rng = random.Random(14)
     for round_ in range(rounds):
-        for name, python in contenders if round_ % 2 == 0 else contenders[::-1]:
+        for name, python in alternated(contenders, round_):
             restarts(etcd, n, name, python, rng, round_)
 
 
-def alternated(round_: int) -> List[str]:
-    """The contenders in round `round_`'s order: reversed every other round."""
-    return CONTENDERS if round_ % 2 == 0 else CONTENDERS[::-1]
+def alternated(contenders: Sequence[T], round_: int) -> Sequence[T]:
+    """`contenders` in round `round_`'s order: reversed every other round."""
+    return contenders if round_ % 2 == 0 else contenders[::-1]
 
 
 def p99_rows(etcd: Etcd, n: int, rounds: int) -> None:
     put = range(0, n, max(1, n // PUT_KEYS))[:PUT_KEYS]
     for round_ in range(rounds):
-        for contender in alternated(round_):
+        for contender in alternated(CONTENDERS, round_):
             r = tail_latency.one_run(contender, etcd.endpoint, PREFIX, [key(i) for i in put], RATE, SECONDS)
             print(
                 f"{n:>9,} keys  round {round_ + 1}  {contender:7s} put -> reconcile at {RATE:,.0f} puts/s:"
@@ -370,7 +371,7 @@ def memory_rows(etcd: Etcd, n: int, rounds: int, before: Optional[str]) -> None:
     if before:
         contenders.insert(1, ("before", "reconq", before))
     for round_ in range(rounds):
-        for name, contender, python in contenders if round_ % 2 == 0 else contenders[::-1]:
+        for name, contender, python in alternated(contenders, round_):
             rss, heap, value_bytes = key_memory.measure(contender, etcd.endpoint, PREFIX, n, python)
             print(
                 f"{n:>9,} keys  round {round_ + 1}  {name:7s} resident {rss:6.0f} B a key,"
