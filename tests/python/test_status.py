@@ -271,7 +271,10 @@ def test_status_from_inside_callbacks_does_not_deadlock():
         assert c.wait_idle(PATIENCE)
         assert entry(name)["successes"] == 200
         wait_for(lambda: len(seen) > 210, what="the job to run a few times")
-    assert set(seen) == {1}
+        # Taken before the manager stops: its entries leave the status
+        # first, and a run of the job during that stop finds none.
+        while_running = list(seen)
+    assert set(while_running) == {1}
 
 
 def run_python(source: str, *args: str) -> subprocess.CompletedProcess:
